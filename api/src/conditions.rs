@@ -1,0 +1,39 @@
+//! Condition types and reasons: on Nodes (written by the agent, `True` means a problem), on
+//! NodeMaintenances and on DisruptionPolicies.
+
+/// Node condition types, one per problem the agent detects.
+pub mod node {
+    pub const NETWORK_PROBLEM: &str = "NetworkProblem";
+    pub const PEER_CONNECTIVITY_PROBLEM: &str = "PeerConnectivityProblem";
+    pub const SECURITY_GROUP_PROBLEM: &str = "SecurityGroupProblem";
+    pub const KUBELET_PROBLEM: &str = "KubeletProblem";
+    pub const REBOOT_REQUIRED: &str = "RebootRequired";
+    pub const READONLY_FILESYSTEM: &str = "ReadonlyFilesystem";
+}
+
+/// NodeMaintenance condition types.
+pub mod maintenance {
+    /// `True` once the coordinator admitted it; `False` with a [`super::denial`] reason.
+    pub const ADMITTED: &str = "Admitted";
+    /// `True` while the node is drained (tainted and cordoned, pods evicted).
+    pub const DRAINED: &str = "Drained";
+}
+
+/// DisruptionPolicy condition types.
+pub mod policy {
+    /// `True` only once every agent in scope acknowledged the pause and nothing there is
+    /// draining or acting.
+    pub const PAUSED: &str = "Paused";
+    /// `False` with reason `TooManyUnhealthy` when `maxUnhealthy` is exceeded.
+    pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";
+}
+
+/// Why the coordinator did not admit a NodeMaintenance (reason of `Admitted=False`).
+pub mod denial {
+    pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
+    pub const OUTSIDE_WINDOW: &str = "OutsideWindow";
+    pub const PAUSED: &str = "Paused";
+    pub const QUORUM_PROTECTED: &str = "QuorumProtected";
+    pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
+    pub const BLOCKED: &str = "Blocked";
+}

@@ -1,0 +1,31 @@
+//! Labels, annotations, taints, finalizers and field managers that nodeward reads or writes.
+
+/// The API group of every nodeward resource.
+pub const GROUP: &str = "nodeward.io";
+
+/// Pods with this label set to [`DRAIN_SKIP`] are never evicted by a drain plan.
+pub const DRAIN_LABEL: &str = "nodeward.io/drain";
+pub const DRAIN_SKIP: &str = "skip";
+
+/// Taint put on a node that is shutting down (set with the cordon, removed after boot).
+pub const SHUTDOWN_TAINT: &str = "nodeward.io/shutdown";
+/// Taint put on a node under an admitted NodeMaintenance.
+pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
+
+/// Node annotation recording that nodeward (not an admin) cordoned the node, with the
+/// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
+pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";
+
+/// Label on NodeReports and NodeMaintenances naming the node they are about, for selectors.
+pub const NODE_NAME_LABEL: &str = "nodeward.io/node";
+
+/// Finalizer that keeps a NodeMaintenance until its node's cordon and taint are undone.
+pub const MAINTENANCE_FINALIZER: &str = "nodeward.io/maintenance";
+
+/// Field managers for server-side apply; each program owns only its own fields.
+pub const AGENT_FIELD_MANAGER: &str = "nodeward-agent";
+pub const COORDINATOR_FIELD_MANAGER: &str = "nodeward-coordinator";
+
+/// Well-known node labels nodeward reads.
+pub const CONTROL_PLANE_ROLE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";

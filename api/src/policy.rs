@@ -1,0 +1,296 @@
+//! `DisruptionPolicy`: the cluster-wide limits for the nodes its selector matches.
+
+use k8s_openapi::apimachinery::pkg::{
+    apis::meta::v1::{Condition, LabelSelector, Time},
+    util::intstr::IntOrString,
+};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{Duration, drain::DrainPlan};
+
+/// CEL for "an integer >= 0 or a percentage from 0% to 100%".
+const COUNT_OR_PERCENT_RULE: &str =
+    "type(self) == int ? self >= 0 : self.matches('^(100|[1-9]?[0-9])%$')";
+
+/// The limits under which nodes matched by `nodeSelector` may be disrupted. When several
+/// policies match a node, a maintenance of that node must fit all of them.
+#[derive(CustomResource, Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[kube(
+    group = "nodeward.io",
+    version = "v1alpha1",
+    kind = "DisruptionPolicy",
+    doc = "Cluster-wide limits (concurrency, windows, pause, remediation) for the nodes its selector matches.",
+    plural = "disruptionpolicies",
+    shortname = "dp",
+    category = "nodeward",
+    status = "DisruptionPolicyStatus",
+    printcolumn(name = "Max", type_ = "string", json_path = ".spec.maxConcurrent"),
+    printcolumn(name = "Matched", type_ = "integer", json_path = ".status.matched"),
+    printcolumn(
+        name = "Disrupted",
+        type_ = "integer",
+        json_path = ".status.inMaintenance"
+    ),
+    printcolumn(name = "Unhealthy", type_ = "integer", json_path = ".status.unhealthy"),
+    printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionPolicySpec {
+    /// Nodes this policy applies to; empty or absent selects every node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// How many matched nodes may be disrupted at once, as a count (`2`) or a percentage of
+    /// the matched nodes (`10%`, rounded down, but at least 1 when above 0%). Nodes NotReady
+    /// for other reasons count against it.
+    #[serde(default = "default_max_concurrent")]
+    #[x_kube(validation = Rule::new(COUNT_OR_PERCENT_RULE).message("maxConcurrent must be an integer >= 0 or a percentage from \"0%\" to \"100%\", e.g. 1 or \"10%\""))]
+    pub max_concurrent: IntOrString,
+    /// Remediation stops while more matched nodes than this are unhealthy (count or
+    /// percentage, rounded down).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(COUNT_OR_PERCENT_RULE).message("maxUnhealthy must be an integer >= 0 or a percentage from \"0%\" to \"100%\", e.g. 3 or \"40%\""))]
+    pub max_unhealthy: Option<IntOrString>,
+    /// When disruptions may start; none means any time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<MaintenanceWindow>,
+    /// Stops new admissions in this policy's scope. Status condition `Paused=True` says when
+    /// everything in scope has stopped.
+    #[serde(default)]
+    pub paused: bool,
+    /// How nodes in scope are drained; the agent's default plan when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_plan: Option<DrainPlan>,
+    /// Longest a drain may take before the maintenance fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout: Option<Duration>,
+    /// Agents in scope create a Reboot maintenance when their node reports RebootRequired.
+    #[serde(default)]
+    pub auto_reboot: bool,
+    /// Conditions under which no reboot is admitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot_blockers: Option<RebootBlockers>,
+    /// What must hold after a reboot before the node is uncordoned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_gate: Option<HealthGate>,
+    /// Automatic repair of unhealthy nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remediation: Option<Remediation>,
+    /// Allow disrupting the only control-plane node in scope (single-node control planes).
+    #[serde(default)]
+    pub allow_sole_control_plane: bool,
+}
+
+fn default_max_concurrent() -> IntOrString {
+    IntOrString::Int(1)
+}
+
+/// A recurring period in which disruptions may start: either `days` + `start` + `end`, or
+/// `cron` + `duration`, in `timeZone`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.cron) ? (has(self.duration) && !has(self.start) && !has(self.end) && !has(self.days)) : (has(self.start) && has(self.end) && !has(self.duration))")
+        .message("a window is either start and end (with optional days) or cron and duration, not a mix of both"),
+    validation = Rule::new("!has(self.start) || !has(self.end) || self.start != self.end")
+        .message("start and end must differ; a window that crosses midnight has end before start")
+)]
+pub struct MaintenanceWindow {
+    /// Days on which the window opens; empty means every day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub days: Vec<Weekday>,
+    /// Opening time, HH:MM (24-hour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 5), regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub start: Option<String>,
+    /// Closing time, HH:MM; before `start` means the window crosses midnight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 5), regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub end: Option<String>,
+    /// Standard 5-field cron expression for when the window opens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128), regex(pattern = r"^\S+(\s+\S+){4}$"))]
+    pub cron: Option<String>,
+    /// How long a cron window stays open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<Duration>,
+    /// IANA time zone name, e.g. `Europe/Berlin`; default UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 64),
+        regex(pattern = r"^[A-Za-z][A-Za-z0-9_+\-]*(/[A-Za-z0-9_+\-]+)*$")
+    )]
+    // cel-go resolves the name with the API server's tz database; an unknown name fails here.
+    #[x_kube(validation = Rule::new("timestamp('2000-01-01T00:00:00Z').getHours(self) >= 0").message("timeZone must be an IANA time zone name such as UTC or Europe/Berlin"))]
+    pub time_zone: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Weekday {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+/// What holds reboots back.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RebootBlockers {
+    /// A node running a pod that matches any of these is not rebooted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub pod_selectors: Vec<LabelSelector>,
+    /// Firing Prometheus alerts that block every reboot in scope.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusBlocker>,
+}
+
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PrometheusBlocker {
+    /// Base URL of the Prometheus HTTP API, e.g. `http://prometheus.monitoring:9090`.
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub url: String,
+    /// Alerts whose name matches this regular expression block reboots (all alerts if unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub alert_filter: Option<String>,
+    /// Only alerts in state firing block (pending ones are ignored).
+    #[serde(default = "default_true")]
+    pub firing_only: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// After a reboot the node stays cordoned until this holds.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthGate {
+    /// The node must be Ready and free of `problemTypes` findings for this long.
+    #[serde(rename = "for")]
+    pub for_: Duration,
+    /// Node condition types that must be False (default: every nodeward condition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub problem_types: Vec<String>,
+    /// The maintenance fails when the gate has not passed within this time after boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+}
+
+/// Automatic repair of unhealthy nodes.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Remediation {
+    /// Creates Remediation maintenances when true; otherwise only reports.
+    #[serde(default)]
+    pub enabled: bool,
+    /// A node is unhealthy when any of these conditions has held for its duration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub unhealthy_conditions: Vec<UnhealthyCondition>,
+    /// A node that has not become Ready this long after it was created is handled by
+    /// `startupAction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_startup_timeout: Option<Duration>,
+    /// What to do with a node that never became Ready.
+    #[serde(default)]
+    pub startup_action: StartupAction,
+    /// An agent heartbeat older than this makes the node unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_timeout: Option<Duration>,
+    /// The remediation maintenance's action.
+    #[serde(default = "default_remediation_action")]
+    #[x_kube(validation = Rule::new("self == 'Reboot' || self == 'DeleteNode'").message("remediation action must be Reboot or DeleteNode"))]
+    pub action: crate::MaintenanceAction,
+    /// Escalate a Reboot remediation to DeleteNode when health has not returned in this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalate_after: Option<Duration>,
+    /// After remediation was short-circuited by `maxUnhealthy`, wait this long once the
+    /// count is back under the limit before remediating again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cooldown: Option<Duration>,
+}
+
+fn default_remediation_action() -> crate::MaintenanceAction {
+    crate::MaintenanceAction::Reboot
+}
+
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UnhealthyCondition {
+    /// Node condition type, e.g. `Ready` or `KubeletProblem`.
+    #[schemars(length(min = 1, max = 316))]
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The status that counts as unhealthy: `True`, `False` or `Unknown`.
+    #[schemars(regex(pattern = r"^(True|False|Unknown)$"))]
+    pub status: String,
+    /// How long the condition must hold.
+    #[serde(rename = "for")]
+    pub for_: Duration,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StartupAction {
+    /// Report it only (Event and condition).
+    #[default]
+    None,
+    /// Delete the Node object so that the infrastructure replaces it.
+    DeleteNode,
+    /// Create a Remediation maintenance.
+    Remediate,
+}
+
+/// Observed state of a DisruptionPolicy.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionPolicyStatus {
+    /// Budget slots held by admitted, unfinished maintenances. Written only with a
+    /// resourceVersion precondition so that concurrent coordinators cannot overbook.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["maintenance"]))]
+    pub slots: Vec<BudgetSlot>,
+    /// Nodes the selector matches.
+    #[serde(default)]
+    pub matched: i32,
+    #[serde(default)]
+    pub ready: i32,
+    #[serde(default)]
+    pub unhealthy: i32,
+    /// Matched nodes with an admitted, unfinished maintenance.
+    #[serde(default)]
+    pub in_maintenance: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One admitted maintenance holding part of a policy's budget.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSlot {
+    /// Name of the NodeMaintenance.
+    pub maintenance: String,
+    /// Its uid, so that a re-created object of the same name does not inherit the slot.
+    pub uid: String,
+    pub node_name: String,
+    pub admitted_at: Time,
+}

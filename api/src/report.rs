@@ -1,0 +1,161 @@
+//! `NodeReport`: the agent's view of its node, named after the node.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::{Duration, maintenance::BlockingPod};
+
+/// What one node's agent sees: its findings, its inhibitor lock, its shutdown progress and
+/// which policy pauses it has acknowledged. Named after the node, owned by the Node once the
+/// Node exists; only that node's agent writes it.
+#[derive(CustomResource, Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[kube(
+    group = "nodeward.io",
+    version = "v1alpha1",
+    kind = "NodeReport",
+    doc = "The agent's view of its node: findings, inhibitor lock, shutdown progress, pause acknowledgements.",
+    plural = "nodereports",
+    shortname = "nr",
+    category = "nodeward",
+    status = "NodeReportStatus",
+    validation = Rule::new("self.metadata.name == self.spec.nodeName").message("a NodeReport is named after its node: metadata.name must equal spec.nodeName"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".status.mode"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.agentVersion"),
+    printcolumn(name = "Problems", type_ = "integer", json_path = ".status.problems"),
+    printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeatTime"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReportSpec {
+    /// The node this report is about (equal to the object's name).
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("nodeName is immutable"))]
+    pub node_name: String,
+}
+
+/// How the agent runs.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentMode {
+    /// A pod of the nodeward DaemonSet.
+    DaemonSet,
+    /// A systemd service on the host.
+    Host,
+}
+
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReportStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<AgentMode>,
+    /// The node's current boot id (`/proc/sys/kernel/random/boot_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// Last time the agent confirmed it is alive; refreshed at a fixed, low rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<Time>,
+    /// Number of findings whose status is True.
+    #[serde(default)]
+    pub problems: i32,
+    /// Every detector's current finding, problems and passes alike.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub findings: Vec<Finding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inhibitor: Option<InhibitorState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown: Option<ShutdownProgress>,
+    /// Pauses this agent has seen and obeys: policy name and the generation it observed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["policy"]))]
+    pub pause_acknowledgements: Vec<PauseAcknowledgement>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// One detector's verdict, with the same type/status/reason/message shape as a Node condition.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    /// CamelCase problem type, e.g. `NetworkProblem`, `KubeletUnregistered`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True` means the problem is present, `Unknown` that the check could not tell.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    /// Which detector produced it.
+    pub detector: String,
+    /// When the status last changed.
+    pub since: Time,
+}
+
+/// The agent's systemd-logind inhibitor lock.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InhibitorState {
+    /// Whether the `delay` lock on shutdown is held now.
+    pub delay_held: bool,
+    /// Whether the `block` lock (reboot gate) is held now.
+    #[serde(default)]
+    pub block_held: bool,
+    /// logind's effective `InhibitDelayMaxUSec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inhibit_delay_max: Option<Duration>,
+    /// The shutdown budget the agent was configured for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configured_budget: Option<Duration>,
+    /// logind.conf.d drop-ins that sort after nodeward's and override its delay.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overriding_drop_ins: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_acquired: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Progress of a shutdown the agent is guarding, kept so a restarted agent resumes it.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShutdownProgress {
+    pub phase: ShutdownPhase,
+    pub boot_id: String,
+    pub started_at: Time,
+    /// When the lock will be released whatever happens.
+    pub deadline: Time,
+    #[serde(default)]
+    pub pods_total: i32,
+    #[serde(default)]
+    pub pods_remaining: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub blocking_pods: Vec<BlockingPod>,
+    /// Whether the agent itself cordoned the node for this shutdown.
+    #[serde(default)]
+    pub cordoned_by_agent: bool,
+    #[serde(default)]
+    pub tainted_by_agent: bool,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownPhase {
+    Draining,
+    /// Drained (or out of time) and the lock released; the machine is going down.
+    Released,
+    /// logind cancelled the shutdown; what the agent did was undone.
+    Cancelled,
+    /// The node came back with a new boot id; waiting to untaint and uncordon.
+    Recovering,
+}
+
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseAcknowledgement {
+    pub policy: String,
+    /// The policy generation at which the agent saw `paused: true`.
+    pub observed_generation: i64,
+}

@@ -1,0 +1,3 @@
+//! End-to-end tests against the real control plane (see `tests/controlplane/`).
+
+mod smoke;

@@ -1,0 +1,269 @@
+//! Smoke tests that prove the parts of the test control plane are real: the API server
+//! enforces the CRDs' CEL rules, the disruption controller backs PDB-respecting evictions, kwok
+//! runs pods on simulated nodes and honours grace periods, the scheduler binds DaemonSet pods.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, EvictParams, PostParams},
+};
+use nodeward_api::DisruptionPolicy;
+use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, wait};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[tokio::test]
+async fn api_server_is_the_pinned_release() -> anyhow::Result<()> {
+    let env = TestEnv::new("version").await?;
+    let version = env.client.apiserver_version().await?;
+    let pinned = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/controlplane/versions.env"
+    ))?;
+    let pinned = pinned
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_VERSION="))
+        .expect("versions.env pins KUBERNETES_VERSION");
+    println!(
+        "talking to kube-apiserver {} ({})",
+        version.git_version, version.platform
+    );
+    assert_eq!(version.git_version, pinned);
+    env.cleanup().await
+}
+
+fn policy(name: &str, spec: serde_json::Value) -> DisruptionPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1",
+        "kind": "DisruptionPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a DisruptionPolicy")
+}
+
+#[tokio::test]
+async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyhow::Result<()> {
+    let env = TestEnv::new("cel").await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+
+    // Each invalid field, alone, and the message the API server must answer with.
+    let cases = [
+        (
+            json!({"maxConcurrent": "150%"}),
+            "spec.maxConcurrent",
+            "maxConcurrent must be an integer >= 0 or a percentage",
+        ),
+        (
+            json!({"maxConcurrent": -1}),
+            "spec.maxConcurrent",
+            "maxConcurrent must be an integer >= 0 or a percentage",
+        ),
+        (
+            json!({"maxUnhealthy": "abc"}),
+            "spec.maxUnhealthy",
+            "maxUnhealthy must be an integer >= 0 or a percentage",
+        ),
+        (
+            json!({"windows": [{"start": "25:00", "end": "06:00"}]}),
+            "spec.windows[0].start",
+            "should match",
+        ),
+        (
+            json!({"windows": [{"start": "22:00", "end": "06:00", "timeZone": "Mars/Olympus_Mons"}]}),
+            "spec.windows[0].timeZone",
+            "timeZone must be an IANA time zone name",
+        ),
+        (
+            json!({"windows": [{"start": "22:00", "end": "06:00", "cron": "0 2 * * *", "duration": "1h"}]}),
+            "spec.windows[0]",
+            "either start and end (with optional days) or cron and duration",
+        ),
+        (
+            json!({"windows": [{"start": "22:00", "end": "22:00"}]}),
+            "spec.windows[0]",
+            "start and end must differ",
+        ),
+        (
+            json!({"drainTimeout": "10d"}),
+            "spec.drainTimeout",
+            "should match",
+        ),
+        (
+            json!({"drainPlan": {"stages": [{"name": "s", "timeout": "1m", "priority": {"min": 10, "max": 1}}]}}),
+            "spec.drainPlan.stages[0].priority",
+            "priority.min must not be greater than priority.max",
+        ),
+    ];
+    for (index, (spec, field, message)) in cases.into_iter().enumerate() {
+        let name = format!("{}-bad-{index}", env.id);
+        let err = policies
+            .create(&PostParams::default(), &policy(&name, spec.clone()))
+            .await
+            .expect_err(&format!("the API server accepted the invalid spec {spec}"));
+        let kube::Error::Api(status) = &err else {
+            panic!("expected an API error for {spec}, got {err:?}");
+        };
+        assert_eq!(status.code, 422, "{spec}: {status:?}");
+        assert!(
+            status.message.contains(field) && status.message.contains(message),
+            "for {spec} the API server said {:?}; expected it to name {field} and say {message:?}",
+            status.message
+        );
+    }
+
+    // Valid: a percentage, a window crossing midnight in an IANA zone, a cron window.
+    let good = policy(
+        &format!("{}-good", env.id),
+        json!({
+            "maxConcurrent": "10%",
+            "maxUnhealthy": 3,
+            "windows": [
+                {"days": ["Sat", "Sun"], "start": "22:00", "end": "06:00", "timeZone": "Europe/Berlin"},
+                {"cron": "0 2 * * *", "duration": "2h"},
+            ],
+        }),
+    );
+    let created = policies.create(&PostParams::default(), &good).await?;
+    assert_eq!(created.spec.windows.len(), 2);
+    assert!(!created.spec.paused, "paused defaults to false");
+    policies
+        .delete(&created.name_any(), &DeleteParams::default())
+        .await?;
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn eviction_is_refused_by_pdb_and_allowed_for_uncovered_pod() -> anyhow::Result<()> {
+    let env = TestEnv::new("pdb").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    env.replicaset("guarded", &node, 2, &PodOptions::default())
+        .await?;
+    env.replicaset("free", &node, 1, &PodOptions::default())
+        .await?;
+    env.pdb("guarded", "guarded", 2).await?;
+    let guarded = env.running_pods("guarded", 2).await?;
+    let free = env.running_pods("free", 1).await?;
+
+    // Only the disruption controller writes a PDB's status; wait until it has counted the pods.
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), &env.namespace);
+    wait::until(
+        &pdbs,
+        "guarded",
+        "the disruption controller to process the PDB",
+        TIMEOUT,
+        |pdb| {
+            pdb.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                s.current_healthy == 2 && s.desired_healthy == 2 && s.disruptions_allowed == 0
+            })
+        },
+    )
+    .await?;
+
+    let pods = env.pods();
+    let refused = pods
+        .evict(&guarded[0].name_any(), &EvictParams::default())
+        .await
+        .expect_err("evicting a pod whose PDB allows no disruption must fail");
+    let kube::Error::Api(status) = &refused else {
+        panic!("expected an API error, got {refused:?}");
+    };
+    assert_eq!(status.code, 429, "{status:?}");
+    assert!(status.message.contains("disruption budget"), "{status:?}");
+
+    let evicted = free[0].name_any();
+    pods.evict(&evicted, &EvictParams::default()).await?;
+    wait::until(
+        &pods,
+        &evicted,
+        "the evicted pod to be gone",
+        TIMEOUT,
+        |p| p.is_none(),
+    )
+    .await?;
+    // The guarded pods are untouched.
+    for pod in &guarded {
+        let current = pods.get(&pod.name_any()).await?;
+        assert!(
+            current.metadata.deletion_timestamp.is_none(),
+            "{} was deleted",
+            pod.name_any()
+        );
+    }
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn kwok_node_runs_pods_and_honours_grace_period() -> anyhow::Result<()> {
+    let env = TestEnv::new("kwok").await?;
+    let node = env.node_name(0);
+    let nodes = env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
+    assert_eq!(
+        wait::condition_status(&nodes[0], "Ready").as_deref(),
+        Some("True")
+    );
+
+    let options = PodOptions {
+        priority: Some(1000),
+        grace_period_seconds: 5,
+        ..PodOptions::default()
+    };
+    env.replicaset("graceful", &node, 1, &options).await?;
+    let pod = env.running_pods("graceful", 1).await?.remove(0);
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.as_str())
+    );
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.priority),
+        Some(1000),
+        "priority admission resolved the class"
+    );
+
+    let pods: Api<Pod> = env.pods();
+    let name = pod.name_any();
+    let deleted_at = Instant::now();
+    pods.delete(&name, &DeleteParams::default()).await?;
+    // Within the grace period the pod is still there, terminating.
+    let terminating = pods.get(&name).await?;
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    wait::until(&pods, &name, "the deleted pod to be gone", TIMEOUT, |p| {
+        p.is_none()
+    })
+    .await?;
+    let took = deleted_at.elapsed();
+    assert!(
+        took >= Duration::from_secs(4),
+        "the pod went away after {took:?}, before its 5 s grace period"
+    );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn daemonset_pods_are_bound_to_each_matching_node() -> anyhow::Result<()> {
+    let env = TestEnv::new("daemonset").await?;
+    env.create_nodes(&[
+        NodeSpec::worker("zone-a").label("pool", "blue"),
+        NodeSpec::worker("zone-b").label("pool", "blue"),
+        NodeSpec::control_plane("zone-c"),
+    ])
+    .await?;
+    env.daemonset("agent", ("pool", "blue"), &PodOptions::default())
+        .await?;
+    let pods = env.running_pods("agent", 2).await?;
+    let mut bound: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    bound.sort();
+    assert_eq!(bound, vec![env.node_name(0), env.node_name(1)]);
+    assert!(
+        pods.iter()
+            .all(|p| p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
+    );
+    env.cleanup().await
+}

@@ -1,0 +1,118 @@
+//! The one control plane of a test run.
+//!
+//! `./tests/run` starts it once and exports `NODEWARD_TEST_CONTROLPLANE` (its state directory);
+//! every test process attaches to it. Run without it (`cargo test -p nodeward-e2e`), the first
+//! test of the process starts one with `tests/controlplane/start.sh`, which stops itself when
+//! this process exits.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+
+/// Environment variable naming the state directory of an already running control plane.
+pub const STATE_ENV: &str = "NODEWARD_TEST_CONTROLPLANE";
+
+/// A running control plane: where its admin kubeconfig is.
+#[derive(Debug)]
+pub struct ControlPlane {
+    pub state_dir: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+/// The control plane shared by every test of this process.
+pub fn shared() -> &'static ControlPlane {
+    static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+    match SHARED.get_or_init(|| attach_or_start().map_err(|e| format!("{e:#}"))) {
+        Ok(cp) => cp,
+        Err(e) => panic!("the test control plane is not available: {e}"),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn attach_or_start() -> anyhow::Result<ControlPlane> {
+    if let Ok(dir) = std::env::var(STATE_ENV) {
+        let state_dir = PathBuf::from(dir);
+        wait_ready(&state_dir, Duration::from_secs(120), || Ok(()))?;
+        return Ok(ControlPlane {
+            kubeconfig: state_dir.join("admin.kubeconfig"),
+            state_dir,
+        });
+    }
+    let state_dir = repo_root()
+        .join("target")
+        .join(format!("e2e-controlplane-{}", std::process::id()));
+    fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    let log_path = state_dir.join("start.log");
+    let log =
+        fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let mut child = Command::new(repo_root().join("tests/controlplane/start.sh"))
+        .arg(&state_dir)
+        .arg("--parent-pid")
+        .arg(std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting tests/controlplane/start.sh")?;
+    // A cold machine builds the components first; that can take several minutes.
+    wait_ready(&state_dir, Duration::from_secs(20 * 60), || {
+        match child.try_wait() {
+            Ok(Some(status)) => bail!(
+                "start.sh exited with {status}; its log:\n{}",
+                fs::read_to_string(&log_path).unwrap_or_default()
+            ),
+            Ok(None) => Ok(()),
+            Err(e) => bail!("waiting on start.sh: {e}"),
+        }
+    })?;
+    Ok(ControlPlane {
+        kubeconfig: state_dir.join("admin.kubeconfig"),
+        state_dir,
+    })
+}
+
+fn wait_ready(
+    state_dir: &Path,
+    timeout: Duration,
+    mut still_starting: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !state_dir.join("ready").exists() {
+        still_starting()?;
+        if Instant::now() > deadline {
+            bail!(
+                "control plane in {} not ready after {timeout:?}",
+                state_dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+/// A client with the admin credentials of the shared control plane. Clients are bound to the
+/// tokio runtime that made them, and each test has its own runtime, so each test makes its own.
+pub async fn admin_client() -> anyhow::Result<kube::Client> {
+    let cp = shared();
+    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig)
+        .with_context(|| format!("reading {}", cp.kubeconfig.display()))?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .context("loading the admin kubeconfig")?;
+    // kube retries 429 by default (up to 15 times, minutes in all); a test must see the
+    // API server's answer, e.g. an eviction refused by a PodDisruptionBudget.
+    config.default_retry = false;
+    kube::Client::try_from(config).context("building the admin client")
+}

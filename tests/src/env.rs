@@ -1,0 +1,394 @@
+//! One test's private corner of the shared control plane: its own namespace and node names,
+//! and helpers to create kwok nodes, workloads bound to them and PodDisruptionBudgets.
+
+use std::{
+    collections::BTreeMap,
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use anyhow::Context;
+use k8s_openapi::{
+    api::{
+        apps::v1::{DaemonSet, ReplicaSet},
+        core::v1::{Namespace, Node, Pod},
+        policy::v1::PodDisruptionBudget,
+        scheduling::v1::PriorityClass,
+    },
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+use crate::{controlplane, wait};
+
+/// Annotation that makes kwok simulate a node (and the pods bound to it).
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+/// Label carried by every object a test creates, with the test's id as value.
+pub const TEST_LABEL: &str = "e2e.nodeward.io/test";
+const FIELD_MANAGER: &str = "nodeward-e2e";
+
+/// The role a simulated node plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Worker,
+    ControlPlane,
+}
+
+/// What a simulated node looks like.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub role: Role,
+    pub zone: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeSpec {
+    pub fn worker(zone: &str) -> Self {
+        Self {
+            role: Role::Worker,
+            zone: zone.to_owned(),
+            labels: BTreeMap::new(),
+        }
+    }
+
+    pub fn control_plane(zone: &str) -> Self {
+        Self {
+            role: Role::ControlPlane,
+            ..Self::worker(zone)
+        }
+    }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_owned(), value.to_owned());
+        self
+    }
+}
+
+/// How the pods of a workload look.
+#[derive(Clone, Debug)]
+pub struct PodOptions {
+    /// Pod priority; a PriorityClass with this value is created when set.
+    pub priority: Option<i32>,
+    pub grace_period_seconds: i64,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for PodOptions {
+    fn default() -> Self {
+        Self {
+            priority: None,
+            grace_period_seconds: 1,
+            labels: BTreeMap::new(),
+        }
+    }
+}
+
+/// A test's namespace, node names and client.
+pub struct TestEnv {
+    pub client: Client,
+    pub namespace: String,
+    /// Short unique id of this test, used in every name it creates.
+    pub id: String,
+}
+
+impl TestEnv {
+    /// Attaches to (or starts) the shared control plane, installs the CRDs and creates this
+    /// test's namespace. `test` is a short name for the test, used in object names.
+    pub async fn new(test: &str) -> anyhow::Result<Self> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let client = controlplane::admin_client().await?;
+        let id = format!(
+            "{}-{}-{}",
+            sanitize(test),
+            std::process::id() % 100_000,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let env = Self {
+            namespace: format!("e2e-{id}"),
+            client,
+            id,
+        };
+        install_crds(&env.client).await?;
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": env.namespace, "labels": {TEST_LABEL: env.id}}
+        }))?;
+        Api::<Namespace>::all(env.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {}", env.namespace))?;
+        // Pods need the namespace's default ServiceAccount, made by the serviceaccount controller.
+        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(env.client.clone(), &env.namespace);
+        wait::until(
+            &accounts,
+            "default",
+            "the default ServiceAccount",
+            Duration::from_secs(30),
+            |sa| sa.is_some(),
+        )
+        .await?;
+        Ok(env)
+    }
+
+    /// The name of this test's node number `index`.
+    pub fn node_name(&self, index: usize) -> String {
+        format!("{}-n{index}", self.id)
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Creates one kwok node per spec (named `node_name(0..)`) and waits until all are Ready.
+    pub async fn create_nodes(&self, specs: &[NodeSpec]) -> anyhow::Result<Vec<Node>> {
+        let mut names = Vec::new();
+        for (index, spec) in specs.iter().enumerate() {
+            let name = self.node_name(index);
+            let mut labels = spec.labels.clone();
+            labels.insert("kubernetes.io/hostname".into(), name.clone());
+            labels.insert("kubernetes.io/os".into(), "linux".into());
+            labels.insert("topology.kubernetes.io/zone".into(), spec.zone.clone());
+            labels.insert(TEST_LABEL.into(), self.id.clone());
+            let mut taints = Vec::new();
+            match spec.role {
+                Role::ControlPlane => {
+                    labels.insert(
+                        nodeward_api::labels::CONTROL_PLANE_ROLE_LABEL.into(),
+                        String::new(),
+                    );
+                    taints.push(json!({"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}));
+                }
+                Role::Worker => {
+                    labels.insert("node-role.kubernetes.io/worker".into(), String::new());
+                }
+            }
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {
+                    "name": name,
+                    "labels": labels,
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                },
+                "spec": {"taints": taints},
+            }))?;
+            self.nodes()
+                .create(&PostParams::default(), &node)
+                .await
+                .with_context(|| format!("creating node {name}"))?;
+            names.push(name);
+        }
+        let mut nodes = Vec::new();
+        for name in &names {
+            let node = wait::until(
+                &self.nodes(),
+                name,
+                "node Ready",
+                Duration::from_secs(60),
+                |n| {
+                    n.is_some_and(|n| wait::condition_status(n, "Ready").as_deref() == Some("True"))
+                },
+            )
+            .await?
+            .with_context(|| format!("node {name} disappeared"))?;
+            nodes.push(node);
+        }
+        Ok(nodes)
+    }
+
+    /// A PriorityClass with `value`, shared by every test (the name derives from the value).
+    pub async fn priority_class(&self, value: i32) -> anyhow::Result<String> {
+        let name = format!("e2e-priority-{value}");
+        let pc: PriorityClass = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "value": value,
+            "globalDefault": false,
+        }))?;
+        Api::<PriorityClass>::all(self.client.clone())
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&pc),
+            )
+            .await
+            .with_context(|| format!("applying PriorityClass {name}"))?;
+        Ok(name)
+    }
+
+    async fn pod_template(
+        &self,
+        app: &str,
+        node: Option<&str>,
+        options: &PodOptions,
+    ) -> anyhow::Result<serde_json::Value> {
+        let mut labels = options.labels.clone();
+        labels.insert("app".into(), app.to_owned());
+        labels.insert(TEST_LABEL.into(), self.id.clone());
+        let mut spec = json!({
+            "terminationGracePeriodSeconds": options.grace_period_seconds,
+            "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
+            "tolerations": [{"operator": "Exists"}],
+        });
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        if let Some(priority) = options.priority {
+            spec["priorityClassName"] = json!(self.priority_class(priority).await?);
+        }
+        Ok(json!({"metadata": {"labels": labels}, "spec": spec}))
+    }
+
+    /// A ReplicaSet named `app` whose `replicas` pods are bound to `node`.
+    pub async fn replicaset(
+        &self,
+        app: &str,
+        node: &str,
+        replicas: i32,
+        options: &PodOptions,
+    ) -> anyhow::Result<ReplicaSet> {
+        let rs: ReplicaSet = serde_json::from_value(json!({
+            "metadata": {"name": app, "labels": {TEST_LABEL: self.id}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": app}},
+                "template": self.pod_template(app, Some(node), options).await?,
+            },
+        }))?;
+        Api::<ReplicaSet>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &rs)
+            .await
+            .with_context(|| format!("creating ReplicaSet {app}"))
+    }
+
+    /// A DaemonSet named `app` with one pod on each of this test's nodes that carry the label
+    /// `node_label` (key, value); the scheduler binds them.
+    pub async fn daemonset(
+        &self,
+        app: &str,
+        node_label: (&str, &str),
+        options: &PodOptions,
+    ) -> anyhow::Result<DaemonSet> {
+        let mut template = self.pod_template(app, None, options).await?;
+        template["spec"]["nodeSelector"] = json!({node_label.0: node_label.1, TEST_LABEL: self.id});
+        let ds: DaemonSet = serde_json::from_value(json!({
+            "metadata": {"name": app, "labels": {TEST_LABEL: self.id}},
+            "spec": {"selector": {"matchLabels": {"app": app}}, "template": template},
+        }))?;
+        Api::<DaemonSet>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &ds)
+            .await
+            .with_context(|| format!("creating DaemonSet {app}"))
+    }
+
+    /// A PodDisruptionBudget named `name` over the pods labelled `app`.
+    pub async fn pdb(
+        &self,
+        name: &str,
+        app: &str,
+        min_available: i32,
+    ) -> anyhow::Result<PodDisruptionBudget> {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {TEST_LABEL: self.id}},
+            "spec": {"minAvailable": min_available, "selector": {"matchLabels": {"app": app}}},
+        }))?;
+        Api::<PodDisruptionBudget>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pdb)
+            .await
+            .with_context(|| format!("creating PodDisruptionBudget {name}"))
+    }
+
+    /// Waits until `count` pods labelled `app` are Running on their nodes, and returns them.
+    pub async fn running_pods(&self, app: &str, count: usize) -> anyhow::Result<Vec<Pod>> {
+        let pods = self.pods();
+        let selector = format!("app={app}");
+        wait::eventually(
+            &format!("{count} running pods of {app}"),
+            Duration::from_secs(60),
+            || {
+                let pods = pods.clone();
+                let selector = selector.clone();
+                async move {
+                    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+                    let running: Vec<Pod> = list
+                        .items
+                        .into_iter()
+                        .filter(|p| {
+                            p.metadata.deletion_timestamp.is_none()
+                                && p.status.as_ref().and_then(|s| s.phase.as_deref())
+                                    == Some("Running")
+                        })
+                        .collect();
+                    Ok((running.len() == count).then_some(running))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Deletes what this test created: its namespace (and so its workloads) and its nodes.
+    pub async fn cleanup(self) -> anyhow::Result<()> {
+        let selector = format!("{TEST_LABEL}={}", self.id);
+        let nodes = self
+            .nodes()
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        for node in nodes {
+            self.nodes()
+                .delete(&node.name_any(), &DeleteParams::default())
+                .await?;
+        }
+        Api::<Namespace>::all(self.client.clone())
+            .delete(&self.namespace, &DeleteParams::default())
+            .await?;
+        Ok(())
+    }
+}
+
+fn sanitize(test: &str) -> String {
+    let name: String = test
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(20)
+        .collect();
+    name.trim_matches('-').to_owned()
+}
+
+/// Applies nodeward's CRDs (idempotent) and waits until the API server serves them.
+pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in nodeward_api::crds::all() {
+        let name = crd.name_any();
+        crds.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .with_context(|| format!("applying CRD {name}"))?;
+        wait::until(
+            &crds,
+            &name,
+            "CRD Established",
+            Duration::from_secs(30),
+            |c| {
+                c.is_some_and(|c| {
+                    wait::condition_status(c, "Established").as_deref() == Some("True")
+                })
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,8 @@
+//! Test support for nodeward's end-to-end tests: a real control plane shared by the whole test
+//! run, a namespace and node names per test, and fixtures (kwok nodes, workloads, PDBs).
+
+pub mod controlplane;
+pub mod env;
+pub mod wait;
+
+pub use env::{NodeSpec, PodOptions, Role, TestEnv};

@@ -1,0 +1,65 @@
+//! Waiting on conditions with a deadline (never sleeping and hoping).
+
+use std::{fmt::Debug, future::Future, time::Duration};
+
+use anyhow::{Context, anyhow};
+use kube::{Api, Resource, runtime::wait::await_condition};
+use serde_json::Value;
+
+/// Waits, through a watch, until `condition` holds for the object `name`, or fails after
+/// `timeout` naming `what` was awaited.
+pub async fn until<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    condition: impl Fn(Option<&K>) -> bool,
+) -> anyhow::Result<Option<K>>
+where
+    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    tokio::time::timeout(timeout, await_condition(api.clone(), name, condition))
+        .await
+        .map_err(|_| anyhow!("timed out after {timeout:?} waiting for {what} ({name})"))?
+        .with_context(|| format!("watching {name} for {what}"))
+}
+
+/// Polls `probe` until it returns `Some`, or fails after `timeout`; for states no single
+/// object's watch shows.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_error = None;
+    loop {
+        match probe().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last_error = Some(e),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let why = last_error
+                .map(|e| format!(" (last error: {e:#})"))
+                .unwrap_or_default();
+            return Err(anyhow!(
+                "timed out after {timeout:?} waiting for {what}{why}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads a condition's status from any object's `status.conditions`.
+pub fn condition_status<K: serde::Serialize>(object: &K, type_: &str) -> Option<String> {
+    let value = serde_json::to_value(object).ok()?;
+    value
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))?
+        .get("status")?
+        .as_str()
+        .map(str::to_owned)
+}
