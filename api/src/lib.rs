@@ -4,6 +4,9 @@
 //! The CRD manifests in `charts/nodeward/crds/` are generated from these types by
 //! `cargo run -p nodeward-api --bin crdgen`; a test fails when they are out of date.
 
+// `#[kube(printcolumn(type_ = ...))]` repeats keys across columns by design.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod conditions;
 pub mod crds;
 pub mod drain;

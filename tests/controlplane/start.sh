@@ -57,8 +57,18 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 0' INT TERM
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+taken_ports=" "
+free_port() { # VAR: set VAR to a loopback TCP port nobody listens on, not handed out before
+  local port
+  while :; do
+    port=$((20000 + RANDOM % 30000))
+    case $taken_ports in *" $port "*) continue ;; esac
+    if [ -z "$(ss -Htln "sport = :$port")" ]; then
+      taken_ports+="$port "
+      printf -v "$1" '%s' "$port"
+      return
+    fi
+  done
 }
 
 # --- PKI -------------------------------------------------------------------------------------
@@ -87,10 +97,10 @@ keyUsage=digitalSignature,keyEncipherment"
 openssl_quiet genrsa -out "$pki/sa.key" 2048
 openssl_quiet rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 
-etcd_port=$(free_port)
-etcd_peer_port=$(free_port)
-api_port=$(free_port)
-kwok_port=$(free_port)
+free_port etcd_port
+free_port etcd_peer_port
+free_port api_port
+free_port kwok_port
 server="https://127.0.0.1:$api_port"
 
 kubeconfig() { # file, user name, cert name

@@ -1,3 +1,4 @@
 //! End-to-end tests against the real control plane (see `tests/controlplane/`).
 
+mod identity;
 mod smoke;

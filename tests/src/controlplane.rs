@@ -99,20 +99,54 @@ fn wait_ready(
     Ok(())
 }
 
+/// Who a test client acts as.
+#[derive(Clone, Debug)]
+pub enum Identity {
+    /// The cluster admin (`system:masters`).
+    Admin,
+    /// A bearer token, e.g. a service-account token from a TokenRequest.
+    Token(String),
+    /// The admin impersonating a user (and groups), as `kubectl --as` does.
+    Impersonate { user: String, groups: Vec<String> },
+}
+
 /// A client with the admin credentials of the shared control plane. Clients are bound to the
 /// tokio runtime that made them, and each test has its own runtime, so each test makes its own.
 pub async fn admin_client() -> anyhow::Result<kube::Client> {
+    client_as(Identity::Admin).await
+}
+
+/// A client of the shared control plane acting as `identity`.
+pub async fn client_as(identity: Identity) -> anyhow::Result<kube::Client> {
     let cp = shared();
-    let kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig)
+    let mut kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig)
         .with_context(|| format!("reading {}", cp.kubeconfig.display()))?;
+    let auth = kubeconfig
+        .auth_infos
+        .first_mut()
+        .and_then(|named| named.auth_info.as_mut())
+        .context("the admin kubeconfig has no user")?;
+    match identity {
+        Identity::Admin => {}
+        Identity::Token(token) => {
+            *auth = kube::config::AuthInfo {
+                token: Some(token.into()),
+                ..Default::default()
+            };
+        }
+        Identity::Impersonate { user, groups } => {
+            auth.impersonate = Some(user);
+            auth.impersonate_groups = (!groups.is_empty()).then_some(groups);
+        }
+    }
     let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await
-    .context("loading the admin kubeconfig")?;
+    .context("loading the test kubeconfig")?;
     // kube retries 429 by default (up to 15 times, minutes in all); a test must see the
     // API server's answer, e.g. an eviction refused by a PodDisruptionBudget.
     config.default_retry = false;
-    kube::Client::try_from(config).context("building the admin client")
+    kube::Client::try_from(config).context("building the test client")
 }

@@ -75,6 +75,8 @@ pub struct PodOptions {
     pub priority: Option<i32>,
     pub grace_period_seconds: i64,
     pub labels: BTreeMap<String, String>,
+    /// ServiceAccount the pods run as (the namespace's `default` when unset).
+    pub service_account: Option<String>,
 }
 
 impl Default for PodOptions {
@@ -83,6 +85,7 @@ impl Default for PodOptions {
             priority: None,
             grace_period_seconds: 1,
             labels: BTreeMap::new(),
+            service_account: None,
         }
     }
 }
@@ -237,6 +240,9 @@ impl TestEnv {
         });
         if let Some(node) = node {
             spec["nodeName"] = json!(node);
+        }
+        if let Some(account) = &options.service_account {
+            spec["serviceAccountName"] = json!(account);
         }
         if let Some(priority) = options.priority {
             spec["priorityClassName"] = json!(self.priority_class(priority).await?);

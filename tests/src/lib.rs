@@ -5,4 +5,5 @@ pub mod controlplane;
 pub mod env;
 pub mod wait;
 
+pub use controlplane::Identity;
 pub use env::{NodeSpec, PodOptions, Role, TestEnv};
