@@ -34,3 +34,73 @@ pub fn rendered() -> Result<Vec<(String, String)>, serde_yaml::Error> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use kube::ResourceExt;
+
+    use super::*;
+
+    fn columns(crd: &CustomResourceDefinition) -> Vec<&str> {
+        crd.spec.versions[0]
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority.unwrap_or(0) == 0)
+            .map(|c| c.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn kubectl_get_nodemaintenances_shows_node_reason_action_phase_age() {
+        let crd = NodeMaintenance::crd();
+        assert_eq!(columns(&crd), ["Node", "Reason", "Action", "Phase", "Age"]);
+    }
+
+    #[test]
+    fn every_crd_is_cluster_scoped_with_status_short_name_and_category() {
+        for crd in all() {
+            let name = crd.name_any();
+            assert_eq!(crd.spec.scope, "Cluster", "{name}");
+            assert_eq!(crd.spec.group, "nodeward.io", "{name}");
+            let version = &crd.spec.versions[0];
+            assert_eq!(version.name, "v1alpha1");
+            assert!(
+                version
+                    .subresources
+                    .as_ref()
+                    .and_then(|s| s.status.as_ref())
+                    .is_some(),
+                "{name} has a status subresource"
+            );
+            assert_eq!(
+                crd.spec.names.short_names.as_ref().map(Vec::len),
+                Some(1),
+                "{name}"
+            );
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&["nodeward".to_owned()][..]),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn validation_rules_are_in_the_schema() {
+        let yaml = rendered()
+            .expect("render")
+            .into_iter()
+            .map(|(_, y)| y)
+            .collect::<String>();
+        for needle in [
+            "maxConcurrent must be an integer >= 0",
+            "timeZone must be an IANA time zone name",
+            "a window is either start and end",
+            "nodeName is immutable",
+            "x-kubernetes-int-or-string: true",
+        ] {
+            assert!(yaml.contains(needle), "the generated CRDs lack {needle:?}");
+        }
+    }
+}

@@ -52,7 +52,7 @@ pub struct NodeMaintenanceSpec {
     /// What happens to the node once it is drained.
     #[x_kube(validation = Rule::new("self == oldSelf").message("action is immutable; delete this NodeMaintenance and create a new one"))]
     pub action: MaintenanceAction,
-    /// Who or what asked for it (a user, `nodeward-agent`, `nodeward-coordinator`).
+    /// Who or what asked for it (a user, `nodeward-agent` or `nodeward-coordinator`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub requested_by: Option<String>,
@@ -186,4 +186,20 @@ pub struct BlockingPod {
     /// Details: the PodDisruptionBudget's name, or the error returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_terminal_phases_are_finished() {
+        use MaintenancePhase::*;
+        for phase in [Pending, Admitted, Draining, Acting, Verifying] {
+            assert!(!phase.is_finished(), "{phase:?}");
+        }
+        for phase in [Succeeded, Failed, Cancelled] {
+            assert!(phase.is_finished(), "{phase:?}");
+        }
+    }
 }

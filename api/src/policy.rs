@@ -294,3 +294,40 @@ pub struct BudgetSlot {
     pub node_name: String,
     pub admitted_at: Time,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_spec_means_one_at_a_time_unpaused_any_time() {
+        let spec: DisruptionPolicySpec = serde_json::from_str("{}").expect("empty spec");
+        assert_eq!(spec.max_concurrent, IntOrString::Int(1));
+        assert!(!spec.paused && !spec.auto_reboot && spec.windows.is_empty());
+        assert!(spec.node_selector.is_none());
+    }
+
+    #[test]
+    fn camel_case_fields_round_trip() {
+        let json = serde_json::json!({
+            "maxConcurrent": "25%",
+            "windows": [{"days": ["Sat"], "start": "22:00", "end": "04:00", "timeZone": "Europe/Berlin"}],
+            "healthGate": {"for": "5m"},
+            "remediation": {"enabled": true, "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "5m"}]},
+        });
+        let spec: DisruptionPolicySpec = serde_json::from_value(json).expect("valid spec");
+        assert_eq!(spec.max_concurrent, IntOrString::String("25%".into()));
+        assert_eq!(spec.windows[0].days, vec![Weekday::Sat]);
+        let gate = spec.health_gate.as_ref().expect("gate");
+        assert_eq!(gate.for_.to_std().map(|d| d.as_secs()), Ok(300));
+        let remediation = spec.remediation.as_ref().expect("remediation");
+        assert_eq!(
+            remediation.action,
+            crate::MaintenanceAction::Reboot,
+            "the default remediation action"
+        );
+        let back = serde_json::to_value(&spec).expect("serialize");
+        assert_eq!(back["windows"][0]["timeZone"], "Europe/Berlin");
+        assert_eq!(back["remediation"]["unhealthyConditions"][0]["for"], "5m");
+    }
+}
