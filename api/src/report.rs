@@ -60,9 +60,10 @@ pub struct NodeReportStatus {
     /// Number of findings whose status is True.
     #[serde(default)]
     pub problems: i32,
-    /// Every detector's current finding, problems and passes alike.
+    /// Every detector's current finding, problems and passes alike; several detectors may
+    /// feed one condition type (e.g. `NetworkProblem`), so the list is keyed by detector.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["detector"]))]
     pub findings: Vec<Finding>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inhibitor: Option<InhibitorState>,

@@ -1,6 +1,7 @@
 //! Detectors: each reads one aspect of the node (I/O at the edge) and decides, in a pure
 //! function over plain data, whether it is a problem.
 
+pub mod debounce;
 pub mod interfaces;
 pub mod routes;
 

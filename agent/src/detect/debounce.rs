@@ -1,0 +1,270 @@
+//! Debouncing: a detector's new verdict is reported only after it has held for the detector's
+//! `for` duration, in both directions (a problem must persist before it is reported, and a
+//! pass must persist before the problem clears), so that a flapping check never flaps the
+//! node condition.
+
+use std::time::{Duration, Instant};
+
+use super::{Finding, Status};
+
+/// What one detector has reported, and what it is currently seeing.
+#[derive(Clone, Debug)]
+pub struct Debounced {
+    reported: Option<Reported>,
+    candidate: Option<(Status, Instant)>,
+}
+
+/// The finding as reported, with when its status last changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reported {
+    pub finding: Finding,
+    pub since: Instant,
+}
+
+/// What an observation changed in the reported state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing to report.
+    None,
+    /// The reported status changed (or was reported for the first time).
+    Status,
+    /// Same status, but the reason or message changed.
+    Detail,
+}
+
+impl Default for Debounced {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Debounced {
+    pub fn new() -> Self {
+        Self {
+            reported: None,
+            candidate: None,
+        }
+    }
+
+    /// The currently reported finding, if any has been reported yet.
+    pub fn reported(&self) -> Option<&Reported> {
+        self.reported.as_ref()
+    }
+
+    /// Feeds one observation made at `now`. The first observation of a detector that passes
+    /// is reported at once (a healthy start needs no waiting); every status change, including
+    /// the first problem, must hold for `hold` first.
+    pub fn observe(&mut self, finding: Finding, now: Instant, hold: Duration) -> Change {
+        let current = self.reported.as_ref().map(|r| r.finding.status);
+        if current == Some(finding.status) {
+            self.candidate = None;
+            let reported = self.reported.as_mut().map(|r| &mut r.finding);
+            return match reported {
+                Some(r) if r.reason != finding.reason || r.message != finding.message => {
+                    *r = finding;
+                    Change::Detail
+                }
+                _ => Change::None,
+            };
+        }
+        if current.is_none() && finding.status == Status::Ok {
+            self.reported = Some(Reported {
+                finding,
+                since: now,
+            });
+            return Change::Status;
+        }
+        let first_seen = match self.candidate {
+            Some((status, since)) if status == finding.status => since,
+            _ => {
+                self.candidate = Some((finding.status, now));
+                now
+            }
+        };
+        if now.saturating_duration_since(first_seen) >= hold {
+            self.candidate = None;
+            self.reported = Some(Reported {
+                finding,
+                since: now,
+            });
+            Change::Status
+        } else {
+            Change::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOLD: Duration = Duration::from_secs(30);
+
+    fn finding(status: Status, message: &str) -> Finding {
+        Finding {
+            detector: "test",
+            condition: "NetworkProblem",
+            status,
+            reason: format!("{status:?}"),
+            message: message.to_owned(),
+        }
+    }
+
+    #[test]
+    fn a_healthy_start_is_reported_at_once() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        assert_eq!(
+            d.observe(finding(Status::Ok, "fine"), t0, HOLD),
+            Change::Status
+        );
+        assert_eq!(d.reported().map(|r| r.finding.status), Some(Status::Ok));
+    }
+
+    #[test]
+    fn a_problem_is_reported_only_after_it_held_for_the_duration() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Ok, "fine"), t0, HOLD);
+        assert_eq!(
+            d.observe(
+                finding(Status::Problem, "bad"),
+                t0 + Duration::from_secs(1),
+                HOLD
+            ),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Problem, "bad"),
+                t0 + Duration::from_secs(20),
+                HOLD
+            ),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Problem, "bad"),
+                t0 + Duration::from_secs(31),
+                HOLD
+            ),
+            Change::Status
+        );
+        let reported = d.reported().expect("reported");
+        assert_eq!(reported.finding.status, Status::Problem);
+        assert_eq!(reported.since, t0 + Duration::from_secs(31));
+    }
+
+    #[test]
+    fn a_flapping_check_never_changes_the_report() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Ok, "fine"), t0, HOLD);
+        for second in 1..200 {
+            let observed = if second % 2 == 0 {
+                finding(Status::Problem, "bad")
+            } else {
+                finding(Status::Ok, "fine")
+            };
+            assert_eq!(
+                d.observe(observed, t0 + Duration::from_secs(second), HOLD),
+                Change::None
+            );
+        }
+        assert_eq!(d.reported().map(|r| r.finding.status), Some(Status::Ok));
+    }
+
+    #[test]
+    fn a_problem_clears_only_after_passing_for_the_duration() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Problem, "bad"), t0, Duration::ZERO);
+        assert_eq!(
+            d.reported().map(|r| r.finding.status),
+            Some(Status::Problem)
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Ok, "fine"),
+                t0 + Duration::from_secs(1),
+                HOLD
+            ),
+            Change::None
+        );
+        // A relapse restarts the clock.
+        d.observe(
+            finding(Status::Problem, "bad"),
+            t0 + Duration::from_secs(10),
+            HOLD,
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Ok, "fine"),
+                t0 + Duration::from_secs(11),
+                HOLD
+            ),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Ok, "fine"),
+                t0 + Duration::from_secs(40),
+                HOLD
+            ),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Ok, "fine"),
+                t0 + Duration::from_secs(41),
+                HOLD
+            ),
+            Change::Status
+        );
+    }
+
+    #[test]
+    fn unknown_is_debounced_like_a_problem() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        assert_eq!(
+            d.observe(finding(Status::Unknown, "?"), t0, HOLD),
+            Change::None
+        );
+        assert!(d.reported().is_none());
+        assert_eq!(
+            d.observe(finding(Status::Unknown, "?"), t0 + HOLD, HOLD),
+            Change::Status
+        );
+    }
+
+    #[test]
+    fn a_new_message_with_the_same_status_is_a_detail_change() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Problem, "sg-1 missing"), t0, Duration::ZERO);
+        let change = d.observe(
+            finding(Status::Problem, "sg-1, sg-2 missing"),
+            t0 + Duration::from_secs(1),
+            HOLD,
+        );
+        assert_eq!(change, Change::Detail);
+        assert_eq!(
+            d.reported().map(|r| r.finding.message.as_str()),
+            Some("sg-1, sg-2 missing")
+        );
+        assert_eq!(
+            d.reported().map(|r| r.since),
+            Some(t0),
+            "since is when the status changed"
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Problem, "sg-1, sg-2 missing"),
+                t0 + Duration::from_secs(2),
+                HOLD
+            ),
+            Change::None
+        );
+    }
+}
