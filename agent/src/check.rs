@@ -1,61 +1,18 @@
 //! `nodeward-agent check`: every local detector once, as a table or JSON.
 
-use std::path::Path;
-
+use futures::future::join_all;
 use serde::Serialize;
 
 use crate::{
     config::Config,
-    detect::{Finding, Status, interfaces, routes},
+    detect::{Detector, Finding, Status},
 };
 
-/// Runs every enabled local detector once.
-pub fn run(config: &Config) -> Vec<Finding> {
-    let mut findings = Vec::new();
-    let network = &config.detectors.network;
-    if network.enabled {
-        let (interfaces_finding, has_global_ipv6) = match interfaces::read() {
-            Ok(list) => {
-                let has_global_ipv6 = interfaces::relevant(&list, &network.interfaces)
-                    .filter(|i| i.up)
-                    .flat_map(|i| &i.addresses)
-                    .any(|a| a.is_ipv6() && interfaces::is_usable(a));
-                (
-                    interfaces::evaluate(&list, &network.interfaces),
-                    has_global_ipv6,
-                )
-            }
-            Err(e) => (
-                Finding::unknown(
-                    "interfaces",
-                    nodeward_api::conditions::node::NETWORK_PROBLEM,
-                    "InterfacesUnreadable",
-                    format!("cannot list network interfaces: {e}"),
-                ),
-                false,
-            ),
-        };
-        findings.push(interfaces_finding);
-        let ipv4 = read_table(routes::IPV4_TABLE).map(|t| routes::parse_ipv4(&t));
-        let ipv6 = read_table(routes::IPV6_TABLE).map(|t| routes::parse_ipv6(&t));
-        findings.push(routes::evaluate(
-            &ipv4,
-            &ipv6,
-            has_global_ipv6,
-            &network.default_route,
-        ));
-    }
-    findings
-}
-
-fn read_table(path: &str) -> Result<String, String> {
-    // A kernel without IPv6 has no ipv6_route file: that is an empty table, not an error.
-    match std::fs::read_to_string(Path::new(path)) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == routes::IPV6_TABLE => {
-            Ok(String::new())
-        }
-        other => other.map_err(|e| e.to_string()),
-    }
+/// Runs every enabled local detector once, concurrently, each within its timeout, so that a
+/// hung check never holds the others up.
+pub async fn run(config: &Config) -> Vec<Finding> {
+    let detectors = Detector::all(config);
+    join_all(detectors.iter().map(Detector::observe_bounded)).await
 }
 
 /// The process exit status for these findings: 1 when any is a problem, else 0.
@@ -71,8 +28,8 @@ pub fn render_table(findings: &[Finding]) -> String {
     sorted.sort_by_key(|f| (f.status != Status::Problem, f.status != Status::Unknown));
     for f in sorted {
         rows.push([
-            f.detector.to_owned(),
-            f.condition.to_owned(),
+            f.detector.to_string(),
+            f.condition.to_string(),
             format!("{:?}", f.status),
             f.reason.clone(),
             f.message.clone(),

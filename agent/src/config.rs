@@ -1,9 +1,16 @@
 //! The agent's configuration file (YAML). Every field is optional; unknown fields are refused
-//! so that a typo never silently turns a check off.
+//! so that a typo never silently turns a check off. Durations are written like `30s`, `5m`,
+//! `1h30m`.
+//!
+//! Each detector has `interval` (how often it runs), `timeout` (after which the run counts as
+//! Unknown) and `for` (how long a new verdict must hold before it is reported or cleared).
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::Error;
 
@@ -20,22 +27,46 @@ pub struct Config {
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Detectors {
     pub network: NetworkConfig,
+    pub reboot_required: RebootConfig,
+    pub filesystem: FilesystemConfig,
+    pub security_groups: SecurityGroupsConfig,
+    pub kubelet: KubeletConfig,
+    pub custom: Vec<CustomCheckConfig>,
+}
+
+/// When and how long a detector runs, and how long a verdict must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub hold: Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct NetworkConfig {
     pub enabled: bool,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
     pub interfaces: InterfacesConfig,
     pub default_route: RoutesConfig,
+    pub dns: DnsConfig,
 }
 
 impl Default for NetworkConfig {
     fn default() -> Self {
         Self {
             enabled: true,
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            hold: Duration::from_secs(30),
             interfaces: InterfacesConfig::default(),
             default_route: RoutesConfig::default(),
+            dns: DnsConfig::default(),
         }
     }
 }
@@ -84,6 +115,170 @@ pub enum Ipv6Mode {
     Ignored,
 }
 
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DnsConfig {
+    /// Names that must resolve through the node's resolver; none means no DNS check.
+    pub names: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RebootConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+    /// A reboot is required while this file exists (kured's `--reboot-sentinel`).
+    pub sentinel_file: PathBuf,
+    /// When set, a reboot is required while this command exits 0 (kured's
+    /// `--reboot-sentinel-command`); it replaces the sentinel file.
+    pub sentinel_command: Vec<String>,
+}
+
+impl Default for RebootConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(30),
+            hold: Duration::ZERO,
+            sentinel_file: PathBuf::from("/var/run/reboot-required"),
+            sentinel_command: Vec::new(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FilesystemConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+    /// Paths that must be on writable filesystems; paths that do not exist are skipped.
+    pub paths: Vec<PathBuf>,
+}
+
+impl Default for FilesystemConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(10),
+            hold: Duration::ZERO,
+            paths: ["/var/lib/kubelet", "/var/lib/containerd", "/var/log"]
+                .map(PathBuf::from)
+                .to_vec(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct SecurityGroupsConfig {
+    /// Security groups this node must be a member of; none turns the check off.
+    pub expected: Vec<String>,
+    /// Base URL of the EC2-compatible instance metadata service (AWS, OpenStack).
+    #[serde(rename = "metadataURL")]
+    pub metadata_url: String,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+}
+
+impl Default for SecurityGroupsConfig {
+    fn default() -> Self {
+        Self {
+            expected: Vec::new(),
+            metadata_url: "http://169.254.169.254".to_owned(),
+            interval: Duration::from_secs(300),
+            timeout: Duration::from_secs(5),
+            hold: Duration::ZERO,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KubeletConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+    /// The kubelet's health endpoint.
+    #[serde(rename = "healthzURL")]
+    pub healthz_url: String,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            hold: Duration::from_secs(60),
+            healthz_url: "http://127.0.0.1:10248/healthz".to_owned(),
+        }
+    }
+}
+
+/// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
+/// unknown; the first line of output is the message.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CustomCheckConfig {
+    /// Unique name of the check (the detector name in reports).
+    pub name: String,
+    /// The node condition type it sets, CamelCase, e.g. `NTPProblem`.
+    pub condition: String,
+    /// The condition reason when the check finds a problem, CamelCase.
+    pub reason: String,
+    /// Program and arguments.
+    pub command: Vec<String>,
+    #[serde(default = "custom_interval", deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(default = "custom_timeout", deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(default, rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+    /// Longest message kept from the output (node-problem-detector's default is 80).
+    #[serde(default = "custom_max_output")]
+    pub max_output_length: usize,
+}
+
+fn custom_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn custom_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn custom_max_output() -> usize {
+    80
+}
+
+/// Reads a Go-style duration string (`30s`, `5m`, `1h30m`).
+fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    nodeward_api::Duration::parse(text)
+        .and_then(|d| d.to_std())
+        .map_err(serde::de::Error::custom)
+}
+
 impl Config {
     /// Reads `path`, or [`DEFAULT_PATH`] when none is given and it exists; the defaults when
     /// neither.
@@ -106,13 +301,29 @@ impl Config {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        let config: Self = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let config: Self = serde_path_to_error::deserialize(serde_yaml::Deserializer::from_str(
+            text,
+        ))
+        .map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            // serde_yaml names the place itself, but only down to the enclosing map for a
+            // field whose own parser (durations) refused the value: name the field itself.
+            match inner.split_once(": ") {
+                Some((place, rest)) if path != "." && path.starts_with(place) => {
+                    format!("{path}: {rest}")
+                }
+                _ if path != "." && !inner.starts_with(&path) => format!("{path}: {inner}"),
+                _ => inner,
+            }
+        })?;
         config.validate()?;
         Ok(config)
     }
 
     fn validate(&self) -> Result<(), String> {
-        for (index, pattern) in self.detectors.network.interfaces.ignore.iter().enumerate() {
+        let d = &self.detectors;
+        for (index, pattern) in d.network.interfaces.ignore.iter().enumerate() {
             let star = pattern.find('*');
             if pattern.is_empty() || star.is_some_and(|at| at != pattern.len() - 1) {
                 return Err(format!(
@@ -120,9 +331,104 @@ impl Config {
                 ));
             }
         }
+        let schedules = [
+            ("detectors.network", d.network.schedule()),
+            ("detectors.rebootRequired", d.reboot_required.schedule()),
+            ("detectors.filesystem", d.filesystem.schedule()),
+            ("detectors.securityGroups", d.security_groups.schedule()),
+            ("detectors.kubelet", d.kubelet.schedule()),
+        ];
+        let custom = d.custom.iter().enumerate().map(|(i, c)| (i, c.schedule()));
+        for (place, schedule) in schedules
+            .into_iter()
+            .map(|(p, s)| (p.to_owned(), s))
+            .chain(custom.map(|(i, s)| (format!("detectors.custom[{i}]"), s)))
+        {
+            if schedule.interval.is_zero() {
+                return Err(format!("{place}.interval: must be more than 0s, e.g. 30s"));
+            }
+            if schedule.timeout.is_zero() || schedule.timeout > schedule.interval {
+                return Err(format!(
+                    "{place}.timeout: must be more than 0s and at most the interval ({:?}), so that runs never overlap",
+                    schedule.interval
+                ));
+            }
+        }
+        for url in [
+            (
+                "detectors.securityGroups.metadataURL",
+                &d.security_groups.metadata_url,
+            ),
+            ("detectors.kubelet.healthzURL", &d.kubelet.healthz_url),
+        ] {
+            if !url.1.starts_with("http://") && !url.1.starts_with("https://") {
+                return Err(format!(
+                    "{}: {:?} is not an http:// or https:// URL",
+                    url.0, url.1
+                ));
+            }
+        }
+        if d.reboot_required
+            .sentinel_command
+            .first()
+            .is_some_and(String::is_empty)
+        {
+            return Err(
+                "detectors.rebootRequired.sentinelCommand[0]: the program must not be empty"
+                    .to_owned(),
+            );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (index, check) in d.custom.iter().enumerate() {
+            let place = format!("detectors.custom[{index}]");
+            if check.name.is_empty() || !names.insert(check.name.as_str()) {
+                return Err(format!(
+                    "{place}.name: {:?} must be non-empty and unique among the custom checks",
+                    check.name
+                ));
+            }
+            for (field, value) in [("condition", &check.condition), ("reason", &check.reason)] {
+                if !is_camel_case(value) {
+                    return Err(format!(
+                        "{place}.{field}: {value:?} must be CamelCase, e.g. NTPProblem"
+                    ));
+                }
+            }
+            if check.command.first().is_none_or(String::is_empty) {
+                return Err(format!(
+                    "{place}.command: give the program and its arguments, e.g. [\"/usr/local/bin/check-ntp\"]"
+                ));
+            }
+            if check.max_output_length == 0 {
+                return Err(format!("{place}.maxOutputLength: must be at least 1"));
+            }
+        }
         Ok(())
     }
 }
+
+fn is_camel_case(value: &str) -> bool {
+    value.chars().next().is_some_and(|c| c.is_ascii_uppercase())
+        && value.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+macro_rules! schedule_of {
+    ($($config:ty),*) => {$(
+        impl $config {
+            pub fn schedule(&self) -> Schedule {
+                Schedule { interval: self.interval, timeout: self.timeout, hold: self.hold }
+            }
+        }
+    )*};
+}
+schedule_of!(
+    NetworkConfig,
+    RebootConfig,
+    FilesystemConfig,
+    SecurityGroupsConfig,
+    KubeletConfig,
+    CustomCheckConfig
+);
 
 #[cfg(test)]
 mod tests {
@@ -137,13 +443,62 @@ mod tests {
     #[test]
     fn reads_every_field() {
         let config = Config::parse(
-            "detectors:\n  network:\n    enabled: false\n    interfaces:\n      ignore: [\"eth9\", \"tap*\"]\n    defaultRoute:\n      ipv6: Required\n",
+            r#"
+detectors:
+  network:
+    enabled: false
+    interval: 1m
+    timeout: 5s
+    for: 2m
+    interfaces:
+      ignore: ["eth9", "tap*"]
+    defaultRoute:
+      ipv6: Required
+    dns:
+      names: [kubernetes.default.svc.cluster.local]
+  rebootRequired:
+    sentinelCommand: ["/usr/bin/needs-restarting", "-r"]
+  securityGroups:
+    expected: [k8s-nodes]
+    metadataURL: http://127.0.0.1:8775
+  custom:
+  - name: ntp
+    condition: NTPProblem
+    reason: ClockNotSynchronized
+    command: ["/usr/local/bin/check-ntp"]
+    for: 30s
+"#,
         )
         .expect("valid");
         let network = &config.detectors.network;
         assert!(!network.enabled);
+        assert_eq!(
+            network.schedule(),
+            Schedule {
+                interval: Duration::from_secs(60),
+                timeout: Duration::from_secs(5),
+                hold: Duration::from_secs(120)
+            }
+        );
         assert_eq!(network.interfaces.ignore, vec!["eth9", "tap*"]);
         assert_eq!(network.default_route.ipv6, Ipv6Mode::Required);
+        assert_eq!(
+            network.dns.names,
+            vec!["kubernetes.default.svc.cluster.local"]
+        );
+        assert_eq!(
+            config.detectors.reboot_required.sentinel_command,
+            vec!["/usr/bin/needs-restarting", "-r"]
+        );
+        assert_eq!(
+            config.detectors.security_groups.metadata_url,
+            "http://127.0.0.1:8775"
+        );
+        let ntp = &config.detectors.custom[0];
+        assert_eq!(
+            (ntp.interval, ntp.hold, ntp.max_output_length),
+            (Duration::from_secs(60), Duration::from_secs(30), 80)
+        );
     }
 
     #[test]
@@ -168,6 +523,24 @@ mod tests {
     }
 
     #[test]
+    fn bad_duration_is_named_with_the_fix() {
+        let err = Config::parse("detectors:\n  kubelet:\n    interval: 10 minutes\n")
+            .expect_err("bad duration");
+        assert!(
+            err.starts_with("detectors.kubelet.interval: \"10 minutes\" is not a duration"),
+            "{err}"
+        );
+        assert!(err.contains("write it like 90s, 10m or 1h30m"), "{err}");
+    }
+
+    #[test]
+    fn timeout_longer_than_interval_is_refused() {
+        let err = Config::parse("detectors:\n  filesystem:\n    interval: 10s\n    timeout: 20s\n")
+            .expect_err("overlap");
+        assert!(err.starts_with("detectors.filesystem.timeout"), "{err}");
+    }
+
+    #[test]
     fn bad_ignore_pattern_names_the_entry_and_the_fix() {
         let err = Config::parse(
             "detectors:\n  network:\n    interfaces:\n      ignore: [\"eth0\", \"*eth\"]\n",
@@ -178,6 +551,34 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("prefix ending in a single '*'"), "{err}");
+    }
+
+    #[test]
+    fn custom_checks_need_unique_names_camel_case_types_and_a_command() {
+        let check = |name: &str, condition: &str, command: &str| {
+            format!(
+                "detectors:\n  custom:\n  - {{name: a, condition: AProblem, reason: Bad, command: [/bin/true]}}\n  - {{name: {name}, condition: {condition}, reason: Bad, command: {command}}}\n"
+            )
+        };
+        let err = Config::parse(&check("a", "AProblem", "[/bin/true]")).expect_err("duplicate");
+        assert!(err.starts_with("detectors.custom[1].name"), "{err}");
+        let err =
+            Config::parse(&check("b", "a-problem", "[/bin/true]")).expect_err("not CamelCase");
+        assert!(err.starts_with("detectors.custom[1].condition"), "{err}");
+        let err = Config::parse(&check("b", "BProblem", "[]")).expect_err("no command");
+        assert!(err.starts_with("detectors.custom[1].command"), "{err}");
+        assert!(Config::parse(&check("b", "BProblem", "[/bin/false, -x]")).is_ok());
+    }
+
+    #[test]
+    fn metadata_url_must_be_http() {
+        let err =
+            Config::parse("detectors:\n  securityGroups:\n    metadataURL: 169.254.169.254\n")
+                .expect_err("no scheme");
+        assert!(
+            err.starts_with("detectors.securityGroups.metadataURL"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod check;
 pub mod config;
 pub mod detect;
+pub mod http;
 
 use std::path::PathBuf;
 

@@ -42,7 +42,17 @@ fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            let findings = check::run(&config);
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("nodeward-agent: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let findings = runtime.block_on(check::run(&config));
             match output {
                 Output::Table => print!("{}", check::render_table(&findings)),
                 Output::Json => println!("{}", check::render_json(&findings)),

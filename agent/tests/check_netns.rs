@@ -33,9 +33,18 @@ impl Netns {
         );
     }
 
+    /// Runs `check` in the namespace with only the network detectors on, so that the machine's
+    /// own state (a pending reboot, no kubelet) does not enter the verdict.
     fn check(&self, extra: &[&str]) -> (i32, String) {
+        let config = std::env::temp_dir().join(format!("{}.yaml", self.0));
+        std::fs::write(
+            &config,
+            "detectors:\n  rebootRequired: {enabled: false}\n  filesystem: {enabled: false}\n  kubelet: {enabled: false}\n",
+        )
+        .expect("writing the test configuration");
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, AGENT, "check"])
+            .args(["netns", "exec", &self.0, AGENT, "check", "--config"])
+            .arg(&config)
             .args(extra)
             .output()
             .expect("running nodeward-agent check");
@@ -48,6 +57,7 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = ip(&["netns", "del", &self.0]);
+        let _ = std::fs::remove_file(std::env::temp_dir().join(format!("{}.yaml", self.0)));
     }
 }
 

@@ -102,8 +102,8 @@ mod tests {
 
     fn finding(status: Status, message: &str) -> Finding {
         Finding {
-            detector: "test",
-            condition: "NetworkProblem",
+            detector: "test".into(),
+            condition: "NetworkProblem".into(),
             status,
             reason: format!("{status:?}"),
             message: message.to_owned(),

@@ -8,7 +8,7 @@ use nodeward_api::conditions::node::NETWORK_PROBLEM;
 use super::Finding;
 use crate::config::InterfacesConfig;
 
-const DETECTOR: &str = "interfaces";
+pub const DETECTOR: &str = "interfaces";
 
 /// One interface as the kernel reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +46,26 @@ pub fn read() -> Result<Vec<Interface>, nix::Error> {
         }
     }
     Ok(by_name.into_values().collect())
+}
+
+pub fn observe(config: &InterfacesConfig) -> Finding {
+    match read() {
+        Ok(list) => evaluate(&list, config),
+        Err(e) => Finding::unknown(
+            DETECTOR,
+            NETWORK_PROBLEM,
+            "InterfacesUnreadable",
+            format!("cannot list network interfaces: {e}"),
+        ),
+    }
+}
+
+/// Whether a relevant interface that is up has a usable IPv6 address.
+pub fn has_global_ipv6(interfaces: &[Interface], config: &InterfacesConfig) -> bool {
+    relevant(interfaces, config)
+        .filter(|i| i.up)
+        .flat_map(|i| &i.addresses)
+        .any(|a| a.is_ipv6() && is_usable(a))
 }
 
 /// Whether an address can carry the node's traffic (not loopback, unspecified or link-local).

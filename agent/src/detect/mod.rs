@@ -1,11 +1,26 @@
 //! Detectors: each reads one aspect of the node (I/O at the edge) and decides, in a pure
 //! function over plain data, whether it is a problem.
 
+pub mod command;
+pub mod custom;
 pub mod debounce;
+pub mod dns;
+pub mod filesystem;
 pub mod interfaces;
+pub mod kubelet;
+pub mod reboot;
 pub mod routes;
+pub mod security_groups;
 
+use std::borrow::Cow;
+
+use nodeward_api::conditions::node;
 use serde::Serialize;
+
+use crate::config::{
+    Config, CustomCheckConfig, FilesystemConfig, KubeletConfig, NetworkConfig, RebootConfig,
+    Schedule, SecurityGroupsConfig,
+};
 
 /// What one check concluded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -33,9 +48,9 @@ impl Status {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Finding {
     /// Which detector produced it.
-    pub detector: &'static str,
+    pub detector: Cow<'static, str>,
     /// The node condition type it feeds, e.g. `NetworkProblem`.
-    pub condition: &'static str,
+    pub condition: Cow<'static, str>,
     pub status: Status,
     /// CamelCase reason, e.g. `NoDefaultRoute`.
     pub reason: String,
@@ -43,37 +58,58 @@ pub struct Finding {
     pub message: String,
 }
 
+/// A name known at compile time (built-in detectors) or read from the configuration.
+pub type Name = Cow<'static, str>;
+
 impl Finding {
     pub fn ok(
-        detector: &'static str,
-        condition: &'static str,
+        detector: impl Into<Name>,
+        condition: impl Into<Name>,
         reason: &str,
         message: String,
     ) -> Self {
-        Self::new(detector, condition, Status::Ok, reason, message)
+        Self::new(
+            detector.into(),
+            condition.into(),
+            Status::Ok,
+            reason,
+            message,
+        )
     }
 
     pub fn problem(
-        detector: &'static str,
-        condition: &'static str,
+        detector: impl Into<Name>,
+        condition: impl Into<Name>,
         reason: &str,
         message: String,
     ) -> Self {
-        Self::new(detector, condition, Status::Problem, reason, message)
+        Self::new(
+            detector.into(),
+            condition.into(),
+            Status::Problem,
+            reason,
+            message,
+        )
     }
 
     pub fn unknown(
-        detector: &'static str,
-        condition: &'static str,
+        detector: impl Into<Name>,
+        condition: impl Into<Name>,
         reason: &str,
         message: String,
     ) -> Self {
-        Self::new(detector, condition, Status::Unknown, reason, message)
+        Self::new(
+            detector.into(),
+            condition.into(),
+            Status::Unknown,
+            reason,
+            message,
+        )
     }
 
-    fn new(
-        detector: &'static str,
-        condition: &'static str,
+    pub fn new(
+        detector: Name,
+        condition: Name,
         status: Status,
         reason: &str,
         message: String,
@@ -84,6 +120,118 @@ impl Finding {
             status,
             reason: reason.to_owned(),
             message,
+        }
+    }
+}
+
+/// One configured detector. Each runs on its own schedule; a run that exceeds its timeout is
+/// abandoned (its child processes killed) and counts as Unknown.
+#[derive(Clone, Debug)]
+pub enum Detector {
+    Interfaces(NetworkConfig),
+    DefaultRoute(NetworkConfig),
+    Dns(NetworkConfig),
+    RebootRequired(RebootConfig),
+    Filesystem(FilesystemConfig),
+    SecurityGroups(SecurityGroupsConfig),
+    Kubelet(KubeletConfig),
+    Custom(CustomCheckConfig),
+}
+
+impl Detector {
+    /// Every detector the configuration enables, in a stable order.
+    pub fn all(config: &Config) -> Vec<Self> {
+        let d = &config.detectors;
+        let mut all = Vec::new();
+        if d.network.enabled {
+            all.push(Self::Interfaces(d.network.clone()));
+            all.push(Self::DefaultRoute(d.network.clone()));
+            if !d.network.dns.names.is_empty() {
+                all.push(Self::Dns(d.network.clone()));
+            }
+        }
+        if d.reboot_required.enabled {
+            all.push(Self::RebootRequired(d.reboot_required.clone()));
+        }
+        if d.filesystem.enabled {
+            all.push(Self::Filesystem(d.filesystem.clone()));
+        }
+        if !d.security_groups.expected.is_empty() {
+            all.push(Self::SecurityGroups(d.security_groups.clone()));
+        }
+        if d.kubelet.enabled {
+            all.push(Self::Kubelet(d.kubelet.clone()));
+        }
+        all.extend(d.custom.iter().cloned().map(Self::Custom));
+        all
+    }
+
+    pub fn name(&self) -> Name {
+        match self {
+            Self::Interfaces(_) => interfaces::DETECTOR.into(),
+            Self::DefaultRoute(_) => routes::DETECTOR.into(),
+            Self::Dns(_) => dns::DETECTOR.into(),
+            Self::RebootRequired(_) => reboot::DETECTOR.into(),
+            Self::Filesystem(_) => filesystem::DETECTOR.into(),
+            Self::SecurityGroups(_) => security_groups::DETECTOR.into(),
+            Self::Kubelet(_) => kubelet::DETECTOR.into(),
+            Self::Custom(c) => c.name.clone().into(),
+        }
+    }
+
+    /// The node condition type this detector feeds.
+    pub fn condition(&self) -> Name {
+        match self {
+            Self::Interfaces(_) | Self::DefaultRoute(_) | Self::Dns(_) => {
+                node::NETWORK_PROBLEM.into()
+            }
+            Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
+            Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
+            Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
+            Self::Kubelet(_) => node::KUBELET_PROBLEM.into(),
+            Self::Custom(c) => c.condition.clone().into(),
+        }
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        match self {
+            Self::Interfaces(c) | Self::DefaultRoute(c) | Self::Dns(c) => c.schedule(),
+            Self::RebootRequired(c) => c.schedule(),
+            Self::Filesystem(c) => c.schedule(),
+            Self::SecurityGroups(c) => c.schedule(),
+            Self::Kubelet(c) => c.schedule(),
+            Self::Custom(c) => c.schedule(),
+        }
+    }
+
+    /// Runs the check once, unbounded.
+    pub async fn observe(&self) -> Finding {
+        match self {
+            Self::Interfaces(c) => interfaces::observe(&c.interfaces),
+            Self::DefaultRoute(c) => routes::observe(c).await,
+            // Each lookup gets most of the timeout, so a slow resolver is a DNS failure
+            // rather than a timed-out detector.
+            Self::Dns(c) => dns::observe(&c.dns.names, c.timeout.mul_f32(0.9)).await,
+            Self::RebootRequired(c) => reboot::observe(c).await,
+            Self::Filesystem(c) => filesystem::observe(c).await,
+            Self::SecurityGroups(c) => security_groups::observe(c).await,
+            Self::Kubelet(c) => kubelet::observe(c).await,
+            Self::Custom(c) => custom::observe(c).await,
+        }
+    }
+
+    /// Runs the check once within its timeout; past it the run is dropped and the finding
+    /// is Unknown.
+    pub async fn observe_bounded(&self) -> Finding {
+        let timeout = self.schedule().timeout;
+        match tokio::time::timeout(timeout, self.observe()).await {
+            Ok(finding) => finding,
+            Err(_) => Finding::unknown(
+                self.name(),
+                self.condition(),
+                "DetectorTimedOut",
+                format!("the check did not finish within its {timeout:?} timeout"),
+            ),
         }
     }
 }

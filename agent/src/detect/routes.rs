@@ -5,10 +5,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
-use super::Finding;
-use crate::config::{Ipv6Mode, RoutesConfig};
+use super::{Finding, interfaces};
+use crate::config::{Ipv6Mode, NetworkConfig, RoutesConfig};
 
-const DETECTOR: &str = "default-route";
+pub const DETECTOR: &str = "default-route";
 pub const IPV4_TABLE: &str = "/proc/net/route";
 pub const IPV6_TABLE: &str = "/proc/net/ipv6_route";
 
@@ -20,6 +20,25 @@ const RTF_REJECT: u32 = 0x0200;
 pub struct DefaultRoute {
     pub interface: String,
     pub gateway: Option<IpAddr>,
+}
+
+pub async fn observe(config: &NetworkConfig) -> Finding {
+    let has_global_ipv6 = interfaces::read()
+        .map(|list| interfaces::has_global_ipv6(&list, &config.interfaces))
+        .unwrap_or(false);
+    let ipv4 = read_table(IPV4_TABLE).await.map(|t| parse_ipv4(&t));
+    let ipv6 = read_table(IPV6_TABLE).await.map(|t| parse_ipv6(&t));
+    evaluate(&ipv4, &ipv6, has_global_ipv6, &config.default_route)
+}
+
+async fn read_table(path: &str) -> Result<String, String> {
+    // A kernel without IPv6 has no ipv6_route file: that is an empty table, not an error.
+    match tokio::fs::read_to_string(path).await {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && path == IPV6_TABLE => {
+            Ok(String::new())
+        }
+        other => other.map_err(|e| e.to_string()),
+    }
 }
 
 /// The default routes in the text of `/proc/net/route`.

@@ -1,0 +1,138 @@
+//! Reboot required: a sentinel file (default `/var/run/reboot-required`, as Debian and Ubuntu
+//! write it) or a configured command that exits 0 while a reboot is required.
+
+use std::path::Path;
+
+use nodeward_api::conditions::node::REBOOT_REQUIRED;
+
+use super::{Finding, command};
+use crate::config::RebootConfig;
+
+pub const DETECTOR: &str = "reboot-required";
+
+/// What was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Evidence {
+    /// The sentinel file exists (`true`) or not.
+    Sentinel { path: String, present: bool },
+    /// The sentinel command ran (exit code, `None` for a signal) or could not be run.
+    Command {
+        command: String,
+        result: Result<Option<i32>, String>,
+    },
+}
+
+pub async fn observe(config: &RebootConfig) -> Finding {
+    evaluate(&gather(config).await)
+}
+
+async fn gather(config: &RebootConfig) -> Evidence {
+    if config.sentinel_command.is_empty() {
+        let path = config.sentinel_file.display().to_string();
+        let present = tokio::fs::try_exists(&config.sentinel_file)
+            .await
+            .unwrap_or(false)
+            || Path::new(&config.sentinel_file).is_symlink();
+        return Evidence::Sentinel { path, present };
+    }
+    Evidence::Command {
+        command: config.sentinel_command.join(" "),
+        result: command::run(&config.sentinel_command).await.map(|o| o.code),
+    }
+}
+
+pub fn evaluate(evidence: &Evidence) -> Finding {
+    match evidence {
+        Evidence::Sentinel {
+            path,
+            present: true,
+        } => Finding::problem(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "SentinelFilePresent",
+            format!("{path} exists"),
+        ),
+        Evidence::Sentinel {
+            path,
+            present: false,
+        } => Finding::ok(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "NoRebootRequired",
+            format!("{path} does not exist"),
+        ),
+        Evidence::Command {
+            command,
+            result: Ok(Some(0)),
+        } => Finding::problem(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "SentinelCommandSucceeded",
+            format!("`{command}` exited 0: a reboot is required"),
+        ),
+        Evidence::Command {
+            command,
+            result: Ok(Some(code)),
+        } => Finding::ok(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "NoRebootRequired",
+            format!("`{command}` exited {code}"),
+        ),
+        Evidence::Command {
+            command,
+            result: Ok(None),
+        } => Finding::unknown(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "SentinelCommandFailed",
+            format!("`{command}` was killed by a signal"),
+        ),
+        Evidence::Command { result: Err(e), .. } => Finding::unknown(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            "SentinelCommandFailed",
+            e.clone(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::Status;
+
+    #[tokio::test]
+    async fn the_sentinel_file_decides() {
+        let dir = std::env::temp_dir().join(format!("nodeward-reboot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let config = RebootConfig {
+            sentinel_file: dir.join("reboot-required"),
+            ..RebootConfig::default()
+        };
+        assert_eq!(observe(&config).await.status, Status::Ok);
+        std::fs::write(&config.sentinel_file, "").expect("sentinel");
+        let found = observe(&config).await;
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "SentinelFilePresent")
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[tokio::test]
+    async fn the_command_replaces_the_file_and_exit_0_means_required() {
+        let config = |script: &str| RebootConfig {
+            sentinel_file: "/".into(), // exists, but the command wins
+            sentinel_command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..RebootConfig::default()
+        };
+        assert_eq!(observe(&config("exit 0")).await.status, Status::Problem);
+        assert_eq!(observe(&config("exit 1")).await.status, Status::Ok);
+        let killed = observe(&config("kill -9 $$")).await;
+        assert_eq!(
+            (killed.status, killed.reason.as_str()),
+            (Status::Unknown, "SentinelCommandFailed")
+        );
+    }
+}

@@ -1,0 +1,213 @@
+//! Security groups: the groups this node must be a member of, against what the EC2-compatible
+//! instance metadata service (AWS, OpenStack) says. Uses an IMDSv2 session token when the
+//! service offers one, and plain IMDSv1 requests otherwise (OpenStack).
+
+use std::collections::BTreeSet;
+
+use hyper::{Method, StatusCode};
+use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
+
+use super::Finding;
+use crate::{config::SecurityGroupsConfig, http};
+
+pub const DETECTOR: &str = "security-groups";
+pub const TOKEN_PATH: &str = "/latest/api/token";
+pub const GROUPS_PATH: &str = "/latest/meta-data/security-groups";
+const TOKEN_TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
+const TOKEN_HEADER: &str = "X-aws-ec2-metadata-token";
+
+/// What the metadata service answered for the groups path.
+#[derive(Debug)]
+pub enum Answer {
+    Reply {
+        status: StatusCode,
+        body: bytes::Bytes,
+    },
+    Failed(String),
+}
+
+pub async fn observe(config: &SecurityGroupsConfig) -> Finding {
+    let base = config.metadata_url.trim_end_matches('/');
+    // IMDSv2: a PUT for a session token. Services without it (OpenStack, IMDSv1-only) answer
+    // 404/405 or nothing useful; then the groups are read without a token.
+    let token = match http::request(
+        Method::PUT,
+        &format!("{base}{TOKEN_PATH}"),
+        &[(TOKEN_TTL_HEADER, "60")],
+    )
+    .await
+    {
+        Ok(reply) if reply.status == StatusCode::OK => String::from_utf8(reply.body.to_vec())
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_graphic())),
+        _ => None,
+    };
+    let headers: Vec<(&str, &str)> = token
+        .as_deref()
+        .map(|t| (TOKEN_HEADER, t))
+        .into_iter()
+        .collect();
+    let url = format!("{base}{GROUPS_PATH}");
+    let answer = match http::request(Method::GET, &url, &headers).await {
+        Ok(reply) => Answer::Reply {
+            status: reply.status,
+            body: reply.body,
+        },
+        Err(e) => Answer::Failed(e.to_string()),
+    };
+    evaluate(&config.expected, &url, answer)
+}
+
+/// Parses the reply: one group name per line. Anything that is not a plain list of names
+/// (HTML error pages, binary, control characters) is refused.
+pub fn parse_groups(body: &[u8]) -> Result<BTreeSet<String>, String> {
+    let text = std::str::from_utf8(body).map_err(|_| "the reply is not UTF-8 text".to_owned())?;
+    let mut groups = BTreeSet::new();
+    for (index, line) in text.lines().enumerate() {
+        let name = line.trim();
+        if name.is_empty() {
+            continue;
+        }
+        let plausible = name.len() <= 255
+            && !name.contains(['<', '>', '"', '{', '}'])
+            && !name.chars().any(char::is_control);
+        if !plausible {
+            return Err(format!(
+                "line {} is not a security group name: {:?}",
+                index + 1,
+                super::command::cap(name, 60)
+            ));
+        }
+        groups.insert(name.to_owned());
+    }
+    Ok(groups)
+}
+
+pub fn evaluate(expected: &[String], url: &str, answer: Answer) -> Finding {
+    let unknown = |reason: &str, message: String| {
+        Finding::unknown(DETECTOR, SECURITY_GROUP_PROBLEM, reason, message)
+    };
+    let groups = match answer {
+        Answer::Failed(e) => {
+            return unknown(
+                "MetadataUnreachable",
+                format!("cannot reach the instance metadata service: {e}"),
+            );
+        }
+        Answer::Reply { status, .. } if status != StatusCode::OK => {
+            return unknown("MetadataError", format!("GET {url} answered {status}"));
+        }
+        Answer::Reply { body, .. } => match parse_groups(&body) {
+            Ok(groups) => groups,
+            Err(e) => {
+                return unknown(
+                    "MetadataMalformed",
+                    format!("GET {url}: malformed reply: {e}"),
+                );
+            }
+        },
+    };
+    let missing: Vec<&str> = expected
+        .iter()
+        .filter(|g| !groups.contains(*g))
+        .map(String::as_str)
+        .collect();
+    let members: Vec<&str> = groups.iter().map(String::as_str).collect();
+    if missing.is_empty() {
+        Finding::ok(
+            DETECTOR,
+            SECURITY_GROUP_PROBLEM,
+            "SecurityGroupsPresent",
+            format!("member of {}", members.join(", ")),
+        )
+    } else {
+        Finding::problem(
+            DETECTOR,
+            SECURITY_GROUP_PROBLEM,
+            "SecurityGroupMissing",
+            format!(
+                "not a member of {} (member of: {})",
+                missing.join(", "),
+                if members.is_empty() {
+                    "none".to_owned()
+                } else {
+                    members.join(", ")
+                }
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::Status;
+
+    fn reply(status: u16, body: &str) -> Answer {
+        Answer::Reply {
+            status: StatusCode::from_u16(status).expect("status"),
+            body: bytes::Bytes::from(body.to_owned()),
+        }
+    }
+
+    fn expected(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn missing_groups_are_named() {
+        let found = evaluate(
+            &expected(&["k8s-nodes", "ssh"]),
+            "u",
+            reply(200, "default\nk8s-nodes\n"),
+        );
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "SecurityGroupMissing")
+        );
+        assert_eq!(
+            found.message,
+            "not a member of ssh (member of: default, k8s-nodes)"
+        );
+        let ok = evaluate(&expected(&["k8s-nodes"]), "u", reply(200, "k8s-nodes\n"));
+        assert_eq!(ok.status, Status::Ok);
+    }
+
+    #[test]
+    fn errors_and_malformed_replies_are_unknown_with_the_cause() {
+        let e = evaluate(&expected(&["a"]), "http://x/g", reply(500, "boom"));
+        assert_eq!(
+            (e.status, e.reason.as_str()),
+            (Status::Unknown, "MetadataError")
+        );
+        assert!(e.message.contains("500"), "{}", e.message);
+        let html = evaluate(
+            &expected(&["a"]),
+            "u",
+            reply(200, "<html><body>Login</body></html>"),
+        );
+        assert_eq!(
+            (html.status, html.reason.as_str()),
+            (Status::Unknown, "MetadataMalformed")
+        );
+        let binary = Answer::Reply {
+            status: StatusCode::OK,
+            body: bytes::Bytes::from_static(&[0xff, 0xfe, 0x00]),
+        };
+        assert!(
+            evaluate(&expected(&["a"]), "u", binary)
+                .message
+                .contains("not UTF-8")
+        );
+        let down = evaluate(
+            &expected(&["a"]),
+            "u",
+            Answer::Failed("connection refused".into()),
+        );
+        assert_eq!(
+            (down.status, down.reason.as_str()),
+            (Status::Unknown, "MetadataUnreachable")
+        );
+    }
+}
