@@ -21,6 +21,23 @@ pub const DEFAULT_PATH: &str = "/etc/nodeward/agent.yaml";
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Config {
     pub detectors: Detectors,
+    pub reporting: ReportingConfig,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ReportingConfig {
+    /// How often the NodeReport's heartbeat is refreshed (the only periodic write).
+    #[serde(deserialize_with = "duration")]
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for ReportingConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(60),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -322,6 +339,9 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), String> {
+        if self.reporting.heartbeat_interval < Duration::from_secs(1) {
+            return Err("reporting.heartbeatInterval: must be at least 1s, e.g. 60s".to_owned());
+        }
         let d = &self.detectors;
         for (index, pattern) in d.network.interfaces.ignore.iter().enumerate() {
             let star = pattern.find('*');

@@ -1,10 +1,13 @@
 //! nodeward-agent: runs on every node, detects node problems and reports them, guards
 //! shutdowns with systemd-logind inhibitor locks and carries out admitted maintenances.
 
+pub mod backoff;
 pub mod check;
 pub mod config;
 pub mod detect;
 pub mod http;
+pub mod report;
+pub mod runner;
 
 use std::path::PathBuf;
 
@@ -13,4 +16,24 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("configuration {}: {message}", path.display())]
     Config { path: PathBuf, message: String },
+    #[error("{action} {object}: {source}")]
+    Kube {
+        action: &'static str,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("connecting to the API server: {0}")]
+    Connect(String),
+}
+
+impl Error {
+    /// A failed API call: what was being done, to which object.
+    pub fn kube(action: &'static str, object: String, source: kube::Error) -> Self {
+        Self::Kube {
+            action,
+            object,
+            source,
+        }
+    }
 }

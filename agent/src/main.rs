@@ -1,7 +1,14 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand, ValueEnum};
-use nodeward_agent::{check, config::Config};
+use nodeward_agent::{
+    Error, check,
+    config::Config,
+    detect::Detector,
+    report::{Identity, Reporter},
+    runner,
+};
+use nodeward_api::report::AgentMode;
 
 /// nodeward's node agent.
 #[derive(Parser)]
@@ -23,6 +30,22 @@ enum Command {
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
     },
+    /// Run the detectors continuously and report to the cluster: Node conditions and the
+    /// node's NodeReport. Stops cleanly on SIGTERM or SIGINT.
+    Run {
+        /// Configuration file (default: /etc/nodeward/agent.yaml when it exists).
+        #[arg(long, env = "NODEWARD_CONFIG")]
+        config: Option<PathBuf>,
+        /// The name of this node's Node object.
+        #[arg(long, env = "NODE_NAME")]
+        node_name: String,
+        /// Kubeconfig for host mode; without it the in-cluster service account is used.
+        #[arg(long, env = "NODEWARD_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -31,27 +54,39 @@ enum Output {
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Check { config, output } => {
-            let config = match Config::load(config.as_deref()) {
-                Ok(c) => c,
-                Err(e) => {
-                    eprintln!("nodeward-agent: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("nodeward-agent: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
+    let (config_path, command) = match &cli.command {
+        Command::Check { config, .. } | Command::Run { config, .. } => {
+            (config.as_deref(), &cli.command)
+        }
+    };
+    let config = match Config::load(config_path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("nodeward-agent: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nodeward-agent: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match command {
+        Command::Check { output, .. } => {
             let findings = runtime.block_on(check::run(&config));
             match output {
                 Output::Table => print!("{}", check::render_table(&findings)),
@@ -59,5 +94,81 @@ fn main() -> ExitCode {
             }
             ExitCode::from(check::exit_code(&findings))
         }
+        Command::Run {
+            node_name,
+            kubeconfig,
+            log_format,
+            ..
+        } => {
+            init_logging(*log_format);
+            match runtime.block_on(run(config, node_name.clone(), kubeconfig.clone())) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "nodeward-agent stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn run(config: Config, node_name: String, kubeconfig: Option<PathBuf>) -> Result<(), Error> {
+    let mode = if kubeconfig.is_some() {
+        AgentMode::Host
+    } else {
+        AgentMode::DaemonSet
+    };
+    let client = client(kubeconfig).await?;
+    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned());
+    let identity = Identity {
+        node_name: node_name.clone(),
+        mode,
+        boot_id,
+    };
+    let mut tasks = tokio::task::JoinSet::new();
+    let snapshots = runner::start(Detector::all(&config), &mut tasks);
+    tasks
+        .spawn(Reporter::new(client, identity, config.reporting.heartbeat_interval).run(snapshots));
+    tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| Error::Connect(format!("installing the SIGTERM handler: {e}")))?;
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+    }
+    tasks.abort_all();
+    Ok(())
+}
+
+async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, Error> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(&path).map_err(|e| {
+                Error::Connect(format!("reading kubeconfig {}: {e}", path.display()))
+            })?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| {
+                    Error::Connect(format!("loading kubeconfig {}: {e}", path.display()))
+                })?
+        }
+        None => kube::Config::incluster()
+            .map_err(|e| Error::Connect(format!("in-cluster configuration: {e}")))?,
+    };
+    // The agent retries with its own backoff, and must see 429s (PDB-blocked evictions) at once.
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| Error::Connect(e.to_string()))
 }

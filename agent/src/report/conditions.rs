@@ -1,0 +1,155 @@
+//! From debounced findings to Node conditions: several detectors may feed one condition type
+//! (interfaces, default route and DNS all feed `NetworkProblem`); the condition is `True` when
+//! any of them reports a problem, `Unknown` when none does but one cannot tell, else `False`.
+
+use std::collections::BTreeMap;
+
+use crate::detect::{Finding, Status};
+
+/// The agent's view of one Node condition (without timestamps).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCondition {
+    pub type_: String,
+    pub status: &'static str,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Node condition messages are for humans; a long one is cut here.
+const MAX_MESSAGE: usize = 1024;
+
+/// One condition per type among `findings`, in type order.
+pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<NodeCondition> {
+    let mut by_type: BTreeMap<&str, Vec<&Finding>> = BTreeMap::new();
+    for finding in findings {
+        by_type
+            .entry(finding.condition.as_ref())
+            .or_default()
+            .push(finding);
+    }
+    by_type
+        .into_iter()
+        .map(|(type_, mut findings)| {
+            // Deterministic order: detectors by name, so that the message never reshuffles.
+            findings.sort_by(|a, b| a.detector.cmp(&b.detector));
+            let pick =
+                |status: Status| findings.iter().filter(move |f| f.status == status).copied();
+            let (status, chosen): (Status, Vec<&Finding>) =
+                if pick(Status::Problem).next().is_some() {
+                    (Status::Problem, pick(Status::Problem).collect())
+                } else if pick(Status::Unknown).next().is_some() {
+                    (Status::Unknown, pick(Status::Unknown).collect())
+                } else {
+                    (Status::Ok, findings.clone())
+                };
+            let reason = match chosen.as_slice() {
+                [only] => only.reason.clone(),
+                _ if status == Status::Ok => "NoProblem".to_owned(),
+                [first, ..] => first.reason.clone(),
+                [] => "NoProblem".to_owned(),
+            };
+            let message = chosen
+                .iter()
+                .map(|f| format!("{}: {}", f.detector, f.message))
+                .collect::<Vec<_>>()
+                .join("; ");
+            NodeCondition {
+                type_: type_.to_owned(),
+                status: status.condition_status(),
+                reason,
+                message: crate::detect::command::cap(&message, MAX_MESSAGE),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finding(
+        detector: &'static str,
+        condition: &'static str,
+        status: Status,
+        reason: &str,
+    ) -> Finding {
+        Finding::new(
+            detector.into(),
+            condition.into(),
+            status,
+            reason,
+            format!("{reason} seen"),
+        )
+    }
+
+    #[test]
+    fn any_problem_makes_the_condition_true_with_its_reason() {
+        let findings = [
+            finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
+            finding(
+                "default-route",
+                "NetworkProblem",
+                Status::Problem,
+                "NoDefaultRoute",
+            ),
+            finding("dns", "NetworkProblem", Status::Unknown, "Timeout"),
+            finding(
+                "reboot-required",
+                "RebootRequired",
+                Status::Ok,
+                "NoRebootRequired",
+            ),
+        ];
+        let conditions = aggregate(&findings);
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(
+            conditions[0],
+            NodeCondition {
+                type_: "NetworkProblem".into(),
+                status: "True",
+                reason: "NoDefaultRoute".into(),
+                message: "default-route: NoDefaultRoute seen".into(),
+            }
+        );
+        assert_eq!(
+            (conditions[1].status, conditions[1].reason.as_str()),
+            ("False", "NoRebootRequired")
+        );
+    }
+
+    #[test]
+    fn unknown_wins_over_ok_and_ok_summarises_every_detector() {
+        let unknown = aggregate(&[
+            finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
+            finding("dns", "NetworkProblem", Status::Unknown, "DetectorTimedOut"),
+        ]);
+        assert_eq!(
+            (unknown[0].status, unknown[0].reason.as_str()),
+            ("Unknown", "DetectorTimedOut")
+        );
+        let ok = aggregate(&[
+            finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
+            finding(
+                "default-route",
+                "NetworkProblem",
+                Status::Ok,
+                "DefaultRoutePresent",
+            ),
+        ]);
+        assert_eq!(
+            (ok[0].status, ok[0].reason.as_str()),
+            ("False", "NoProblem")
+        );
+        assert_eq!(
+            ok[0].message,
+            "default-route: DefaultRoutePresent seen; interfaces: InterfacesUp seen"
+        );
+    }
+
+    #[test]
+    fn the_order_of_findings_does_not_change_the_condition() {
+        let a = finding("a", "X", Status::Problem, "A");
+        let b = finding("b", "X", Status::Problem, "B");
+        assert_eq!(aggregate([&a, &b]), aggregate([&b, &a]));
+    }
+}

@@ -1,0 +1,152 @@
+//! Runs every detector on its own interval, each in its own task (a hung detector never blocks
+//! another), debounces the findings and publishes the reported state whenever it changes.
+
+use std::{
+    collections::BTreeMap,
+    sync::Arc,
+    time::{Instant, SystemTime},
+};
+
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinSet,
+};
+
+use crate::detect::{
+    Detector, Finding,
+    debounce::{Change, Debounced},
+};
+
+/// A reported finding with the wall-clock time its status last changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Current {
+    pub finding: Finding,
+    pub since: SystemTime,
+}
+
+/// Every detector's reported finding, by detector name.
+pub type Snapshot = Arc<BTreeMap<String, Current>>;
+
+/// Starts the detectors. The returned receiver sees a new snapshot after every change; the
+/// tasks stop when the receiver and its clones are dropped.
+pub fn start(detectors: Vec<Detector>, tasks: &mut JoinSet<()>) -> watch::Receiver<Snapshot> {
+    let (found_tx, mut found_rx) = mpsc::channel::<(Detector, Finding)>(detectors.len().max(1) * 2);
+    let (snapshot_tx, snapshot_rx) = watch::channel(Snapshot::default());
+    for detector in detectors {
+        let found_tx = found_tx.clone();
+        tasks.spawn(async move {
+            let interval = detector.schedule().interval;
+            // Spread the first runs so that detectors with one interval do not run in lockstep.
+            tokio::time::sleep(interval.mul_f64(rand::random::<f64>() * 0.1)).await;
+            let mut ticks = tokio::time::interval(interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let finding = detector.observe_bounded().await;
+                if found_tx.send((detector.clone(), finding)).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    drop(found_tx);
+    tasks.spawn(async move {
+        let mut state: BTreeMap<String, (Debounced, SystemTime)> = BTreeMap::new();
+        while let Some((detector, finding)) = found_rx.recv().await {
+            let name = detector.name().into_owned();
+            let entry = state
+                .entry(name)
+                .or_insert_with(|| (Debounced::new(), SystemTime::now()));
+            match entry
+                .0
+                .observe(finding, Instant::now(), detector.schedule().hold)
+            {
+                Change::None => continue,
+                Change::Status => entry.1 = SystemTime::now(),
+                Change::Detail => {}
+            }
+            let snapshot: BTreeMap<String, Current> = state
+                .iter()
+                .filter_map(|(name, (debounced, since))| {
+                    debounced.reported().map(|r| {
+                        let current = Current {
+                            finding: r.finding.clone(),
+                            since: *since,
+                        };
+                        (name.clone(), current)
+                    })
+                })
+                .collect();
+            if snapshot_tx.send(Arc::new(snapshot)).is_err() {
+                return;
+            }
+        }
+    });
+    snapshot_rx
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::{Config, CustomCheckConfig};
+
+    fn custom(name: &str, script: &str, hold: Duration) -> CustomCheckConfig {
+        CustomCheckConfig {
+            name: name.into(),
+            condition: "TestProblem".into(),
+            reason: "Broken".into(),
+            command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            interval: Duration::from_millis(50),
+            timeout: Duration::from_millis(50),
+            hold,
+            max_output_length: 80,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hung_detector_does_not_hold_up_the_others_and_changes_are_published() {
+        let marker = std::env::temp_dir().join(format!("nodeward-runner-{}", std::process::id()));
+        let mut config = Config::default();
+        config.detectors.custom = vec![
+            custom("hangs", "sleep 60", Duration::ZERO),
+            custom(
+                "flips",
+                &format!("test -e {} && exit 1; exit 0", marker.display()),
+                Duration::ZERO,
+            ),
+        ];
+        let detectors: Vec<Detector> = Detector::all(&config)
+            .into_iter()
+            .filter(|d| matches!(d, Detector::Custom(_)))
+            .collect();
+        let mut tasks = JoinSet::new();
+        let mut snapshots = start(detectors, &mut tasks);
+
+        let wait_for = |pred: fn(&Snapshot) -> bool| {
+            let mut rx = snapshots.clone();
+            async move {
+                tokio::time::timeout(Duration::from_secs(10), rx.wait_for(pred))
+                    .await
+                    .expect("the runner published in time")
+                    .map(|s| s.clone())
+                    .expect("runner alive")
+            }
+        };
+        let first = wait_for(|s| s.contains_key("flips") && s.contains_key("hangs")).await;
+        assert_eq!(first["flips"].finding.status, crate::detect::Status::Ok);
+        assert_eq!(first["hangs"].finding.reason, "DetectorTimedOut");
+
+        std::fs::write(&marker, "").expect("marker");
+        let broken = wait_for(|s| {
+            s.get("flips")
+                .is_some_and(|c| c.finding.status == crate::detect::Status::Problem)
+        })
+        .await;
+        assert!(broken["flips"].since >= first["flips"].since);
+        std::fs::remove_file(&marker).ok();
+        snapshots.mark_unchanged();
+        tasks.abort_all();
+    }
+}
