@@ -6,8 +6,10 @@ pub mod check;
 pub mod config;
 pub mod detect;
 pub mod http;
+pub mod metrics;
 pub mod report;
 pub mod runner;
+pub mod server;
 
 use std::path::PathBuf;
 
@@ -25,6 +27,8 @@ pub enum Error {
     },
     #[error("connecting to the API server: {0}")]
     Connect(String),
+    #[error("serving health and metrics: {0}")]
+    Serve(String),
 }
 
 impl Error {

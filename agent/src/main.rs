@@ -1,12 +1,14 @@
-use std::{path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use nodeward_agent::{
     Error, check,
     config::Config,
     detect::Detector,
+    metrics::Metrics,
     report::{Identity, Reporter},
     runner,
+    server::{self, Readiness},
 };
 use nodeward_api::report::AgentMode;
 
@@ -45,6 +47,9 @@ enum Command {
         /// Log format.
         #[arg(long, value_enum, default_value_t = LogFormat::Text)]
         log_format: LogFormat,
+        /// Address for /healthz, /readyz and /metrics.
+        #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9470")]
+        listen: SocketAddr,
     },
 }
 
@@ -98,10 +103,11 @@ fn main() -> ExitCode {
             node_name,
             kubeconfig,
             log_format,
+            listen,
             ..
         } => {
             init_logging(*log_format);
-            match runtime.block_on(run(config, node_name.clone(), kubeconfig.clone())) {
+            match runtime.block_on(run(config, node_name.clone(), kubeconfig.clone(), *listen)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "nodeward-agent stopped");
@@ -122,7 +128,12 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-async fn run(config: Config, node_name: String, kubeconfig: Option<PathBuf>) -> Result<(), Error> {
+async fn run(
+    config: Config,
+    node_name: String,
+    kubeconfig: Option<PathBuf>,
+    listen: SocketAddr,
+) -> Result<(), Error> {
     let mode = if kubeconfig.is_some() {
         AgentMode::Host
     } else {
@@ -137,10 +148,21 @@ async fn run(config: Config, node_name: String, kubeconfig: Option<PathBuf>) -> 
         mode,
         boot_id,
     };
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Arc::new(Readiness::default());
+    let (bound, serving) = server::serve(listen, metrics.clone(), readiness.clone()).await?;
+    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
-    let snapshots = runner::start(Detector::all(&config), &mut tasks);
-    tasks
-        .spawn(Reporter::new(client, identity, config.reporting.heartbeat_interval).run(snapshots));
+    tasks.spawn(serving);
+    let snapshots = runner::start(Detector::all(&config), metrics.clone(), &mut tasks);
+    let reporter = Reporter::new(
+        client,
+        identity,
+        config.reporting.heartbeat_interval,
+        metrics,
+        readiness,
+    );
+    tasks.spawn(reporter.run(snapshots));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -170,5 +192,10 @@ async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, Error> {
     };
     // The agent retries with its own backoff, and must see 429s (PDB-blocked evictions) at once.
     config.default_retry = false;
+    let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(user_agent),
+    ));
     kube::Client::try_from(config).map_err(|e| Error::Connect(e.to_string()))
 }

@@ -12,9 +12,12 @@ use tokio::{
     task::JoinSet,
 };
 
-use crate::detect::{
-    Detector, Finding,
-    debounce::{Change, Debounced},
+use crate::{
+    detect::{
+        Detector, Finding,
+        debounce::{Change, Debounced},
+    },
+    metrics::{DetectorLabels, Metrics},
 };
 
 /// A reported finding with the wall-clock time its status last changed.
@@ -29,12 +32,20 @@ pub type Snapshot = Arc<BTreeMap<String, Current>>;
 
 /// Starts the detectors. The returned receiver sees a new snapshot after every change; the
 /// tasks stop when the receiver and its clones are dropped.
-pub fn start(detectors: Vec<Detector>, tasks: &mut JoinSet<()>) -> watch::Receiver<Snapshot> {
+pub fn start(
+    detectors: Vec<Detector>,
+    metrics: Arc<Metrics>,
+    tasks: &mut JoinSet<()>,
+) -> watch::Receiver<Snapshot> {
     let (found_tx, mut found_rx) = mpsc::channel::<(Detector, Finding)>(detectors.len().max(1) * 2);
     let (snapshot_tx, snapshot_rx) = watch::channel(Snapshot::default());
     for detector in detectors {
         let found_tx = found_tx.clone();
+        let metrics = metrics.clone();
         tasks.spawn(async move {
+            let labels = DetectorLabels {
+                detector: detector.name().into_owned(),
+            };
             let interval = detector.schedule().interval;
             // Spread the first runs so that detectors with one interval do not run in lockstep.
             tokio::time::sleep(interval.mul_f64(rand::random::<f64>() * 0.1)).await;
@@ -42,7 +53,12 @@ pub fn start(detectors: Vec<Detector>, tasks: &mut JoinSet<()>) -> watch::Receiv
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 ticks.tick().await;
+                let started = Instant::now();
                 let finding = detector.observe_bounded().await;
+                metrics
+                    .check_duration
+                    .get_or_create(&labels)
+                    .observe(started.elapsed().as_secs_f64());
                 if found_tx.send((detector.clone(), finding)).await.is_err() {
                     return;
                 }
@@ -122,7 +138,7 @@ mod tests {
             .filter(|d| matches!(d, Detector::Custom(_)))
             .collect();
         let mut tasks = JoinSet::new();
-        let mut snapshots = start(detectors, &mut tasks);
+        let mut snapshots = start(detectors, Arc::new(Metrics::new()), &mut tasks);
 
         let wait_for = |pred: fn(&Snapshot) -> bool| {
             let mut rx = snapshots.clone();

@@ -1,28 +1,119 @@
 //! `nodeward-agent run` against the real control plane: it writes its node's conditions with
 //! server-side apply (leaving the kubelet's own conditions alone), clears them when the check
-//! passes again, keeps a NodeReport owned by the Node, and stops cleanly on SIGTERM.
+//! passes again, publishes Events, keeps a NodeReport owned by the Node, serves health and
+//! metrics, writes nothing but its heartbeat while nothing changes, and stops cleanly on
+//! SIGTERM.
 
 use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use k8s_openapi::api::{core::v1::Node, events::v1::Event};
+use kube::{Api, api::ListParams};
 use nodeward_api::NodeReport;
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, wait};
+use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const TIMEOUT: Duration = Duration::from_secs(30);
+const USER_AGENT_PREFIX: &str = "nodeward-agent/";
 
-/// The agent process, killed if the test ends early.
-struct Agent(Child);
+/// An agent process for one node, killed if the test ends early.
+struct Agent {
+    child: Child,
+    dir: PathBuf,
+    listen: String,
+}
+
+impl Agent {
+    /// Starts `nodeward-agent run` for `node` with only the reboot-required detector, reading
+    /// the sentinel in its own directory.
+    fn start(node: &str, test_id: &str, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("nodeward-agent-{test_id}"));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("agent.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
+                dir.join("reboot-required").display()
+            ),
+        )?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(AGENT)
+            .args([
+                "run",
+                "--node-name",
+                node,
+                "--listen",
+                &listen,
+                "--kubeconfig",
+            ])
+            .arg(&controlplane::shared().kubeconfig)
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        Ok(Self { child, dir, listen })
+    }
+
+    fn sentinel(&self) -> PathBuf {
+        self.dir.join("reboot-required")
+    }
+
+    /// GET one of the agent's endpoints: status code and body.
+    async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.listen).await?;
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).await?;
+        let code = reply
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let body = reply
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
+        Ok((code, body))
+    }
+
+    /// A sample from the agent's /metrics (first line starting with `series`).
+    async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let (_, body) = self.get("/metrics").await?;
+        Ok(body
+            .lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0))
+    }
+
+    fn terminate(&mut self) -> anyhow::Result<()> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
+        Ok(())
+    }
+}
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -37,38 +128,44 @@ fn condition(node: Option<&Node>, type_: &str) -> Option<(String, String)> {
     Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
 }
 
+fn has(type_: &'static str, status: &'static str) -> impl Fn(Option<&Node>) -> bool {
+    move |n| condition(n, type_).is_some_and(|(s, _)| s == status)
+}
+
+/// The agent's audited writes about `node`: (resource/subresource, verb).
+fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let field = |e: &Value, path: &str| {
+        e.pointer(path)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    Ok(controlplane::audited_writes()?
+        .iter()
+        .filter(|e| field(e, "/userAgent").starts_with(USER_AGENT_PREFIX))
+        .filter(|e| {
+            let name = field(e, "/objectRef/name");
+            name == node || name.starts_with(&format!("{node}."))
+        })
+        .map(|e| {
+            let resource = match field(e, "/objectRef/subresource").as_str() {
+                "" => field(e, "/objectRef/resource"),
+                sub => format!("{}/{sub}", field(e, "/objectRef/resource")),
+            };
+            (resource, field(e, "/verb"))
+        })
+        .collect())
+}
+
 #[tokio::test]
-async fn agent_reports_conditions_and_node_report_and_stops_on_sigterm() -> anyhow::Result<()> {
+async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() -> anyhow::Result<()>
+{
     let env = TestEnv::new("agent-report").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-
-    let dir = std::env::temp_dir().join(format!("nodeward-report-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let sentinel: PathBuf = dir.join("reboot-required");
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired:\n    interval: 500ms\n    timeout: 500ms\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: 2s\n",
-            sentinel.display()
-        ),
-    )?;
-    let mut agent = Agent(
-        Command::new(AGENT)
-            .args(["run", "--node-name", &node, "--kubeconfig"])
-            .arg(&controlplane::shared().kubeconfig)
-            .arg("--config")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?,
-    );
+    let mut agent = Agent::start(&node, &env.id, "500ms", "2s")?;
 
     let nodes: Api<Node> = env.nodes();
-    let has = |type_: &'static str, status: &'static str| {
-        move |n: Option<&Node>| condition(n, type_).is_some_and(|(s, _)| s == status)
-    };
     wait::until(
         &nodes,
         &node,
@@ -77,9 +174,14 @@ async fn agent_reports_conditions_and_node_report_and_stops_on_sigterm() -> anyh
         has("RebootRequired", "False"),
     )
     .await?;
+    wait::eventually("the agent to be ready", TIMEOUT, || async {
+        Ok(Some(agent.get("/readyz").await?).filter(|(c, _)| *c == 200))
+    })
+    .await?;
+    assert_eq!(agent.get("/healthz").await?, (200, "ok".to_owned()));
 
-    std::fs::write(&sentinel, "")?;
-    let tainted = wait::until(
+    std::fs::write(agent.sentinel(), "")?;
+    let flagged = wait::until(
         &nodes,
         &node,
         "RebootRequired=True",
@@ -88,20 +190,26 @@ async fn agent_reports_conditions_and_node_report_and_stops_on_sigterm() -> anyh
     )
     .await?;
     assert_eq!(
-        condition(tainted.as_ref(), "RebootRequired")
+        condition(flagged.as_ref(), "RebootRequired")
             .map(|(_, r)| r)
             .as_deref(),
         Some("SentinelFilePresent")
     );
     assert_eq!(
-        condition(tainted.as_ref(), "Ready")
+        condition(flagged.as_ref(), "Ready")
             .map(|(s, _)| s)
             .as_deref(),
         Some("True"),
         "the kubelet's (kwok's) own conditions are untouched"
     );
+    assert_eq!(
+        agent
+            .metric("nodeward_finding{type=\"RebootRequired\"}")
+            .await?,
+        1.0
+    );
 
-    std::fs::remove_file(&sentinel)?;
+    std::fs::remove_file(agent.sentinel())?;
     wait::until(
         &nodes,
         &node,
@@ -110,6 +218,36 @@ async fn agent_reports_conditions_and_node_report_and_stops_on_sigterm() -> anyh
         has("RebootRequired", "False"),
     )
     .await?;
+
+    // One Warning when the problem started, one Normal when it cleared, on the Node, from
+    // the agent (the node-lifecycle controller adds its own).
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let selector = format!("regarding.name={node}");
+    let reasons = wait::eventually("both events", TIMEOUT, || {
+        let events = events.clone();
+        let selector = selector.clone();
+        async move {
+            let list = events
+                .list(&ListParams::default().fields(&selector))
+                .await?;
+            let mut reasons: Vec<(String, String)> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reporting_controller.as_deref() == Some("nodeward-agent"))
+                .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+                .collect();
+            reasons.sort();
+            Ok((reasons.len() >= 2).then_some(reasons))
+        }
+    })
+    .await?;
+    assert_eq!(
+        reasons,
+        vec![
+            ("Normal".to_owned(), "RebootRequiredCleared".to_owned()),
+            ("Warning".to_owned(), "SentinelFilePresent".to_owned())
+        ]
+    );
 
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let report = wait::until(
@@ -142,23 +280,70 @@ async fn agent_reports_conditions_and_node_report_and_stops_on_sigterm() -> anyh
             .iter()
             .any(|f| f.detector == "reboot-required" && f.status == "False")
     );
-    let first_beat = status.heartbeat_time.clone();
-    wait::until(&reports, &node, "the next heartbeat", TIMEOUT, |r| {
-        r.and_then(|r| r.status.as_ref())
-            .is_some_and(|s| s.heartbeat_time != first_beat)
-    })
-    .await?;
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.0.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )?;
+    agent.terminate()?;
     let exited = wait::eventually("the agent to exit after SIGTERM", TIMEOUT, || {
-        let status = agent.0.try_wait();
+        let status = agent.child.try_wait();
         async move { Ok(status?) }
     })
     .await?;
     assert!(exited.success(), "the agent exited with {exited}");
-    std::fs::remove_dir_all(&dir).ok();
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
+    let env = TestEnv::new("agent-quiet").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
+    let heartbeat = Duration::from_secs(2);
+    let agent = Agent::start(&node, &env.id, "300ms", "2s")?;
+    wait::until(
+        &env.nodes(),
+        &node,
+        "the first conditions",
+        TIMEOUT,
+        has("RebootRequired", "False"),
+    )
+    .await?;
+    wait::eventually("the agent to be ready", TIMEOUT, || async {
+        Ok(Some(agent.get("/readyz").await?).filter(|(c, _)| *c == 200))
+    })
+    .await?;
+
+    let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
+    let heartbeats = "nodeward_api_writes_total{resource=\"nodereports/status\",result=\"ok\"}";
+    let start_rounds = agent.metric(rounds).await?;
+    let start_heartbeats = agent.metric(heartbeats).await?;
+    let start_writes = agent_writes(&node)?.len();
+    let started = Instant::now();
+
+    // Ten detection rounds with nothing changing.
+    wait::eventually("ten more detection rounds", TIMEOUT, || async {
+        Ok((agent.metric(rounds).await? >= start_rounds + 10.0).then_some(()))
+    })
+    .await?;
+    let elapsed = started.elapsed();
+    let heartbeats_sent = agent.metric(heartbeats).await? - start_heartbeats;
+    let writes: Vec<(String, String)> = agent_writes(&node)?.split_off(start_writes);
+
+    assert!(
+        writes
+            .iter()
+            .all(|(resource, verb)| resource == "nodereports/status" && verb == "patch"),
+        "only NodeReport heartbeats while nothing changes, got {writes:?}"
+    );
+    assert_eq!(
+        writes.len() as f64,
+        heartbeats_sent,
+        "the API server saw exactly the heartbeats the agent counted"
+    );
+    let expected = elapsed.as_secs_f64() / heartbeat.as_secs_f64();
+    assert!(
+        (writes.len() as f64 - expected).abs() <= 1.0,
+        "{} heartbeats in {elapsed:?} at one per {heartbeat:?}",
+        writes.len()
+    );
+    drop(agent);
     env.cleanup().await
 }

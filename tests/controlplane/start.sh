@@ -7,9 +7,9 @@
 #   tests/controlplane/start.sh STATE_DIR [--parent-pid PID]
 #
 # Writes STATE_DIR/admin.kubeconfig and, once the API server is ready and kwok runs,
-# STATE_DIR/ready. Runs in the foreground until SIGTERM/SIGINT, or until PID (default: the
-# caller) exits; on the way out it stops everything it started. Exits non-zero if any
-# component dies.
+# STATE_DIR/ready; every write request is audited to STATE_DIR/logs/audit.log (JSON lines).
+# Runs in the foreground until SIGTERM/SIGINT, or until PID (default: the caller) exits; on
+# the way out it stops everything it started. Exits non-zero if any component dies.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -163,6 +163,8 @@ wait_for etcd 30 "${pids[-1]}" curl -fsS "http://127.0.0.1:$etcd_port/health"
   --allow-privileged=true \
   --profiling=false \
   --endpoint-reconciler-type none \
+  --audit-policy-file "$here/audit-policy.yaml" \
+  --audit-log-path "$logs/audit.log" --audit-log-format json --audit-log-mode blocking \
   >"$logs/kube-apiserver.log" 2>&1 &
 pids+=($!)
 api_ready() {

@@ -150,3 +150,15 @@ pub async fn client_as(identity: Identity) -> anyhow::Result<kube::Client> {
     config.default_retry = false;
     kube::Client::try_from(config).context("building the test client")
 }
+
+/// Every audited write request so far (the API server audits writes, not reads), oldest
+/// first, as the JSON audit events it logged.
+pub fn audited_writes() -> anyhow::Result<Vec<serde_json::Value>> {
+    let path = shared().state_dir.join("logs/audit.log");
+    let text = fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    // A line being written while we read may be cut; only whole JSON lines count.
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect())
+}

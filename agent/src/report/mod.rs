@@ -4,8 +4,9 @@
 //! goes on meanwhile.
 
 pub mod conditions;
+pub mod events;
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::{
     api::core::v1::Node,
@@ -15,6 +16,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams, PostParams},
+    runtime::events::{Event, EventType, Recorder, Reporter as EventSource},
 };
 use nodeward_api::{
     NodeReport,
@@ -24,13 +26,22 @@ use nodeward_api::{
 use serde_json::json;
 use tokio::sync::watch;
 
-use self::conditions::{NodeCondition, aggregate};
+use self::{
+    conditions::{NodeCondition, aggregate},
+    events::{RateLimit, transitions},
+};
 use crate::{
     Error,
     backoff::Backoff,
     detect::Status,
+    metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
+    server::Readiness,
 };
+
+/// At most this many Events at once, then one per [`EVENT_REFILL`].
+const EVENT_BURST: u32 = 10;
+const EVENT_REFILL: Duration = Duration::from_secs(30);
 
 /// Who the agent is, for the NodeReport.
 #[derive(Clone, Debug)]
@@ -44,17 +55,36 @@ pub struct Reporter {
     client: Client,
     identity: Identity,
     heartbeat: Duration,
-    /// The conditions last written to the Node, and when each took its current status.
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    recorder: Recorder,
+    event_limit: RateLimit,
+    /// The conditions the Node carries as far as the agent knows (read once, then as
+    /// written), and when each took its current status.
     written: Option<Vec<NodeCondition>>,
     transitions: BTreeMap<String, (&'static str, Timestamp)>,
 }
 
 impl Reporter {
-    pub fn new(client: Client, identity: Identity, heartbeat: Duration) -> Self {
+    pub fn new(
+        client: Client,
+        identity: Identity,
+        heartbeat: Duration,
+        metrics: Arc<Metrics>,
+        readiness: Arc<Readiness>,
+    ) -> Self {
+        let source = EventSource {
+            controller: AGENT_FIELD_MANAGER.to_owned(),
+            instance: Some(identity.node_name.clone()),
+        };
         Self {
+            recorder: Recorder::new(client.clone(), source),
             client,
             identity,
             heartbeat,
+            metrics,
+            readiness,
+            event_limit: RateLimit::new(EVENT_BURST, EVENT_REFILL, std::time::Instant::now()),
             written: None,
             transitions: BTreeMap::new(),
         }
@@ -86,8 +116,13 @@ impl Reporter {
                 failed = true;
             }
             if report_due {
-                match self.write_report(&snapshot).await {
-                    Ok(()) => report_due = false,
+                let result = self.write_report(&snapshot).await;
+                self.metrics.api_write("nodereports/status", result.is_ok());
+                match result {
+                    Ok(()) => {
+                        report_due = false;
+                        self.readiness.set();
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");
                         failed = true;
@@ -102,37 +137,58 @@ impl Reporter {
         }
     }
 
-    /// Applies the node's conditions if they differ from what was last written. A Node that
-    /// does not exist yet has no conditions to carry: nothing is written, and it is tried
-    /// again with the next change or retry.
+    /// Applies the node's conditions if they differ from what the Node carries, and publishes
+    /// an Event for each problem that started or cleared. A Node that does not exist yet has
+    /// no conditions to carry: nothing is written until it does.
     async fn write_conditions(&mut self, snapshot: &Snapshot) -> Result<(), Error> {
         let desired = aggregate(snapshot.values().map(|c| &c.finding));
-        if self.written.as_ref() == Some(&desired) || desired.is_empty() {
-            return Ok(());
+        for c in &desired {
+            let problem = i64::from(c.status == "True");
+            self.metrics
+                .finding
+                .get_or_create(&TypeLabels {
+                    r#type: c.type_.clone(),
+                })
+                .set(problem);
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let name = &self.identity.node_name;
+        let name = self.identity.node_name.clone();
         if self.written.is_none() {
-            // First write since start: keep the transition times the Node already shows.
-            match nodes
-                .get_opt(name)
+            // First look since start: what the Node already carries (a restarted agent writes
+            // nothing and emits no Event when nothing changed).
+            let Some(node) = nodes
+                .get_opt(&name)
                 .await
                 .map_err(|e| Error::kube("reading", format!("node {name}"), e))?
-            {
-                Some(node) => {
-                    for c in node.status.and_then(|s| s.conditions).unwrap_or_default() {
-                        if let (Some(time), status) = (c.last_transition_time, c.status.as_str()) {
-                            let status = match status {
-                                "True" => Status::Problem.condition_status(),
-                                "False" => Status::Ok.condition_status(),
-                                _ => Status::Unknown.condition_status(),
-                            };
-                            self.transitions.insert(c.type_, (status, time.0));
-                        }
-                    }
+            else {
+                return Ok(());
+            };
+            let mut carried = Vec::new();
+            for c in node.status.and_then(|s| s.conditions).unwrap_or_default() {
+                if !desired.iter().any(|d| d.type_ == c.type_) {
+                    continue;
                 }
-                None => return Ok(()),
+                let status = match c.status.as_str() {
+                    "True" => Status::Problem.condition_status(),
+                    "False" => Status::Ok.condition_status(),
+                    _ => Status::Unknown.condition_status(),
+                };
+                if let Some(time) = c.last_transition_time {
+                    self.transitions.insert(c.type_.clone(), (status, time.0));
+                }
+                carried.push(NodeCondition {
+                    type_: c.type_,
+                    status,
+                    reason: c.reason.unwrap_or_default(),
+                    message: c.message.unwrap_or_default(),
+                });
             }
+            carried.sort_by(|a, b| a.type_.cmp(&b.type_));
+            self.written = Some(carried);
+        }
+        let before = self.written.clone().unwrap_or_default();
+        if before == desired || desired.is_empty() {
+            return Ok(());
         }
         let now = Timestamp::now();
         let conditions: Vec<serde_json::Value> = desired
@@ -159,17 +215,56 @@ impl Reporter {
             "metadata": {"name": name},
             "status": {"conditions": conditions},
         });
-        nodes
+        let result = nodes
             .patch_status(
-                name,
+                &name,
                 &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
-            .await
-            .map_err(|e| Error::kube("applying conditions to", format!("node {name}"), e))?;
+            .await;
+        self.metrics.api_write("nodes/status", result.is_ok());
+        let node =
+            result.map_err(|e| Error::kube("applying conditions to", format!("node {name}"), e))?;
         tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status)).collect::<Vec<_>>(), "node conditions written");
-        self.written = Some(desired);
+        self.written = Some(desired.clone());
+        self.publish_events(&node, &before, &desired).await;
         Ok(())
+    }
+
+    async fn publish_events(
+        &mut self,
+        node: &Node,
+        before: &[NodeCondition],
+        after: &[NodeCondition],
+    ) {
+        let reference = node.object_ref(&());
+        for event in transitions(before, after) {
+            if !self.event_limit.try_take(std::time::Instant::now()) {
+                tracing::warn!(reason = %event.reason, "event rate limit reached; not publishing");
+                continue;
+            }
+            let published = self
+                .recorder
+                .publish(
+                    &Event {
+                        type_: if event.warning {
+                            EventType::Warning
+                        } else {
+                            EventType::Normal
+                        },
+                        reason: event.reason.clone(),
+                        note: Some(event.note),
+                        action: "Detect".to_owned(),
+                        secondary: None,
+                    },
+                    &reference,
+                )
+                .await;
+            self.metrics.api_write("events", published.is_ok());
+            if let Err(e) = published {
+                tracing::warn!(error = %e, reason = %event.reason, "publishing an event failed");
+            }
+        }
     }
 
     async fn write_report(&self, snapshot: &Snapshot) -> Result<(), Error> {

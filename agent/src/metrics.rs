@@ -1,0 +1,150 @@
+//! The agent's Prometheus metrics. Labels carry detector names, condition types and protocols
+//! (small, fixed sets), never a peer or pod, so their number does not grow with the cluster.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabels {
+    pub r#type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DetectorLabels {
+    pub detector: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `nodes/status`, `nodereports`, `nodereports/status`, `events`.
+    pub resource: String,
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProbeLabels {
+    pub protocol: String,
+    pub result: String,
+}
+
+fn check_duration_histogram() -> Histogram {
+    Histogram::new([0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 30.0])
+}
+
+type HistogramFamily = Family<DetectorLabels, Histogram, fn() -> Histogram>;
+
+/// Every metric the agent exports.
+pub struct Metrics {
+    registry: Registry,
+    /// 1 while the node condition of this type is True (a problem), else 0.
+    pub finding: Family<TypeLabels, Gauge>,
+    pub check_duration: HistogramFamily,
+    pub api_writes: Family<WriteLabels, Counter>,
+    pub probes: Family<ProbeLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodeward");
+        let finding = Family::<TypeLabels, Gauge>::default();
+        registry.register(
+            "finding",
+            "1 while the node condition of this type reports a problem",
+            finding.clone(),
+        );
+        let check_duration = HistogramFamily::new_with_constructor(check_duration_histogram);
+        registry.register(
+            "check_duration_seconds",
+            "How long each detector's check took",
+            check_duration.clone(),
+        );
+        let api_writes = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "api_writes",
+            "Writes to the Kubernetes API, by resource and result",
+            api_writes.clone(),
+        );
+        let probes = Family::<ProbeLabels, Counter>::default();
+        registry.register(
+            "peer_probes",
+            "Peer probes sent, by protocol and result",
+            probes.clone(),
+        );
+        Self {
+            registry,
+            finding,
+            check_duration,
+            api_writes,
+            probes,
+        }
+    }
+
+    pub fn api_write(&self, resource: &str, ok: bool) {
+        let labels = WriteLabels {
+            resource: resource.to_owned(),
+            result: if ok { "ok" } else { "error" }.to_owned(),
+        };
+        self.api_writes.get_or_create(&labels).inc();
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_findings_durations_and_writes() {
+        let m = Metrics::new();
+        m.finding
+            .get_or_create(&TypeLabels {
+                r#type: "RebootRequired".into(),
+            })
+            .set(1);
+        m.check_duration
+            .get_or_create(&DetectorLabels {
+                detector: "dns".into(),
+            })
+            .observe(0.02);
+        m.api_write("nodes/status", true);
+        m.api_write("nodes/status", false);
+        let text = m.encode();
+        assert!(
+            text.contains("nodeward_finding{type=\"RebootRequired\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "nodeward_check_duration_seconds_bucket{le=\"0.025\",detector=\"dns\"} 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodeward_api_writes_total{resource=\"nodes/status\",result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "nodeward_api_writes_total{resource=\"nodes/status\",result=\"error\"} 1"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Events on the Node when a problem starts and when it clears, rate-limited so that a node
+//! in trouble never floods the API server.
+
+use std::time::{Duration, Instant};
+
+use super::conditions::NodeCondition;
+
+/// An Event to publish on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+/// The events that going from `before` to `after` calls for: a Warning for each condition
+/// that became True, a Normal event for each that stopped being True.
+pub fn transitions(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<NodeEvent> {
+    let was_true = |type_: &str| {
+        before
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    };
+    let mut events = Vec::new();
+    for condition in after {
+        match (was_true(&condition.type_), condition.status == "True") {
+            (false, true) => events.push(NodeEvent {
+                warning: true,
+                reason: condition.reason.clone(),
+                note: format!("{}: {}", condition.type_, condition.message),
+            }),
+            (true, false) => events.push(NodeEvent {
+                warning: false,
+                reason: format!("{}Cleared", condition.type_),
+                note: format!("{} cleared: {}", condition.type_, condition.message),
+            }),
+            _ => {}
+        }
+    }
+    events
+}
+
+/// A token bucket: `capacity` events at once, then one more every `refill`.
+#[derive(Clone, Debug)]
+pub struct RateLimit {
+    capacity: u32,
+    tokens: u32,
+    refill: Duration,
+    last_refill: Instant,
+}
+
+impl RateLimit {
+    pub fn new(capacity: u32, refill: Duration, now: Instant) -> Self {
+        Self {
+            capacity,
+            tokens: capacity,
+            refill,
+            last_refill: now,
+        }
+    }
+
+    /// Takes a token if one is left at `now`.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        if !self.refill.is_zero() {
+            let elapsed = now.saturating_duration_since(self.last_refill);
+            let earned =
+                (elapsed.as_nanos() / self.refill.as_nanos()).min(u128::from(self.capacity)) as u32;
+            if earned > 0 {
+                self.tokens = (self.tokens + earned).min(self.capacity);
+                self.last_refill += self.refill * earned;
+                if self.tokens == self.capacity {
+                    self.last_refill = now;
+                }
+            }
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(type_: &str, status: &'static str, reason: &str) -> NodeCondition {
+        NodeCondition {
+            type_: type_.into(),
+            status,
+            reason: reason.into(),
+            message: format!("{reason} seen"),
+        }
+    }
+
+    #[test]
+    fn problem_start_is_a_warning_and_clear_is_normal() {
+        let before = [
+            condition("RebootRequired", "False", "NoRebootRequired"),
+            condition("NetworkProblem", "True", "NoDefaultRoute"),
+        ];
+        let after = [
+            condition("RebootRequired", "True", "SentinelFilePresent"),
+            condition("NetworkProblem", "False", "NoProblem"),
+        ];
+        let events = transitions(&before, &after);
+        assert_eq!(
+            events,
+            vec![
+                NodeEvent {
+                    warning: true,
+                    reason: "SentinelFilePresent".into(),
+                    note: "RebootRequired: SentinelFilePresent seen".into()
+                },
+                NodeEvent {
+                    warning: false,
+                    reason: "NetworkProblemCleared".into(),
+                    note: "NetworkProblem cleared: NoProblem seen".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn unchanged_or_unknown_conditions_make_no_events() {
+        let same = [condition("X", "True", "A")];
+        assert!(transitions(&same, &same).is_empty());
+        assert!(
+            transitions(
+                &[],
+                &[
+                    condition("X", "Unknown", "Timeout"),
+                    condition("Y", "False", "Fine")
+                ]
+            )
+            .is_empty()
+        );
+        assert_eq!(
+            transitions(&[], &[condition("X", "True", "A")]).len(),
+            1,
+            "a problem at start is an event"
+        );
+    }
+
+    #[test]
+    fn rate_limit_allows_a_burst_then_one_per_refill() {
+        let t0 = Instant::now();
+        let mut limit = RateLimit::new(3, Duration::from_secs(30), t0);
+        assert!((0..3).all(|_| limit.try_take(t0)));
+        assert!(!limit.try_take(t0));
+        assert!(!limit.try_take(t0 + Duration::from_secs(29)));
+        assert!(limit.try_take(t0 + Duration::from_secs(30)));
+        assert!(!limit.try_take(t0 + Duration::from_secs(31)));
+        // A long quiet spell refills to capacity, not beyond.
+        let later = t0 + Duration::from_secs(3600);
+        assert!((0..3).all(|_| limit.try_take(later)));
+        assert!(!limit.try_take(later));
+    }
+}

@@ -1,0 +1,96 @@
+//! `/healthz`, `/readyz` and `/metrics` over HTTP.
+
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    Request, Response, StatusCode, body::Incoming, header::CONTENT_TYPE, service::service_fn,
+};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::{Error, metrics::Metrics};
+
+/// Whether the agent is ready: it has run its detectors and reported once.
+#[derive(Debug, Default)]
+pub struct Readiness(AtomicBool);
+
+impl Readiness {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// Binds `address` and serves until the task is dropped. Returns the bound address (useful
+/// with port 0).
+pub async fn serve(
+    address: SocketAddr,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+) -> Result<(SocketAddr, impl Future<Output = ()>), Error> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::Serve(format!("binding {address}: {e}")))?;
+    let bound = listener
+        .local_addr()
+        .map_err(|e| Error::Serve(e.to_string()))?;
+    let serving = async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let metrics = metrics.clone();
+            let readiness = readiness.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let response = route(request.uri().path(), &metrics, &readiness);
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    };
+    Ok((bound, serving))
+}
+
+fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
+    let (status, content_type, body) = match path {
+        "/healthz" => (StatusCode::OK, "text/plain", "ok".to_owned()),
+        "/readyz" if readiness.is_ready() => (StatusCode::OK, "text/plain", "ok".to_owned()),
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "not ready: the first detection round has not been reported yet".to_owned(),
+        ),
+        "/metrics" => (
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found; try /healthz, /readyz or /metrics".to_owned(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        response.headers_mut().insert(CONTENT_TYPE, value);
+    }
+    response
+}
