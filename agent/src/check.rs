@@ -11,7 +11,7 @@ use crate::{
 /// Runs every enabled local detector once, concurrently, each within its timeout, so that a
 /// hung check never holds the others up.
 pub async fn run(config: &Config) -> Vec<Finding> {
-    let detectors = Detector::all(config);
+    let detectors = Detector::all(config, None);
     join_all(detectors.iter().map(Detector::observe_bounded)).await
 }
 
@@ -57,8 +57,12 @@ pub fn render_table(findings: &[Finding]) -> String {
         .iter()
         .filter(|f| f.status == Status::Unknown)
         .count();
+    let skipped = findings
+        .iter()
+        .filter(|f| f.status == Status::Skipped)
+        .count();
     out.push_str(&format!(
-        "\n{} checks: {problems} problem(s), {unknown} unknown\n",
+        "\n{} checks: {problems} problem(s), {unknown} unknown, {skipped} skipped\n",
         findings.len()
     ));
     out
@@ -127,7 +131,7 @@ mod tests {
         );
         assert!(lines[2].starts_with("interfaces"), "{table}");
         assert!(
-            table.ends_with("2 checks: 1 problem(s), 0 unknown\n"),
+            table.ends_with("2 checks: 1 problem(s), 0 unknown, 0 skipped\n"),
             "{table}"
         );
     }

@@ -238,6 +238,10 @@ pub struct KubeletConfig {
     /// The kubelet's health endpoint.
     #[serde(rename = "healthzURL")]
     pub healthz_url: String,
+    /// A node whose Node object does not exist this long after the agent started is
+    /// reported as `KubeletUnregistered`.
+    #[serde(deserialize_with = "duration")]
+    pub registration_timeout: Duration,
 }
 
 impl Default for KubeletConfig {
@@ -248,6 +252,7 @@ impl Default for KubeletConfig {
             timeout: Duration::from_secs(10),
             hold: Duration::from_secs(60),
             healthz_url: "http://127.0.0.1:10248/healthz".to_owned(),
+            registration_timeout: Duration::from_secs(600),
         }
     }
 }

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nodeward_agent::{
     Error, check,
     config::Config,
-    detect::Detector,
+    detect::{Detector, cluster::Cluster},
     metrics::Metrics,
     report::{Identity, Reporter},
     runner,
@@ -154,7 +154,13 @@ async fn run(
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
-    let snapshots = runner::start(Detector::all(&config), metrics.clone(), &mut tasks);
+    let cluster = Cluster {
+        client: client.clone(),
+        node_name: node_name.clone(),
+        started: std::time::Instant::now(),
+    };
+    let detectors = Detector::all(&config, Some(&cluster));
+    let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
         client,
         identity,

@@ -133,7 +133,7 @@ mod tests {
                 Duration::ZERO,
             ),
         ];
-        let detectors: Vec<Detector> = Detector::all(&config)
+        let detectors: Vec<Detector> = Detector::all(&config, None)
             .into_iter()
             .filter(|d| matches!(d, Detector::Custom(_)))
             .collect();

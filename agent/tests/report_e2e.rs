@@ -28,16 +28,26 @@ struct Agent {
 }
 
 impl Agent {
-    /// Starts `nodeward-agent run` for `node` with only the reboot-required detector, reading
-    /// the sentinel in its own directory.
+    /// Starts `nodeward-agent run` for `node` with only the reboot-required detector (reading
+    /// the sentinel in its own directory) and the kubelet detectors if `kubelet` is given.
     fn start(node: &str, test_id: &str, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
+        Self::start_with(node, test_id, interval, heartbeat, "{enabled: false}")
+    }
+
+    fn start_with(
+        node: &str,
+        test_id: &str,
+        interval: &str,
+        heartbeat: &str,
+        kubelet: &str,
+    ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("nodeward-agent-{test_id}"));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("agent.yaml");
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
                 dir.join("reboot-required").display()
             ),
         )?;
@@ -345,5 +355,98 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
         writes.len()
     );
     drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Result<()> {
+    let env = TestEnv::new("agent-unregistered").await?;
+    let node = env.node_name(0);
+    let _agent = Agent::start_with(
+        &node,
+        &env.id,
+        "500ms",
+        "1s",
+        "{interval: 500ms, timeout: 500ms, for: 0s, registrationTimeout: 1s, healthzURL: \"http://127.0.0.1:1/healthz\"}",
+    )?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let finding = |r: Option<&NodeReport>, status: &str| {
+        r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+            s.findings
+                .iter()
+                .any(|f| f.type_ == "KubeletUnregistered" && f.status == status)
+        })
+    };
+    let report = wait::until(
+        &reports,
+        &node,
+        "KubeletUnregistered in the NodeReport",
+        TIMEOUT,
+        |r| finding(r, "True"),
+    )
+    .await?
+    .expect("report");
+    assert!(
+        report.metadata.owner_references.is_none(),
+        "no Node to own it yet"
+    );
+
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let selector = format!("regarding.name={node},regarding.kind=NodeReport");
+    wait::eventually(
+        "the KubeletUnregistered event on the NodeReport",
+        TIMEOUT,
+        || {
+            let events = events.clone();
+            let selector = selector.clone();
+            async move {
+                let list = events
+                    .list(&ListParams::default().fields(&selector))
+                    .await?;
+                Ok(list
+                    .items
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("KubeletUnregistered"))
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+
+    env.create_nodes(&[NodeSpec::worker("zone-c")]).await?;
+    let report = wait::until(
+        &reports,
+        &node,
+        "registration to clear and the Node to own the report",
+        TIMEOUT,
+        |r| {
+            finding(r, "False")
+                && r.is_some_and(|r| {
+                    r.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|o| o.kind == "Node"))
+                })
+        },
+    )
+    .await?
+    .expect("report");
+    let node_object = env.nodes().get(&node).await?;
+    assert_eq!(
+        report
+            .metadata
+            .owner_references
+            .as_ref()
+            .map(|o| o[0].uid.clone()),
+        node_object.metadata.uid
+    );
+    let conditions = node_object
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default();
+    assert!(
+        !conditions.iter().any(|c| c.type_ == "KubeletUnregistered"),
+        "report-only, never a Node condition"
+    );
     env.cleanup().await
 }

@@ -95,7 +95,7 @@ fn detector(url: &str, expected: &[&str]) -> Detector {
         timeout: Duration::from_secs(2),
         ..SecurityGroupsConfig::default()
     };
-    Detector::all(&config)
+    Detector::all(&config, None)
         .into_iter()
         .find(|d| d.name() == "security-groups")
         .expect("the detector is on when groups are expected")

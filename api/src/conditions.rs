@@ -9,6 +9,9 @@ pub mod node {
     pub const KUBELET_PROBLEM: &str = "KubeletProblem";
     pub const REBOOT_REQUIRED: &str = "RebootRequired";
     pub const READONLY_FILESYSTEM: &str = "ReadonlyFilesystem";
+    /// Reported in the NodeReport and as an Event, never as a condition: a node that never
+    /// registered has no Node object to carry one.
+    pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
 }
 
 /// NodeMaintenance condition types.

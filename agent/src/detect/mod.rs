@@ -1,6 +1,7 @@
 //! Detectors: each reads one aspect of the node (I/O at the edge) and decides, in a pure
 //! function over plain data, whether it is a problem.
 
+pub mod cluster;
 pub mod command;
 pub mod custom;
 pub mod debounce;
@@ -17,6 +18,7 @@ use std::borrow::Cow;
 use nodeward_api::conditions::node;
 use serde::Serialize;
 
+use self::cluster::Cluster;
 use crate::config::{
     Config, CustomCheckConfig, FilesystemConfig, KubeletConfig, NetworkConfig, RebootConfig,
     Schedule, SecurityGroupsConfig,
@@ -31,6 +33,9 @@ pub enum Status {
     Problem,
     /// The check could not tell (the node condition is `Unknown`).
     Unknown,
+    /// The check needs something this run does not have (a cluster, for `check`); it sets
+    /// no condition.
+    Skipped,
 }
 
 impl Status {
@@ -39,7 +44,7 @@ impl Status {
         match self {
             Self::Ok => "False",
             Self::Problem => "True",
-            Self::Unknown => "Unknown",
+            Self::Unknown | Self::Skipped => "Unknown",
         }
     }
 }
@@ -135,12 +140,15 @@ pub enum Detector {
     Filesystem(FilesystemConfig),
     SecurityGroups(SecurityGroupsConfig),
     Kubelet(KubeletConfig),
+    ApiServer(NetworkConfig, Option<Cluster>),
+    Registration(KubeletConfig, Option<Cluster>),
     Custom(CustomCheckConfig),
 }
 
 impl Detector {
-    /// Every detector the configuration enables, in a stable order.
-    pub fn all(config: &Config) -> Vec<Self> {
+    /// Every detector the configuration enables, in a stable order. Without a cluster the
+    /// cluster detectors are listed too, and report that they were skipped.
+    pub fn all(config: &Config, cluster: Option<&Cluster>) -> Vec<Self> {
         let d = &config.detectors;
         let mut all = Vec::new();
         if d.network.enabled {
@@ -149,6 +157,7 @@ impl Detector {
             if !d.network.dns.names.is_empty() {
                 all.push(Self::Dns(d.network.clone()));
             }
+            all.push(Self::ApiServer(d.network.clone(), cluster.cloned()));
         }
         if d.reboot_required.enabled {
             all.push(Self::RebootRequired(d.reboot_required.clone()));
@@ -161,6 +170,7 @@ impl Detector {
         }
         if d.kubelet.enabled {
             all.push(Self::Kubelet(d.kubelet.clone()));
+            all.push(Self::Registration(d.kubelet.clone(), cluster.cloned()));
         }
         all.extend(d.custom.iter().cloned().map(Self::Custom));
         all
@@ -175,6 +185,8 @@ impl Detector {
             Self::Filesystem(_) => filesystem::DETECTOR.into(),
             Self::SecurityGroups(_) => security_groups::DETECTOR.into(),
             Self::Kubelet(_) => kubelet::DETECTOR.into(),
+            Self::ApiServer(..) => cluster::APISERVER_DETECTOR.into(),
+            Self::Registration(..) => cluster::REGISTRATION_DETECTOR.into(),
             Self::Custom(c) => c.name.clone().into(),
         }
     }
@@ -182,9 +194,10 @@ impl Detector {
     /// The node condition type this detector feeds.
     pub fn condition(&self) -> Name {
         match self {
-            Self::Interfaces(_) | Self::DefaultRoute(_) | Self::Dns(_) => {
+            Self::Interfaces(_) | Self::DefaultRoute(_) | Self::Dns(_) | Self::ApiServer(..) => {
                 node::NETWORK_PROBLEM.into()
             }
+            Self::Registration(..) => node::KUBELET_UNREGISTERED.into(),
             Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
             Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
             Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
@@ -195,7 +208,10 @@ impl Detector {
 
     pub fn schedule(&self) -> Schedule {
         match self {
-            Self::Interfaces(c) | Self::DefaultRoute(c) | Self::Dns(c) => c.schedule(),
+            Self::Interfaces(c) | Self::DefaultRoute(c) | Self::Dns(c) | Self::ApiServer(c, _) => {
+                c.schedule()
+            }
+            Self::Registration(c, _) => c.schedule(),
             Self::RebootRequired(c) => c.schedule(),
             Self::Filesystem(c) => c.schedule(),
             Self::SecurityGroups(c) => c.schedule(),
@@ -216,6 +232,10 @@ impl Detector {
             Self::Filesystem(c) => filesystem::observe(c).await,
             Self::SecurityGroups(c) => security_groups::observe(c).await,
             Self::Kubelet(c) => kubelet::observe(c).await,
+            Self::ApiServer(_, c) => cluster::observe_apiserver(c.as_ref()).await,
+            Self::Registration(k, c) => {
+                cluster::observe_registration(c.as_ref(), k.registration_timeout).await
+            }
             Self::Custom(c) => custom::observe(c).await,
         }
     }

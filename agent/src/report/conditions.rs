@@ -18,10 +18,18 @@ pub struct NodeCondition {
 /// Node condition messages are for humans; a long one is cut here.
 const MAX_MESSAGE: usize = 1024;
 
-/// One condition per type among `findings`, in type order.
+/// Finding types that live only in the NodeReport (and Events), never on the Node.
+pub const REPORT_ONLY: &[&str] = &[nodeward_api::conditions::node::KUBELET_UNREGISTERED];
+
+/// Whether findings of this type become a Node condition.
+pub fn is_node_condition(type_: &str) -> bool {
+    !REPORT_ONLY.contains(&type_)
+}
+
+/// One condition per type among `findings`, in type order. Skipped checks count for nothing.
 pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<NodeCondition> {
     let mut by_type: BTreeMap<&str, Vec<&Finding>> = BTreeMap::new();
-    for finding in findings {
+    for finding in findings.into_iter().filter(|f| f.status != Status::Skipped) {
         by_type
             .entry(finding.condition.as_ref())
             .or_default()
@@ -144,6 +152,13 @@ mod tests {
             ok[0].message,
             "default-route: DefaultRoutePresent seen; interfaces: InterfacesUp seen"
         );
+    }
+
+    #[test]
+    fn skipped_checks_make_no_condition() {
+        let skipped = finding("apiserver", "NetworkProblem", Status::Skipped, "NoCluster");
+        assert!(aggregate([&skipped]).is_empty());
+        assert!(!is_node_condition("KubeletUnregistered") && is_node_condition("NetworkProblem"));
     }
 
     #[test]

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use self::{
-    conditions::{NodeCondition, aggregate},
+    conditions::{NodeCondition, aggregate, is_node_condition},
     events::{RateLimit, transitions},
 };
 use crate::{
@@ -63,6 +63,10 @@ pub struct Reporter {
     /// written), and when each took its current status.
     written: Option<Vec<NodeCondition>>,
     transitions: BTreeMap<String, (&'static str, Timestamp)>,
+    /// Report-only findings (no Node to carry them) as last published in Events.
+    report_only: Vec<NodeCondition>,
+    /// The NodeReport exists and, once the Node does, is owned by it.
+    report_owned: bool,
 }
 
 impl Reporter {
@@ -87,6 +91,8 @@ impl Reporter {
             event_limit: RateLimit::new(EVENT_BURST, EVENT_REFILL, std::time::Instant::now()),
             written: None,
             transitions: BTreeMap::new(),
+            report_only: Vec::new(),
+            report_owned: false,
         }
     }
 
@@ -141,7 +147,12 @@ impl Reporter {
     /// an Event for each problem that started or cleared. A Node that does not exist yet has
     /// no conditions to carry: nothing is written until it does.
     async fn write_conditions(&mut self, snapshot: &Snapshot) -> Result<(), Error> {
-        let desired = aggregate(snapshot.values().map(|c| &c.finding));
+        let desired = aggregate(
+            snapshot
+                .values()
+                .map(|c| &c.finding)
+                .filter(|f| is_node_condition(&f.condition)),
+        );
         for c in &desired {
             let problem = i64::from(c.status == "True");
             self.metrics
@@ -227,17 +238,17 @@ impl Reporter {
             result.map_err(|e| Error::kube("applying conditions to", format!("node {name}"), e))?;
         tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status)).collect::<Vec<_>>(), "node conditions written");
         self.written = Some(desired.clone());
-        self.publish_events(&node, &before, &desired).await;
+        self.publish_events(&node.object_ref(&()), &before, &desired)
+            .await;
         Ok(())
     }
 
     async fn publish_events(
         &mut self,
-        node: &Node,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
         before: &[NodeCondition],
         after: &[NodeCondition],
     ) {
-        let reference = node.object_ref(&());
         for event in transitions(before, after) {
             if !self.event_limit.try_take(std::time::Instant::now()) {
                 tracing::warn!(reason = %event.reason, "event rate limit reached; not publishing");
@@ -257,7 +268,7 @@ impl Reporter {
                         action: "Detect".to_owned(),
                         secondary: None,
                     },
-                    &reference,
+                    reference,
                 )
                 .await;
             self.metrics.api_write("events", published.is_ok());
@@ -267,50 +278,18 @@ impl Reporter {
         }
     }
 
-    async fn write_report(&self, snapshot: &Snapshot) -> Result<(), Error> {
+    async fn write_report(&mut self, snapshot: &Snapshot) -> Result<(), Error> {
         let reports: Api<NodeReport> = Api::all(self.client.clone());
-        let name = &self.identity.node_name;
+        let name = self.identity.node_name.clone();
         let object = format!("NodeReport {name}");
-        if reports
-            .get_opt(name)
-            .await
-            .map_err(|e| Error::kube("reading", object.clone(), e))?
-            .is_none()
-        {
-            let mut report = NodeReport::new(
-                name,
-                nodeward_api::NodeReportSpec {
-                    node_name: name.clone(),
-                },
-            );
-            report.metadata.labels = Some(
-                [(
-                    nodeward_api::labels::NODE_NAME_LABEL.to_owned(),
-                    name.clone(),
-                )]
-                .into(),
-            );
-            // Owned by its Node, so that deleting the Node deletes the report.
-            let node = Api::<Node>::all(self.client.clone())
-                .get_opt(name)
-                .await
-                .map_err(|e| Error::kube("reading", format!("node {name}"), e))?;
-            if let Some(uid) = node.and_then(|n| n.metadata.uid) {
-                report.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: "v1".into(),
-                    kind: "Node".into(),
-                    name: name.clone(),
-                    uid,
-                    ..OwnerReference::default()
-                }]);
-            }
-            match reports.create(&PostParams::default(), &report).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
-                Err(e) => return Err(Error::kube("creating", object, e)),
-            }
+        if !self.report_owned {
+            self.report_owned = self.ensure_report(&reports).await?;
         }
-        let findings: Vec<ReportedFinding> = snapshot.values().map(reported).collect();
+        let findings: Vec<ReportedFinding> = snapshot
+            .values()
+            .filter(|c| c.finding.status != Status::Skipped)
+            .map(reported)
+            .collect();
         let problems = findings.iter().filter(|f| f.status == "True").count();
         let patch = json!({
             "apiVersion": NodeReport::api_version(&()),
@@ -325,15 +304,100 @@ impl Reporter {
                 "findings": findings,
             },
         });
-        reports
+        let report = reports
             .patch_status(
-                name,
+                &name,
                 &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await
             .map_err(|e| Error::kube("applying the status of", object, e))?;
+        // Report-only findings (an unregistered kubelet) have no Node: their Events go on the
+        // NodeReport.
+        let report_only = aggregate(
+            snapshot
+                .values()
+                .map(|c| &c.finding)
+                .filter(|f| !is_node_condition(&f.condition)),
+        );
+        if report_only != self.report_only {
+            let before = std::mem::replace(&mut self.report_only, report_only.clone());
+            self.publish_events(&report.object_ref(&()), &before, &report_only)
+                .await;
+        }
         Ok(())
+    }
+
+    /// Creates the NodeReport if it is missing and makes its Node its owner once the Node
+    /// exists (so that deleting the Node deletes the report). Returns whether it is owned.
+    async fn ensure_report(&self, reports: &Api<NodeReport>) -> Result<bool, Error> {
+        let name = &self.identity.node_name;
+        let object = format!("NodeReport {name}");
+        let node = Api::<Node>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube("reading", format!("node {name}"), e))?;
+        let owner = node.and_then(|n| n.metadata.uid).map(|uid| OwnerReference {
+            api_version: "v1".into(),
+            kind: "Node".into(),
+            name: name.clone(),
+            uid,
+            ..OwnerReference::default()
+        });
+        let existing = reports
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube("reading", object.clone(), e))?;
+        match existing {
+            None => {
+                let mut report = NodeReport::new(
+                    name,
+                    nodeward_api::NodeReportSpec {
+                        node_name: name.clone(),
+                    },
+                );
+                report.metadata.labels = Some(
+                    [(
+                        nodeward_api::labels::NODE_NAME_LABEL.to_owned(),
+                        name.clone(),
+                    )]
+                    .into(),
+                );
+                report.metadata.owner_references = owner.clone().map(|o| vec![o]);
+                let created = reports.create(&PostParams::default(), &report).await;
+                self.metrics.api_write("nodereports", created.is_ok());
+                match created {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 409 => return Ok(false),
+                    Err(e) => return Err(Error::kube("creating", object, e)),
+                }
+            }
+            Some(report)
+                if owner.is_some()
+                    && report
+                        .metadata
+                        .owner_references
+                        .as_ref()
+                        .is_none_or(Vec::is_empty) =>
+            {
+                let patch = json!({
+                    "apiVersion": NodeReport::api_version(&()),
+                    "kind": NodeReport::kind(&()),
+                    "metadata": {"name": name, "ownerReferences": [owner]},
+                });
+                let applied = reports
+                    .patch(
+                        name,
+                        &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
+                        &Patch::Apply(&patch),
+                    )
+                    .await;
+                self.metrics.api_write("nodereports", applied.is_ok());
+                applied.map_err(|e| Error::kube("setting the owner of", object, e))?;
+            }
+            Some(_) => {}
+        }
+        Ok(owner.is_some())
     }
 }
 

@@ -1,0 +1,181 @@
+//! Detectors that talk to the cluster: the API server is reachable, and this node is
+//! registered (its Node object exists) within the registration timeout. Without a cluster
+//! (`check` on a workstation) they report that they were skipped.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nodeward_api::conditions::node::{KUBELET_UNREGISTERED, NETWORK_PROBLEM};
+
+use super::{Finding, Status};
+
+pub const APISERVER_DETECTOR: &str = "apiserver";
+pub const REGISTRATION_DETECTOR: &str = "registration";
+pub const SKIPPED: &str = "skipped: no cluster configured";
+
+/// What the cluster detectors need.
+#[derive(Clone)]
+pub struct Cluster {
+    pub client: kube::Client,
+    pub node_name: String,
+    /// When the agent started: the registration timeout counts from here.
+    pub started: Instant,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+pub fn skipped(detector: &'static str, condition: &'static str) -> Finding {
+    Finding::new(
+        detector.into(),
+        condition.into(),
+        Status::Skipped,
+        "NoCluster",
+        SKIPPED.to_owned(),
+    )
+}
+
+pub async fn observe_apiserver(cluster: Option<&Cluster>) -> Finding {
+    let Some(cluster) = cluster else {
+        return skipped(APISERVER_DETECTOR, NETWORK_PROBLEM);
+    };
+    match cluster.client.apiserver_version().await {
+        Ok(version) => Finding::ok(
+            APISERVER_DETECTOR,
+            NETWORK_PROBLEM,
+            "APIServerReachable",
+            format!("API server {} answers", version.git_version),
+        ),
+        Err(e) => Finding::problem(
+            APISERVER_DETECTOR,
+            NETWORK_PROBLEM,
+            "APIServerUnreachable",
+            format!("the API server does not answer: {e}"),
+        ),
+    }
+}
+
+/// What the registration check saw.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Registration {
+    Registered,
+    Missing { waited: Duration, timeout: Duration },
+    Failed(String),
+}
+
+pub async fn observe_registration(cluster: Option<&Cluster>, timeout: Duration) -> Finding {
+    let Some(cluster) = cluster else {
+        return skipped(REGISTRATION_DETECTOR, KUBELET_UNREGISTERED);
+    };
+    let seen = match Api::<Node>::all(cluster.client.clone())
+        .get_opt(&cluster.node_name)
+        .await
+    {
+        Ok(Some(_)) => Registration::Registered,
+        Ok(None) => Registration::Missing {
+            waited: cluster.started.elapsed(),
+            timeout,
+        },
+        Err(e) => Registration::Failed(format!("reading node {}: {e}", cluster.node_name)),
+    };
+    evaluate_registration(&cluster.node_name, &seen)
+}
+
+pub fn evaluate_registration(node: &str, seen: &Registration) -> Finding {
+    let finding = |status, reason: &str, message| {
+        Finding::new(
+            REGISTRATION_DETECTOR.into(),
+            KUBELET_UNREGISTERED.into(),
+            status,
+            reason,
+            message,
+        )
+    };
+    match seen {
+        Registration::Registered => finding(
+            Status::Ok,
+            "NodeRegistered",
+            format!("node {node} is registered"),
+        ),
+        Registration::Missing { waited, timeout } if waited < timeout => finding(
+            Status::Ok,
+            "RegistrationPending",
+            format!(
+                "no Node {node} yet, {}s of the {}s registration timeout passed",
+                waited.as_secs(),
+                timeout.as_secs()
+            ),
+        ),
+        Registration::Missing { timeout, .. } => finding(
+            Status::Problem,
+            "KubeletUnregistered",
+            format!(
+                "no Node object {node} after the {}s registration timeout: the kubelet has not registered",
+                timeout.as_secs()
+            ),
+        ),
+        Registration::Failed(e) => finding(Status::Unknown, "RegistrationUnknown", e.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unregistered_only_after_the_timeout() {
+        let timeout = Duration::from_secs(600);
+        let pending = evaluate_registration(
+            "n1",
+            &Registration::Missing {
+                waited: Duration::from_secs(120),
+                timeout,
+            },
+        );
+        assert_eq!(
+            (pending.status, pending.reason.as_str()),
+            (Status::Ok, "RegistrationPending")
+        );
+        let late = evaluate_registration(
+            "n1",
+            &Registration::Missing {
+                waited: Duration::from_secs(600),
+                timeout,
+            },
+        );
+        assert_eq!(
+            (late.status, late.reason.as_str()),
+            (Status::Problem, "KubeletUnregistered")
+        );
+        assert!(
+            late.message.contains("no Node object n1 after the 600s"),
+            "{}",
+            late.message
+        );
+        assert_eq!(
+            evaluate_registration("n1", &Registration::Registered).status,
+            Status::Ok
+        );
+        assert_eq!(
+            evaluate_registration("n1", &Registration::Failed("boom".into())).status,
+            Status::Unknown
+        );
+    }
+
+    #[tokio::test]
+    async fn without_a_cluster_both_are_skipped() {
+        let api = observe_apiserver(None).await;
+        assert_eq!(
+            (api.status, api.message.as_str()),
+            (Status::Skipped, SKIPPED)
+        );
+        let registration = observe_registration(None, Duration::from_secs(1)).await;
+        assert_eq!(registration.status, Status::Skipped);
+    }
+}
