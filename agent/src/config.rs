@@ -48,6 +48,7 @@ pub struct Detectors {
     pub filesystem: FilesystemConfig,
     pub security_groups: SecurityGroupsConfig,
     pub kubelet: KubeletConfig,
+    pub peers: PeersConfig,
     pub custom: Vec<CustomCheckConfig>,
 }
 
@@ -257,6 +258,46 @@ impl Default for KubeletConfig {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PeersConfig {
+    pub enabled: bool,
+    /// The port every agent answers TCP and UDP probes on.
+    pub port: u16,
+    /// Peers probed per round, chosen at random.
+    pub sample_size: usize,
+    pub protocols: Vec<crate::peers::Protocol>,
+    /// How long one probe waits for its answer.
+    #[serde(deserialize_with = "duration")]
+    pub probe_timeout: Duration,
+    /// Peers to probe besides the agents found through the Node objects (hosts without a
+    /// cluster, or machines outside it).
+    pub static_peers: Vec<std::net::IpAddr>,
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        use crate::peers::Protocol;
+        Self {
+            enabled: true,
+            port: 9471,
+            sample_size: 5,
+            protocols: vec![Protocol::Tcp, Protocol::Udp, Protocol::Icmp],
+            probe_timeout: Duration::from_secs(2),
+            static_peers: Vec::new(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            hold: Duration::from_secs(60),
+        }
+    }
+}
+
 /// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
 /// unknown; the first line of output is the message.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -362,6 +403,7 @@ impl Config {
             ("detectors.filesystem", d.filesystem.schedule()),
             ("detectors.securityGroups", d.security_groups.schedule()),
             ("detectors.kubelet", d.kubelet.schedule()),
+            ("detectors.peers", d.peers.schedule()),
         ];
         let custom = d.custom.iter().enumerate().map(|(i, c)| (i, c.schedule()));
         for (place, schedule) in schedules
@@ -452,6 +494,7 @@ schedule_of!(
     FilesystemConfig,
     SecurityGroupsConfig,
     KubeletConfig,
+    PeersConfig,
     CustomCheckConfig
 );
 

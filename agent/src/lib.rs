@@ -7,6 +7,7 @@ pub mod config;
 pub mod detect;
 pub mod http;
 pub mod metrics;
+pub mod peers;
 pub mod report;
 pub mod runner;
 pub mod server;

@@ -4,8 +4,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nodeward_agent::{
     Error, check,
     config::Config,
-    detect::{Detector, cluster::Cluster},
+    detect::{Detector, cluster::Cluster, peers::PeerContext},
     metrics::Metrics,
+    peers::{self, Directory},
     report::{Identity, Reporter},
     runner,
     server::{self, Readiness},
@@ -159,7 +160,19 @@ async fn run(
         node_name: node_name.clone(),
         started: std::time::Instant::now(),
     };
-    let detectors = Detector::all(&config, Some(&cluster));
+    let peers = if config.detectors.peers.enabled {
+        let directory = Directory::default();
+        tasks.spawn(directory.clone().follow(client.clone()));
+        tasks.spawn(peers::respond(config.detectors.peers.port).await?);
+        Some(PeerContext {
+            directory,
+            node_name: node_name.clone(),
+            metrics: metrics.clone(),
+        })
+    } else {
+        None
+    };
+    let detectors = Detector::with_peers(&config, Some(&cluster), peers);
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
         client,

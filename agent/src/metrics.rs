@@ -38,6 +38,7 @@ fn check_duration_histogram() -> Histogram {
 type HistogramFamily = Family<DetectorLabels, Histogram, fn() -> Histogram>;
 
 /// Every metric the agent exports.
+#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// 1 while the node condition of this type is True (a problem), else 0.

@@ -47,7 +47,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
                 dir.join("reboot-required").display()
             ),
         )?;

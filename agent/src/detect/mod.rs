@@ -9,6 +9,7 @@ pub mod dns;
 pub mod filesystem;
 pub mod interfaces;
 pub mod kubelet;
+pub mod peers;
 pub mod reboot;
 pub mod routes;
 pub mod security_groups;
@@ -20,8 +21,8 @@ use serde::Serialize;
 
 use self::cluster::Cluster;
 use crate::config::{
-    Config, CustomCheckConfig, FilesystemConfig, KubeletConfig, NetworkConfig, RebootConfig,
-    Schedule, SecurityGroupsConfig,
+    Config, CustomCheckConfig, FilesystemConfig, KubeletConfig, NetworkConfig, PeersConfig,
+    RebootConfig, Schedule, SecurityGroupsConfig,
 };
 
 /// What one check concluded.
@@ -142,6 +143,7 @@ pub enum Detector {
     Kubelet(KubeletConfig),
     ApiServer(NetworkConfig, Option<Cluster>),
     Registration(KubeletConfig, Option<Cluster>),
+    Peers(PeersConfig, Option<peers::PeerContext>),
     Custom(CustomCheckConfig),
 }
 
@@ -149,6 +151,15 @@ impl Detector {
     /// Every detector the configuration enables, in a stable order. Without a cluster the
     /// cluster detectors are listed too, and report that they were skipped.
     pub fn all(config: &Config, cluster: Option<&Cluster>) -> Vec<Self> {
+        Self::with_peers(config, cluster, None)
+    }
+
+    /// Like [`Detector::all`], with the peer directory of a running agent.
+    pub fn with_peers(
+        config: &Config,
+        cluster: Option<&Cluster>,
+        peers: Option<peers::PeerContext>,
+    ) -> Vec<Self> {
         let d = &config.detectors;
         let mut all = Vec::new();
         if d.network.enabled {
@@ -172,6 +183,9 @@ impl Detector {
             all.push(Self::Kubelet(d.kubelet.clone()));
             all.push(Self::Registration(d.kubelet.clone(), cluster.cloned()));
         }
+        if d.peers.enabled {
+            all.push(Self::Peers(d.peers.clone(), peers));
+        }
         all.extend(d.custom.iter().cloned().map(Self::Custom));
         all
     }
@@ -187,6 +201,7 @@ impl Detector {
             Self::Kubelet(_) => kubelet::DETECTOR.into(),
             Self::ApiServer(..) => cluster::APISERVER_DETECTOR.into(),
             Self::Registration(..) => cluster::REGISTRATION_DETECTOR.into(),
+            Self::Peers(..) => peers::DETECTOR.into(),
             Self::Custom(c) => c.name.clone().into(),
         }
     }
@@ -198,6 +213,7 @@ impl Detector {
                 node::NETWORK_PROBLEM.into()
             }
             Self::Registration(..) => node::KUBELET_UNREGISTERED.into(),
+            Self::Peers(..) => node::PEER_CONNECTIVITY_PROBLEM.into(),
             Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
             Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
             Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
@@ -212,6 +228,7 @@ impl Detector {
                 c.schedule()
             }
             Self::Registration(c, _) => c.schedule(),
+            Self::Peers(c, _) => c.schedule(),
             Self::RebootRequired(c) => c.schedule(),
             Self::Filesystem(c) => c.schedule(),
             Self::SecurityGroups(c) => c.schedule(),
@@ -236,6 +253,7 @@ impl Detector {
             Self::Registration(k, c) => {
                 cluster::observe_registration(c.as_ref(), k.registration_timeout).await
             }
+            Self::Peers(c, context) => peers::observe(c, context.as_ref()).await,
             Self::Custom(c) => custom::observe(c).await,
         }
     }

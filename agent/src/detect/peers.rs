@@ -1,0 +1,201 @@
+//! Peer connectivity, the missing-security-group-rule problem: each round probes a small random
+//! sample of other agents over TCP, UDP and ICMP. One protocol failing to most of them while
+//! another works means a rule blocks that protocol; nothing working at all means this node is
+//! isolated. The cost per round does not grow with the cluster.
+
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
+
+use futures::future::join_all;
+use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
+use rand::seq::IndexedRandom;
+
+use super::{Finding, Status};
+use crate::{
+    config::PeersConfig,
+    metrics::{Metrics, ProbeLabels},
+    peers::{self, Directory, Protocol},
+};
+
+pub const DETECTOR: &str = "peers";
+
+/// What the peer detector needs in a running agent.
+#[derive(Clone, Debug)]
+pub struct PeerContext {
+    pub directory: Directory,
+    pub node_name: String,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Successes and failures of one protocol in one round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub ok: usize,
+    pub failed: usize,
+}
+
+pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Finding {
+    let mut candidates: Vec<(String, IpAddr)> = context
+        .map(|c| c.directory.peers(&c.node_name))
+        .unwrap_or_default();
+    candidates.extend(config.static_peers.iter().map(|ip| (ip.to_string(), *ip)));
+    if context.is_none() && candidates.is_empty() {
+        return super::cluster::skipped(DETECTOR, PEER_CONNECTIVITY_PROBLEM);
+    }
+    let sample: Vec<(String, IpAddr)> = candidates
+        .choose_multiple(&mut rand::rng(), config.sample_size)
+        .cloned()
+        .collect();
+    let probes = sample.iter().flat_map(|(_, address)| {
+        config.protocols.iter().map(move |&protocol| async move {
+            let result = peers::probe(protocol, *address, config.port, config.probe_timeout).await;
+            (protocol, result)
+        })
+    });
+    let mut tallies: BTreeMap<Protocol, Tally> = config
+        .protocols
+        .iter()
+        .map(|p| (*p, Tally::default()))
+        .collect();
+    for (protocol, result) in join_all(probes).await {
+        let tally = tallies.entry(protocol).or_default();
+        if result.is_ok() {
+            tally.ok += 1;
+        } else {
+            tally.failed += 1;
+        }
+        if let Some(c) = context {
+            let labels = ProbeLabels {
+                protocol: protocol.name().to_owned(),
+                result: if result.is_ok() { "ok" } else { "failed" }.to_owned(),
+            };
+            c.metrics.probes.get_or_create(&labels).inc();
+        }
+    }
+    evaluate(&tallies, sample.len())
+}
+
+/// Decides from one round's tallies over `peers` sampled peers.
+pub fn evaluate(tallies: &BTreeMap<Protocol, Tally>, peers: usize) -> Finding {
+    let summary = tallies
+        .iter()
+        .map(|(p, t)| format!("{} {}/{}", p.name(), t.ok, t.ok + t.failed))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if peers == 0 {
+        return Finding::ok(
+            DETECTOR,
+            PEER_CONNECTIVITY_PROBLEM,
+            "NoPeers",
+            "no other agents to probe".into(),
+        );
+    }
+    if tallies.values().all(|t| t.ok == 0) {
+        return Finding::problem(
+            DETECTOR,
+            PEER_CONNECTIVITY_PROBLEM,
+            "Isolated",
+            format!("no probe to any of {peers} sampled peers was answered ({summary})"),
+        );
+    }
+    let works = |t: &Tally| t.ok > t.failed;
+    let mostly_failing = |t: &Tally| t.failed * 2 > t.ok + t.failed;
+    let blocked: Vec<Protocol> = tallies
+        .iter()
+        .filter(|(p, t)| {
+            mostly_failing(t) && tallies.iter().any(|(other, o)| other != *p && works(o))
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    match blocked.first() {
+        None => Finding::ok(
+            DETECTOR,
+            PEER_CONNECTIVITY_PROBLEM,
+            "PeersReachable",
+            format!("answered: {summary}"),
+        ),
+        Some(first) => {
+            let names: Vec<String> = blocked.iter().map(|p| p.name().to_uppercase()).collect();
+            Finding::new(
+                DETECTOR.into(),
+                PEER_CONNECTIVITY_PROBLEM.into(),
+                Status::Problem,
+                &format!("{}Blocked", first.name().to_uppercase()),
+                format!(
+                    "{} to most sampled peers fails while other protocols work ({summary}): a firewall or security group rule is missing",
+                    names.join(" and ")
+                ),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tallies(
+        tcp: (usize, usize),
+        udp: (usize, usize),
+        icmp: (usize, usize),
+    ) -> BTreeMap<Protocol, Tally> {
+        [
+            (Protocol::Tcp, tcp),
+            (Protocol::Udp, udp),
+            (Protocol::Icmp, icmp),
+        ]
+        .into_iter()
+        .map(|(p, (ok, failed))| (p, Tally { ok, failed }))
+        .collect()
+    }
+
+    #[test]
+    fn one_protocol_failing_while_others_work_is_blocked() {
+        let found = evaluate(&tallies((5, 0), (0, 5), (5, 0)), 5);
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "UDPBlocked")
+        );
+        assert!(
+            found.message.starts_with("UDP to most sampled peers fails"),
+            "{}",
+            found.message
+        );
+        assert!(
+            found.message.contains("tcp 5/5, udp 0/5, icmp 5/5"),
+            "{}",
+            found.message
+        );
+        assert_eq!(
+            evaluate(&tallies((1, 4), (5, 0), (5, 0)), 5).reason,
+            "TCPBlocked"
+        );
+        assert_eq!(
+            evaluate(&tallies((5, 0), (5, 0), (0, 5)), 5).reason,
+            "ICMPBlocked"
+        );
+    }
+
+    #[test]
+    fn nothing_answering_is_isolated() {
+        let found = evaluate(&tallies((0, 3), (0, 3), (0, 3)), 3);
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "Isolated")
+        );
+    }
+
+    #[test]
+    fn one_unreachable_peer_among_several_is_not_a_problem_here() {
+        // One of three peers is cut off: each protocol still works to most.
+        let found = evaluate(&tallies((2, 1), (2, 1), (2, 1)), 3);
+        assert_eq!(found.status, Status::Ok);
+    }
+
+    #[test]
+    fn no_peers_is_fine() {
+        assert_eq!(
+            evaluate(&tallies((0, 0), (0, 0), (0, 0)), 0).reason,
+            "NoPeers"
+        );
+    }
+}
