@@ -163,6 +163,7 @@ async fn run(
     let peers = if config.detectors.peers.enabled {
         let directory = Directory::default();
         tasks.spawn(directory.clone().follow(client.clone()));
+        tasks.spawn(peers::mark_own_node(client.clone(), node_name.clone()));
         tasks.spawn(peers::respond(config.detectors.peers.port).await?);
         Some(PeerContext {
             directory,

@@ -18,6 +18,7 @@ use tokio::{
 };
 
 use crate::{Error, backoff::Backoff};
+use nodeward_api::labels::{AGENT_FIELD_MANAGER, AGENT_LABEL};
 
 /// The probe protocols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
@@ -239,12 +240,14 @@ impl Directory {
         };
     }
 
-    /// Follows the Node objects until dropped; a re-list (after a lost watch) replaces the
-    /// whole map, so nodes deleted meanwhile disappear too.
+    /// Follows the Node objects that run an agent (labelled [`AGENT_LABEL`]) until dropped; a
+    /// re-list (after a lost watch) replaces the whole map, so nodes deleted meanwhile
+    /// disappear too.
     pub async fn follow(self, client: kube::Client) {
         let nodes: Api<Node> = Api::all(client);
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        let mut stream = std::pin::pin!(watcher(nodes, watcher::Config::default()));
+        let selector = watcher::Config::default().labels(AGENT_LABEL);
+        let mut stream = std::pin::pin!(watcher(nodes, selector));
         let mut relisted = BTreeMap::new();
         while let Some(event) = stream.next().await {
             match event {
@@ -276,6 +279,31 @@ impl Directory {
                 }
             }
         }
+    }
+}
+
+/// Labels this agent's own Node as running an agent, so that its peers probe it; retries
+/// with backoff until the Node exists and the write succeeds.
+pub async fn mark_own_node(client: kube::Client, node_name: String) {
+    let nodes: Api<Node> = Api::all(client);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+    let patch = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node_name, "labels": {AGENT_LABEL: "true"}},
+    });
+    let params = kube::api::PatchParams::apply(AGENT_FIELD_MANAGER);
+    loop {
+        match nodes
+            .patch(&node_name, &params, &kube::api::Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::debug!(error = %e, node = %node_name, "labelling the node as running an agent; will retry")
+            }
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

@@ -16,6 +16,9 @@ pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
 /// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
 pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";
 
+/// Label the agent puts on its own Node: peers probe only nodes that run an agent.
+pub const AGENT_LABEL: &str = "nodeward.io/agent";
+
 /// Label on NodeReports and NodeMaintenances naming the node they are about, for selectors.
 pub const NODE_NAME_LABEL: &str = "nodeward.io/node";
 

@@ -1,0 +1,325 @@
+//! Peer connectivity across real network namespaces: three agents, each in its own namespace
+//! on a bridge, each registered as a (kwok) Node whose InternalIP is its namespace address. A
+//! rule that drops one protocol makes every agent report `<PROTO>Blocked`; removing it clears
+//! it; cutting one namespace off from its peers makes that one report `Isolated`, and only it.
+//! The agents reach the API server through a forwarder on the bridge. Needs root.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use nodeward_e2e::{NodeSpec, TestEnv, controlplane, wait};
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
+const TIMEOUT: Duration = Duration::from_secs(60);
+const PROBE_PORT: u16 = 9471;
+
+fn run(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .output()
+        .expect("running a network command")
+}
+
+fn must(program: &str, args: &[&str]) {
+    let out = run(program, args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?} failed (this test needs root): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bridge in this namespace and one namespace per agent attached to it; removed on drop.
+struct Topology {
+    bridge: String,
+    namespaces: Vec<String>,
+    subnet: u8,
+}
+
+impl Topology {
+    fn new(count: usize) -> Self {
+        let id = std::process::id() % 10_000;
+        let subnet = u8::try_from(20 + id % 200).expect("small");
+        let bridge = format!("nwb{id}");
+        let gateway = format!("10.213.{subnet}.1/24");
+        let topology = Self {
+            bridge: bridge.clone(),
+            namespaces: (0..count).map(|i| format!("nwp-{id}-{i}")).collect(),
+            subnet,
+        };
+        must("ip", &["link", "add", &bridge, "type", "bridge"]);
+        must("ip", &["addr", "add", &gateway, "dev", &bridge]);
+        must("ip", &["link", "set", &bridge, "up"]);
+        for (i, ns) in topology.namespaces.iter().enumerate() {
+            let host_end = format!("nwv{id}x{i}");
+            must("ip", &["netns", "add", ns]);
+            must(
+                "ip",
+                &[
+                    "link", "add", &host_end, "type", "veth", "peer", "name", "eth0", "netns", ns,
+                ],
+            );
+            must("ip", &["link", "set", &host_end, "master", &bridge, "up"]);
+            let address = format!("{}/24", topology.address(i));
+            for args in [
+                vec!["link", "set", "lo", "up"],
+                vec!["addr", "add", &address, "dev", "eth0"],
+                vec!["link", "set", "eth0", "up"],
+                vec![
+                    "route",
+                    "add",
+                    "default",
+                    "via",
+                    &gateway[..gateway.len() - 3],
+                ],
+            ] {
+                let mut full = vec!["-n", ns.as_str()];
+                full.extend(args);
+                must("ip", &full);
+            }
+        }
+        topology
+    }
+
+    fn gateway(&self) -> IpAddr {
+        format!("10.213.{}.1", self.subnet).parse().expect("ip")
+    }
+
+    fn address(&self, index: usize) -> IpAddr {
+        format!("10.213.{}.{}", self.subnet, index + 2)
+            .parse()
+            .expect("ip")
+    }
+
+    /// Runs an nft script inside namespace `index`.
+    fn nft(&self, index: usize, script: &str) {
+        must(
+            "ip",
+            &["netns", "exec", &self.namespaces[index], "nft", script],
+        );
+    }
+
+    /// Drops incoming packets matching `rule` in every namespace.
+    fn drop_everywhere(&self, rule: &str) {
+        for i in 0..self.namespaces.len() {
+            self.nft(i, "add table inet nwtest");
+            self.nft(
+                i,
+                "add chain inet nwtest input { type filter hook input priority 0; }",
+            );
+            self.nft(i, &format!("add rule inet nwtest input {rule} drop"));
+        }
+    }
+
+    fn clear_rules(&self) {
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            let _ = run(
+                "ip",
+                &["netns", "exec", ns, "nft", "delete table inet nwtest"],
+            );
+            let _ = i;
+        }
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in &self.namespaces {
+            let _ = run("ip", &["netns", "del", ns]);
+        }
+        let _ = run("ip", &["link", "del", &self.bridge]);
+    }
+}
+
+/// Forwards TCP connections from `listen` to `target` (the API server on loopback) until the
+/// test ends.
+async fn forward(listen: SocketAddr, target: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn peer_condition(node: Option<&Node>) -> Option<(String, String)> {
+    let c = node?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PeerConnectivityProblem")?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+async fn wait_all(
+    nodes: &Api<Node>,
+    names: &[String],
+    what: &str,
+    status: &'static str,
+    reason: &'static str,
+) -> anyhow::Result<()> {
+    for name in names {
+        wait::until(nodes, name, what, TIMEOUT, move |n| {
+            peer_condition(n)
+                .is_some_and(|(s, r)| s == status && (reason.is_empty() || r == reason))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> anyhow::Result<()> {
+    let env = TestEnv::new("peers").await?;
+    let topology = Topology::new(3);
+    env.create_nodes(&[
+        NodeSpec::worker("zone-a"),
+        NodeSpec::worker("zone-b"),
+        NodeSpec::worker("zone-c"),
+    ])
+    .await?;
+    let names: Vec<String> = (0..3).map(|i| env.node_name(i)).collect();
+    let nodes: Api<Node> = env.nodes();
+    for (i, name) in names.iter().enumerate() {
+        let addresses = json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": topology.address(i).to_string()},
+            {"type": "Hostname", "address": name},
+        ]}});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&addresses))
+            .await?;
+    }
+
+    // The API server, reachable from the namespaces through the bridge.
+    let state = &controlplane::shared().state_dir;
+    let admin = std::fs::read_to_string(&controlplane::shared().kubeconfig)?;
+    let api_port: u16 = admin
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
+        .and_then(|p| p.parse().ok())
+        .expect("the admin kubeconfig names the API server");
+    let forward_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    forward(
+        SocketAddr::new(topology.gateway(), forward_port),
+        SocketAddr::from(([127, 0, 0, 1], api_port)),
+    )
+    .await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-peers-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    let pki = state.join("pki");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://{}:{forward_port}\n    tls-server-name: localhost\n    certificate-authority: {}\nusers:\n- name: t\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",
+            topology.gateway(),
+            pki.join("ca.crt").display(),
+            pki.join("admin.crt").display(),
+            pki.join("admin.key").display(),
+        ),
+    )?;
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 30s\n"
+        ),
+    )?;
+    let mut agents = Agents(Vec::new());
+    for (i, name) in names.iter().enumerate() {
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &topology.namespaces[i],
+                AGENT,
+                "run",
+                "--node-name",
+                name,
+                "--listen",
+                "0.0.0.0:9470",
+            ])
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        agents.0.push(child);
+    }
+
+    wait_all(&nodes, &names, "peers reachable", "False", "").await?;
+
+    for (rule, reason) in [
+        (format!("udp dport {PROBE_PORT}"), "UDPBlocked"),
+        (format!("tcp dport {PROBE_PORT}"), "TCPBlocked"),
+        ("icmp type echo-request".to_owned(), "ICMPBlocked"),
+    ] {
+        topology.drop_everywhere(&rule);
+        wait_all(&nodes, &names, reason, "True", reason).await?;
+        topology.clear_rules();
+        wait_all(&nodes, &names, "the block to clear", "False", "").await?;
+    }
+
+    // Cut the first namespace off from its peers (the API server stays reachable).
+    topology.nft(0, "add table inet nwtest");
+    topology.nft(
+        0,
+        "add chain inet nwtest input { type filter hook input priority 0; }",
+    );
+    topology.nft(
+        0,
+        &format!(
+            "add rule inet nwtest input ip saddr != {} drop",
+            topology.gateway()
+        ),
+    );
+    wait_all(&nodes, &names[..1], "Isolated", "True", "Isolated").await?;
+    for name in &names[1..] {
+        let node = nodes.get(name).await?;
+        assert_eq!(
+            peer_condition(Some(&node)).map(|(s, _)| s).as_deref(),
+            Some("False"),
+            "{name} still reaches one of its two peers and reports no problem"
+        );
+    }
+    topology.clear_rules();
+    wait_all(&nodes, &names[..1], "isolation to clear", "False", "").await?;
+
+    drop(agents);
+    std::fs::remove_dir_all(&dir).ok();
+    env.cleanup().await
+}
