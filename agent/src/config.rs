@@ -49,6 +49,7 @@ pub struct Detectors {
     pub security_groups: SecurityGroupsConfig,
     pub kubelet: KubeletConfig,
     pub peers: PeersConfig,
+    pub kernel_log: KernelLogConfig,
     pub custom: Vec<CustomCheckConfig>,
 }
 
@@ -298,6 +299,81 @@ impl Default for PeersConfig {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KernelLogConfig {
+    pub enabled: bool,
+    /// The kernel log device, read from its current end on.
+    pub device: PathBuf,
+    /// How often the condition patterns are evaluated (matching itself is immediate).
+    #[serde(deserialize_with = "duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "duration")]
+    pub hold: Duration,
+    pub patterns: Vec<KernelPatternConfig>,
+}
+
+/// A kernel log pattern: an Event, or (with `condition`) a condition.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KernelPatternConfig {
+    /// CamelCase reason of the Event or condition, e.g. `OOMKilling`.
+    pub reason: String,
+    /// Regular expression (Rust `regex` syntax) matched against each kernel message.
+    pub regex: String,
+    /// Node condition type this pattern sets while it matched within `clearAfter`.
+    #[serde(default)]
+    pub condition: Option<String>,
+    #[serde(default = "kernel_clear_after", deserialize_with = "duration")]
+    pub clear_after: Duration,
+}
+
+fn kernel_clear_after() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl Default for KernelLogConfig {
+    fn default() -> Self {
+        let pattern = |reason: &str, regex: &str, condition: Option<&str>| KernelPatternConfig {
+            reason: reason.to_owned(),
+            regex: regex.to_owned(),
+            condition: condition.map(str::to_owned),
+            clear_after: kernel_clear_after(),
+        };
+        Self {
+            enabled: true,
+            device: PathBuf::from("/dev/kmsg"),
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            hold: Duration::ZERO,
+            patterns: vec![
+                pattern(
+                    "OOMKilling",
+                    r"(Out of memory|Memory cgroup out of memory): Kill(ed)? process \d+",
+                    None,
+                ),
+                pattern(
+                    "TaskHung",
+                    r"task \S+:\w+ blocked for more than \w+ seconds\.",
+                    None,
+                ),
+                pattern(
+                    "KernelOops",
+                    r"BUG: unable to handle kernel|Oops: \d+",
+                    None,
+                ),
+                pattern(
+                    "FilesystemIsReadOnly",
+                    r"Remounting filesystem read-only",
+                    Some(nodeward_api::conditions::node::READONLY_FILESYSTEM),
+                ),
+            ],
+        }
+    }
+}
+
 /// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
 /// unknown; the first line of output is the message.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -404,6 +480,7 @@ impl Config {
             ("detectors.securityGroups", d.security_groups.schedule()),
             ("detectors.kubelet", d.kubelet.schedule()),
             ("detectors.peers", d.peers.schedule()),
+            ("detectors.kernelLog", d.kernel_log.schedule()),
         ];
         let custom = d.custom.iter().enumerate().map(|(i, c)| (i, c.schedule()));
         for (place, schedule) in schedules
@@ -495,6 +572,7 @@ schedule_of!(
     SecurityGroupsConfig,
     KubeletConfig,
     PeersConfig,
+    KernelLogConfig,
     CustomCheckConfig
 );
 

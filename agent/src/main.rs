@@ -4,7 +4,12 @@ use clap::{Parser, Subcommand, ValueEnum};
 use nodeward_agent::{
     Error, check,
     config::Config,
-    detect::{Detector, cluster::Cluster, peers::PeerContext},
+    detect::{
+        AgentContext, Detector,
+        cluster::Cluster,
+        kernel_log::{self, KernelLog},
+        peers::PeerContext,
+    },
     metrics::Metrics,
     peers::{self, Directory},
     report::{Identity, Reporter},
@@ -173,7 +178,29 @@ async fn run(
     } else {
         None
     };
-    let detectors = Detector::with_peers(&config, Some(&cluster), peers);
+    let (kernel_events_tx, kernel_events) = tokio::sync::mpsc::channel(64);
+    let kernel_log = config.detectors.kernel_log.enabled.then(|| {
+        // The configuration was validated, so the patterns compile.
+        let patterns = Arc::new(kernel_log::compile(&config.detectors.kernel_log).unwrap_or_default());
+        let log = KernelLog {
+            patterns,
+            seen: Arc::default(),
+        };
+        let device = config.detectors.kernel_log.device.clone();
+        match kernel_log::follow(device.clone(), log.patterns.clone(), log.seen.clone(), kernel_events_tx) {
+            Ok(()) => Some(log),
+            Err(e) => {
+                tracing::warn!(error = %e, device = %device.display(), "cannot read the kernel log; its patterns are off");
+                None
+            }
+        }
+    });
+    let agent = AgentContext {
+        cluster,
+        peers,
+        kernel_log: kernel_log.flatten(),
+    };
+    let detectors = Detector::all(&config, Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
         client,
@@ -182,7 +209,7 @@ async fn run(
         metrics,
         readiness,
     );
-    tasks.spawn(reporter.run(snapshots));
+    tasks.spawn(reporter.run(snapshots, kernel_events));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let mut terminate =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -31,7 +31,14 @@ impl Agent {
     /// Starts `nodeward-agent run` for `node` with only the reboot-required detector (reading
     /// the sentinel in its own directory) and the kubelet detectors if `kubelet` is given.
     fn start(node: &str, test_id: &str, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
-        Self::start_with(node, test_id, interval, heartbeat, "{enabled: false}")
+        Self::start_with(
+            node,
+            test_id,
+            interval,
+            heartbeat,
+            "{enabled: false}",
+            "{enabled: false}",
+        )
     }
 
     fn start_with(
@@ -40,6 +47,7 @@ impl Agent {
         interval: &str,
         heartbeat: &str,
         kubelet: &str,
+        kernel_log: &str,
     ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("nodeward-agent-{test_id}"));
         std::fs::create_dir_all(&dir)?;
@@ -47,7 +55,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
                 dir.join("reboot-required").display()
             ),
         )?;
@@ -368,6 +376,7 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
         "500ms",
         "1s",
         "{interval: 500ms, timeout: 500ms, for: 0s, registrationTimeout: 1s, healthzURL: \"http://127.0.0.1:1/healthz\"}",
+        "{enabled: false}",
     )?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let finding = |r: Option<&NodeReport>, status: &str| {
@@ -448,5 +457,84 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
         !conditions.iter().any(|c| c.type_ == "KubeletUnregistered"),
         "report-only, never a Node condition"
     );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Result<()> {
+    let env = TestEnv::new("agent-kmsg").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
+    // Patterns unique to this test, so that no other agent on this machine reacts to them.
+    let tag = env.id.replace('-', "");
+    let kernel_log = format!(
+        "{{interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 4s}}]}}"
+    );
+    let _agent = Agent::start_with(&node, &env.id, "1s", "30s", "{enabled: false}", &kernel_log)?;
+    let nodes: Api<Node> = env.nodes();
+    wait::until(
+        &nodes,
+        &node,
+        "ReadonlyFilesystem=False",
+        TIMEOUT,
+        has("ReadonlyFilesystem", "False"),
+    )
+    .await?;
+
+    // The real kernel log: root may write records to /dev/kmsg.
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>EXT4-fs (t{tag}): Remounting filesystem read-only\n"),
+    )?;
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>Out of memory: Killed process 4242 (t{tag}) total-vm:1kB\n"),
+    )?;
+    let flagged = wait::until(
+        &nodes,
+        &node,
+        "ReadonlyFilesystem=True",
+        TIMEOUT,
+        has("ReadonlyFilesystem", "True"),
+    )
+    .await?;
+    assert_eq!(
+        condition(flagged.as_ref(), "ReadonlyFilesystem")
+            .map(|(_, r)| r)
+            .as_deref(),
+        Some("FilesystemIsReadOnly")
+    );
+
+    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
+    let selector = format!("regarding.name={node}");
+    let oom = wait::eventually("the OOMKilling event", TIMEOUT, || {
+        let events = events.clone();
+        let selector = selector.clone();
+        async move {
+            let list = events
+                .list(&ListParams::default().fields(&selector))
+                .await?;
+            Ok(list
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("OOMKilling")))
+        }
+    })
+    .await?;
+    assert!(
+        oom.note
+            .unwrap_or_default()
+            .contains(&format!("Killed process 4242 (t{tag})"))
+    );
+
+    // Nothing new for clearAfter: the condition clears.
+    wait::until(
+        &nodes,
+        &node,
+        "ReadonlyFilesystem to clear",
+        TIMEOUT,
+        has("ReadonlyFilesystem", "False"),
+    )
+    .await?;
     env.cleanup().await
 }

@@ -8,6 +8,7 @@ pub mod debounce;
 pub mod dns;
 pub mod filesystem;
 pub mod interfaces;
+pub mod kernel_log;
 pub mod kubelet;
 pub mod peers;
 pub mod reboot;
@@ -21,8 +22,8 @@ use serde::Serialize;
 
 use self::cluster::Cluster;
 use crate::config::{
-    Config, CustomCheckConfig, FilesystemConfig, KubeletConfig, NetworkConfig, PeersConfig,
-    RebootConfig, Schedule, SecurityGroupsConfig,
+    Config, CustomCheckConfig, FilesystemConfig, KernelLogConfig, KubeletConfig, NetworkConfig,
+    PeersConfig, RebootConfig, Schedule, SecurityGroupsConfig,
 };
 
 /// What one check concluded.
@@ -144,22 +145,29 @@ pub enum Detector {
     ApiServer(NetworkConfig, Option<Cluster>),
     Registration(KubeletConfig, Option<Cluster>),
     Peers(PeersConfig, Option<peers::PeerContext>),
+    /// One per condition type the kernel-log patterns set.
+    KernelLog {
+        config: KernelLogConfig,
+        condition: String,
+        log: kernel_log::KernelLog,
+    },
     Custom(CustomCheckConfig),
 }
 
-impl Detector {
-    /// Every detector the configuration enables, in a stable order. Without a cluster the
-    /// cluster detectors are listed too, and report that they were skipped.
-    pub fn all(config: &Config, cluster: Option<&Cluster>) -> Vec<Self> {
-        Self::with_peers(config, cluster, None)
-    }
+/// What the detectors of a running agent have that `check` does not.
+#[derive(Clone, Debug)]
+pub struct AgentContext {
+    pub cluster: Cluster,
+    pub peers: Option<peers::PeerContext>,
+    pub kernel_log: Option<kernel_log::KernelLog>,
+}
 
-    /// Like [`Detector::all`], with the peer directory of a running agent.
-    pub fn with_peers(
-        config: &Config,
-        cluster: Option<&Cluster>,
-        peers: Option<peers::PeerContext>,
-    ) -> Vec<Self> {
+impl Detector {
+    /// Every detector the configuration enables, in a stable order. Without an agent context
+    /// (`check`) the cluster detectors are listed too, and report that they were skipped; the
+    /// kernel log, which is followed from the agent's start, is left out.
+    pub fn all(config: &Config, agent: Option<&AgentContext>) -> Vec<Self> {
+        let cluster = agent.map(|a| &a.cluster);
         let d = &config.detectors;
         let mut all = Vec::new();
         if d.network.enabled {
@@ -184,7 +192,24 @@ impl Detector {
             all.push(Self::Registration(d.kubelet.clone(), cluster.cloned()));
         }
         if d.peers.enabled {
-            all.push(Self::Peers(d.peers.clone(), peers));
+            all.push(Self::Peers(
+                d.peers.clone(),
+                agent.and_then(|a| a.peers.clone()),
+            ));
+        }
+        if let Some(log) = agent.and_then(|a| a.kernel_log.as_ref()) {
+            let mut conditions: Vec<&String> = log
+                .patterns
+                .iter()
+                .filter_map(|p| p.condition.as_ref())
+                .collect();
+            conditions.sort();
+            conditions.dedup();
+            all.extend(conditions.into_iter().map(|condition| Self::KernelLog {
+                config: d.kernel_log.clone(),
+                condition: condition.clone(),
+                log: log.clone(),
+            }));
         }
         all.extend(d.custom.iter().cloned().map(Self::Custom));
         all
@@ -202,6 +227,9 @@ impl Detector {
             Self::ApiServer(..) => cluster::APISERVER_DETECTOR.into(),
             Self::Registration(..) => cluster::REGISTRATION_DETECTOR.into(),
             Self::Peers(..) => peers::DETECTOR.into(),
+            Self::KernelLog { condition, .. } => {
+                format!("{}/{condition}", kernel_log::DETECTOR).into()
+            }
             Self::Custom(c) => c.name.clone().into(),
         }
     }
@@ -214,6 +242,7 @@ impl Detector {
             }
             Self::Registration(..) => node::KUBELET_UNREGISTERED.into(),
             Self::Peers(..) => node::PEER_CONNECTIVITY_PROBLEM.into(),
+            Self::KernelLog { condition, .. } => condition.clone().into(),
             Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
             Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
             Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
@@ -229,6 +258,7 @@ impl Detector {
             }
             Self::Registration(c, _) => c.schedule(),
             Self::Peers(c, _) => c.schedule(),
+            Self::KernelLog { config, .. } => config.schedule(),
             Self::RebootRequired(c) => c.schedule(),
             Self::Filesystem(c) => c.schedule(),
             Self::SecurityGroups(c) => c.schedule(),
@@ -254,6 +284,22 @@ impl Detector {
                 cluster::observe_registration(c.as_ref(), k.registration_timeout).await
             }
             Self::Peers(c, context) => peers::observe(c, context.as_ref()).await,
+            Self::KernelLog { condition, log, .. } => {
+                let mut finding =
+                    kernel_log::evaluate(&log.patterns, &log.seen, std::time::Instant::now())
+                        .into_iter()
+                        .find(|f| f.condition == condition.as_str())
+                        .unwrap_or_else(|| {
+                            Finding::ok(
+                                kernel_log::DETECTOR,
+                                condition.clone(),
+                                "NoKernelProblem",
+                                String::new(),
+                            )
+                        });
+                finding.detector = self.name();
+                finding
+            }
             Self::Custom(c) => custom::observe(c).await,
         }
     }

@@ -24,11 +24,11 @@ use nodeward_api::{
     report::{AgentMode, Finding as ReportedFinding},
 };
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use self::{
     conditions::{NodeCondition, aggregate, is_node_condition},
-    events::{RateLimit, transitions},
+    events::{NodeEvent, RateLimit, transitions},
 };
 use crate::{
     Error,
@@ -97,7 +97,14 @@ impl Reporter {
     }
 
     /// Writes what the snapshots say until the sender goes away.
-    pub async fn run(mut self, mut snapshots: watch::Receiver<Snapshot>) {
+    /// Writes what the snapshots say, and publishes the kernel-log Events, until the snapshot
+    /// sender goes away.
+    pub async fn run(
+        mut self,
+        mut snapshots: watch::Receiver<Snapshot>,
+        mut kernel_events: mpsc::Receiver<NodeEvent>,
+    ) {
+        let mut kernel_open = true;
         let mut heartbeat = tokio::time::interval(self.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
@@ -112,6 +119,21 @@ impl Reporter {
                     report_due = true;
                 }
                 _ = heartbeat.tick() => report_due = true,
+                event = kernel_events.recv(), if kernel_open => {
+                    match event {
+                        Some(event) => {
+                            let node = k8s_openapi::api::core::v1::ObjectReference {
+                                api_version: Some("v1".into()),
+                                kind: Some("Node".into()),
+                                name: Some(self.identity.node_name.clone()),
+                                ..Default::default()
+                            };
+                            self.publish(&node, vec![event]).await;
+                        }
+                        None => kernel_open = false,
+                    }
+                    continue;
+                }
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)).await }, if retry_at.is_some() => {}
             }
             let snapshot = snapshots.borrow_and_update().clone();
@@ -238,18 +260,18 @@ impl Reporter {
             result.map_err(|e| Error::kube("applying conditions to", format!("node {name}"), e))?;
         tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status)).collect::<Vec<_>>(), "node conditions written");
         self.written = Some(desired.clone());
-        self.publish_events(&node.object_ref(&()), &before, &desired)
+        self.publish(&node.object_ref(&()), transitions(&before, &desired))
             .await;
         Ok(())
     }
 
-    async fn publish_events(
+    /// Publishes Events about `reference`, within the rate limit.
+    async fn publish(
         &mut self,
         reference: &k8s_openapi::api::core::v1::ObjectReference,
-        before: &[NodeCondition],
-        after: &[NodeCondition],
+        events: Vec<NodeEvent>,
     ) {
-        for event in transitions(before, after) {
+        for event in events {
             if !self.event_limit.try_take(std::time::Instant::now()) {
                 tracing::warn!(reason = %event.reason, "event rate limit reached; not publishing");
                 continue;
@@ -322,7 +344,7 @@ impl Reporter {
         );
         if report_only != self.report_only {
             let before = std::mem::replace(&mut self.report_only, report_only.clone());
-            self.publish_events(&report.object_ref(&()), &before, &report_only)
+            self.publish(&report.object_ref(&()), transitions(&before, &report_only))
                 .await;
         }
         Ok(())
