@@ -331,9 +331,29 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
 
     let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
     let heartbeats = "nodeward_api_writes_total{resource=\"nodereports/status\",result=\"ok\"}";
+    // Measure between two heartbeats just sent, so that none is in flight at either end, and
+    // read the audit log once it has caught up with the agent's own count.
+    let just_beat = || async {
+        let before = agent.metric(heartbeats).await?;
+        wait::eventually("a heartbeat", TIMEOUT, || async {
+            let now = agent.metric(heartbeats).await?;
+            Ok((now > before).then_some(now))
+        })
+        .await
+    };
+    let audited_after = |node: String, count: usize| {
+        wait::eventually(
+            "the audit log to catch up",
+            Duration::from_secs(1),
+            move || {
+                let node = node.clone();
+                async move { Ok(Some(agent_writes(&node)?).filter(|w| w.len() >= count)) }
+            },
+        )
+    };
+    let start_heartbeats = just_beat().await?;
+    let start_writes = audited_after(node.clone(), 0).await?.len();
     let start_rounds = agent.metric(rounds).await?;
-    let start_heartbeats = agent.metric(heartbeats).await?;
-    let start_writes = agent_writes(&node)?.len();
     let started = Instant::now();
 
     // Ten detection rounds with nothing changing.
@@ -341,9 +361,12 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
         Ok((agent.metric(rounds).await? >= start_rounds + 10.0).then_some(()))
     })
     .await?;
+    let end_heartbeats = just_beat().await?;
     let elapsed = started.elapsed();
-    let heartbeats_sent = agent.metric(heartbeats).await? - start_heartbeats;
-    let writes: Vec<(String, String)> = agent_writes(&node)?.split_off(start_writes);
+    let heartbeats_sent = (end_heartbeats - start_heartbeats) as usize;
+    let writes: Vec<(String, String)> = audited_after(node.clone(), start_writes + heartbeats_sent)
+        .await?
+        .split_off(start_writes);
 
     assert!(
         writes
@@ -352,7 +375,7 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
         "only NodeReport heartbeats while nothing changes, got {writes:?}"
     );
     assert_eq!(
-        writes.len() as f64,
+        writes.len(),
         heartbeats_sent,
         "the API server saw exactly the heartbeats the agent counted"
     );
