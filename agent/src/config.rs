@@ -244,6 +244,27 @@ pub struct KubeletConfig {
     /// reported as `KubeletUnregistered`.
     #[serde(deserialize_with = "duration")]
     pub registration_timeout: Duration,
+    /// The kubelet's systemd unit, read over the system bus when systemd is there.
+    pub unit: String,
+    /// This many restarts of the unit within the window are a problem (`FrequentRestarts`).
+    pub frequent_restarts: RestartLimit,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RestartLimit {
+    pub count: u32,
+    #[serde(deserialize_with = "duration")]
+    pub window: Duration,
+}
+
+impl Default for RestartLimit {
+    fn default() -> Self {
+        Self {
+            count: 3,
+            window: Duration::from_secs(600),
+        }
+    }
 }
 
 impl Default for KubeletConfig {
@@ -255,6 +276,8 @@ impl Default for KubeletConfig {
             hold: Duration::from_secs(60),
             healthz_url: "http://127.0.0.1:10248/healthz".to_owned(),
             registration_timeout: Duration::from_secs(600),
+            unit: "kubelet.service".to_owned(),
+            frequent_restarts: RestartLimit::default(),
         }
     }
 }

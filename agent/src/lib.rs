@@ -11,6 +11,7 @@ pub mod peers;
 pub mod report;
 pub mod runner;
 pub mod server;
+pub mod systemd;
 
 use std::path::PathBuf;
 

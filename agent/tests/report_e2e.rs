@@ -27,28 +27,49 @@ struct Agent {
     listen: String,
 }
 
+/// What an agent under test runs: the reboot-required detector always (reading the sentinel in
+/// the agent's own directory), the kubelet and kernel-log detectors as given.
+struct Options<'a> {
+    interval: &'a str,
+    heartbeat: &'a str,
+    kubelet: &'a str,
+    kernel_log: &'a str,
+    env: Vec<(&'a str, String)>,
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Self {
+            interval: "500ms",
+            heartbeat: "2s",
+            kubelet: "{enabled: false}",
+            kernel_log: "{enabled: false}",
+            env: Vec::new(),
+        }
+    }
+}
+
 impl Agent {
-    /// Starts `nodeward-agent run` for `node` with only the reboot-required detector (reading
-    /// the sentinel in its own directory) and the kubelet detectors if `kubelet` is given.
     fn start(node: &str, test_id: &str, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
         Self::start_with(
             node,
             test_id,
-            interval,
-            heartbeat,
-            "{enabled: false}",
-            "{enabled: false}",
+            Options {
+                interval,
+                heartbeat,
+                ..Options::default()
+            },
         )
     }
 
-    fn start_with(
-        node: &str,
-        test_id: &str,
-        interval: &str,
-        heartbeat: &str,
-        kubelet: &str,
-        kernel_log: &str,
-    ) -> anyhow::Result<Self> {
+    fn start_with(node: &str, test_id: &str, options: Options<'_>) -> anyhow::Result<Self> {
+        let Options {
+            interval,
+            heartbeat,
+            kubelet,
+            kernel_log,
+            env,
+        } = options;
         let dir = std::env::temp_dir().join(format!("nodeward-agent-{test_id}"));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("agent.yaml");
@@ -75,6 +96,7 @@ impl Agent {
             .arg(&controlplane::shared().kubeconfig)
             .arg("--config")
             .arg(&config)
+            .envs(env)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()?;
@@ -396,10 +418,11 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     let _agent = Agent::start_with(
         &node,
         &env.id,
-        "500ms",
-        "1s",
-        "{interval: 500ms, timeout: 500ms, for: 0s, registrationTimeout: 1s, healthzURL: \"http://127.0.0.1:1/healthz\"}",
-        "{enabled: false}",
+        Options {
+            heartbeat: "1s",
+            kubelet: "{interval: 500ms, timeout: 500ms, for: 0s, registrationTimeout: 1s, healthzURL: \"http://127.0.0.1:1/healthz\"}",
+            ..Options::default()
+        },
     )?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let finding = |r: Option<&NodeReport>, status: &str| {
@@ -493,7 +516,16 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
     let kernel_log = format!(
         "{{interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 4s}}]}}"
     );
-    let _agent = Agent::start_with(&node, &env.id, "1s", "30s", "{enabled: false}", &kernel_log)?;
+    let _agent = Agent::start_with(
+        &node,
+        &env.id,
+        Options {
+            interval: "1s",
+            heartbeat: "30s",
+            kernel_log: &kernel_log,
+            ..Options::default()
+        },
+    )?;
     let nodes: Api<Node> = env.nodes();
     wait::until(
         &nodes,
@@ -559,5 +591,69 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
         has("ReadonlyFilesystem", "False"),
     )
     .await?;
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() -> anyhow::Result<()>
+{
+    use nodeward_e2e::systemd::{PrivateBus, Systemd, Unit};
+    let env = TestEnv::new("agent-kubelet").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-e")]).await?;
+    let bus = PrivateBus::start(&env.id)?;
+    let systemd = Systemd::default();
+    systemd.set("kubelet.service", Unit::active());
+    let _connection = systemd.serve(&bus.address).await?;
+
+    // The kubelet's healthz answers ok (a stand-in on loopback), so only systemd can tell.
+    let healthz = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let healthz_url = format!("http://{}/healthz", healthz.local_addr()?);
+    tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Ok((mut stream, _)) = healthz.accept().await {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await;
+        }
+    });
+    let kubelet = format!(
+        "{{interval: 300ms, timeout: 300ms, for: 0s, healthzURL: \"{healthz_url}\", frequentRestarts: {{count: 3, window: 10m}}}}"
+    );
+    let _agent = Agent::start_with(
+        &node,
+        &env.id,
+        Options {
+            kubelet: &kubelet,
+            env: vec![("DBUS_SYSTEM_BUS_ADDRESS", bus.address.clone())],
+            ..Options::default()
+        },
+    )?;
+    let nodes: Api<Node> = env.nodes();
+    wait::until(
+        &nodes,
+        &node,
+        "KubeletProblem=False",
+        TIMEOUT,
+        has("KubeletProblem", "False"),
+    )
+    .await?;
+
+    // systemd restarted the kubelet three times: healthy now, but not stable.
+    systemd.update("kubelet.service", |u| u.restarts += 3);
+    let restarting = wait::until(
+        &nodes,
+        &node,
+        "FrequentRestarts",
+        TIMEOUT,
+        has("KubeletProblem", "True"),
+    )
+    .await?;
+    assert_eq!(
+        condition(restarting.as_ref(), "KubeletProblem")
+            .map(|(_, r)| r)
+            .as_deref(),
+        Some("FrequentRestarts")
+    );
     env.cleanup().await
 }

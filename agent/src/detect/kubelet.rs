@@ -1,12 +1,23 @@
-//! The kubelet: its health endpoint answers `ok`, and its process runs. A machine with no
-//! kubelet at all (no process, no `/var/lib/kubelet`) is not a node: that is Unknown, not a
-//! problem, so that `check` on a workstation stays useful.
+//! The kubelet: its health endpoint answers `ok`, its systemd unit is active (when systemd is
+//! there) and does not restart again and again, and its process runs. A machine with no
+//! kubelet at all (no process, unit or `/var/lib/kubelet`) is not a node: that is Unknown, not
+//! a problem, so that `check` on a workstation stays useful.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::KUBELET_PROBLEM;
 
 use super::Finding;
-use crate::{config::KubeletConfig, http};
+use crate::{
+    config::KubeletConfig,
+    http,
+    systemd::{self, UnitState},
+};
 
 pub const DETECTOR: &str = "kubelet";
 const KUBELET_STATE_DIR: &str = "/var/lib/kubelet";
@@ -20,9 +31,37 @@ pub struct Evidence {
     pub installed: bool,
     /// The healthz answer: `Ok(())` for 200 `ok`, else what went wrong.
     pub healthz: Result<(), String>,
+    /// The unit as systemd reports it, or why it could not be read (no systemd here).
+    pub unit: Result<UnitState, String>,
+    /// Restarts systemd made within the configured window, when known.
+    pub recent_restarts: Option<u32>,
 }
 
-pub async fn observe(config: &KubeletConfig) -> Finding {
+/// The unit's restart counter over time, to tell restarts within a window.
+#[derive(Debug, Default)]
+pub struct RestartHistory(VecDeque<(Instant, u32)>);
+
+impl RestartHistory {
+    /// Records the counter at `now` and returns the restarts seen between the samples taken
+    /// within `window` before it.
+    pub fn record(&mut self, now: Instant, restarts: u32, window: Duration) -> u32 {
+        // A counter that went down means systemd (or the unit) was reset: start over.
+        if self.0.back().is_some_and(|(_, last)| *last > restarts) {
+            self.0.clear();
+        }
+        self.0.push_back((now, restarts));
+        while self
+            .0
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
+        {
+            self.0.pop_front();
+        }
+        self.0.front().map_or(0, |(_, first)| restarts - first)
+    }
+}
+
+pub async fn observe(config: &KubeletConfig, history: &Arc<Mutex<RestartHistory>>) -> Finding {
     let healthz = match http::request(Method::GET, &config.healthz_url, &[]).await {
         Ok(reply) if reply.status == StatusCode::OK && reply.body.trim_ascii() == b"ok" => Ok(()),
         Ok(reply) => Err(format!(
@@ -33,14 +72,23 @@ pub async fn observe(config: &KubeletConfig) -> Finding {
         )),
         Err(e) => Err(e.to_string()),
     };
+    let unit = systemd::unit_state(&config.unit).await;
+    let recent_restarts = unit.as_ref().ok().and_then(|u| u.restarts).map(|count| {
+        let mut history = history
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        history.record(Instant::now(), count, config.frequent_restarts.window)
+    });
     let evidence = Evidence {
         process: process_running("kubelet").await,
         installed: tokio::fs::try_exists(KUBELET_STATE_DIR)
             .await
             .unwrap_or(false),
         healthz,
+        unit,
+        recent_restarts,
     };
-    evaluate(&evidence)
+    evaluate(&evidence, config)
 }
 
 /// Whether a process with this command name is visible in `/proc`.
@@ -63,33 +111,62 @@ pub async fn process_running(name: &str) -> bool {
     false
 }
 
-pub fn evaluate(evidence: &Evidence) -> Finding {
-    match (&evidence.healthz, evidence.process, evidence.installed) {
-        (Ok(()), _, _) => Finding::ok(
+pub fn evaluate(evidence: &Evidence, config: &KubeletConfig) -> Finding {
+    let unit = evidence
+        .unit
+        .as_ref()
+        .ok()
+        .filter(|u| u.load_state == "loaded");
+    let problem = |reason: &str, message: String| {
+        Finding::problem(DETECTOR, KUBELET_PROBLEM, reason, message)
+    };
+    let limit = &config.frequent_restarts;
+    if let Some(restarts) = evidence.recent_restarts.filter(|r| *r >= limit.count) {
+        return problem(
+            "FrequentRestarts",
+            format!(
+                "{} restarted {restarts} times in the last {}s",
+                config.unit,
+                limit.window.as_secs()
+            ),
+        );
+    }
+    match (&evidence.healthz, unit) {
+        (Ok(()), _) => Finding::ok(
             DETECTOR,
             KUBELET_PROBLEM,
             "KubeletHealthy",
             "healthz answered ok".into(),
         ),
-        (Err(e), false, false) => Finding::unknown(
+        (Err(e), Some(u)) if u.active_state != "active" => problem(
+            "KubeletUnitInactive",
+            format!(
+                "{} is {} ({}); healthz: {e}",
+                config.unit, u.active_state, u.sub_state
+            ),
+        ),
+        (Err(e), _) if evidence.process => problem(
+            "KubeletUnhealthy",
+            format!("the kubelet runs but is unhealthy: {e}"),
+        ),
+        (Err(e), Some(_)) => problem(
+            "KubeletNotRunning",
+            format!(
+                "{} is active but no kubelet process answers: {e}",
+                config.unit
+            ),
+        ),
+        (Err(e), None) if evidence.installed => problem(
+            "KubeletNotRunning",
+            format!("no kubelet process and healthz failed: {e}"),
+        ),
+        (Err(e), None) => Finding::unknown(
             DETECTOR,
             KUBELET_PROBLEM,
             "NoKubelet",
             format!(
-                "no kubelet on this machine (no process, no {KUBELET_STATE_DIR}); healthz: {e}"
+                "no kubelet on this machine (no process, unit or {KUBELET_STATE_DIR}); healthz: {e}"
             ),
-        ),
-        (Err(e), true, _) => Finding::problem(
-            DETECTOR,
-            KUBELET_PROBLEM,
-            "KubeletUnhealthy",
-            format!("the kubelet runs but is unhealthy: {e}"),
-        ),
-        (Err(e), false, true) => Finding::problem(
-            DETECTOR,
-            KUBELET_PROBLEM,
-            "KubeletNotRunning",
-            format!("no kubelet process and healthz failed: {e}"),
         ),
     }
 }
@@ -104,31 +181,101 @@ mod tests {
             process,
             installed,
             healthz: healthz.map_err(str::to_owned),
+            unit: Err("no system bus".into()),
+            recent_restarts: None,
         }
+    }
+
+    fn unit(active_state: &str) -> Result<UnitState, String> {
+        Ok(UnitState {
+            load_state: "loaded".into(),
+            active_state: active_state.into(),
+            sub_state: if active_state == "active" {
+                "running"
+            } else {
+                "failed"
+            }
+            .into(),
+            restarts: Some(0),
+        })
     }
 
     #[test]
     fn healthz_ok_is_healthy_even_without_seeing_the_process() {
-        assert_eq!(evaluate(&evidence(false, true, Ok(()))).status, Status::Ok);
+        assert_eq!(
+            evaluate(&evidence(false, true, Ok(())), &KubeletConfig::default()).status,
+            Status::Ok
+        );
     }
 
     #[test]
     fn failures_say_whether_the_process_runs() {
-        let dead = evaluate(&evidence(false, true, Err("connection refused")));
+        let config = KubeletConfig::default();
+        let dead = evaluate(&evidence(false, true, Err("connection refused")), &config);
         assert_eq!(
             (dead.status, dead.reason.as_str()),
             (Status::Problem, "KubeletNotRunning")
         );
-        let sick = evaluate(&evidence(true, true, Err("500")));
+        let sick = evaluate(&evidence(true, true, Err("500")), &config);
         assert_eq!(
             (sick.status, sick.reason.as_str()),
             (Status::Problem, "KubeletUnhealthy")
         );
-        let none = evaluate(&evidence(false, false, Err("connection refused")));
+        let none = evaluate(&evidence(false, false, Err("connection refused")), &config);
         assert_eq!(
             (none.status, none.reason.as_str()),
             (Status::Unknown, "NoKubelet")
         );
+    }
+
+    #[test]
+    fn a_failed_unit_is_named_with_its_state() {
+        let mut e = evidence(false, false, Err("connection refused"));
+        e.unit = unit("failed");
+        let found = evaluate(&e, &KubeletConfig::default());
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "KubeletUnitInactive")
+        );
+        assert!(
+            found
+                .message
+                .starts_with("kubelet.service is failed (failed)"),
+            "{}",
+            found.message
+        );
+    }
+
+    #[test]
+    fn frequent_restarts_are_a_problem_even_when_healthy_now() {
+        let config = KubeletConfig::default();
+        let mut e = evidence(true, true, Ok(()));
+        e.unit = unit("active");
+        e.recent_restarts = Some(config.frequent_restarts.count);
+        let found = evaluate(&e, &config);
+        assert_eq!(
+            (found.status, found.reason.as_str()),
+            (Status::Problem, "FrequentRestarts")
+        );
+        e.recent_restarts = Some(config.frequent_restarts.count - 1);
+        assert_eq!(evaluate(&e, &config).status, Status::Ok);
+    }
+
+    #[test]
+    fn restart_history_counts_within_the_window_and_survives_a_reset() {
+        let t0 = Instant::now();
+        let window = Duration::from_secs(600);
+        let mut history = RestartHistory::default();
+        assert_eq!(history.record(t0, 5, window), 0);
+        assert_eq!(history.record(t0 + Duration::from_secs(60), 7, window), 2);
+        assert_eq!(history.record(t0 + Duration::from_secs(300), 8, window), 3);
+        // The first two samples fall out of the window; only restarts seen between samples
+        // inside it count (conservative: never a restart from before the window).
+        assert_eq!(history.record(t0 + Duration::from_secs(700), 8, window), 0);
+        assert_eq!(history.record(t0 + Duration::from_secs(720), 10, window), 2);
+        // systemd restarted: the counter starts again at 0.
+        assert_eq!(history.record(t0 + Duration::from_secs(760), 0, window), 0);
+        assert_eq!(history.record(t0 + Duration::from_secs(790), 3, window), 3);
     }
 
     #[tokio::test]

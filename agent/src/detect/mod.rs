@@ -141,7 +141,10 @@ pub enum Detector {
     RebootRequired(RebootConfig),
     Filesystem(FilesystemConfig),
     SecurityGroups(SecurityGroupsConfig),
-    Kubelet(KubeletConfig),
+    Kubelet(
+        KubeletConfig,
+        std::sync::Arc<std::sync::Mutex<kubelet::RestartHistory>>,
+    ),
     ApiServer(NetworkConfig, Option<Cluster>),
     Registration(KubeletConfig, Option<Cluster>),
     Peers(PeersConfig, Option<peers::PeerContext>),
@@ -188,7 +191,7 @@ impl Detector {
             all.push(Self::SecurityGroups(d.security_groups.clone()));
         }
         if d.kubelet.enabled {
-            all.push(Self::Kubelet(d.kubelet.clone()));
+            all.push(Self::Kubelet(d.kubelet.clone(), std::sync::Arc::default()));
             all.push(Self::Registration(d.kubelet.clone(), cluster.cloned()));
         }
         if d.peers.enabled {
@@ -223,7 +226,7 @@ impl Detector {
             Self::RebootRequired(_) => reboot::DETECTOR.into(),
             Self::Filesystem(_) => filesystem::DETECTOR.into(),
             Self::SecurityGroups(_) => security_groups::DETECTOR.into(),
-            Self::Kubelet(_) => kubelet::DETECTOR.into(),
+            Self::Kubelet(..) => kubelet::DETECTOR.into(),
             Self::ApiServer(..) => cluster::APISERVER_DETECTOR.into(),
             Self::Registration(..) => cluster::REGISTRATION_DETECTOR.into(),
             Self::Peers(..) => peers::DETECTOR.into(),
@@ -246,7 +249,7 @@ impl Detector {
             Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
             Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
             Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
-            Self::Kubelet(_) => node::KUBELET_PROBLEM.into(),
+            Self::Kubelet(..) => node::KUBELET_PROBLEM.into(),
             Self::Custom(c) => c.condition.clone().into(),
         }
     }
@@ -262,7 +265,7 @@ impl Detector {
             Self::RebootRequired(c) => c.schedule(),
             Self::Filesystem(c) => c.schedule(),
             Self::SecurityGroups(c) => c.schedule(),
-            Self::Kubelet(c) => c.schedule(),
+            Self::Kubelet(c, _) => c.schedule(),
             Self::Custom(c) => c.schedule(),
         }
     }
@@ -278,7 +281,7 @@ impl Detector {
             Self::RebootRequired(c) => reboot::observe(c).await,
             Self::Filesystem(c) => filesystem::observe(c).await,
             Self::SecurityGroups(c) => security_groups::observe(c).await,
-            Self::Kubelet(c) => kubelet::observe(c).await,
+            Self::Kubelet(c, history) => kubelet::observe(c, history).await,
             Self::ApiServer(_, c) => cluster::observe_apiserver(c.as_ref()).await,
             Self::Registration(k, c) => {
                 cluster::observe_registration(c.as_ref(), k.registration_timeout).await

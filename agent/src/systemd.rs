@@ -1,0 +1,84 @@
+//! Reading unit state from systemd over the system bus (`org.freedesktop.systemd1`).
+
+use zbus::{proxy, proxy::CacheProperties, zvariant::OwnedObjectPath};
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+trait Manager {
+    fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+}
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait Unit {
+    #[zbus(property)]
+    fn load_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+    #[zbus(property)]
+    fn sub_state(&self) -> zbus::Result<String>;
+}
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait Service {
+    #[zbus(property, name = "NRestarts")]
+    fn n_restarts(&self) -> zbus::Result<u32>;
+}
+
+/// A unit as systemd reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitState {
+    /// `loaded`, `not-found`, `masked`, ...
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+    /// How often systemd restarted the service (services only).
+    pub restarts: Option<u32>,
+}
+
+/// Reads `unit` from systemd on the system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the standard
+/// socket). A fresh connection each time, so a restarted bus or systemd is simply picked up.
+pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
+    let connection = zbus::Connection::system()
+        .await
+        .map_err(|e| format!("connecting to the system bus: {e}"))?;
+    let manager = ManagerProxy::new(&connection)
+        .await
+        .map_err(|e| e.to_string())?;
+    let path = manager
+        .load_unit(unit)
+        .await
+        .map_err(|e| format!("asking systemd for {unit}: {e}"))?;
+    let read = |e: zbus::Error| format!("reading {unit} from systemd: {e}");
+    let unit_proxy = UnitProxy::builder(&connection)
+        .path(path.clone())
+        .map_err(read)?
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
+        .map_err(read)?;
+    let load_state = unit_proxy.load_state().await.map_err(read)?;
+    let active_state = unit_proxy.active_state().await.map_err(read)?;
+    let sub_state = unit_proxy.sub_state().await.map_err(read)?;
+    let service = ServiceProxy::builder(&connection)
+        .path(path)
+        .map_err(read)?
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
+        .map_err(read)?;
+    Ok(UnitState {
+        load_state,
+        active_state,
+        sub_state,
+        restarts: service.n_restarts().await.ok(),
+    })
+}

@@ -1,0 +1,261 @@
+//! A private D-Bus bus and a stand-in for `org.freedesktop.systemd1` on it, speaking the real
+//! wire protocol: systemd as PID 1 cannot run here. It serves what nodeward (and logind)
+//! ask of systemd: `Manager.LoadUnit`/`GetUnit` (unit object paths, escaped the way systemd
+//! escapes them), the `Unit` properties `LoadState`, `ActiveState`, `SubState`, the `Service`
+//! property `NRestarts`, and `Manager.StartUnit`, which it records instead of starting.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use zbus::{fdo, interface, object_server::ObjectServer, zvariant::OwnedObjectPath};
+
+/// A `dbus-daemon` of our own, listening on a socket in a temporary directory; stopped on drop.
+pub struct PrivateBus {
+    child: Child,
+    dir: PathBuf,
+    /// The bus address, e.g. for `DBUS_SYSTEM_BUS_ADDRESS`.
+    pub address: String,
+}
+
+impl PrivateBus {
+    pub fn start(tag: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("nodeward-bus-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let socket = dir.join("bus");
+        let address = format!("unix:path={}", socket.display());
+        // The session configuration lets any connection own any name, as our stand-ins need.
+        let child = Command::new("dbus-daemon")
+            .args(["--session", "--nofork", "--nopidfile"])
+            .arg(format!("--address={address}"))
+            .stdout(Stdio::null())
+            // It warns that it may not raise its fd limit; that is harmless here.
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting dbus-daemon (Debian package dbus)")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                bail!("dbus-daemon did not create {} in time", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Self {
+            child,
+            dir,
+            address,
+        })
+    }
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The state of one unit the stand-in knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unit {
+    pub active_state: String,
+    pub sub_state: String,
+    pub restarts: u32,
+}
+
+impl Unit {
+    pub fn active() -> Self {
+        Self {
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            restarts: 0,
+        }
+    }
+}
+
+/// What the stand-in serves and records; change it from the test at any time.
+#[derive(Clone, Debug, Default)]
+pub struct Systemd {
+    pub units: Arc<Mutex<BTreeMap<String, Unit>>>,
+    /// Every `StartUnit(name, mode)` received, in order.
+    pub started: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl Systemd {
+    pub fn set(&self, name: &str, unit: Unit) {
+        self.units
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_owned(), unit);
+    }
+
+    pub fn update(&self, name: &str, change: impl FnOnce(&mut Unit)) {
+        if let Some(unit) = self
+            .units
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(name)
+        {
+            change(unit);
+        }
+    }
+
+    /// Connects to `bus`, takes the name `org.freedesktop.systemd1` and serves until the
+    /// returned connection is dropped.
+    pub async fn serve(&self, bus: &str) -> anyhow::Result<zbus::Connection> {
+        let connection = zbus::connection::Builder::address(bus)?
+            .name("org.freedesktop.systemd1")?
+            .serve_at("/org/freedesktop/systemd1", Manager(self.clone()))?
+            .build()
+            .await
+            .context("serving the systemd stand-in")?;
+        Ok(connection)
+    }
+}
+
+/// systemd's object path for a unit: every byte but ASCII letters and digits becomes `_xx`.
+pub fn unit_path(name: &str) -> String {
+    let escaped: String = name
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("_{b:02x}")
+            }
+        })
+        .collect();
+    format!("/org/freedesktop/systemd1/unit/{escaped}")
+}
+
+struct Manager(Systemd);
+
+impl Manager {
+    async fn export(&self, server: &ObjectServer, name: &str) -> fdo::Result<OwnedObjectPath> {
+        let path = unit_path(name);
+        let object = UnitObject {
+            name: name.to_owned(),
+            systemd: self.0.clone(),
+        };
+        // Exporting twice is refused with `false`; either way the object is there.
+        server
+            .at(path.as_str(), object.clone())
+            .await
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        server
+            .at(path.as_str(), ServiceObject(object))
+            .await
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        OwnedObjectPath::try_from(path).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+}
+
+#[interface(name = "org.freedesktop.systemd1.Manager")]
+impl Manager {
+    async fn load_unit(
+        &self,
+        name: &str,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> fdo::Result<OwnedObjectPath> {
+        self.export(server, name).await
+    }
+
+    async fn get_unit(
+        &self,
+        name: &str,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> fdo::Result<OwnedObjectPath> {
+        if !self
+            .0
+            .units
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(name)
+        {
+            return Err(fdo::Error::Failed(format!("Unit {name} not loaded.")));
+        }
+        self.export(server, name).await
+    }
+
+    async fn start_unit(&self, name: &str, mode: &str) -> fdo::Result<OwnedObjectPath> {
+        let mut started = self.0.started.lock().unwrap_or_else(|p| p.into_inner());
+        started.push((name.to_owned(), mode.to_owned()));
+        OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{}", started.len()))
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+}
+
+#[derive(Clone)]
+struct UnitObject {
+    name: String,
+    systemd: Systemd,
+}
+
+impl UnitObject {
+    fn unit(&self) -> Option<Unit> {
+        self.systemd
+            .units
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.name)
+            .cloned()
+    }
+}
+
+#[interface(name = "org.freedesktop.systemd1.Unit")]
+impl UnitObject {
+    #[zbus(property)]
+    fn load_state(&self) -> String {
+        if self.unit().is_some() {
+            "loaded"
+        } else {
+            "not-found"
+        }
+        .to_owned()
+    }
+
+    #[zbus(property)]
+    fn active_state(&self) -> String {
+        self.unit()
+            .map_or_else(|| "inactive".to_owned(), |u| u.active_state)
+    }
+
+    #[zbus(property)]
+    fn sub_state(&self) -> String {
+        self.unit()
+            .map_or_else(|| "dead".to_owned(), |u| u.sub_state)
+    }
+}
+
+struct ServiceObject(UnitObject);
+
+#[interface(name = "org.freedesktop.systemd1.Service")]
+impl ServiceObject {
+    #[zbus(property, name = "NRestarts")]
+    fn n_restarts(&self) -> u32 {
+        self.0.unit().map_or(0, |u| u.restarts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_unit_names_like_systemd() {
+        assert_eq!(
+            unit_path("kubelet.service"),
+            "/org/freedesktop/systemd1/unit/kubelet_2eservice"
+        );
+        assert_eq!(
+            unit_path("poweroff.target"),
+            "/org/freedesktop/systemd1/unit/poweroff_2etarget"
+        );
+    }
+}
