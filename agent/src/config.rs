@@ -545,6 +545,53 @@ impl Config {
                     .to_owned(),
             );
         }
+        if d.kubelet.frequent_restarts.count == 0 {
+            return Err(
+                "detectors.kubelet.frequentRestarts.count: must be at least 1, e.g. 3".to_owned(),
+            );
+        }
+        if d.peers.port == 0 {
+            return Err(
+                "detectors.peers.port: must be a port number from 1 to 65535, e.g. 9471".to_owned(),
+            );
+        }
+        if !(1..=50).contains(&d.peers.sample_size) {
+            return Err(
+                "detectors.peers.sampleSize: must be from 1 to 50 (probes per round grow with it, not with the cluster)"
+                    .to_owned(),
+            );
+        }
+        if d.peers.probe_timeout.is_zero() || d.peers.probe_timeout > d.peers.timeout {
+            return Err("detectors.peers.probeTimeout: must be more than 0s and at most detectors.peers.timeout".to_owned());
+        }
+        if d.peers.protocols.is_empty() {
+            return Err(
+                "detectors.peers.protocols: name at least one of tcp, udp, icmp".to_owned(),
+            );
+        }
+        crate::detect::kernel_log::compile(&d.kernel_log)?;
+        for (index, pattern) in d.kernel_log.patterns.iter().enumerate() {
+            let place = format!("detectors.kernelLog.patterns[{index}]");
+            if !is_camel_case(&pattern.reason) {
+                return Err(format!(
+                    "{place}.reason: {:?} must be CamelCase, e.g. OOMKilling",
+                    pattern.reason
+                ));
+            }
+            if pattern
+                .condition
+                .as_deref()
+                .is_some_and(|c| !is_camel_case(c))
+            {
+                return Err(format!(
+                    "{place}.condition: {:?} must be CamelCase, e.g. ReadonlyFilesystem",
+                    pattern.condition
+                ));
+            }
+            if pattern.condition.is_some() && pattern.clear_after.is_zero() {
+                return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
+            }
+        }
         let mut names = std::collections::BTreeSet::new();
         for (index, check) in d.custom.iter().enumerate() {
             let place = format!("detectors.custom[{index}]");
@@ -571,6 +618,59 @@ impl Config {
             }
         }
         Ok(())
+    }
+}
+
+/// Settings given as flags or environment variables; each replaces the file's value.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Overrides {
+    pub reboot_sentinel: Option<PathBuf>,
+    pub reboot_sentinel_command: Option<Vec<String>>,
+    pub heartbeat_interval: Option<String>,
+    pub metadata_url: Option<String>,
+    pub expected_security_groups: Option<Vec<String>>,
+    pub peer_port: Option<u16>,
+    pub registration_timeout: Option<String>,
+    pub kubelet_healthz_url: Option<String>,
+}
+
+impl Config {
+    /// Applies flag and environment overrides, then validates the result again. Errors name
+    /// the flag.
+    pub fn with_overrides(mut self, o: &Overrides) -> Result<Self, String> {
+        let d = &mut self.detectors;
+        if let Some(path) = &o.reboot_sentinel {
+            d.reboot_required.sentinel_file = path.clone();
+        }
+        if let Some(command) = &o.reboot_sentinel_command {
+            d.reboot_required.sentinel_command = command.clone();
+        }
+        let parse = |flag: &str, value: &str| {
+            nodeward_api::Duration::parse(value)
+                .and_then(|d| d.to_std())
+                .map_err(|e| format!("--{flag}: {e}"))
+        };
+        if let Some(value) = &o.heartbeat_interval {
+            self.reporting.heartbeat_interval = parse("heartbeat-interval", value)?;
+        }
+        let d = &mut self.detectors;
+        if let Some(url) = &o.metadata_url {
+            d.security_groups.metadata_url = url.clone();
+        }
+        if let Some(groups) = &o.expected_security_groups {
+            d.security_groups.expected = groups.clone();
+        }
+        if let Some(port) = o.peer_port {
+            d.peers.port = port;
+        }
+        if let Some(value) = &o.registration_timeout {
+            d.kubelet.registration_timeout = parse("registration-timeout", value)?;
+        }
+        if let Some(url) = &o.kubelet_healthz_url {
+            d.kubelet.healthz_url = url.clone();
+        }
+        self.validate()?;
+        Ok(self)
     }
 }
 
@@ -748,6 +848,86 @@ detectors:
             err.starts_with("detectors.securityGroups.metadataURL"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn peers_kernel_log_and_kubelet_settings_are_checked() {
+        for (text, place) in [
+            ("detectors:\n  peers: {port: 0}\n", "detectors.peers.port"),
+            (
+                "detectors:\n  peers: {sampleSize: 0}\n",
+                "detectors.peers.sampleSize",
+            ),
+            (
+                "detectors:\n  peers: {protocols: []}\n",
+                "detectors.peers.protocols",
+            ),
+            (
+                "detectors:\n  peers: {probeTimeout: 20s}\n",
+                "detectors.peers.probeTimeout",
+            ),
+            (
+                "detectors:\n  kubelet: {frequentRestarts: {count: 0}}\n",
+                "detectors.kubelet.frequentRestarts.count",
+            ),
+            (
+                "detectors:\n  kernelLog: {patterns: [{reason: Bad, regex: '(unclosed'}]}\n",
+                "detectors.kernelLog.patterns[0].regex",
+            ),
+            (
+                "detectors:\n  kernelLog: {patterns: [{reason: bad-reason, regex: 'x'}]}\n",
+                "detectors.kernelLog.patterns[0].reason",
+            ),
+        ] {
+            let err = Config::parse(text).expect_err(text);
+            assert!(err.starts_with(place), "{text}: {err}");
+        }
+        let err = Config::parse("detectors:\n  peers: {protocols: [sctp]}\n")
+            .expect_err("unknown protocol");
+        assert!(
+            err.contains("tcp") && err.contains("udp") && err.contains("icmp"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flags_and_environment_override_the_file() {
+        let file = Config::parse("detectors:\n  peers:\n    port: 9000\n").expect("valid");
+        let overrides = Overrides {
+            reboot_sentinel: Some("/run/needs-reboot".into()),
+            heartbeat_interval: Some("2m".into()),
+            expected_security_groups: Some(vec!["k8s-nodes".into()]),
+            peer_port: Some(9999),
+            ..Overrides::default()
+        };
+        let config = file.with_overrides(&overrides).expect("valid overrides");
+        assert_eq!(
+            config.detectors.reboot_required.sentinel_file,
+            PathBuf::from("/run/needs-reboot")
+        );
+        assert_eq!(
+            config.reporting.heartbeat_interval,
+            Duration::from_secs(120)
+        );
+        assert_eq!(config.detectors.security_groups.expected, vec!["k8s-nodes"]);
+        assert_eq!(config.detectors.peers.port, 9999);
+        let err = Config::default()
+            .with_overrides(&Overrides {
+                heartbeat_interval: Some("soon".into()),
+                ..Overrides::default()
+            })
+            .expect_err("bad duration");
+        assert!(
+            err.starts_with("--heartbeat-interval: \"soon\" is not a duration"),
+            "{err}"
+        );
+        let err = Config::default()
+            .with_overrides(&Overrides {
+                peer_port: Some(0),
+                ..Overrides::default()
+            })
+            .expect_err("bad port");
+        assert!(err.starts_with("detectors.peers.port"), "{err}");
     }
 
     #[test]

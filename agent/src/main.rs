@@ -1,9 +1,9 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use nodeward_agent::{
     Error, check,
-    config::Config,
+    config::{Config, Overrides},
     detect::{
         AgentContext, Detector,
         cluster::Cluster,
@@ -31,9 +31,8 @@ enum Command {
     /// Run every local detector once on this machine (no cluster needed), print the findings
     /// and exit 1 if a problem was found, 2 if the configuration is invalid.
     Check {
-        /// Configuration file (default: /etc/nodeward/agent.yaml when it exists).
-        #[arg(long, env = "NODEWARD_CONFIG")]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        settings: Settings,
         /// Output format.
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -41,9 +40,8 @@ enum Command {
     /// Run the detectors continuously and report to the cluster: Node conditions and the
     /// node's NodeReport. Stops cleanly on SIGTERM or SIGINT.
     Run {
-        /// Configuration file (default: /etc/nodeward/agent.yaml when it exists).
-        #[arg(long, env = "NODEWARD_CONFIG")]
-        config: Option<PathBuf>,
+        #[command(flatten)]
+        settings: Settings,
         /// The name of this node's Node object.
         #[arg(long, env = "NODE_NAME")]
         node_name: String,
@@ -57,6 +55,62 @@ enum Command {
         #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9470")]
         listen: SocketAddr,
     },
+}
+
+/// The configuration file and the settings that override it (flags, or their environment
+/// variables).
+#[derive(Args)]
+struct Settings {
+    /// Configuration file (default: /etc/nodeward/agent.yaml when it exists).
+    #[arg(long, env = "NODEWARD_CONFIG")]
+    config: Option<PathBuf>,
+    /// A reboot is required while this file exists (detectors.rebootRequired.sentinelFile).
+    #[arg(long, env = "NODEWARD_REBOOT_SENTINEL")]
+    reboot_sentinel: Option<PathBuf>,
+    /// A reboot is required while this command exits 0; words split on spaces
+    /// (detectors.rebootRequired.sentinelCommand).
+    #[arg(long, env = "NODEWARD_REBOOT_SENTINEL_COMMAND")]
+    reboot_sentinel_command: Option<String>,
+    /// How often the NodeReport heartbeat is written, e.g. 60s (reporting.heartbeatInterval).
+    #[arg(long, env = "NODEWARD_HEARTBEAT_INTERVAL")]
+    heartbeat_interval: Option<String>,
+    /// Instance metadata service base URL (detectors.securityGroups.metadataURL).
+    #[arg(long, env = "NODEWARD_METADATA_URL")]
+    metadata_url: Option<String>,
+    /// Security groups the node must be in, comma-separated (detectors.securityGroups.expected).
+    #[arg(long, env = "NODEWARD_EXPECTED_SECURITY_GROUPS", value_delimiter = ',')]
+    expected_security_groups: Option<Vec<String>>,
+    /// Port for peer probes over TCP and UDP (detectors.peers.port).
+    #[arg(long, env = "NODEWARD_PEER_PORT")]
+    peer_port: Option<u16>,
+    /// How long a Node may be missing before KubeletUnregistered (detectors.kubelet.registrationTimeout).
+    #[arg(long, env = "NODEWARD_REGISTRATION_TIMEOUT")]
+    registration_timeout: Option<String>,
+    /// The kubelet's health endpoint (detectors.kubelet.healthzURL).
+    #[arg(long, env = "NODEWARD_KUBELET_HEALTHZ_URL")]
+    kubelet_healthz_url: Option<String>,
+}
+
+impl Settings {
+    /// The configuration file with the flags and environment applied; the error names the
+    /// file or the flag and says how to fix it.
+    fn load(&self) -> Result<Config, String> {
+        let config = Config::load(self.config.as_deref()).map_err(|e| e.to_string())?;
+        let overrides = Overrides {
+            reboot_sentinel: self.reboot_sentinel.clone(),
+            reboot_sentinel_command: self
+                .reboot_sentinel_command
+                .as_ref()
+                .map(|c| c.split_whitespace().map(String::from).collect()),
+            heartbeat_interval: self.heartbeat_interval.clone(),
+            metadata_url: self.metadata_url.clone(),
+            expected_security_groups: self.expected_security_groups.clone(),
+            peer_port: self.peer_port,
+            registration_timeout: self.registration_timeout.clone(),
+            kubelet_healthz_url: self.kubelet_healthz_url.clone(),
+        };
+        config.with_overrides(&overrides)
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -73,12 +127,9 @@ enum LogFormat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let (config_path, command) = match &cli.command {
-        Command::Check { config, .. } | Command::Run { config, .. } => {
-            (config.as_deref(), &cli.command)
-        }
-    };
-    let config = match Config::load(config_path) {
+    let command = &cli.command;
+    let (Command::Check { settings, .. } | Command::Run { settings, .. }) = command;
+    let config = match settings.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("nodeward-agent: {e}");
@@ -180,8 +231,14 @@ async fn run(
     };
     let (kernel_events_tx, kernel_events) = tokio::sync::mpsc::channel(64);
     let kernel_log = config.detectors.kernel_log.enabled.then(|| {
-        // The configuration was validated, so the patterns compile.
-        let patterns = Arc::new(kernel_log::compile(&config.detectors.kernel_log).unwrap_or_default());
+        // The configuration was validated, so the patterns compile; an error here would be a bug.
+        let patterns = match kernel_log::compile(&config.detectors.kernel_log) {
+            Ok(p) => Arc::new(p),
+            Err(e) => {
+                tracing::error!(error = %e, "kernel log patterns did not compile; the kernel log is off");
+                return None;
+            }
+        };
         let log = KernelLog {
             patterns,
             seen: Arc::default(),
