@@ -15,7 +15,11 @@ use kube::{
     Api,
     api::{Patch, PatchParams},
 };
-use nodeward_e2e::{NodeSpec, TestEnv, controlplane, wait};
+use nodeward_e2e::{
+    NodeSpec, TestEnv,
+    proxy::{self, Proxy},
+    wait,
+};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -140,25 +144,6 @@ impl Drop for Topology {
     }
 }
 
-/// Forwards TCP connections from `listen` to `target` (the API server on loopback) until the
-/// test ends.
-async fn forward(listen: SocketAddr, target: SocketAddr) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await?;
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut inbound, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    Ok(())
-}
-
 struct Agents(Vec<Child>);
 
 impl Drop for Agents {
@@ -220,36 +205,16 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
             .await?;
     }
 
-    // The API server, reachable from the namespaces through the bridge.
-    let state = &controlplane::shared().state_dir;
-    let admin = std::fs::read_to_string(&controlplane::shared().kubeconfig)?;
-    let api_port: u16 = admin
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("server: https://127.0.0.1:"))
-        .and_then(|p| p.parse().ok())
-        .expect("the admin kubeconfig names the API server");
-    let forward_port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    forward(
-        SocketAddr::new(topology.gateway(), forward_port),
-        SocketAddr::from(([127, 0, 0, 1], api_port)),
+    // The API server, reachable from the namespaces through a proxy on the bridge.
+    let proxy = Proxy::start(
+        SocketAddr::new(topology.gateway(), 0),
+        proxy::api_server_address()?,
     )
     .await?;
     let dir = std::env::temp_dir().join(format!("nodeward-peers-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = dir.join("kubeconfig");
-    let pki = state.join("pki");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: https://{}:{forward_port}\n    tls-server-name: localhost\n    certificate-authority: {}\nusers:\n- name: t\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: t\n  context: {{cluster: t, user: t}}\ncurrent-context: t\n",
-            topology.gateway(),
-            pki.join("ca.crt").display(),
-            pki.join("admin.crt").display(),
-            pki.join("admin.key").display(),
-        ),
-    )?;
+    std::fs::write(&kubeconfig, proxy::admin_kubeconfig_via(proxy.address))?;
     let config = dir.join("agent.yaml");
     std::fs::write(
         &config,

@@ -30,6 +30,8 @@ struct Agent {
 /// What an agent under test runs: the reboot-required detector always (reading the sentinel in
 /// the agent's own directory), the kubelet and kernel-log detectors as given.
 struct Options<'a> {
+    /// Kubeconfig to use instead of the admin one (e.g. through a proxy).
+    kubeconfig: Option<PathBuf>,
     interval: &'a str,
     heartbeat: &'a str,
     kubelet: &'a str,
@@ -40,6 +42,7 @@ struct Options<'a> {
 impl Default for Options<'_> {
     fn default() -> Self {
         Self {
+            kubeconfig: None,
             interval: "500ms",
             heartbeat: "2s",
             kubelet: "{enabled: false}",
@@ -64,6 +67,7 @@ impl Agent {
 
     fn start_with(node: &str, test_id: &str, options: Options<'_>) -> anyhow::Result<Self> {
         let Options {
+            kubeconfig,
             interval,
             heartbeat,
             kubelet,
@@ -93,7 +97,7 @@ impl Agent {
                 &listen,
                 "--kubeconfig",
             ])
-            .arg(&controlplane::shared().kubeconfig)
+            .arg(kubeconfig.unwrap_or_else(|| controlplane::shared().kubeconfig.clone()))
             .arg("--config")
             .arg(&config)
             .envs(env)
@@ -655,5 +659,86 @@ async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() ->
             .as_deref(),
         Some("FrequentRestarts")
     );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> anyhow::Result<()> {
+    use nodeward_e2e::proxy::{self, Proxy};
+    let env = TestEnv::new("agent-outage").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-f")]).await?;
+    let proxy = Proxy::start("127.0.0.1:0".parse()?, proxy::api_server_address()?).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-outage-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, proxy::admin_kubeconfig_via(proxy.address))?;
+    let agent = Agent::start_with(
+        &node,
+        &env.id,
+        Options {
+            kubeconfig: Some(kubeconfig),
+            heartbeat: "1s",
+            ..Options::default()
+        },
+    )?;
+    let nodes: Api<Node> = env.nodes();
+    wait::until(
+        &nodes,
+        &node,
+        "RebootRequired=False",
+        TIMEOUT,
+        has("RebootRequired", "False"),
+    )
+    .await?;
+
+    proxy.cut();
+    std::fs::write(agent.sentinel(), "")?;
+    // Detection goes on locally: the finding turns to a problem with no API server.
+    wait::eventually(
+        "the finding while the API server is away",
+        TIMEOUT,
+        || async {
+            Ok((agent
+                .metric("nodeward_finding{type=\"RebootRequired\"}")
+                .await?
+                == 1.0)
+                .then_some(()))
+        },
+    )
+    .await?;
+    // ...and the writes fail meanwhile, counted.
+    wait::eventually("a failed write", TIMEOUT, || async {
+        Ok((agent
+            .metric("nodeward_api_writes_total{resource=\"nodes/status\",result=\"error\"}")
+            .await?
+            >= 1.0)
+            .then_some(()))
+    })
+    .await?;
+    let during = nodes.get(&node).await?;
+    assert_eq!(
+        condition(Some(&during), "RebootRequired")
+            .map(|(s, _)| s)
+            .as_deref(),
+        Some("False")
+    );
+
+    proxy.restore();
+    let after = wait::until(
+        &nodes,
+        &node,
+        "the write to resume",
+        TIMEOUT,
+        has("RebootRequired", "True"),
+    )
+    .await?;
+    assert_eq!(
+        condition(after.as_ref(), "RebootRequired")
+            .map(|(_, r)| r)
+            .as_deref(),
+        Some("SentinelFilePresent")
+    );
+    std::fs::remove_dir_all(&dir).ok();
     env.cleanup().await
 }

@@ -3,6 +3,7 @@
 
 pub mod controlplane;
 pub mod env;
+pub mod proxy;
 pub mod systemd;
 pub mod wait;
 
