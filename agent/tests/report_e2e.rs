@@ -146,6 +146,14 @@ impl Agent {
             .unwrap_or(0.0))
     }
 
+    /// Waits until `/readyz` answers 200.
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        wait::eventually("the agent to be ready", TIMEOUT, || async {
+            Ok((self.get("/readyz").await?.0 == 200).then_some(()))
+        })
+        .await
+    }
+
     fn terminate(&mut self) -> anyhow::Result<()> {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
         nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
@@ -218,10 +226,7 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
         has("RebootRequired", "False"),
     )
     .await?;
-    wait::eventually("the agent to be ready", TIMEOUT, || async {
-        Ok(Some(agent.get("/readyz").await?).filter(|(c, _)| *c == 200))
-    })
-    .await?;
+    agent.wait_ready().await?;
     assert_eq!(agent.get("/healthz").await?, (200, "ok".to_owned()));
 
     std::fs::write(agent.sentinel(), "")?;
@@ -350,10 +355,7 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
         has("RebootRequired", "False"),
     )
     .await?;
-    wait::eventually("the agent to be ready", TIMEOUT, || async {
-        Ok(Some(agent.get("/readyz").await?).filter(|(c, _)| *c == 200))
-    })
-    .await?;
+    agent.wait_ready().await?;
 
     let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
     let heartbeats = "nodeward_api_writes_total{resource=\"nodereports/status\",result=\"ok\"}";

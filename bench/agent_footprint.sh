@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Agent footprint in steady state: RSS, CPU and API writes per minute of one
+# `nodeward-agent run` (release build) with every detector on, against the real test control
+# plane, for a kwok node. Prints one line of figures per run.
+#
+#   bench/agent_footprint.sh [SECONDS]        # default 600 (the issue's 10 minutes)
+#
+# Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+duration=${1:-600}
+
+cargo build --release -q -p nodeward-agent
+agent="$root/target/release/nodeward-agent"
+
+state=${NODEWARD_TEST_CONTROLPLANE:-}
+if [ -z "$state" ]; then
+  state="$root/target/bench-controlplane"
+  rm -rf "$state"
+  tests/controlplane/start.sh "$state" --parent-pid $$ >"$root/target/bench-controlplane.log" 2>&1 &
+  until [ -e "$state/ready" ]; do sleep 0.2; done
+fi
+# shellcheck source=/dev/null
+source "$state/env"
+api() { curl -fsS --cacert "$state/pki/ca.crt" --cert "$state/pki/admin.crt" --key "$state/pki/admin.key" "$@"; }
+
+node="bench-agent-$$"
+api -X POST -H 'Content-Type: application/json' "$NODEWARD_API_SERVER/api/v1/nodes" \
+  -d "{\"metadata\":{\"name\":\"$node\",\"annotations\":{\"kwok.x-k8s.io/node\":\"fake\"}}}" >/dev/null
+
+work=$(mktemp -d)
+cat >"$work/agent.yaml" <<EOF
+detectors:
+  network:
+    dns: {names: [localhost]}
+  peers: {port: 19471}
+  kernelLog: {}
+  custom:
+  - {name: true-check, condition: BenchProblem, reason: Bench, command: [/bin/true], interval: 60s}
+EOF
+port=$((20000 + RANDOM % 20000))
+"$agent" run --node-name "$node" --kubeconfig "$state/admin.kubeconfig" --config "$work/agent.yaml" \
+  --listen "127.0.0.1:$port" >"$work/agent.log" 2>&1 &
+pid=$!
+trap 'kill $pid 2>/dev/null; rm -rf "$work"; api -X DELETE "$NODEWARD_API_SERVER/api/v1/nodes/$node" >/dev/null 2>&1 || true' EXIT
+
+writes() {
+  curl -fsS "http://127.0.0.1:$port/metrics" |
+    awk '/^nodeward_api_writes_total\{.*result="ok"/ {s += $NF} END {print s + 0}'
+}
+# Settle: the first round and the first writes.
+until curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; do sleep 0.5; done
+sleep 5
+ticks=$(getconf CLK_TCK)
+cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+start_cpu=$(cpu) start_writes=$(writes) start=$(date +%s.%N)
+rss=()
+end=$(($(date +%s) + duration))
+while [ "$(date +%s)" -lt "$end" ]; do
+  rss+=("$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")")
+  sleep 5
+done
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+used=$(($(cpu) - start_cpu))
+writes_done=$(($(writes) - start_writes))
+median_rss=$(printf '%s\n' "${rss[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+max_rss=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n1)
+printf 'agent steady state over %.0f s (%d cores): RSS median %.1f MiB, max %.1f MiB; CPU %.2f millicores; API writes %.2f per minute\n' \
+  "$elapsed" "$(nproc)" "$(echo "$median_rss / 1024" | bc -l)" "$(echo "$max_rss / 1024" | bc -l)" \
+  "$(echo "$used / $ticks / $elapsed * 1000" | bc -l)" "$(echo "$writes_done / $elapsed * 60" | bc -l)"
