@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     sync::Arc,
-    time::{Instant, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use tokio::{
@@ -13,6 +13,7 @@ use tokio::{
 };
 
 use crate::{
+    config::Schedule,
     detect::{
         Detector, Finding,
         debounce::{Change, Debounced},
@@ -37,7 +38,7 @@ pub fn start(
     metrics: Arc<Metrics>,
     tasks: &mut JoinSet<()>,
 ) -> watch::Receiver<Snapshot> {
-    let (found_tx, mut found_rx) = mpsc::channel::<(Detector, Finding)>(detectors.len().max(1) * 2);
+    let (found_tx, mut found_rx) = mpsc::channel::<(Duration, Finding)>(detectors.len().max(1) * 2);
     let (snapshot_tx, snapshot_rx) = watch::channel(Snapshot::default());
     for detector in detectors {
         let found_tx = found_tx.clone();
@@ -46,7 +47,7 @@ pub fn start(
             let labels = DetectorLabels {
                 detector: detector.name().into_owned(),
             };
-            let interval = detector.schedule().interval;
+            let Schedule { interval, hold, .. } = detector.schedule();
             // Spread the first runs so that detectors with one interval do not run in lockstep.
             tokio::time::sleep(interval.mul_f64(rand::random::<f64>() * 0.1)).await;
             let mut ticks = tokio::time::interval(interval);
@@ -59,7 +60,7 @@ pub fn start(
                     .check_duration
                     .get_or_create(&labels)
                     .observe(started.elapsed().as_secs_f64());
-                if found_tx.send((detector.clone(), finding)).await.is_err() {
+                if found_tx.send((hold, finding)).await.is_err() {
                     return;
                 }
             }
@@ -68,15 +69,13 @@ pub fn start(
     drop(found_tx);
     tasks.spawn(async move {
         let mut state: BTreeMap<String, (Debounced, SystemTime)> = BTreeMap::new();
-        while let Some((detector, finding)) = found_rx.recv().await {
-            let name = detector.name().into_owned();
+        // Keyed by the finding's detector name, which is the detector's own.
+        while let Some((hold, finding)) = found_rx.recv().await {
+            let name = finding.detector.to_string();
             let entry = state
                 .entry(name)
                 .or_insert_with(|| (Debounced::new(), SystemTime::now()));
-            match entry
-                .0
-                .observe(finding, Instant::now(), detector.schedule().hold)
-            {
+            match entry.0.observe(finding, Instant::now(), hold) {
                 Change::None => continue,
                 Change::Status => entry.1 = SystemTime::now(),
                 Change::Detail => {}
