@@ -1,3 +1,6 @@
 //! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits
-//! (leader election, admission, cluster health, pause). The crate is a placeholder in the
-//! workspace until the coordinator issue fills it; it has no binary yet.
+//! (leader election, admission, cluster health, pause). So far: the pure admission pieces
+//! (budget math, maintenance windows); the controller and binary arrive with the coordinator
+//! issue.
+
+pub mod admission;

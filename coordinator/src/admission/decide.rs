@@ -1,0 +1,386 @@
+//! The admission decision: a pending maintenance is admitted only if, for every policy that
+//! matches its node, (1) the disrupted nodes (admitted and unfinished, plus nodes NotReady for
+//! other reasons) stay under `maxConcurrent`, (2) a window is open and the policy is not
+//! paused, (3) for remediation, unhealthy nodes are within `maxUnhealthy`, (4) control-plane
+//! quorum holds, and (5) no reboot blocker is active. Pending maintenances are taken oldest
+//! first, each admission counting against the next.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nodeward_api::conditions::denial;
+
+/// What admission needs to know of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    pub ready: bool,
+    pub control_plane: bool,
+    /// Unhealthy by the remediation rules (NotReady, conditions held too long, stale agent).
+    pub unhealthy: bool,
+    /// Why a reboot of this node is blocked right now (a blocking pod, a firing alert).
+    pub blocker: Option<String>,
+}
+
+/// One policy, with its limits already resolved to counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyState {
+    pub name: String,
+    /// The nodes its selector matches.
+    pub matched: BTreeSet<String>,
+    pub max_concurrent: usize,
+    pub max_unhealthy: Option<usize>,
+    pub paused: bool,
+    /// Whether one of its windows is open now (true when it has none).
+    pub window_open: bool,
+    pub allow_sole_control_plane: bool,
+}
+
+/// The cluster as admission sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cluster {
+    pub nodes: BTreeMap<String, NodeState>,
+    pub policies: Vec<PolicyState>,
+    /// Nodes with an admitted, unfinished maintenance.
+    pub disrupted: BTreeSet<String>,
+}
+
+/// A maintenance waiting for admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub maintenance: String,
+    pub node: String,
+    /// Reason `Remediation` (subject to `maxUnhealthy`).
+    pub remediation: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted: a slot in each of these policies.
+    Admit { policies: Vec<String> },
+    /// Not now; `reason` is one of [`denial`]'s.
+    Deny {
+        reason: &'static str,
+        message: String,
+    },
+}
+
+fn deny(reason: &'static str, message: String) -> Decision {
+    Decision::Deny { reason, message }
+}
+
+/// Decides one pending maintenance against the current state.
+pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
+    let Some(node) = cluster.nodes.get(&pending.node) else {
+        return deny(
+            denial::BLOCKED,
+            format!("node {} does not exist", pending.node),
+        );
+    };
+    if cluster.disrupted.contains(&pending.node) {
+        return deny(
+            denial::BLOCKED,
+            format!("node {} already has an admitted maintenance", pending.node),
+        );
+    }
+    let policies: Vec<&PolicyState> = cluster
+        .policies
+        .iter()
+        .filter(|p| p.matched.contains(&pending.node))
+        .collect();
+
+    if let Some(p) = policies.iter().find(|p| p.paused) {
+        return deny(denial::PAUSED, format!("policy {} is paused", p.name));
+    }
+    if let Some(p) = policies.iter().find(|p| !p.window_open) {
+        return deny(
+            denial::OUTSIDE_WINDOW,
+            format!("policy {} has no maintenance window open now", p.name),
+        );
+    }
+    if let Some(blocker) = &node.blocker {
+        return deny(
+            denial::BLOCKED,
+            format!("reboot of {} is blocked: {blocker}", pending.node),
+        );
+    }
+    if node.control_plane {
+        let others: Vec<(&String, &NodeState)> = cluster
+            .nodes
+            .iter()
+            .filter(|(name, n)| n.control_plane && **name != pending.node)
+            .collect();
+        if let Some((name, other)) = others
+            .iter()
+            .find(|(name, n)| !n.ready || cluster.disrupted.contains(*name))
+        {
+            let state = if other.ready { "disrupted" } else { "NotReady" };
+            return deny(
+                denial::QUORUM_PROTECTED,
+                format!("control-plane node {name} is {state}; one control-plane node at a time"),
+            );
+        }
+        let sole_allowed =
+            !policies.is_empty() && policies.iter().all(|p| p.allow_sole_control_plane);
+        if others.is_empty() && !sole_allowed {
+            return deny(
+                denial::QUORUM_PROTECTED,
+                format!(
+                    "{} is the only control-plane node (set allowSoleControlPlane to allow it)",
+                    pending.node
+                ),
+            );
+        }
+    }
+    if pending.remediation {
+        for p in &policies {
+            let unhealthy = p
+                .matched
+                .iter()
+                .filter(|n| cluster.nodes.get(*n).is_some_and(|s| s.unhealthy))
+                .count();
+            if let Some(limit) = p.max_unhealthy.filter(|limit| unhealthy > *limit) {
+                return deny(
+                    denial::TOO_MANY_UNHEALTHY,
+                    format!(
+                        "{unhealthy} nodes of policy {} are unhealthy, more than maxUnhealthy {limit}",
+                        p.name
+                    ),
+                );
+            }
+        }
+    }
+    for p in &policies {
+        let in_use: Vec<&String> = p
+            .matched
+            .iter()
+            .filter(|n| {
+                let disrupted = cluster.disrupted.contains(*n);
+                let not_ready =
+                    **n != pending.node && cluster.nodes.get(*n).is_some_and(|s| !s.ready);
+                disrupted || not_ready
+            })
+            .collect();
+        if in_use.len() >= p.max_concurrent {
+            let count = in_use.len();
+            let mut names: Vec<&str> = in_use.iter().take(5).map(|n| n.as_str()).collect();
+            if count > names.len() {
+                names.push("...");
+            }
+            return deny(
+                denial::BUDGET_EXHAUSTED,
+                format!(
+                    "policy {} allows {} disrupted nodes at once and has {count} ({})",
+                    p.name,
+                    p.max_concurrent,
+                    names.join(", ")
+                ),
+            );
+        }
+    }
+    Decision::Admit {
+        policies: policies.iter().map(|p| p.name.clone()).collect(),
+    }
+}
+
+/// Decides `pending` in order (oldest first); each admission counts against the ones after.
+pub fn plan(cluster: &mut Cluster, pending: &[Pending]) -> Vec<(String, Decision)> {
+    pending
+        .iter()
+        .map(|p| {
+            let decision = decide(cluster, p);
+            if matches!(decision, Decision::Admit { .. }) {
+                cluster.disrupted.insert(p.node.clone());
+            }
+            (p.maintenance.clone(), decision)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready() -> NodeState {
+        NodeState {
+            ready: true,
+            ..NodeState::default()
+        }
+    }
+
+    fn cluster(workers: usize, control_planes: usize) -> Cluster {
+        let mut nodes = BTreeMap::new();
+        for i in 0..workers {
+            nodes.insert(format!("w{i}"), ready());
+        }
+        for i in 0..control_planes {
+            nodes.insert(
+                format!("cp{i}"),
+                NodeState {
+                    control_plane: true,
+                    ..ready()
+                },
+            );
+        }
+        Cluster {
+            policies: vec![policy("all", nodes.keys().cloned().collect(), 2)],
+            nodes,
+            disrupted: BTreeSet::new(),
+        }
+    }
+
+    fn policy(name: &str, matched: BTreeSet<String>, max_concurrent: usize) -> PolicyState {
+        PolicyState {
+            name: name.into(),
+            matched,
+            max_concurrent,
+            max_unhealthy: None,
+            paused: false,
+            window_open: true,
+            allow_sole_control_plane: false,
+        }
+    }
+
+    fn node<'a>(c: &'a mut Cluster, name: &str) -> &'a mut NodeState {
+        c.nodes.get_mut(name).expect("a node of the test cluster")
+    }
+
+    fn pending(node: &str) -> Pending {
+        Pending {
+            maintenance: format!("m-{node}"),
+            node: node.into(),
+            remediation: false,
+        }
+    }
+
+    fn reason(decision: &Decision) -> &'static str {
+        match decision {
+            Decision::Admit { .. } => "Admit",
+            Decision::Deny { reason, .. } => reason,
+        }
+    }
+
+    #[test]
+    fn oldest_first_up_to_the_budget() {
+        let mut c = cluster(5, 0);
+        let all: Vec<Pending> = (0..5).map(|i| pending(&format!("w{i}"))).collect();
+        let decisions = plan(&mut c, &all);
+        let reasons: Vec<&str> = decisions.iter().map(|(_, d)| reason(d)).collect();
+        assert_eq!(
+            reasons,
+            [
+                "Admit",
+                "Admit",
+                "BudgetExhausted",
+                "BudgetExhausted",
+                "BudgetExhausted"
+            ]
+        );
+        assert_eq!(
+            decisions[0].1,
+            Decision::Admit {
+                policies: vec!["all".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn not_ready_nodes_count_against_the_budget_but_not_the_node_itself() {
+        let mut c = cluster(4, 0);
+        node(&mut c, "w3").ready = false;
+        c.disrupted.insert("w0".into());
+        let d = decide(&c, &pending("w1"));
+        assert_eq!(reason(&d), "BudgetExhausted");
+        if let Decision::Deny { message, .. } = &d {
+            assert!(
+                message.contains("allows 2 disrupted nodes at once and has 2 (w0, w3)"),
+                "{message}"
+            );
+        }
+        // The NotReady node itself may be repaired within the budget.
+        c.disrupted.clear();
+        assert_eq!(reason(&decide(&c, &pending("w3"))), "Admit");
+    }
+
+    #[test]
+    fn every_matching_policy_must_allow_it() {
+        let mut c = cluster(4, 0);
+        c.policies
+            .push(policy("pool-a", ["w0", "w1"].map(String::from).into(), 1));
+        c.disrupted.insert("w1".into());
+        assert_eq!(
+            reason(&decide(&c, &pending("w0"))),
+            "BudgetExhausted",
+            "pool-a is full"
+        );
+        assert_eq!(
+            reason(&decide(&c, &pending("w2"))),
+            "Admit",
+            "w2 is not in pool-a"
+        );
+    }
+
+    #[test]
+    fn paused_and_closed_windows_deny() {
+        let mut c = cluster(2, 0);
+        c.policies[0].window_open = false;
+        assert_eq!(reason(&decide(&c, &pending("w0"))), "OutsideWindow");
+        c.policies[0].paused = true;
+        assert_eq!(
+            reason(&decide(&c, &pending("w0"))),
+            "Paused",
+            "paused is said first"
+        );
+    }
+
+    #[test]
+    fn control_plane_quorum_is_protected() {
+        let mut c = cluster(2, 3);
+        assert_eq!(reason(&decide(&c, &pending("cp0"))), "Admit");
+        node(&mut c, "cp2").ready = false;
+        assert_eq!(reason(&decide(&c, &pending("cp0"))), "QuorumProtected");
+        assert_eq!(
+            reason(&decide(&c, &pending("w0"))),
+            "Admit",
+            "workers go on"
+        );
+        node(&mut c, "cp2").ready = true;
+        c.disrupted.insert("cp1".into());
+        assert_eq!(reason(&decide(&c, &pending("cp0"))), "QuorumProtected");
+    }
+
+    #[test]
+    fn the_only_control_plane_node_needs_explicit_permission() {
+        let mut c = cluster(1, 1);
+        assert_eq!(reason(&decide(&c, &pending("cp0"))), "QuorumProtected");
+        c.policies[0].allow_sole_control_plane = true;
+        assert_eq!(reason(&decide(&c, &pending("cp0"))), "Admit");
+    }
+
+    #[test]
+    fn remediation_stops_when_too_many_are_unhealthy() {
+        let mut c = cluster(5, 0);
+        c.policies[0].max_concurrent = 5;
+        c.policies[0].max_unhealthy = Some(1);
+        for n in ["w0", "w1"] {
+            node(&mut c, n).unhealthy = true;
+        }
+        let mut p = pending("w0");
+        p.remediation = true;
+        assert_eq!(reason(&decide(&c, &p)), "TooManyUnhealthy");
+        p.remediation = false;
+        assert_eq!(
+            reason(&decide(&c, &p)),
+            "Admit",
+            "a planned reboot is not remediation"
+        );
+    }
+
+    #[test]
+    fn blockers_unknown_nodes_and_second_maintenances_are_blocked() {
+        let mut c = cluster(2, 0);
+        node(&mut c, "w0").blocker = Some("pod db/primary-0 matches a blocking selector".into());
+        assert_eq!(reason(&decide(&c, &pending("w0"))), "Blocked");
+        assert_eq!(reason(&decide(&c, &pending("ghost"))), "Blocked");
+        c.disrupted.insert("w1".into());
+        assert_eq!(reason(&decide(&c, &pending("w1"))), "Blocked");
+    }
+}
