@@ -184,6 +184,24 @@ fn has(type_: &'static str, status: &'static str) -> impl Fn(Option<&Node>) -> b
     move |n| condition(n, type_).is_some_and(|(s, _)| s == status)
 }
 
+/// Waits until `node` carries condition `type_` with `status`; returns the Node then.
+async fn wait_condition(
+    nodes: &Api<Node>,
+    node: &str,
+    type_: &'static str,
+    status: &'static str,
+) -> anyhow::Result<Node> {
+    let what = format!("{type_}={status}");
+    wait::until(nodes, node, &what, TIMEOUT, has(type_, status))
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("node {node} disappeared"))
+}
+
+/// The reason of condition `type_` on `node`.
+fn reason_of(node: &Node, type_: &str) -> Option<String> {
+    condition(Some(node), type_).map(|(_, reason)| reason)
+}
+
 /// The agent's audited writes about `node`: (resource/subresource, verb).
 fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
     let field = |e: &Value, path: &str| {
@@ -218,34 +236,18 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     let mut agent = Agent::start(&node, &env.id, "500ms", "2s")?;
 
     let nodes: Api<Node> = env.nodes();
-    wait::until(
-        &nodes,
-        &node,
-        "RebootRequired=False",
-        TIMEOUT,
-        has("RebootRequired", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
     assert_eq!(agent.get("/healthz").await?, (200, "ok".to_owned()));
 
     std::fs::write(agent.sentinel(), "")?;
-    let flagged = wait::until(
-        &nodes,
-        &node,
-        "RebootRequired=True",
-        TIMEOUT,
-        has("RebootRequired", "True"),
-    )
-    .await?;
+    let flagged = wait_condition(&nodes, &node, "RebootRequired", "True").await?;
     assert_eq!(
-        condition(flagged.as_ref(), "RebootRequired")
-            .map(|(_, r)| r)
-            .as_deref(),
+        reason_of(&flagged, "RebootRequired").as_deref(),
         Some("SentinelFilePresent")
     );
     assert_eq!(
-        condition(flagged.as_ref(), "Ready")
+        condition(Some(&flagged), "Ready")
             .map(|(s, _)| s)
             .as_deref(),
         Some("True"),
@@ -259,14 +261,7 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     );
 
     std::fs::remove_file(agent.sentinel())?;
-    wait::until(
-        &nodes,
-        &node,
-        "RebootRequired=False again",
-        TIMEOUT,
-        has("RebootRequired", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "RebootRequired", "False").await?;
 
     // One Warning when the problem started, one Normal when it cleared, on the Node, from
     // the agent (the node-lifecycle controller adds its own).
@@ -347,14 +342,7 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
     env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
     let heartbeat = Duration::from_secs(2);
     let agent = Agent::start(&node, &env.id, "300ms", "2s")?;
-    wait::until(
-        &env.nodes(),
-        &node,
-        "the first conditions",
-        TIMEOUT,
-        has("RebootRequired", "False"),
-    )
-    .await?;
+    wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
 
     let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
@@ -533,14 +521,7 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
         },
     )?;
     let nodes: Api<Node> = env.nodes();
-    wait::until(
-        &nodes,
-        &node,
-        "ReadonlyFilesystem=False",
-        TIMEOUT,
-        has("ReadonlyFilesystem", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
 
     // The real kernel log: root may write records to /dev/kmsg.
     std::fs::write(
@@ -551,18 +532,9 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
         "/dev/kmsg",
         format!("<3>Out of memory: Killed process 4242 (t{tag}) total-vm:1kB\n"),
     )?;
-    let flagged = wait::until(
-        &nodes,
-        &node,
-        "ReadonlyFilesystem=True",
-        TIMEOUT,
-        has("ReadonlyFilesystem", "True"),
-    )
-    .await?;
+    let flagged = wait_condition(&nodes, &node, "ReadonlyFilesystem", "True").await?;
     assert_eq!(
-        condition(flagged.as_ref(), "ReadonlyFilesystem")
-            .map(|(_, r)| r)
-            .as_deref(),
+        reason_of(&flagged, "ReadonlyFilesystem").as_deref(),
         Some("FilesystemIsReadOnly")
     );
 
@@ -589,14 +561,7 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
     );
 
     // Nothing new for clearAfter: the condition clears.
-    wait::until(
-        &nodes,
-        &node,
-        "ReadonlyFilesystem to clear",
-        TIMEOUT,
-        has("ReadonlyFilesystem", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
     env.cleanup().await
 }
 
@@ -636,29 +601,13 @@ async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() ->
         },
     )?;
     let nodes: Api<Node> = env.nodes();
-    wait::until(
-        &nodes,
-        &node,
-        "KubeletProblem=False",
-        TIMEOUT,
-        has("KubeletProblem", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "KubeletProblem", "False").await?;
 
     // systemd restarted the kubelet three times: healthy now, but not stable.
     systemd.update("kubelet.service", |u| u.restarts += 3);
-    let restarting = wait::until(
-        &nodes,
-        &node,
-        "FrequentRestarts",
-        TIMEOUT,
-        has("KubeletProblem", "True"),
-    )
-    .await?;
+    let restarting = wait_condition(&nodes, &node, "KubeletProblem", "True").await?;
     assert_eq!(
-        condition(restarting.as_ref(), "KubeletProblem")
-            .map(|(_, r)| r)
-            .as_deref(),
+        reason_of(&restarting, "KubeletProblem").as_deref(),
         Some("FrequentRestarts")
     );
     env.cleanup().await
@@ -685,14 +634,7 @@ async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> any
         },
     )?;
     let nodes: Api<Node> = env.nodes();
-    wait::until(
-        &nodes,
-        &node,
-        "RebootRequired=False",
-        TIMEOUT,
-        has("RebootRequired", "False"),
-    )
-    .await?;
+    wait_condition(&nodes, &node, "RebootRequired", "False").await?;
 
     proxy.cut();
     std::fs::write(agent.sentinel(), "")?;
@@ -727,18 +669,9 @@ async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> any
     );
 
     proxy.restore();
-    let after = wait::until(
-        &nodes,
-        &node,
-        "the write to resume",
-        TIMEOUT,
-        has("RebootRequired", "True"),
-    )
-    .await?;
+    let after = wait_condition(&nodes, &node, "RebootRequired", "True").await?;
     assert_eq!(
-        condition(after.as_ref(), "RebootRequired")
-            .map(|(_, r)| r)
-            .as_deref(),
+        reason_of(&after, "RebootRequired").as_deref(),
         Some("SentinelFilePresent")
     );
     std::fs::remove_dir_all(&dir).ok();
