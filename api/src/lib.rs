@@ -15,6 +15,7 @@ pub mod labels;
 pub mod maintenance;
 pub mod policy;
 pub mod report;
+pub mod selector;
 
 pub use drain::{DrainPlan, DrainStage, OnTimeout, PodRule, PodType, PriorityRange};
 pub use duration::{DURATION_PATTERN, Duration, InvalidDuration};
