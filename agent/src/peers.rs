@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, runtime::watcher};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
     net::{TcpListener, TcpStream, UdpSocket},
 };
 
@@ -95,7 +95,7 @@ pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
 async fn answer_tcp(stream: TcpStream) {
     let (reader, mut writer) = stream.into_split();
     let mut line = String::new();
-    let mut reader = BufReader::new(reader.take_limited());
+    let mut reader = BufReader::new(reader.take(MAX_PROBE as u64));
     let read = reader.read_line(&mut line);
     if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), read).await
         && let Some(nonce) = line.strip_prefix(PING)
@@ -103,19 +103,6 @@ async fn answer_tcp(stream: TcpStream) {
         let _ = writer
             .write_all(format!("{PONG}{}\n", nonce.trim_end()).as_bytes())
             .await;
-    }
-}
-
-/// Reading at most [`MAX_PROBE`] bytes of a probe.
-trait TakeLimited {
-    fn take_limited(self) -> tokio::io::Take<Self>
-    where
-        Self: Sized;
-}
-
-impl<R: tokio::io::AsyncRead> TakeLimited for R {
-    fn take_limited(self) -> tokio::io::Take<Self> {
-        tokio::io::AsyncReadExt::take(self, MAX_PROBE as u64)
     }
 }
 
@@ -153,7 +140,7 @@ async fn probe_tcp(target: SocketAddr) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let mut line = String::new();
-    BufReader::new(stream.take_limited())
+    BufReader::new(stream.take(MAX_PROBE as u64))
         .read_line(&mut line)
         .await
         .map_err(|e| e.to_string())?;

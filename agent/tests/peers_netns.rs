@@ -156,14 +156,7 @@ impl Drop for Agents {
 }
 
 fn peer_condition(node: Option<&Node>) -> Option<(String, String)> {
-    let c = node?
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PeerConnectivityProblem")?;
-    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+    wait::node_condition(node, "PeerConnectivityProblem")
 }
 
 async fn wait_all(

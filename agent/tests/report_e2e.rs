@@ -10,8 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{core::v1::Node, events::v1::Event};
-use kube::{Api, api::ListParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use nodeward_api::NodeReport;
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, wait};
 use serde_json::Value;
@@ -170,14 +170,7 @@ impl Drop for Agent {
 }
 
 fn condition(node: Option<&Node>, type_: &str) -> Option<(String, String)> {
-    let c = node?
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)?;
-    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+    wait::node_condition(node, type_)
 }
 
 fn has(type_: &'static str, status: &'static str) -> impl Fn(Option<&Node>) -> bool {
@@ -265,24 +258,16 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
 
     // One Warning when the problem started, one Normal when it cleared, on the Node, from
     // the agent (the node-lifecycle controller adds its own).
-    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
-    let selector = format!("regarding.name={node}");
-    let reasons = wait::eventually("both events", TIMEOUT, || {
-        let events = events.clone();
-        let selector = selector.clone();
-        async move {
-            let list = events
-                .list(&ListParams::default().fields(&selector))
-                .await?;
-            let mut reasons: Vec<(String, String)> = list
-                .items
-                .into_iter()
-                .filter(|e| e.reporting_controller.as_deref() == Some("nodeward-agent"))
-                .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
-                .collect();
-            reasons.sort();
-            Ok((reasons.len() >= 2).then_some(reasons))
-        }
+    let reasons = wait::eventually("both events", TIMEOUT, || async {
+        let mut reasons: Vec<(String, String)> = env
+            .events_about(&node, "")
+            .await?
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("nodeward-agent"))
+            .map(|e| (e.type_.unwrap_or_default(), e.reason.unwrap_or_default()))
+            .collect();
+        reasons.sort();
+        Ok((reasons.len() >= 2).then_some(reasons))
     })
     .await?;
     assert_eq!(
@@ -440,24 +425,15 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
         "no Node to own it yet"
     );
 
-    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
-    let selector = format!("regarding.name={node},regarding.kind=NodeReport");
     wait::eventually(
         "the KubeletUnregistered event on the NodeReport",
         TIMEOUT,
-        || {
-            let events = events.clone();
-            let selector = selector.clone();
-            async move {
-                let list = events
-                    .list(&ListParams::default().fields(&selector))
-                    .await?;
-                Ok(list
-                    .items
-                    .iter()
-                    .any(|e| e.reason.as_deref() == Some("KubeletUnregistered"))
-                    .then_some(()))
-            }
+        || async {
+            let events = env.events_about(&node, "regarding.kind=NodeReport").await?;
+            Ok(events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("KubeletUnregistered"))
+                .then_some(()))
         },
     )
     .await?;
@@ -538,20 +514,11 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
         Some("FilesystemIsReadOnly")
     );
 
-    let events: Api<Event> = Api::namespaced(env.client.clone(), "default");
-    let selector = format!("regarding.name={node}");
-    let oom = wait::eventually("the OOMKilling event", TIMEOUT, || {
-        let events = events.clone();
-        let selector = selector.clone();
-        async move {
-            let list = events
-                .list(&ListParams::default().fields(&selector))
-                .await?;
-            Ok(list
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("OOMKilling")))
-        }
+    let oom = wait::eventually("the OOMKilling event", TIMEOUT, || async {
+        let events = env.events_about(&node, "").await?;
+        Ok(events
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("OOMKilling")))
     })
     .await?;
     assert!(

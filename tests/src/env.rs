@@ -337,6 +337,26 @@ impl TestEnv {
         .await
     }
 
+    /// The events.k8s.io Events about the object named `name` (Events about cluster-scoped
+    /// objects live in `default`); `field_selector` adds more, e.g. `regarding.kind=Node`.
+    pub async fn events_about(
+        &self,
+        name: &str,
+        field_selector: &str,
+    ) -> anyhow::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), "default");
+        let mut selector = format!("regarding.name={name}");
+        if !field_selector.is_empty() {
+            selector.push(',');
+            selector.push_str(field_selector);
+        }
+        Ok(events
+            .list(&ListParams::default().fields(&selector))
+            .await?
+            .items)
+    }
+
     /// Deletes what this test created: its namespace (and so its workloads) and its nodes.
     pub async fn cleanup(self) -> anyhow::Result<()> {
         let selector = format!("{TEST_LABEL}={}", self.id);

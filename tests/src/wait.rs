@@ -63,3 +63,18 @@ pub fn condition_status<K: serde::Serialize>(object: &K, type_: &str) -> Option<
         .as_str()
         .map(str::to_owned)
 }
+
+/// A Node's condition of `type_`: its status and reason.
+pub fn node_condition(
+    node: Option<&k8s_openapi::api::core::v1::Node>,
+    type_: &str,
+) -> Option<(String, String)> {
+    let c = node?
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)?;
+    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
