@@ -1,7 +1,8 @@
 //! nodeward-agent: runs on every node, detects node problems and reports them, guards
 //! shutdowns with systemd-logind inhibitor locks and carries out admitted maintenances.
 
-pub mod backoff;
+pub use nodeward_runtime::{backoff, server};
+
 pub mod check;
 pub mod config;
 pub mod detect;
@@ -10,7 +11,6 @@ pub mod metrics;
 pub mod peers;
 pub mod report;
 pub mod runner;
-pub mod server;
 pub mod systemd;
 
 use std::path::PathBuf;
@@ -27,10 +27,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    #[error("connecting to the API server: {0}")]
-    Connect(String),
-    #[error("serving health and metrics: {0}")]
-    Serve(String),
+    #[error("serving peer probes: {0}")]
+    PeerProbes(String),
+    #[error(transparent)]
+    Runtime(#[from] nodeward_runtime::Error),
 }
 
 impl Error {

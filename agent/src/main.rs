@@ -17,6 +17,7 @@ use nodeward_agent::{
     server::{self, Readiness},
 };
 use nodeward_api::report::AgentMode;
+use nodeward_runtime::telemetry::{self, LogFormat};
 
 /// nodeward's node agent.
 #[derive(Parser)]
@@ -119,12 +120,6 @@ enum Output {
     Json,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let command = &cli.command;
@@ -163,7 +158,7 @@ fn main() -> ExitCode {
             listen,
             ..
         } => {
-            init_logging(*log_format);
+            telemetry::init_logging(*log_format);
             match runtime.block_on(run(config, node_name.clone(), kubeconfig.clone(), *listen)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -172,16 +167,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-    }
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -196,7 +181,8 @@ async fn run(
     } else {
         AgentMode::DaemonSet
     };
-    let client = client(kubeconfig).await?;
+    let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
+    let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), user_agent).await?;
     let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .ok()
         .map(|s| s.trim().to_owned());
@@ -206,8 +192,10 @@ async fn run(
         boot_id,
     };
     let metrics = Arc::new(Metrics::new());
-    let readiness = Arc::new(Readiness::default());
-    let (bound, serving) = server::serve(listen, metrics.clone(), readiness.clone()).await?;
+    let readiness = Arc::new(Readiness::new(
+        "the first detection round has not been reported yet",
+    ));
+    let (bound, serving) = server::serve(listen, metrics.encoder(), readiness.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
@@ -268,38 +256,8 @@ async fn run(
     );
     tasks.spawn(reporter.run(snapshots, kernel_events));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| Error::Connect(format!("installing the SIGTERM handler: {e}")))?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
+    let signal = nodeward_runtime::stop_signal().await?;
+    tracing::info!("{signal}: stopping");
     tasks.abort_all();
     Ok(())
-}
-
-async fn client(kubeconfig: Option<PathBuf>) -> Result<kube::Client, Error> {
-    let mut config = match kubeconfig {
-        Some(path) => {
-            let file = kube::config::Kubeconfig::read_from(&path).map_err(|e| {
-                Error::Connect(format!("reading kubeconfig {}: {e}", path.display()))
-            })?;
-            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| {
-                    Error::Connect(format!("loading kubeconfig {}: {e}", path.display()))
-                })?
-        }
-        None => kube::Config::incluster()
-            .map_err(|e| Error::Connect(format!("in-cluster configuration: {e}")))?,
-    };
-    // The agent retries with its own backoff, and must see 429s (PDB-blocked evictions) at once.
-    config.default_retry = false;
-    let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
-    config.headers.push((
-        hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static(user_agent),
-    ));
-    kube::Client::try_from(config).map_err(|e| Error::Connect(e.to_string()))
 }

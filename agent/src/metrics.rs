@@ -1,6 +1,8 @@
 //! The agent's Prometheus metrics. Labels carry detector names, condition types and protocols
 //! (small, fixed sets), never a peer or pod, so their number does not grow with the cluster.
 
+use std::sync::Arc;
+
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -104,6 +106,12 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+
+    /// The encoder the health and metrics server calls.
+    pub fn encoder(self: &Arc<Self>) -> nodeward_runtime::server::Encode {
+        let metrics = self.clone();
+        Arc::new(move || metrics.encode())
     }
 }
 

@@ -56,10 +56,10 @@ pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
             let v4 = SocketAddr::from(([0, 0, 0, 0], port));
             let tcp = TcpListener::bind(v4)
                 .await
-                .map_err(|e| Error::Serve(format!("peer probes: binding tcp {v4}: {e}")))?;
+                .map_err(|e| Error::PeerProbes(format!("binding tcp {v4}: {e}")))?;
             let udp = UdpSocket::bind(v4)
                 .await
-                .map_err(|e| Error::Serve(format!("peer probes: binding udp {v4}: {e}")))?;
+                .map_err(|e| Error::PeerProbes(format!("binding udp {v4}: {e}")))?;
             (tcp, udp)
         }
     };

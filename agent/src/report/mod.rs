@@ -149,7 +149,7 @@ impl Reporter {
                 match result {
                     Ok(()) => {
                         report_due = false;
-                        self.readiness.set();
+                        self.readiness.set(true);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");

@@ -17,27 +17,41 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::{Error, metrics::Metrics};
+use crate::Error;
 
-/// Whether the agent is ready: it has run its detectors and reported once.
-#[derive(Debug, Default)]
-pub struct Readiness(AtomicBool);
+/// Whether the daemon is ready, and what `/readyz` says while it is not.
+#[derive(Debug)]
+pub struct Readiness {
+    ready: AtomicBool,
+    waiting_for: &'static str,
+}
 
 impl Readiness {
-    pub fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
+    /// `waiting_for` completes "not ready: ...", e.g. "the watches have not synced yet".
+    pub fn new(waiting_for: &'static str) -> Self {
+        Self {
+            ready: AtomicBool::new(false),
+            waiting_for,
+        }
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.ready.store(ready, Ordering::Relaxed);
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed)
     }
 }
+
+/// Renders the metrics in the OpenMetrics text format.
+pub type Encode = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// Binds `address` and serves until the task is dropped. Returns the bound address (useful
 /// with port 0).
 pub async fn serve(
     address: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Encode,
     readiness: Arc<Readiness>,
 ) -> Result<(SocketAddr, impl Future<Output = ()>), Error> {
     let listener = TcpListener::bind(address)
@@ -67,19 +81,19 @@ pub async fn serve(
     Ok((bound, serving))
 }
 
-fn route(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Full<Bytes>> {
+fn route(path: &str, metrics: &Encode, readiness: &Readiness) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
         "/healthz" => (StatusCode::OK, "text/plain", "ok".to_owned()),
         "/readyz" if readiness.is_ready() => (StatusCode::OK, "text/plain", "ok".to_owned()),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
-            "not ready: the first detection round has not been reported yet".to_owned(),
+            format!("not ready: {}", readiness.waiting_for),
         ),
         "/metrics" => (
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            metrics.encode(),
+            metrics(),
         ),
         _ => (
             StatusCode::NOT_FOUND,
