@@ -12,6 +12,9 @@ pub mod node {
     /// Reported in the NodeReport and as an Event, never as a condition: a node that never
     /// registered has no Node object to carry one.
     pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
+    /// Written by the coordinator: the node never became Ready within a policy's
+    /// `nodeStartupTimeout`.
+    pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";
 }
 
 /// NodeMaintenance condition types.
@@ -29,6 +32,8 @@ pub mod policy {
     pub const PAUSED: &str = "Paused";
     /// `False` with reason `TooManyUnhealthy` when `maxUnhealthy` is exceeded.
     pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";
+    /// `False` with the problem when the spec cannot be applied (nothing in scope is admitted).
+    pub const VALID: &str = "Valid";
 }
 
 /// Why the coordinator did not admit a NodeMaintenance (reason of `Admitted=False`).

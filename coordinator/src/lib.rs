@@ -1,9 +1,38 @@
-//! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits
-//! (leader election, admission, cluster health, pause). So far the pure decisions: admission
-//! (budget math, windows, the five rules), node health and the `maxUnhealthy` gate, pause
-//! acknowledgement. The controller and the binary arrive with the rest of the coordinator
-//! issue.
+//! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits.
+//! Leader election on a Lease ([`election`]); the decisions as pure functions ([`admission`],
+//! [`health`], [`pause`], one round of them in [`round`]); the control loop that watches the
+//! cluster and writes the decisions ([`controller`]); the `status` report ([`status`]).
 
 pub mod admission;
+pub mod controller;
+pub mod election;
 pub mod health;
+pub mod metrics;
 pub mod pause;
+pub mod round;
+pub mod status;
+
+/// Everything that can go wrong in the coordinator, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{action} {object}: {source}")]
+    Kube {
+        action: &'static str,
+        object: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Runtime(#[from] nodeward_runtime::Error),
+}
+
+impl Error {
+    /// A failed API call: what was being done, to which object.
+    pub fn kube(action: &'static str, object: String, source: kube::Error) -> Self {
+        Self::Kube {
+            action,
+            object,
+            source,
+        }
+    }
+}

@@ -32,6 +32,9 @@ pub struct PolicyState {
     /// Whether one of its windows is open now (true when it has none).
     pub window_open: bool,
     pub allow_sole_control_plane: bool,
+    /// Why the policy cannot be applied (an invalid selector, limit or window): nothing in
+    /// its scope is admitted until it is fixed.
+    pub invalid: Option<String>,
 }
 
 /// The cluster as admission sees it.
@@ -87,6 +90,15 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         .filter(|p| p.matched.contains(&pending.node))
         .collect();
 
+    if let Some((p, problem)) = policies
+        .iter()
+        .find_map(|p| p.invalid.as_ref().map(|problem| (p, problem)))
+    {
+        return deny(
+            denial::BLOCKED,
+            format!("policy {} is invalid: {problem}", p.name),
+        );
+    }
     if let Some(p) = policies.iter().find(|p| p.paused) {
         return deny(denial::PAUSED, format!("policy {} is paused", p.name));
     }
@@ -236,6 +248,7 @@ mod tests {
             paused: false,
             window_open: true,
             allow_sole_control_plane: false,
+            invalid: None,
         }
     }
 

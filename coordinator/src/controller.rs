@@ -1,0 +1,713 @@
+//! The coordinator's control loop: watches Nodes, DisruptionPolicies, NodeMaintenances and
+//! NodeReports into reflector stores, and while it leads, runs a round ([`crate::round`]) on
+//! every change (and every `resync`, for windows and durations that pass with time) and
+//! carries the plan out: budget slots first, as conditional writes of each policy's status,
+//! then the maintenances they admit, denials, endings and remediation.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::{
+        WatchStreamExt,
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, Store, reflector},
+        watcher,
+    },
+};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, NodeMaintenanceSpec,
+    NodeReport,
+    conditions::{maintenance as maintenance_conditions, node as node_conditions},
+    labels::{COORDINATOR_FIELD_MANAGER, NODE_NAME_LABEL},
+    maintenance::{AdmissionRecord, PhaseTransition},
+    policy::StartupAction,
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+
+use crate::{
+    Error,
+    metrics::{Metrics, PolicyLabels, ReasonLabels},
+    round::{self, Gone, Memory, Objects, Plan},
+};
+
+/// A denial whose reason is unchanged is rewritten (new message) at most this often.
+const DENIAL_REFRESH: Duration = Duration::from_secs(30);
+/// A remediation just requested is not requested again for this long (the watch shows it).
+const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
+
+/// The four watched kinds.
+#[derive(Clone)]
+pub struct Stores {
+    pub nodes: Store<Node>,
+    pub policies: Store<DisruptionPolicy>,
+    pub maintenances: Store<NodeMaintenance>,
+    pub reports: Store<NodeReport>,
+}
+
+impl Stores {
+    /// Starts a reflector for each kind; every event wakes `changed`.
+    pub fn watch(
+        client: &Client,
+        changed: &Arc<Notify>,
+        tasks: &mut tokio::task::JoinSet<()>,
+    ) -> Self {
+        Self {
+            nodes: reflect(
+                Api::all(client.clone()),
+                changed,
+                tasks,
+                |node: &mut Node| {
+                    // Image lists are most of a Node's size and nothing here reads them.
+                    if let Some(status) = node.status.as_mut() {
+                        status.images = None;
+                    }
+                },
+            ),
+            policies: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
+            maintenances: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
+            reports: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
+        }
+    }
+
+    /// Resolves once every store holds a complete initial list.
+    pub async fn synced(&self) -> bool {
+        let (a, b, c, d) = futures::join!(
+            self.nodes.wait_until_ready(),
+            self.policies.wait_until_ready(),
+            self.maintenances.wait_until_ready(),
+            self.reports.wait_until_ready(),
+        );
+        a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok()
+    }
+
+    pub fn objects(&self) -> Objects {
+        Objects {
+            nodes: self.nodes.state(),
+            policies: self.policies.state(),
+            maintenances: self.maintenances.state(),
+            reports: self.reports.state(),
+        }
+    }
+}
+
+fn reflect<K>(
+    api: Api<K>,
+    changed: &Arc<Notify>,
+    tasks: &mut tokio::task::JoinSet<()>,
+    trim: fn(&mut K),
+) -> Store<K>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let changed = changed.clone();
+    let stream = reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(move |object: &mut K| {
+                object.managed_fields_mut().clear();
+                trim(object);
+            }),
+    );
+    tasks.spawn(async move {
+        stream
+            .for_each(|event| {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
+                }
+                changed.notify_one();
+                futures::future::ready(())
+            })
+            .await;
+    });
+    reader
+}
+
+/// Objects this coordinator wrote, used until the watch delivers them, so that the next round
+/// does not decide on the version it just replaced.
+struct Fresh<K> {
+    written: HashMap<String, (Option<String>, Arc<K>)>,
+}
+
+impl<K: Resource> Fresh<K> {
+    fn new() -> Self {
+        Self {
+            written: HashMap::new(),
+        }
+    }
+
+    fn record(&mut self, before: &K, written: K) {
+        self.written.insert(
+            written.name_any(),
+            (before.resource_version(), Arc::new(written)),
+        );
+    }
+
+    fn apply(&mut self, objects: &mut [Arc<K>]) {
+        let mut seen = BTreeSet::new();
+        for object in objects.iter_mut() {
+            let name = object.name_any();
+            if let Some((before, written)) = self.written.get(&name) {
+                if object.resource_version() == *before {
+                    *object = written.clone();
+                    seen.insert(name);
+                }
+            }
+        }
+        self.written.retain(|name, _| seen.contains(name));
+    }
+}
+
+pub struct Controller {
+    client: Client,
+    identity: String,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    memory: Memory,
+    fresh_policies: Fresh<DisruptionPolicy>,
+    fresh_maintenances: Fresh<NodeMaintenance>,
+    denied_at: HashMap<String, Instant>,
+    remediated_at: HashMap<String, Instant>,
+}
+
+impl Controller {
+    pub fn new(client: Client, identity: String, metrics: Arc<Metrics>) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: COORDINATOR_FIELD_MANAGER.to_owned(),
+                instance: Some(identity.clone()),
+            },
+        );
+        Self {
+            client,
+            identity,
+            metrics,
+            recorder,
+            memory: Memory::default(),
+            fresh_policies: Fresh::new(),
+            fresh_maintenances: Fresh::new(),
+            denied_at: HashMap::new(),
+            remediated_at: HashMap::new(),
+        }
+    }
+
+    /// Runs rounds while leading, until `stop` fires. Nothing is decided before every watch
+    /// has synced: the coordinator never admits on a partial view.
+    pub async fn run(
+        mut self,
+        stores: Stores,
+        changed: Arc<Notify>,
+        mut leader: watch::Receiver<bool>,
+        resync: Duration,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        tokio::select! {
+            synced = stores.synced() => if !synced { return },
+            _ = stop.changed() => return,
+        }
+        loop {
+            tokio::select! {
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(resync) => {}
+                _ = leader.changed() => {}
+                _ = stop.changed() => return,
+            }
+            if !*leader.borrow() {
+                continue;
+            }
+            let confirm = self.round(&stores, &leader).await;
+            if self.confirm_gone(confirm).await {
+                changed.notify_one();
+            }
+        }
+    }
+
+    /// One round: decide, then write. Returns the missing objects to confirm gone.
+    async fn round(&mut self, stores: &Stores, leader: &watch::Receiver<bool>) -> BTreeSet<Gone> {
+        let mut objects = stores.objects();
+        self.fresh_policies.apply(&mut objects.policies);
+        self.fresh_maintenances.apply(&mut objects.maintenances);
+        let started = Instant::now();
+        let plan = round::plan(&objects, &mut self.memory, Timestamp::now());
+        self.metrics
+            .decision_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.export(&plan);
+        if !*leader.borrow() {
+            return BTreeSet::new();
+        }
+        let failed = self.write_policies(&objects, &plan).await;
+        for admission in &plan.admit {
+            if admission.new_slots_in.iter().any(|p| failed.contains(p)) {
+                continue;
+            }
+            self.admit(&objects, admission).await;
+        }
+        for denial in &plan.deny {
+            self.deny(&objects, denial).await;
+        }
+        for ending in &plan.end {
+            self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
+                .await;
+        }
+        for timeout in &plan.startup_timeouts {
+            self.startup_timeout(timeout).await;
+        }
+        for request in &plan.remediate {
+            self.remediate(&objects, request).await;
+        }
+        plan.confirm_gone
+    }
+
+    fn export(&self, plan: &Plan) {
+        for (policy, (used, max)) in &plan.budget_use {
+            let labels = PolicyLabels {
+                policy: policy.clone(),
+            };
+            self.metrics
+                .budget_used
+                .get_or_create(&labels)
+                .set(i64::try_from(*used).unwrap_or(i64::MAX));
+            self.metrics
+                .budget_max
+                .get_or_create(&labels)
+                .set(i64::try_from(*max).unwrap_or(i64::MAX));
+        }
+        for (policy, unhealthy) in &plan.unhealthy {
+            self.metrics
+                .unhealthy
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .set(i64::try_from(*unhealthy).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Writes each changed policy status with the resourceVersion it was decided on. Returns
+    /// the policies whose write failed (their new slots do not exist).
+    async fn write_policies(&mut self, objects: &Objects, plan: &Plan) -> BTreeSet<String> {
+        let api: Api<DisruptionPolicy> = Api::all(self.client.clone());
+        let mut failed = BTreeSet::new();
+        for (name, status) in &plan.policy_status {
+            let Some(current) = objects.policies.iter().find(|p| p.name_any() == *name) else {
+                continue;
+            };
+            let mut updated = current.as_ref().clone();
+            updated.status = Some(status.clone());
+            match api
+                .replace_status(name, &PostParams::default(), &updated)
+                .await
+            {
+                Ok(written) => self.fresh_policies.record(current, written),
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    self.metrics.slot_conflicts.inc();
+                    tracing::info!(policy = %name, "policy changed since it was read (another writer); deciding again");
+                    failed.insert(name.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("writing the status of", format!("DisruptionPolicy {name}"), e), "budget write failed");
+                    failed.insert(name.clone());
+                }
+            }
+        }
+        failed
+    }
+
+    fn maintenance<'a>(objects: &'a Objects, name: &str) -> Option<&'a Arc<NodeMaintenance>> {
+        objects.maintenances.iter().find(|m| m.name_any() == name)
+    }
+
+    /// Replaces a maintenance's status with its resourceVersion as precondition; a conflict
+    /// means someone changed it first, and the next round looks again.
+    async fn write_maintenance(
+        &mut self,
+        current: &NodeMaintenance,
+        change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
+    ) -> bool {
+        let name = current.name_any();
+        let mut updated = current.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        if status.history.is_empty() {
+            status.history.push(PhaseTransition {
+                phase: MaintenancePhase::Pending,
+                time: current
+                    .metadata
+                    .creation_timestamp
+                    .clone()
+                    .unwrap_or(Time(Timestamp::now())),
+            });
+        }
+        change(status);
+        status.observed_generation = current.metadata.generation;
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        match api
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                self.fresh_maintenances.record(current, written);
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
+            Err(e) => {
+                tracing::warn!(error = %Error::kube("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
+                false
+            }
+        }
+    }
+
+    async fn admit(&mut self, objects: &Objects, admission: &round::Admission) {
+        let Some(current) = Self::maintenance(objects, &admission.maintenance) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let record = AdmissionRecord {
+            policies: admission.policies.clone(),
+            admitted_at: Time(now),
+            admitted_by: self.identity.clone(),
+        };
+        let message = if admission.policies.is_empty() {
+            "no DisruptionPolicy matches the node; admitted without limits".to_owned()
+        } else {
+            format!("holds a slot in policies {}", admission.policies.join(", "))
+        };
+        let generation = current.metadata.generation;
+        let note = message.clone();
+        let written = self
+            .write_maintenance(current, |status| {
+                status.phase = MaintenancePhase::Admitted;
+                status.history.push(PhaseTransition {
+                    phase: MaintenancePhase::Admitted,
+                    time: Time(now),
+                });
+                status.admission = Some(record);
+                status.message = Some(message.clone());
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::ADMITTED,
+                    "True",
+                    "Admitted",
+                    message,
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            self.metrics.admissions.inc();
+            if let Some(created) = current.metadata.creation_timestamp.as_ref() {
+                let latency = now.duration_since(created.0).as_secs_f64().max(0.0);
+                self.metrics.admission_latency_seconds.observe(latency);
+            }
+            tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
+            self.event(current.as_ref(), EventType::Normal, "Admitted", note)
+                .await;
+        }
+    }
+
+    async fn deny(&mut self, objects: &Objects, denial: &round::Denial) {
+        let Some(current) = Self::maintenance(objects, &denial.maintenance) else {
+            return;
+        };
+        let existing: Option<&Condition> = current.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == maintenance_conditions::ADMITTED)
+        });
+        let same_reason =
+            existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason);
+        if same_reason && existing.is_some_and(|c| c.message == denial.message) {
+            return;
+        }
+        let recently = self
+            .denied_at
+            .get(&denial.maintenance)
+            .is_some_and(|t| t.elapsed() < DENIAL_REFRESH);
+        if same_reason && recently {
+            return;
+        }
+        let now = Timestamp::now();
+        let generation = current.metadata.generation;
+        let written = self
+            .write_maintenance(current, |status| {
+                status.phase = MaintenancePhase::Pending;
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::ADMITTED,
+                    "False",
+                    denial.reason,
+                    denial.message.clone(),
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            self.denied_at
+                .insert(denial.maintenance.clone(), Instant::now());
+            self.denied_at.retain(|_, t| t.elapsed() < DENIAL_REFRESH);
+            if !same_reason {
+                self.metrics
+                    .denials
+                    .get_or_create(&ReasonLabels {
+                        reason: denial.reason.to_owned(),
+                    })
+                    .inc();
+                self.event(
+                    current.as_ref(),
+                    EventType::Normal,
+                    denial.reason,
+                    denial.message.clone(),
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn end(
+        &mut self,
+        objects: &Objects,
+        maintenance: &str,
+        phase: MaintenancePhase,
+        message: &str,
+    ) {
+        let Some(current) = Self::maintenance(objects, maintenance) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let written = self
+            .write_maintenance(current, |status| {
+                status.phase = phase;
+                status.history.push(PhaseTransition {
+                    phase,
+                    time: Time(now),
+                });
+                status.finished_at = Some(Time(now));
+                status.message = Some(message.to_owned());
+            })
+            .await;
+        if written {
+            tracing::info!(%maintenance, ?phase, %message, "maintenance ended");
+            let kind = if phase == MaintenancePhase::Succeeded {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            self.event(
+                current.as_ref(),
+                kind,
+                &format!("{phase:?}"),
+                message.to_owned(),
+            )
+            .await;
+        }
+    }
+
+    async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        if !timeout.reported {
+            let condition = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": timeout.node},
+                "status": {"conditions": [{
+                    "type": node_conditions::STARTUP_TIMED_OUT,
+                    "status": "True",
+                    "reason": "NeverBecameReady",
+                    "message": format!("{} (policy {})", timeout.message, timeout.policy),
+                    "lastTransitionTime": Time(Timestamp::now()),
+                    "lastHeartbeatTime": Time(Timestamp::now()),
+                }]},
+            });
+            let applied = nodes
+                .patch_status(
+                    &timeout.node,
+                    &PatchParams::apply(COORDINATOR_FIELD_MANAGER).force(),
+                    &Patch::Apply(&condition),
+                )
+                .await;
+            match applied {
+                Ok(node) => {
+                    tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
+                    self.event(
+                        &node,
+                        EventType::Warning,
+                        "NodeStartupTimeout",
+                        format!("{} (policy {})", timeout.message, timeout.policy),
+                    )
+                    .await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
+                    return;
+                }
+            }
+        }
+        if timeout.action == StartupAction::DeleteNode {
+            match nodes.delete(&timeout.node, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::warn!(node = %timeout.node, policy = %timeout.policy, "deleted a node that never became Ready");
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("deleting", format!("Node {}", timeout.node), e), "startup action failed")
+                }
+            }
+        }
+    }
+
+    async fn remediate(&mut self, objects: &Objects, request: &round::RemediationRequest) {
+        self.remediated_at
+            .retain(|_, t| t.elapsed() < REMEDIATION_DEBOUNCE);
+        if self.remediated_at.contains_key(&request.node) {
+            return;
+        }
+        if let Some(replaced) = &request.replaces {
+            if let Some(current) = Self::maintenance(objects, replaced) {
+                self.end(
+                    objects,
+                    &current.name_any(),
+                    MaintenancePhase::Failed,
+                    &request.message,
+                )
+                .await;
+            }
+        }
+        let mut maintenance = NodeMaintenance::new(
+            "",
+            NodeMaintenanceSpec {
+                node_name: request.node.clone(),
+                reason: MaintenanceReason::Remediation,
+                action: request.action,
+                requested_by: Some(COORDINATOR_FIELD_MANAGER.to_owned()),
+                message: Some(request.message.clone()),
+                drain_plan: None,
+            },
+        );
+        maintenance.metadata.name = None;
+        maintenance.metadata.generate_name =
+            Some(format!("remediation-{}-", truncate(&request.node, 40)));
+        maintenance.metadata.labels = Some(
+            [(
+                NODE_NAME_LABEL.to_owned(),
+                truncate(&request.node, 63).to_owned(),
+            )]
+            .into_iter()
+            .collect(),
+        );
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), &maintenance).await {
+            Ok(created) => {
+                self.remediated_at
+                    .insert(request.node.clone(), Instant::now());
+                self.metrics.remediations.inc();
+                tracing::warn!(node = %request.node, maintenance = %created.name_any(), action = ?request.action, message = %request.message, "remediation requested");
+                self.event(
+                    &created,
+                    EventType::Warning,
+                    "RemediationRequested",
+                    request.message.clone(),
+                )
+                .await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %Error::kube("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
+            }
+        }
+    }
+
+    /// Confirms with a direct read that objects missing from the watch are gone; returns
+    /// whether any was (a new round can then free their slots).
+    async fn confirm_gone(&mut self, missing: BTreeSet<Gone>) -> bool {
+        let mut any = false;
+        for gone in missing {
+            let absent = match &gone {
+                Gone::Maintenance { name, uid } => {
+                    let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                    match api.get_opt(name).await {
+                        Ok(found) => found.is_none_or(|m| m.uid().as_deref() != Some(uid)),
+                        Err(_) => false,
+                    }
+                }
+                Gone::Node(name) => {
+                    let api: Api<Node> = Api::all(self.client.clone());
+                    matches!(api.get_opt(name).await, Ok(None))
+                }
+            };
+            if absent {
+                self.memory.confirmed_gone.insert(gone);
+                any = true;
+            }
+        }
+        any
+    }
+
+    async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        let published = self
+            .recorder
+            .publish(
+                &Event {
+                    type_,
+                    reason: reason.to_owned(),
+                    note: Some(note),
+                    action: "Admission".to_owned(),
+                    secondary: None,
+                },
+                &reference,
+            )
+            .await;
+        if let Err(e) = published {
+            tracing::warn!(error = %e, %reason, "publishing an event failed");
+        }
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].trim_end_matches(['-', '.'])
+}
+
+/// Lists every watched kind once (for `status`).
+pub async fn list_all(client: &Client) -> Result<Objects, Error> {
+    async fn list<K>(client: &Client) -> Result<Vec<Arc<K>>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(client.clone());
+        let listed = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| Error::kube("listing", K::plural(&()).into_owned(), e))?;
+        Ok(listed.items.into_iter().map(Arc::new).collect())
+    }
+    Ok(Objects {
+        nodes: list(client).await?,
+        policies: list(client).await?,
+        maintenances: list(client).await?,
+        reports: list(client).await?,
+    })
+}

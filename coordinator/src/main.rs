@@ -1,0 +1,215 @@
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+
+use clap::{Parser, Subcommand};
+use nodeward_coordinator::{
+    Error,
+    controller::{Controller, Stores},
+    election,
+    metrics::Metrics,
+    status,
+};
+use nodeward_runtime::{
+    server::{self, Readiness},
+    telemetry::{self, LogFormat},
+};
+use tokio::sync::{Notify, watch};
+
+const USER_AGENT: &str = concat!("nodeward-coordinator/", env!("CARGO_PKG_VERSION"));
+
+/// nodeward's coordinator: admits node disruptions under cluster-wide limits.
+#[derive(Parser)]
+#[command(name = "nodeward-coordinator", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the coordinator: elect a leader, admit maintenances, track cluster health. Stops
+    /// cleanly (releasing the leader Lease) on SIGTERM or SIGINT.
+    Run(Run),
+    /// Print policies with their budget use, maintenances with their phase, unhealthy nodes.
+    Status {
+        /// Kubeconfig; without it the in-cluster service account is used.
+        #[arg(long, env = "NODEWARD_KUBECONFIG")]
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+#[derive(clap::Args)]
+struct Run {
+    /// Kubeconfig; without it the in-cluster service account is used.
+    #[arg(long, env = "NODEWARD_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9471")]
+    listen: SocketAddr,
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Elect a leader among the replicas; `--leader-elect=false` makes this one act at once
+    /// (budgets still hold: every budget write is conditional).
+    #[arg(long, env = "NODEWARD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the leader election Lease.
+    #[arg(long, default_value = "nodeward-coordinator")]
+    lease_name: String,
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "nodeward-system")]
+    lease_namespace: String,
+    /// Identity recorded as the Lease holder and in admissions (default: host name and a
+    /// random suffix).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How long a Lease holder is trusted without renewing, e.g. 15s.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+    /// The leader steps down when it could not renew for this long; less than --lease-duration.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    renew_deadline: Duration,
+    /// How often the Lease is renewed or retried; less than --renew-deadline.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    retry_period: Duration,
+    /// Decide again at least this often (windows open and close, conditions age).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    resync: Duration,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Run(run) = &cli.command
+        && let Err(e) = validate(run)
+    {
+        eprintln!("nodeward-coordinator: {e}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nodeward-coordinator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match cli.command {
+        Command::Run(run) => {
+            telemetry::init_logging(run.log_format);
+            match runtime.block_on(run_coordinator(run)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!(error = %e, "nodeward-coordinator stopped");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Status { kubeconfig } => match runtime.block_on(print_status(kubeconfig)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nodeward-coordinator status: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn validate(run: &Run) -> Result<(), String> {
+    if run.renew_deadline >= run.lease_duration {
+        return Err(format!(
+            "--renew-deadline ({}) must be shorter than --lease-duration ({}), so that a leader steps down before its Lease can be taken over",
+            humantime::format_duration(run.renew_deadline),
+            humantime::format_duration(run.lease_duration)
+        ));
+    }
+    if run.retry_period >= run.renew_deadline {
+        return Err(format!(
+            "--retry-period ({}) must be shorter than --renew-deadline ({})",
+            humantime::format_duration(run.retry_period),
+            humantime::format_duration(run.renew_deadline)
+        ));
+    }
+    if run.resync.is_zero() {
+        return Err("--resync must be more than 0s, e.g. 5s".to_owned());
+    }
+    Ok(())
+}
+
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "coordinator".to_owned());
+    format!("{host}-{:06x}", rand::random::<u32>() & 0xff_ffff)
+}
+
+async fn run_coordinator(run: Run) -> Result<(), Error> {
+    let client = nodeward_runtime::client::connect(run.kubeconfig.as_deref(), USER_AGENT).await?;
+    let identity = run.identity.clone().unwrap_or_else(default_identity);
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Arc::new(Readiness::new("the watches have not synced yet"));
+    let (bound, serving) = server::serve(run.listen, metrics.encoder(), readiness.clone()).await?;
+    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(serving);
+
+    let changed = Arc::new(Notify::new());
+    let stores = Stores::watch(&client, &changed, &mut tasks);
+    let synced = stores.clone();
+    let ready = readiness.clone();
+    tasks.spawn(async move {
+        if synced.synced().await {
+            ready.set(true);
+            tracing::info!("watches synced");
+        }
+    });
+
+    let (stop_tx, stop) = watch::channel(false);
+    let (leader_tx, leader) = watch::channel(false);
+    let election = if run.leader_elect {
+        let settings = election::Settings {
+            name: run.lease_name.clone(),
+            namespace: run.lease_namespace.clone(),
+            identity: identity.clone(),
+            lease_duration: run.lease_duration,
+            renew_deadline: run.renew_deadline,
+            retry_period: run.retry_period,
+        };
+        Some(tokio::spawn(election::run(
+            client.clone(),
+            settings,
+            leader_tx,
+            metrics.clone(),
+            stop.clone(),
+        )))
+    } else {
+        tracing::warn!("leader election is off: this coordinator acts as leader");
+        metrics.leader.set(1);
+        let _ = leader_tx.send(true);
+        // Keep the sender alive so that the controller's `leader.changed()` never ends.
+        tasks.spawn(async move {
+            leader_tx.closed().await;
+        });
+        None
+    };
+    let controller = Controller::new(client, identity.clone(), metrics);
+    let controlling = tokio::spawn(controller.run(stores, changed, leader, run.resync, stop));
+    tracing::info!(%identity, "nodeward-coordinator running");
+
+    let signal = nodeward_runtime::stop_signal().await?;
+    tracing::info!("{signal}: stopping");
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), controlling).await;
+    if let Some(election) = election {
+        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
+    }
+    tasks.abort_all();
+    Ok(())
+}
+
+async fn print_status(kubeconfig: Option<PathBuf>) -> Result<(), Error> {
+    let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), USER_AGENT).await?;
+    let objects = nodeward_coordinator::controller::list_all(&client).await?;
+    print!("{}", status::render(&objects, jiff::Timestamp::now()));
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The coordinator's Prometheus metrics. Labels carry policy names and denial reasons (small
+//! sets chosen by the operator), never node or maintenance names.
+
+use std::sync::Arc;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabels {
+    pub policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+/// Every metric the coordinator exports.
+pub struct Metrics {
+    registry: Registry,
+    pub leader: Gauge,
+    pub admissions: Counter,
+    pub denials: Family<ReasonLabels, Counter>,
+    pub budget_used: Family<PolicyLabels, Gauge>,
+    pub budget_max: Family<PolicyLabels, Gauge>,
+    pub unhealthy: Family<PolicyLabels, Gauge>,
+    /// Time of one reconcile round's decisions (no API calls).
+    pub decision_seconds: Histogram,
+    /// From a maintenance's creation to its admission being written.
+    pub admission_latency_seconds: Histogram,
+    /// Conditional budget writes refused because another writer changed the policy first.
+    pub slot_conflicts: Counter,
+    pub remediations: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("nodeward_coordinator");
+        let metrics = Self {
+            leader: Gauge::default(),
+            admissions: Counter::default(),
+            denials: Family::default(),
+            budget_used: Family::default(),
+            budget_max: Family::default(),
+            unhealthy: Family::default(),
+            decision_seconds: Histogram::new([
+                0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+            ]),
+            admission_latency_seconds: Histogram::new([
+                0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0,
+            ]),
+            slot_conflicts: Counter::default(),
+            remediations: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "leader",
+            "1 while this coordinator leads",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "admissions",
+            "Maintenances admitted",
+            metrics.admissions.clone(),
+        );
+        registry.register(
+            "denials",
+            "Admission denials newly recorded on a maintenance, by reason",
+            metrics.denials.clone(),
+        );
+        registry.register(
+            "budget_used",
+            "Nodes disrupted (slots held plus NotReady) per policy",
+            metrics.budget_used.clone(),
+        );
+        registry.register(
+            "budget_max",
+            "maxConcurrent per policy, as a count",
+            metrics.budget_max.clone(),
+        );
+        registry.register(
+            "unhealthy_nodes",
+            "Unhealthy nodes per policy",
+            metrics.unhealthy.clone(),
+        );
+        registry.register(
+            "decision_duration_seconds",
+            "Time to decide one reconcile round (without API calls)",
+            metrics.decision_seconds.clone(),
+        );
+        registry.register(
+            "admission_latency_seconds",
+            "From a maintenance's creation to its admission",
+            metrics.admission_latency_seconds.clone(),
+        );
+        registry.register(
+            "slot_conflicts",
+            "Budget writes refused with Conflict (another writer was first)",
+            metrics.slot_conflicts.clone(),
+        );
+        registry.register(
+            "remediations",
+            "Remediation maintenances created",
+            metrics.remediations.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    /// The encoder the health and metrics server calls.
+    pub fn encoder(self: &Arc<Self>) -> nodeward_runtime::server::Encode {
+        let metrics = self.clone();
+        Arc::new(move || metrics.encode())
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

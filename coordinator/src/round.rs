@@ -1,0 +1,1118 @@
+//! One reconcile round's decisions, as a pure function of the watched objects, the time and
+//! what the coordinator remembers between rounds: which budget slots to free, which pending
+//! maintenances to admit or deny (oldest first), each policy's new status (slots, counts,
+//! `Paused`, `RemediationAllowed`), which maintenances lost their node, and what remediation
+//! to start. The controller carries the plan out; nothing here does I/O.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::{Resource, ResourceExt};
+use nodeward_api::{
+    DisruptionPolicy, DisruptionPolicyStatus, MaintenanceAction, MaintenancePhase,
+    MaintenanceReason, NodeMaintenance, NodeReport,
+    conditions::{node as node_conditions, policy as policy_conditions},
+    labels::CONTROL_PLANE_ROLE_LABEL,
+    policy::{BudgetSlot, Remediation, StartupAction},
+};
+
+use crate::{
+    admission::{
+        budget::{self, Rounding},
+        decide::{self, Cluster, Decision, NodeState, Pending, PolicyState},
+        window::{self, Window},
+    },
+    health::{self, Health, Observed, ObservedCondition, RemediationGate, Rules, UnhealthyRule},
+    pause,
+};
+
+/// The watched objects of one round.
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    pub nodes: Vec<Arc<Node>>,
+    pub policies: Vec<Arc<DisruptionPolicy>>,
+    pub maintenances: Vec<Arc<NodeMaintenance>>,
+    pub reports: Vec<Arc<NodeReport>>,
+}
+
+/// What the coordinator carries from one round to the next.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// Nodes seen Ready at least once (a Node object alone does not say whether it ever was).
+    pub seen_ready: BTreeSet<String>,
+    /// The `maxUnhealthy` gate of each policy, with its cooldown.
+    pub gates: BTreeMap<String, RemediationGate>,
+    /// Objects confirmed gone by a direct read. A watch can lag: a slot whose maintenance or
+    /// node is missing from this coordinator's view is freed only once its absence is
+    /// confirmed, or a lagging coordinator could free a slot another one just took.
+    pub confirmed_gone: BTreeSet<Gone>,
+}
+
+/// An object missing from the watched state.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Gone {
+    /// A NodeMaintenance: name and the uid the slot recorded.
+    Maintenance {
+        name: String,
+        uid: String,
+    },
+    Node(String),
+}
+
+/// Everything a round decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Policies whose status must change (to be written with their resourceVersion).
+    pub policy_status: BTreeMap<String, DisruptionPolicyStatus>,
+    /// Maintenances to mark Admitted, with every policy whose slot they hold.
+    pub admit: Vec<Admission>,
+    pub deny: Vec<Denial>,
+    /// Unfinished maintenances to end because their node is gone.
+    pub end: Vec<Ending>,
+    /// Remediation maintenances to create.
+    pub remediate: Vec<RemediationRequest>,
+    /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
+    pub startup_timeouts: Vec<StartupTimeout>,
+    /// Per policy: nodes disrupted now (slots plus NotReady) and the `maxConcurrent` count.
+    pub budget_use: BTreeMap<String, (usize, usize)>,
+    pub unhealthy: BTreeMap<String, usize>,
+    /// Every unhealthy node (under any policy's rules, or NotReady), and why.
+    pub unhealthy_nodes: BTreeMap<String, String>,
+    /// Missing objects to confirm gone before their slots are freed.
+    pub confirm_gone: BTreeSet<Gone>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub maintenance: String,
+    pub uid: String,
+    /// Every policy matching the node (its slot in each is written first).
+    pub policies: Vec<String>,
+    /// Policies whose slot is new in this round; the admission stands only once all are written.
+    pub new_slots_in: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Denial {
+    pub maintenance: String,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ending {
+    pub maintenance: String,
+    pub phase: MaintenancePhase,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemediationRequest {
+    pub policy: String,
+    pub node: String,
+    pub action: MaintenanceAction,
+    pub message: String,
+    /// A Reboot remediation that did not bring health back: it is failed and replaced.
+    pub replaces: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartupTimeout {
+    pub node: String,
+    pub policy: String,
+    pub message: String,
+    pub action: StartupAction,
+    /// Whether the node already carries the condition (then no new Event).
+    pub reported: bool,
+}
+
+/// Phases in which a maintenance holds its node disrupted.
+pub fn is_active(phase: MaintenancePhase) -> bool {
+    use MaintenancePhase::*;
+    matches!(phase, Admitted | Draining | Acting | Verifying)
+}
+
+pub fn phase(m: &NodeMaintenance) -> MaintenancePhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn timestamp(time: Option<&Time>) -> Timestamp {
+    time.map_or(Timestamp::UNIX_EPOCH, |t| t.0)
+}
+
+fn node_conditions(node: &Node) -> Vec<ObservedCondition> {
+    let created = timestamp(node.metadata.creation_timestamp.as_ref());
+    node.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .map(|c| ObservedCondition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            since: c.last_transition_time.as_ref().map_or(created, |t| t.0),
+        })
+        .collect()
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// Whether a node that is not Ready now was Ready before, as far as its Ready condition tells:
+/// it changed status well after the node registered (a kubelet that never got Ready posts
+/// NotReady at registration and keeps it; one that never posted is `NodeStatusNeverUpdated`).
+fn was_ready_before(node: &Node) -> bool {
+    let created = timestamp(node.metadata.creation_timestamp.as_ref());
+    node.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .find(|c| c.type_ == "Ready")
+        .is_some_and(|c| {
+            c.reason.as_deref() != Some("NodeStatusNeverUpdated")
+                && c.last_transition_time
+                    .as_ref()
+                    .is_some_and(|t| t.0.duration_since(created).as_secs() > 60)
+        })
+}
+
+fn std_duration(d: Option<&nodeward_api::Duration>) -> Option<Duration> {
+    d.and_then(|d| d.to_std().ok())
+}
+
+fn rules(policy: &DisruptionPolicy) -> Rules {
+    let Some(r) = policy.spec.remediation.as_ref() else {
+        return Rules::default();
+    };
+    Rules {
+        unhealthy: r
+            .unhealthy_conditions
+            .iter()
+            .filter_map(|c| {
+                Some(UnhealthyRule {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    for_: c.for_.to_std().ok()?,
+                })
+            })
+            .collect(),
+        heartbeat_timeout: std_duration(r.heartbeat_timeout.as_ref()),
+        startup_timeout: std_duration(r.node_startup_timeout.as_ref()),
+    }
+}
+
+/// Sets `type_` in `conditions`, keeping its transition time when the status is unchanged.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let transition = conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    conditions.retain(|c| c.type_ != type_);
+    conditions.push(Condition {
+        type_: type_.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: generation,
+        last_transition_time: transition,
+    });
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// A policy as this round sees it.
+struct PolicyView<'a> {
+    policy: &'a DisruptionPolicy,
+    name: String,
+    /// Matched by the selector (an invalid selector matches every node: it cannot protect
+    /// fewer nodes than it was meant to).
+    matched: BTreeSet<String>,
+    problem: Option<String>,
+    max_concurrent: usize,
+    max_unhealthy: Option<usize>,
+    window_open: bool,
+    rules: Rules,
+}
+
+fn view<'a>(policy: &'a DisruptionPolicy, nodes: &[Arc<Node>], now: Timestamp) -> PolicyView<'a> {
+    let name = policy.name_any();
+    let mut problems = Vec::new();
+    let matched: BTreeSet<String> = nodes
+        .iter()
+        .filter(|n| match &policy.spec.node_selector {
+            None => true,
+            Some(selector) => {
+                nodeward_api::selector::matches(selector, n.labels()).unwrap_or_else(|e| {
+                    if problems.is_empty() {
+                        problems.push(format!("nodeSelector.{e}"));
+                    }
+                    true
+                })
+            }
+        })
+        .map(|n| n.name_any())
+        .collect();
+    let max_concurrent = budget::resolve(
+        "maxConcurrent",
+        &policy.spec.max_concurrent,
+        matched.len(),
+        Rounding::DownAtLeastOne,
+    )
+    .unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        0
+    });
+    let max_unhealthy = policy.spec.max_unhealthy.as_ref().and_then(|limit| {
+        budget::resolve("maxUnhealthy", limit, matched.len(), Rounding::Down)
+            .map_err(|e| problems.push(e.to_string()))
+            .ok()
+    });
+    let windows: Vec<Window> = policy
+        .spec
+        .windows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| {
+            Window::parse(i, w)
+                .map_err(|e| problems.push(e.to_string()))
+                .ok()
+        })
+        .collect();
+    let window_open = policy.spec.windows.is_empty() || window::any_open(&windows, now);
+    PolicyView {
+        policy,
+        matched,
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        max_concurrent,
+        max_unhealthy,
+        window_open,
+        rules: rules(policy),
+        name,
+    }
+}
+
+fn slots(policy: &DisruptionPolicy) -> &[BudgetSlot] {
+    policy.status.as_ref().map_or(&[], |s| s.slots.as_slice())
+}
+
+/// Decides one round.
+pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
+    let mut plan = Plan::default();
+    let nodes: BTreeMap<String, &Node> = objects
+        .nodes
+        .iter()
+        .map(|n| (n.name_any(), n.as_ref()))
+        .collect();
+    for (name, node) in &nodes {
+        if is_ready(node) {
+            memory.seen_ready.insert(name.clone());
+        }
+    }
+    memory.seen_ready.retain(|n| nodes.contains_key(n));
+    let reports: BTreeMap<String, &NodeReport> = objects
+        .reports
+        .iter()
+        .map(|r| (r.name_any(), r.as_ref()))
+        .collect();
+    let maintenances: BTreeMap<String, &NodeMaintenance> = objects
+        .maintenances
+        .iter()
+        .map(|m| (m.name_any(), m.as_ref()))
+        .collect();
+    let mut policies: Vec<PolicyView> = objects
+        .policies
+        .iter()
+        .map(|p| view(p, &objects.nodes, now))
+        .collect();
+    policies.sort_by(|a, b| a.name.cmp(&b.name));
+
+    // Slots stay only for unfinished maintenances (same uid) of nodes that still exist.
+    let mut kept: BTreeMap<String, Vec<BudgetSlot>> = BTreeMap::new();
+    memory.confirmed_gone.retain(|gone| match gone {
+        Gone::Maintenance { name, .. } => !maintenances.contains_key(name),
+        Gone::Node(name) => !nodes.contains_key(name),
+    });
+    for p in &policies {
+        let mut keep = Vec::new();
+        for slot in slots(p.policy) {
+            let gone = Gone::Maintenance {
+                name: slot.maintenance.clone(),
+                uid: slot.uid.clone(),
+            };
+            let maintenance_holds = match maintenances.get(&slot.maintenance) {
+                Some(m) if m.uid().as_deref() == Some(slot.uid.as_str()) => !phase(m).is_finished(),
+                // A re-created object of the same name does not inherit the slot.
+                Some(_) => false,
+                None => {
+                    !memory.confirmed_gone.contains(&gone) && {
+                        plan.confirm_gone.insert(gone);
+                        true
+                    }
+                }
+            };
+            let node = Gone::Node(slot.node_name.clone());
+            let node_exists = nodes.contains_key(&slot.node_name)
+                || (!memory.confirmed_gone.contains(&node) && {
+                    plan.confirm_gone.insert(node);
+                    true
+                });
+            if maintenance_holds && node_exists {
+                keep.push(slot.clone());
+            }
+        }
+        kept.insert(p.name.clone(), keep);
+    }
+
+    // Which maintenances (by uid) hold each node disrupted.
+    let mut disrupted_by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for m in maintenances.values() {
+        if is_active(phase(m)) {
+            disrupted_by
+                .entry(m.spec.node_name.clone())
+                .or_default()
+                .insert(m.uid().unwrap_or_default());
+        }
+    }
+    for slot in kept.values().flatten() {
+        disrupted_by
+            .entry(slot.node_name.clone())
+            .or_default()
+            .insert(slot.uid.clone());
+    }
+
+    // Node health under each policy's rules; a node is unhealthy when any policy says so.
+    let mut health: BTreeMap<(String, String), Health> = BTreeMap::new();
+    let mut unhealthy_nodes = BTreeSet::new();
+    for p in &policies {
+        for name in &p.matched {
+            let Some(node) = nodes.get(name) else {
+                continue;
+            };
+            let observed = Observed {
+                created: timestamp(node.metadata.creation_timestamp.as_ref()),
+                conditions: node_conditions(node),
+                agent_heartbeat: reports
+                    .get(name)
+                    .and_then(|r| r.status.as_ref()?.heartbeat_time.as_ref())
+                    .map(|t| t.0),
+                ever_ready: memory.seen_ready.contains(name) || was_ready_before(node),
+            };
+            let h = health::assess(&observed, &p.rules, now);
+            if let Health::Unhealthy(why) | Health::NeverReady(why) = &h {
+                unhealthy_nodes.insert(name.clone());
+                plan.unhealthy_nodes
+                    .entry(name.clone())
+                    .or_insert_with(|| why.clone());
+            }
+            health.insert((p.name.clone(), name.clone()), h);
+        }
+    }
+
+    for (name, node) in &nodes {
+        if !is_ready(node) {
+            plan.unhealthy_nodes
+                .entry(name.clone())
+                .or_insert_with(|| "not Ready".to_owned());
+        }
+    }
+
+    let mut cluster = Cluster {
+        nodes: nodes
+            .iter()
+            .map(|(name, node)| {
+                let state = NodeState {
+                    ready: is_ready(node),
+                    control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
+                    unhealthy: unhealthy_nodes.contains(name) || !is_ready(node),
+                    blocker: None,
+                };
+                (name.clone(), state)
+            })
+            .collect(),
+        policies: policies
+            .iter()
+            .map(|p| {
+                let mut matched = p.matched.clone();
+                // A slot counts against its policy even if its node no longer matches.
+                matched.extend(kept[&p.name].iter().map(|s| s.node_name.clone()));
+                PolicyState {
+                    name: p.name.clone(),
+                    matched,
+                    max_concurrent: p.max_concurrent,
+                    max_unhealthy: p.max_unhealthy,
+                    paused: p.policy.spec.paused,
+                    window_open: p.window_open,
+                    allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
+                    invalid: p.problem.clone(),
+                }
+            })
+            .collect(),
+        disrupted: disrupted_by.keys().cloned().collect(),
+    };
+
+    // Pending maintenances, oldest first.
+    let mut pending: Vec<&NodeMaintenance> = maintenances
+        .values()
+        .copied()
+        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+        .collect();
+    pending.sort_by_key(|m| {
+        (
+            timestamp(m.metadata.creation_timestamp.as_ref()),
+            m.name_any(),
+        )
+    });
+    for m in pending {
+        let name = m.name_any();
+        let uid = m.uid().unwrap_or_default();
+        let node = m.spec.node_name.clone();
+        let held_in: Vec<String> = kept
+            .iter()
+            .filter(|(_, slots)| slots.iter().any(|s| s.uid == uid))
+            .map(|(policy, _)| policy.clone())
+            .collect();
+        let only_self = disrupted_by
+            .get(&node)
+            .is_some_and(|by| by.len() == 1 && by.contains(&uid));
+        if only_self {
+            cluster.disrupted.remove(&node);
+        }
+        let request = Pending {
+            maintenance: name.clone(),
+            node: node.clone(),
+            remediation: m.spec.reason == MaintenanceReason::Remediation,
+        };
+        match decide::decide(&cluster, &request) {
+            Decision::Admit { policies: names } => {
+                cluster.disrupted.insert(node.clone());
+                let mut new_slots_in = Vec::new();
+                for policy in &names {
+                    let list = kept.entry(policy.clone()).or_default();
+                    if !list.iter().any(|s| s.uid == uid) {
+                        list.push(BudgetSlot {
+                            maintenance: name.clone(),
+                            uid: uid.clone(),
+                            node_name: node.clone(),
+                            admitted_at: Time(now),
+                        });
+                        new_slots_in.push(policy.clone());
+                    }
+                }
+                plan.admit.push(Admission {
+                    maintenance: name,
+                    uid,
+                    policies: names,
+                    new_slots_in,
+                });
+            }
+            Decision::Deny { reason, message } => {
+                // A half-done admission that no longer fits gives its slots back.
+                for policy in &held_in {
+                    if let Some(list) = kept.get_mut(policy) {
+                        list.retain(|s| s.uid != uid);
+                    }
+                }
+                plan.deny.push(Denial {
+                    maintenance: name,
+                    reason,
+                    message,
+                });
+            }
+        }
+    }
+
+    // Maintenances whose node is gone end (a DeleteNode maintenance that got there succeeded).
+    for m in maintenances.values() {
+        let p = phase(m);
+        if p.is_finished()
+            || p == MaintenancePhase::Pending
+            || nodes.contains_key(&m.spec.node_name)
+        {
+            continue;
+        }
+        let gone = Gone::Node(m.spec.node_name.clone());
+        if !memory.confirmed_gone.contains(&gone) {
+            plan.confirm_gone.insert(gone);
+            continue;
+        }
+        let (phase, message) =
+            if m.spec.action == MaintenanceAction::DeleteNode && p == MaintenancePhase::Acting {
+                (
+                    MaintenancePhase::Succeeded,
+                    "the Node was deleted".to_owned(),
+                )
+            } else {
+                (
+                    MaintenancePhase::Cancelled,
+                    format!("node {} was deleted", m.spec.node_name),
+                )
+            };
+        plan.end.push(Ending {
+            maintenance: m.name_any(),
+            phase,
+            message,
+        });
+    }
+
+    // Remediation and startup timeouts, policy by policy.
+    let unfinished_on: BTreeSet<&str> = maintenances
+        .values()
+        .filter(|m| !phase(m).is_finished())
+        .map(|m| m.spec.node_name.as_str())
+        .collect();
+    let mut requested: BTreeSet<String> = BTreeSet::new();
+    let mut statuses = BTreeMap::new();
+    for p in &policies {
+        let unhealthy: Vec<&String> = p
+            .matched
+            .iter()
+            .filter(|n| {
+                matches!(
+                    health.get(&(p.name.clone(), (*n).clone())),
+                    Some(Health::Unhealthy(_) | Health::NeverReady(_))
+                )
+            })
+            .collect();
+        plan.unhealthy.insert(p.name.clone(), unhealthy.len());
+        let remediation = p.policy.spec.remediation.as_ref();
+        let gate = remediation.map(|r| {
+            let limit = p.max_unhealthy.unwrap_or(usize::MAX);
+            let cooldown = std_duration(r.cooldown.as_ref()).unwrap_or(Duration::ZERO);
+            memory.gates.entry(p.name.clone()).or_default().allow(
+                unhealthy.len(),
+                limit,
+                cooldown,
+                now,
+            )
+        });
+        let allowed = gate.as_ref().is_some_and(Result::is_ok);
+        if let Some(r) = remediation {
+            for name in &p.matched {
+                let Some(h) = health.get(&(p.name.clone(), name.clone())) else {
+                    continue;
+                };
+                if let Health::NeverReady(message) = h {
+                    plan.startup_timeouts.push(StartupTimeout {
+                        node: name.clone(),
+                        policy: p.name.clone(),
+                        message: message.clone(),
+                        action: if allowed {
+                            r.startup_action
+                        } else {
+                            StartupAction::None
+                        },
+                        reported: nodes.get(name).is_some_and(|n| {
+                            n.status
+                                .iter()
+                                .flat_map(|s| s.conditions.iter().flatten())
+                                .any(|c| {
+                                    c.type_ == node_conditions::STARTUP_TIMED_OUT
+                                        && c.status == "True"
+                                })
+                        }),
+                    });
+                }
+                if !(r.enabled && allowed) || requested.contains(name) {
+                    continue;
+                }
+                let never_ready_remediate = matches!(h, Health::NeverReady(_))
+                    && r.startup_action == StartupAction::Remediate;
+                if let Some(request) = escalation(p, r, name, h, &maintenances, now) {
+                    requested.insert(name.clone());
+                    plan.remediate.push(request);
+                } else if (matches!(h, Health::Unhealthy(_)) || never_ready_remediate)
+                    && !unfinished_on.contains(name.as_str())
+                    && !cluster.disrupted.contains(name)
+                {
+                    let (Health::Unhealthy(why) | Health::NeverReady(why)) = h else {
+                        continue;
+                    };
+                    requested.insert(name.clone());
+                    plan.remediate.push(RemediationRequest {
+                        policy: p.name.clone(),
+                        node: name.clone(),
+                        action: r.action,
+                        message: format!("unhealthy under policy {}: {why}", p.name),
+                        replaces: None,
+                    });
+                }
+            }
+        }
+
+        // The policy's status as it should be.
+        let old = p.policy.status.clone().unwrap_or_default();
+        let generation = p.policy.metadata.generation;
+        let mut status = DisruptionPolicyStatus {
+            slots: kept.remove(&p.name).unwrap_or_default(),
+            matched: count(p.matched.len()),
+            ready: count(
+                p.matched
+                    .iter()
+                    .filter(|n| cluster.nodes.get(*n).is_some_and(|s| s.ready))
+                    .count(),
+            ),
+            unhealthy: count(unhealthy.len()),
+            in_maintenance: count(
+                p.matched
+                    .iter()
+                    .filter(|n| cluster.disrupted.contains(*n))
+                    .count(),
+            ),
+            conditions: old.conditions.clone(),
+            observed_generation: generation,
+        };
+        let in_use = cluster
+            .policies
+            .iter()
+            .find(|s| s.name == p.name)
+            .map_or(0, |s| {
+                s.matched
+                    .iter()
+                    .filter(|n| {
+                        cluster.disrupted.contains(*n)
+                            || cluster.nodes.get(*n).is_some_and(|s| !s.ready)
+                    })
+                    .count()
+            });
+        plan.budget_use
+            .insert(p.name.clone(), (in_use, p.max_concurrent));
+        let agents: BTreeMap<String, Option<i64>> = p
+            .matched
+            .iter()
+            .filter_map(|n| {
+                let report = reports.get(n)?;
+                let ack = report.status.as_ref().and_then(|s| {
+                    s.pause_acknowledgements
+                        .iter()
+                        .find(|a| a.policy == p.name)
+                        .map(|a| a.observed_generation)
+                });
+                Some((n.clone(), ack))
+            })
+            .collect();
+        let acting = maintenances
+            .values()
+            .filter(|m| p.matched.contains(&m.spec.node_name))
+            .filter(|m| {
+                matches!(
+                    phase(m),
+                    MaintenancePhase::Draining | MaintenancePhase::Acting
+                )
+            })
+            .count();
+        let (state, reason, message) = pause::pause_state(
+            p.policy.spec.paused,
+            generation.unwrap_or(0),
+            &agents,
+            acting,
+        )
+        .condition();
+        set_condition(
+            &mut status.conditions,
+            policy_conditions::PAUSED,
+            state,
+            reason,
+            message,
+            generation,
+            now,
+        );
+        match gate {
+            Some(Ok(())) => set_condition(
+                &mut status.conditions,
+                policy_conditions::REMEDIATION_ALLOWED,
+                "True",
+                "WithinLimits",
+                format!(
+                    "{} of {} matched nodes unhealthy{}",
+                    unhealthy.len(),
+                    p.matched.len(),
+                    p.max_unhealthy
+                        .map(|l| format!(", maxUnhealthy {l}"))
+                        .unwrap_or_default()
+                ),
+                generation,
+                now,
+            ),
+            Some(Err(why)) => set_condition(
+                &mut status.conditions,
+                policy_conditions::REMEDIATION_ALLOWED,
+                "False",
+                nodeward_api::conditions::denial::TOO_MANY_UNHEALTHY,
+                why,
+                generation,
+                now,
+            ),
+            None => status
+                .conditions
+                .retain(|c| c.type_ != policy_conditions::REMEDIATION_ALLOWED),
+        }
+        if let Some(problem) = &p.problem {
+            set_condition(
+                &mut status.conditions,
+                policy_conditions::VALID,
+                "False",
+                "InvalidSpec",
+                format!("{problem}; nothing in scope is admitted until it is fixed"),
+                generation,
+                now,
+            );
+        } else {
+            status
+                .conditions
+                .retain(|c| c.type_ != policy_conditions::VALID);
+        }
+        if status != old {
+            statuses.insert(p.name.clone(), status);
+        }
+    }
+    plan.policy_status = statuses;
+    plan
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// A Reboot remediation of `node` admitted at least `escalateAfter` ago while the node is
+/// still unhealthy is replaced by a DeleteNode remediation (when the policy sets
+/// `escalateAfter`).
+fn escalation(
+    p: &PolicyView,
+    r: &Remediation,
+    node: &str,
+    health: &Health,
+    maintenances: &BTreeMap<String, &NodeMaintenance>,
+    now: Timestamp,
+) -> Option<RemediationRequest> {
+    let after = std_duration(r.escalate_after.as_ref())?;
+    if !matches!(health, Health::Unhealthy(_)) {
+        return None;
+    }
+    let on_node: Vec<&&NodeMaintenance> = maintenances
+        .values()
+        .filter(|m| m.spec.node_name == node && m.spec.reason == MaintenanceReason::Remediation)
+        .collect();
+    if on_node
+        .iter()
+        .any(|m| m.spec.action == MaintenanceAction::DeleteNode)
+    {
+        return None;
+    }
+    let latest = on_node
+        .iter()
+        .filter(|m| m.spec.action == MaintenanceAction::Reboot)
+        .filter_map(|m| {
+            let admitted = m.status.as_ref()?.admission.as_ref()?.admitted_at.0;
+            Some((admitted, m))
+        })
+        .max_by_key(|(admitted, _)| *admitted)?;
+    let (admitted, m) = latest;
+    let after_secs = i64::try_from(after.as_secs()).unwrap_or(i64::MAX);
+    if now.duration_since(admitted).as_secs() < after_secs {
+        return None;
+    }
+    // A reboot that ended long ago is history, not a remediation that failed to help.
+    let finished = m.status.as_ref().and_then(|s| s.finished_at.as_ref());
+    if finished.is_some_and(|f| now.duration_since(f.0).as_secs() >= after_secs) {
+        return None;
+    }
+    Some(RemediationRequest {
+        policy: p.name.clone(),
+        node: node.to_owned(),
+        action: MaintenanceAction::DeleteNode,
+        message: format!(
+            "health did not return within escalateAfter {}s of rebooting remediation {}",
+            after.as_secs(),
+            m.name_any()
+        ),
+        replaces: (!phase(m).is_finished()).then(|| m.name_any()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn t(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
+    }
+
+    fn node(name: &str, ready: bool) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
+                "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
+                    "lastTransitionTime": t(-5_000).to_string()}]},
+            }))
+            .expect("node"),
+        )
+    }
+
+    fn policy(spec: serde_json::Value, status: serde_json::Value) -> Arc<DisruptionPolicy> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                "metadata": {"name": "pool", "generation": 3, "resourceVersion": "7"},
+                "spec": spec, "status": status,
+            }))
+            .expect("policy"),
+        )
+    }
+
+    fn maintenance(
+        name: &str,
+        node: &str,
+        created: i64,
+        status: serde_json::Value,
+    ) -> Arc<NodeMaintenance> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": t(created).to_string()},
+                "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+                "status": status,
+            }))
+            .expect("maintenance"),
+        )
+    }
+
+    fn slot(name: &str, node: &str) -> serde_json::Value {
+        json!({"maintenance": name, "uid": format!("uid-{name}"), "nodeName": node, "admittedAt": t(0).to_string()})
+    }
+
+    fn cluster(n: usize) -> Objects {
+        Objects {
+            nodes: (0..n).map(|i| node(&format!("n{i}"), true)).collect(),
+            policies: vec![policy(json!({"maxConcurrent": 2}), json!({}))],
+            ..Objects::default()
+        }
+    }
+
+    #[test]
+    fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
+        let mut objects = cluster(5);
+        for i in 0..5 {
+            // Created in reverse order of their names: age, not name, decides.
+            objects.maintenances.push(maintenance(
+                &format!("m{i}"),
+                &format!("n{i}"),
+                100 - i as i64,
+                json!(null),
+            ));
+        }
+        let plan = plan(&objects, &mut Memory::default(), t(200));
+        let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
+        assert_eq!(admitted, ["m4", "m3"]);
+        assert_eq!(plan.admit[0].new_slots_in, ["pool"]);
+        assert_eq!(plan.deny.len(), 3);
+        assert!(
+            plan.deny.iter().all(|d| d.reason == "BudgetExhausted"),
+            "{:?}",
+            plan.deny
+        );
+        let status = &plan.policy_status["pool"];
+        assert_eq!(status.slots.len(), 2);
+        assert_eq!((status.matched, status.in_maintenance), (5, 2));
+        assert_eq!(plan.budget_use["pool"], (2, 2));
+    }
+
+    #[test]
+    fn a_finished_maintenance_frees_its_slot_and_the_next_one_gets_it() {
+        let mut objects = cluster(3);
+        objects.policies = vec![policy(
+            json!({"maxConcurrent": 1}),
+            json!({"slots": [slot("m0", "n0")]}),
+        )];
+        objects.maintenances = vec![
+            maintenance("m0", "n0", 0, json!({"phase": "Succeeded"})),
+            maintenance("m1", "n1", 1, json!(null)),
+        ];
+        let plan = plan(&objects, &mut Memory::default(), t(200));
+        assert_eq!(plan.admit.len(), 1);
+        assert_eq!(plan.admit[0].maintenance, "m1");
+        let slots: Vec<&str> = plan.policy_status["pool"]
+            .slots
+            .iter()
+            .map(|s| s.maintenance.as_str())
+            .collect();
+        assert_eq!(slots, ["m1"]);
+    }
+
+    #[test]
+    fn a_slot_whose_maintenance_is_missing_is_freed_only_once_confirmed_gone() {
+        let mut objects = cluster(3);
+        objects.policies = vec![policy(
+            json!({"maxConcurrent": 1}),
+            json!({"slots": [slot("m0", "n0")]}),
+        )];
+        objects.maintenances = vec![maintenance("m1", "n1", 1, json!(null))];
+        let mut memory = Memory::default();
+        let first = plan(&objects, &mut memory, t(200));
+        assert!(
+            first.admit.is_empty(),
+            "a lagging watch must not free the slot"
+        );
+        let gone = Gone::Maintenance {
+            name: "m0".into(),
+            uid: "uid-m0".into(),
+        };
+        assert!(first.confirm_gone.contains(&gone));
+        memory.confirmed_gone.insert(gone);
+        let second = plan(&objects, &mut memory, t(201));
+        assert_eq!(second.admit.len(), 1, "{second:?}");
+    }
+
+    #[test]
+    fn a_half_done_admission_is_completed_without_a_second_slot() {
+        let mut objects = cluster(3);
+        objects.policies = vec![policy(
+            json!({"maxConcurrent": 1}),
+            json!({"slots": [slot("m0", "n0")]}),
+        )];
+        objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+        let plan = plan(&objects, &mut Memory::default(), t(200));
+        assert_eq!(plan.admit.len(), 1);
+        assert!(plan.admit[0].new_slots_in.is_empty());
+        assert!(
+            !plan
+                .policy_status
+                .get("pool")
+                .is_some_and(|s| s.slots.len() != 1)
+        );
+    }
+
+    #[test]
+    fn not_ready_nodes_count_against_the_budget() {
+        let mut objects = cluster(3);
+        objects.nodes[2] = node("n2", false);
+        objects.policies = vec![policy(json!({"maxConcurrent": 1}), json!({}))];
+        objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+        let plan = plan(&objects, &mut Memory::default(), t(200));
+        assert!(plan.admit.is_empty());
+        assert_eq!(plan.deny[0].reason, "BudgetExhausted");
+        assert!(
+            plan.deny[0].message.contains("n2"),
+            "{}",
+            plan.deny[0].message
+        );
+    }
+
+    #[test]
+    fn an_invalid_selector_blocks_everything_and_says_why() {
+        let mut objects = cluster(2);
+        objects.policies = vec![policy(
+            json!({"nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Sideways"}]}}),
+            json!({}),
+        )];
+        objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+        let plan = plan(&objects, &mut Memory::default(), t(200));
+        assert_eq!(plan.deny[0].reason, "Blocked");
+        assert!(
+            plan.deny[0].message.contains("invalid"),
+            "{}",
+            plan.deny[0].message
+        );
+        let valid = plan.policy_status["pool"]
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Valid")
+            .expect("Valid");
+        assert_eq!(valid.status, "False");
+        assert!(valid.message.contains("nodeSelector"), "{}", valid.message);
+    }
+
+    #[test]
+    fn paused_is_true_only_when_every_agent_in_scope_acknowledged() {
+        let mut objects = cluster(2);
+        objects.policies = vec![policy(json!({"paused": true}), json!({}))];
+        let report = |name: &str, ack: Option<i64>| -> Arc<NodeReport> {
+            let acks: Vec<serde_json::Value> = ack
+                .into_iter()
+                .map(|g| json!({"policy": "pool", "observedGeneration": g}))
+                .collect();
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                    "metadata": {"name": name}, "spec": {"nodeName": name},
+                    "status": {"pauseAcknowledgements": acks},
+                }))
+                .expect("report"),
+            )
+        };
+        objects.reports = vec![report("n0", Some(3)), report("n1", Some(2))];
+        let paused = |objects: &Objects| {
+            let plan = plan(objects, &mut Memory::default(), t(0));
+            let c = plan.policy_status["pool"]
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Paused")
+                .cloned()
+                .expect("Paused");
+            (c.status, c.message)
+        };
+        let (status, message) = paused(&objects);
+        assert_eq!(status, "False");
+        assert!(
+            message.contains("n1"),
+            "names the agent it waits for: {message}"
+        );
+        objects.reports[1] = report("n1", Some(3));
+        assert_eq!(paused(&objects).0, "True");
+    }
+
+    #[test]
+    fn an_active_maintenance_of_a_deleted_node_ends_once_the_deletion_is_confirmed() {
+        let mut objects = cluster(1);
+        objects.maintenances = vec![maintenance("m9", "gone", 0, json!({"phase": "Draining"}))];
+        let mut memory = Memory::default();
+        let first = plan(&objects, &mut memory, t(0));
+        assert!(first.end.is_empty());
+        assert!(first.confirm_gone.contains(&Gone::Node("gone".into())));
+        memory.confirmed_gone.insert(Gone::Node("gone".into()));
+        let second = plan(&objects, &mut memory, t(1));
+        assert_eq!(second.end.len(), 1);
+        assert_eq!(second.end[0].phase, MaintenancePhase::Cancelled);
+    }
+
+    #[test]
+    fn remediation_stops_when_more_nodes_than_max_unhealthy_are_unhealthy() {
+        let mut objects = cluster(4);
+        objects.policies = vec![policy(
+            json!({"maxUnhealthy": 1, "remediation": {"enabled": true,
+                "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
+            json!({}),
+        )];
+        objects.nodes[0] = node("n0", false);
+        let mut memory = Memory::default();
+        let one = plan(&objects, &mut memory, t(0));
+        assert_eq!(one.remediate.len(), 1, "{one:?}");
+        assert_eq!(one.remediate[0].node, "n0");
+        objects.nodes[1] = node("n1", false);
+        let two = plan(&objects, &mut memory, t(1));
+        assert!(two.remediate.is_empty());
+        let allowed = two.policy_status["pool"]
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "RemediationAllowed")
+            .expect("condition");
+        assert_eq!(
+            (allowed.status.as_str(), allowed.reason.as_str()),
+            ("False", "TooManyUnhealthy")
+        );
+    }
+}

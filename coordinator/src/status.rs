@@ -1,0 +1,132 @@
+//! `nodeward-coordinator status`: policies with their budget use, maintenances with their
+//! phase, and unhealthy nodes, as one round of the coordinator would see them now.
+
+use std::fmt::Write;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::round::{self, Memory, Objects};
+
+/// Renders the report. `now` is injected for tests.
+pub fn render(objects: &Objects, now: Timestamp) -> String {
+    let plan = round::plan(objects, &mut Memory::default(), now);
+    let mut out = String::new();
+    let mut policies: Vec<_> = objects.policies.iter().collect();
+    policies.sort_by_key(|p| p.name_any());
+    let mut rows = vec![[
+        "POLICY".to_owned(),
+        "DISRUPTED/MAX".to_owned(),
+        "SLOTS".to_owned(),
+        "MATCHED".to_owned(),
+        "READY".to_owned(),
+        "UNHEALTHY".to_owned(),
+        "PAUSED".to_owned(),
+    ]];
+    for p in policies {
+        let name = p.name_any();
+        let (used, max) = plan.budget_use.get(&name).copied().unwrap_or_default();
+        let status = plan
+            .policy_status
+            .get(&name)
+            .cloned()
+            .or_else(|| p.status.clone())
+            .unwrap_or_default();
+        let paused = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == nodeward_api::conditions::policy::PAUSED)
+            .map_or_else(
+                || p.spec.paused.to_string(),
+                |c| match (p.spec.paused, c.status.as_str()) {
+                    (true, "True") => "yes".to_owned(),
+                    (true, _) => "pausing".to_owned(),
+                    _ => "no".to_owned(),
+                },
+            );
+        rows.push([
+            name,
+            format!("{used}/{max}"),
+            status.slots.len().to_string(),
+            status.matched.to_string(),
+            status.ready.to_string(),
+            status.unhealthy.to_string(),
+            paused,
+        ]);
+    }
+    table(&mut out, &rows);
+    out.push('\n');
+
+    let mut maintenances: Vec<_> = objects.maintenances.iter().collect();
+    maintenances.sort_by_key(|m| (m.metadata.creation_timestamp.clone(), m.name_any()));
+    let mut rows = vec![[
+        "MAINTENANCE".to_owned(),
+        "NODE".to_owned(),
+        "REASON".to_owned(),
+        "ACTION".to_owned(),
+        "PHASE".to_owned(),
+        "AGE".to_owned(),
+        "MESSAGE".to_owned(),
+    ]];
+    for m in maintenances {
+        let status = m.status.clone().unwrap_or_default();
+        let message = status
+            .conditions
+            .iter()
+            .find(|c| {
+                c.type_ == nodeward_api::conditions::maintenance::ADMITTED && c.status == "False"
+            })
+            .map(|c| format!("{}: {}", c.reason, c.message))
+            .or(status.message)
+            .unwrap_or_default();
+        let age = m.metadata.creation_timestamp.as_ref().map_or_else(
+            || "-".to_owned(),
+            |t| {
+                let seconds = now.duration_since(t.0).as_secs().max(0);
+                humantime::format_duration(std::time::Duration::from_secs(
+                    u64::try_from(seconds).unwrap_or_default(),
+                ))
+                .to_string()
+            },
+        );
+        rows.push([
+            m.name_any(),
+            m.spec.node_name.clone(),
+            format!("{:?}", m.spec.reason),
+            format!("{:?}", m.spec.action),
+            format!("{:?}", status.phase),
+            age,
+            message,
+        ]);
+    }
+    table(&mut out, &rows);
+    out.push('\n');
+
+    let mut rows = vec![["UNHEALTHY NODE".to_owned(), "WHY".to_owned()]];
+    for (node, why) in &plan.unhealthy_nodes {
+        rows.push([node.clone(), why.clone()]);
+    }
+    table(&mut out, &rows);
+    out
+}
+
+fn table<const N: usize>(out: &mut String, rows: &[[String; N]]) {
+    let mut widths = [0; N];
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    for row in rows {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i + 1 == N {
+                line.push_str(cell);
+            } else {
+                let _ = write!(line, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
