@@ -13,7 +13,7 @@ use std::{
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use nodeward_api::NodeReport;
-use nodeward_e2e::{NodeSpec, TestEnv, controlplane, wait};
+use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -84,10 +84,7 @@ impl Agent {
                 dir.join("reboot-required").display()
             ),
         )?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let listen = format!("127.0.0.1:{port}");
+        let listen = daemon::free_address()?;
         let child = Command::new(AGENT)
             .args([
                 "run",
@@ -113,37 +110,12 @@ impl Agent {
 
     /// GET one of the agent's endpoints: status code and body.
     async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(&self.listen).await?;
-        stream
-            .write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
-                    .as_bytes(),
-            )
-            .await?;
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).await?;
-        let code = reply
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        let body = reply
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default();
-        Ok((code, body))
+        daemon::get(&self.listen, path).await
     }
 
-    /// A sample from the agent's /metrics (first line starting with `series`).
+    /// The value of a series in the agent's /metrics.
     async fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        let (_, body) = self.get("/metrics").await?;
-        Ok(body
-            .lines()
-            .find(|l| l.starts_with(series))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0))
+        daemon::metric(&self.listen, series).await
     }
 
     /// Waits until `/readyz` answers 200.

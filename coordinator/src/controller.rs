@@ -163,11 +163,11 @@ impl<K: Resource> Fresh<K> {
         let mut seen = BTreeSet::new();
         for object in objects.iter_mut() {
             let name = object.name_any();
-            if let Some((before, written)) = self.written.get(&name) {
-                if object.resource_version() == *before {
-                    *object = written.clone();
-                    seen.insert(name);
-                }
+            if let Some((before, written)) = self.written.get(&name)
+                && object.resource_version() == *before
+            {
+                *object = written.clone();
+                seen.insert(name);
             }
         }
         self.written.retain(|name, _| seen.contains(name));
@@ -216,12 +216,16 @@ impl Controller {
         changed: Arc<Notify>,
         mut leader: watch::Receiver<bool>,
         resync: Duration,
+        readiness: Arc<nodeward_runtime::server::Readiness>,
         mut stop: watch::Receiver<bool>,
     ) {
+        // The only waiter on the stores' readiness: kube-runtime wakes just one.
         tokio::select! {
             synced = stores.synced() => if !synced { return },
             _ = stop.changed() => return,
         }
+        readiness.set(true);
+        tracing::info!("watches synced");
         loop {
             tokio::select! {
                 _ = changed.notified() => {}
@@ -579,16 +583,16 @@ impl Controller {
         if self.remediated_at.contains_key(&request.node) {
             return;
         }
-        if let Some(replaced) = &request.replaces {
-            if let Some(current) = Self::maintenance(objects, replaced) {
-                self.end(
-                    objects,
-                    &current.name_any(),
-                    MaintenancePhase::Failed,
-                    &request.message,
-                )
-                .await;
-            }
+        if let Some(replaced) = &request.replaces
+            && Self::maintenance(objects, replaced).is_some()
+        {
+            self.end(
+                objects,
+                replaced,
+                MaintenancePhase::Failed,
+                &request.message,
+            )
+            .await;
         }
         let mut maintenance = NodeMaintenance::new(
             "",

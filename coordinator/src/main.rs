@@ -155,14 +155,6 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
 
     let changed = Arc::new(Notify::new());
     let stores = Stores::watch(&client, &changed, &mut tasks);
-    let synced = stores.clone();
-    let ready = readiness.clone();
-    tasks.spawn(async move {
-        if synced.synced().await {
-            ready.set(true);
-            tracing::info!("watches synced");
-        }
-    });
 
     let (stop_tx, stop) = watch::channel(false);
     let (leader_tx, leader) = watch::channel(false);
@@ -193,7 +185,8 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         None
     };
     let controller = Controller::new(client, identity.clone(), metrics);
-    let controlling = tokio::spawn(controller.run(stores, changed, leader, run.resync, stop));
+    let controlling =
+        tokio::spawn(controller.run(stores, changed, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
 
     let signal = nodeward_runtime::stop_signal().await?;

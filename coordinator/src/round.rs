@@ -989,10 +989,9 @@ mod tests {
         assert_eq!(plan.admit.len(), 1);
         assert!(plan.admit[0].new_slots_in.is_empty());
         assert!(
-            !plan
-                .policy_status
+            plan.policy_status
                 .get("pool")
-                .is_some_and(|s| s.slots.len() != 1)
+                .is_none_or(|s| s.slots.len() == 1)
         );
     }
 

@@ -357,9 +357,28 @@ impl TestEnv {
             .items)
     }
 
-    /// Deletes what this test created: its namespace (and so its workloads) and its nodes.
+    /// Deletes what this test created: its namespace (and so its workloads), its nodes, its
+    /// DisruptionPolicies (labelled with the test) and the NodeMaintenances of its nodes.
     pub async fn cleanup(self) -> anyhow::Result<()> {
         let selector = format!("{TEST_LABEL}={}", self.id);
+        let policies: Api<nodeward_api::DisruptionPolicy> = Api::all(self.client.clone());
+        for policy in policies
+            .list(&ListParams::default().labels(&selector))
+            .await?
+        {
+            policies
+                .delete(&policy.name_any(), &DeleteParams::default())
+                .await?;
+        }
+        let maintenances: Api<nodeward_api::NodeMaintenance> = Api::all(self.client.clone());
+        let prefix = format!("{}-", self.id);
+        for m in maintenances.list(&ListParams::default()).await? {
+            if m.spec.node_name.starts_with(&prefix) {
+                let _ = maintenances
+                    .delete(&m.name_any(), &DeleteParams::default())
+                    .await;
+            }
+        }
         let nodes = self
             .nodes()
             .list(&ListParams::default().labels(&selector))

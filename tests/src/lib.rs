@@ -2,6 +2,7 @@
 //! run, a namespace and node names per test, and fixtures (kwok nodes, workloads, PDBs).
 
 pub mod controlplane;
+pub mod daemon;
 pub mod env;
 pub mod proxy;
 pub mod systemd;

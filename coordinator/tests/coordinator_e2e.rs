@@ -1,0 +1,791 @@
+//! The coordinator against the real control plane with kwok nodes: admission under a budget
+//! with the history watched, two coordinators both acting as leader, leader failover, quorum,
+//! `maxUnhealthy`, the node startup timeout, slots freed on node deletion, pause with
+//! acknowledgement, and the `status` command.
+//!
+//! A coordinator watches the whole cluster, so these tests run one at a time (they share one
+//! control plane with the rest of the run); each one's policy selects only its own nodes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use nix::sys::signal::Signal;
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_e2e::{
+    NodeSpec, TestEnv, controlplane,
+    daemon::Daemon,
+    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
+    wait,
+};
+use serde_json::{Value, json};
+
+const COORDINATOR: &str = env!("CARGO_BIN_EXE_nodeward-coordinator");
+const TIMEOUT: Duration = Duration::from_secs(60);
+/// The lease duration the tests run coordinators with.
+const LEASE: Duration = Duration::from_secs(4);
+
+/// Coordinators watch every object in the cluster: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let mut args: Vec<String> = [
+        "run",
+        "--lease-namespace",
+        &env.namespace,
+        "--lease-name",
+        "coordinator",
+        "--identity",
+        identity,
+        "--lease-duration",
+        "4s",
+        "--renew-deadline",
+        "3s",
+        "--retry-period",
+        "500ms",
+        "--resync",
+        "1s",
+        "--kubeconfig",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    args.push(controlplane::shared().kubeconfig.display().to_string());
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Daemon::start(COORDINATOR, &format!("{}-{identity}", env.id), &args)
+}
+
+async fn create_policy(env: &TestEnv, name: &str, spec: Value) -> anyhow::Result<String> {
+    let name = format!("{}-{name}", env.id);
+    let mut spec = spec;
+    if spec.get("nodeSelector").is_none() {
+        spec["nodeSelector"] = json!({"matchLabels": {TEST_LABEL: env.id}});
+    }
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1",
+        "kind": "DisruptionPolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": spec,
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .with_context(|| format!("creating DisruptionPolicy {name}"))?;
+    Ok(name)
+}
+
+async fn create_maintenance(env: &TestEnv, node: &str) -> anyhow::Result<String> {
+    let name = format!("{node}-m");
+    let m: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1",
+        "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly", "requestedBy": "e2e"},
+    }))?;
+    Api::<NodeMaintenance>::all(env.client.clone())
+        .create(&PostParams::default(), &m)
+        .await
+        .with_context(|| format!("creating NodeMaintenance {name}"))?;
+    Ok(name)
+}
+
+fn phase(m: &NodeMaintenance) -> MaintenancePhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn admitted_condition(m: &NodeMaintenance) -> Option<(String, String, String)> {
+    m.status.as_ref()?.conditions.iter().find_map(|c| {
+        (c.type_ == "Admitted").then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+async fn wait_admitted(
+    env: &TestEnv,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<NodeMaintenance> {
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    wait::until(&api, name, "Admitted", timeout, |m| {
+        m.is_some_and(|m| phase(m) != MaintenancePhase::Pending)
+    })
+    .await?
+    .context("the maintenance disappeared")
+}
+
+async fn wait_denied(env: &TestEnv, name: &str, reason: &str) -> anyhow::Result<String> {
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(
+        &api,
+        name,
+        &format!("Admitted=False {reason}"),
+        TIMEOUT,
+        |m| {
+            m.and_then(admitted_condition)
+                .is_some_and(|(status, r, _)| status == "False" && r == reason)
+        },
+    )
+    .await?
+    .context("the maintenance disappeared")?;
+    Ok(admitted_condition(&m).map(|c| c.2).unwrap_or_default())
+}
+
+/// Plays the agents' part: marks a maintenance finished, as an agent does when done.
+async fn finish(env: &TestEnv, name: &str) -> anyhow::Result<()> {
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Succeeded", "finishedAt": jiff::Timestamp::now().to_string()}})),
+    )
+    .await
+    .with_context(|| format!("finishing {name}"))?;
+    Ok(())
+}
+
+/// Watches this test's maintenances and policies from the start, recording the most
+/// maintenances ever admitted-and-unfinished at once, and the most slots any policy held.
+#[derive(Clone, Default)]
+struct History {
+    active: BTreeSet<String>,
+    max_active: usize,
+    admitted: BTreeMap<String, String>,
+    max_slots: usize,
+}
+
+fn watch_history(env: &TestEnv) -> Arc<Mutex<History>> {
+    let history = Arc::new(Mutex::new(History::default()));
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let recorded = history.clone();
+    tokio::spawn(
+        watcher(maintenances, watcher::Config::default().labels(&selector)).for_each(
+            move |event| {
+                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event {
+                    let mut h = recorded.lock().expect("history");
+                    let p = phase(&m);
+                    if p.is_finished() {
+                        h.active.remove(&m.name_any());
+                    } else if p != MaintenancePhase::Pending {
+                        h.active.insert(m.name_any());
+                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
+                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
+                        }
+                    }
+                    h.max_active = h.max_active.max(h.active.len());
+                }
+                futures::future::ready(())
+            },
+        ),
+    );
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let recorded = history.clone();
+    tokio::spawn(
+        watcher(policies, watcher::Config::default().labels(&selector)).for_each(move |event| {
+            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
+                let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
+                let mut h = recorded.lock().expect("history");
+                h.max_slots = h.max_slots.max(slots);
+            }
+            futures::future::ready(())
+        }),
+    );
+    history
+}
+
+/// Finishes every admitted maintenance after `hold`, as the agents would, until all of
+/// `names` are finished.
+async fn finish_admitted(
+    env: &TestEnv,
+    names: &[String],
+    hold: Duration,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let deadline = Instant::now() + timeout;
+    let mut admitted_at: BTreeMap<String, Instant> = BTreeMap::new();
+    loop {
+        let listed = api
+            .list(&kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)))
+            .await?;
+        let mut unfinished = 0;
+        for m in &listed.items {
+            let name = m.name_any();
+            if !names.contains(&name) || phase(m).is_finished() {
+                continue;
+            }
+            unfinished += 1;
+            if phase(m) == MaintenancePhase::Admitted {
+                let since = *admitted_at.entry(name.clone()).or_insert_with(Instant::now);
+                if since.elapsed() >= hold {
+                    finish(env, &name).await?;
+                }
+            }
+        }
+        if unfinished == 0 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{unfinished} maintenances still unfinished after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("admit-fifty").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 50]).await?;
+    let history = watch_history(&env);
+    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 3})).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let mut names = Vec::new();
+    for i in 0..50 {
+        names.push(create_maintenance(&env, &env.node_name(i)).await?);
+    }
+    // Some are denied while the budget is used.
+    let denied = wait_denied(&env, &names[49], "BudgetExhausted").await?;
+    assert!(denied.contains("allows 3"), "the denial says why: {denied}");
+    finish_admitted(
+        &env,
+        &names,
+        Duration::from_millis(200),
+        Duration::from_secs(120),
+    )
+    .await?;
+
+    let h = history.lock().expect("history").clone();
+    assert_eq!(h.admitted.len(), 50, "every maintenance was admitted once");
+    assert!(
+        h.max_active <= 3,
+        "at most 3 admitted at once, saw {}",
+        h.max_active
+    );
+    assert_eq!(h.max_active, 3, "the budget was used in full");
+    assert!(
+        h.max_slots <= 3,
+        "policy {policy} held {} slots",
+        h.max_slots
+    );
+    let admissions = coordinator
+        .metric("nodeward_coordinator_admissions_total")
+        .await?;
+    assert!(admissions >= 50.0, "admissions metric {admissions}");
+    let p = Api::<DisruptionPolicy>::all(env.client.clone())
+        .get(&policy)
+        .await?;
+    wait::eventually("the slots to be freed", TIMEOUT, || async {
+        let p = Api::<DisruptionPolicy>::all(env.client.clone())
+            .get(&policy)
+            .await?;
+        Ok(p.status.is_some_and(|s| s.slots.is_empty()).then_some(()))
+    })
+    .await?;
+    assert_eq!(p.status.map(|s| s.matched), Some(50));
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("two-leaders").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 20]).await?;
+    let history = watch_history(&env);
+    create_policy(&env, "pool", json!({"maxConcurrent": 2})).await?;
+    let a = start(&env, "a", &["--leader-elect=false"])?;
+    let b = start(&env, "b", &["--leader-elect=false"])?;
+    a.wait_ready(TIMEOUT).await?;
+    b.wait_ready(TIMEOUT).await?;
+
+    let mut names = Vec::new();
+    for i in 0..20 {
+        names.push(create_maintenance(&env, &env.node_name(i)).await?);
+    }
+    finish_admitted(
+        &env,
+        &names,
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    )
+    .await?;
+    let h = history.lock().expect("history").clone();
+    assert_eq!(h.admitted.len(), 20);
+    assert!(
+        h.max_active <= 2,
+        "at most 2 admitted at once, saw {}",
+        h.max_active
+    );
+    assert!(h.max_slots <= 2, "at most 2 slots, saw {}", h.max_slots);
+    let by: BTreeSet<String> = h.admitted.values().cloned().collect();
+    let conflicts = a
+        .metric("nodeward_coordinator_slot_conflicts_total")
+        .await?
+        + b.metric("nodeward_coordinator_slot_conflicts_total")
+            .await?;
+    eprintln!("two leaders: admissions by {by:?}, {conflicts} conditional writes refused");
+    assert!(a.metric("nodeward_coordinator_leader").await? == 1.0);
+    env.cleanup().await
+}
+
+async fn lease_holder(env: &TestEnv) -> anyhow::Result<Option<String>> {
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    Ok(leases
+        .get_opt("coordinator")
+        .await?
+        .and_then(|l| l.spec?.holder_identity))
+}
+
+#[tokio::test]
+async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("failover").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 3]).await?;
+    let history = watch_history(&env);
+    create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    let mut coordinators: BTreeMap<String, Daemon> = BTreeMap::new();
+    for identity in ["a", "b"] {
+        coordinators.insert(identity.to_owned(), start(&env, identity, &[])?);
+    }
+    let leader = wait::eventually("a leader", TIMEOUT, || lease_holder(&env)).await?;
+    let follower = if leader == "a" { "b" } else { "a" };
+    let metric = coordinators[follower]
+        .metric("nodeward_coordinator_leader")
+        .await?;
+    assert_eq!(metric, 0.0, "the follower does not lead");
+
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    let m = wait_admitted(&env, &first, TIMEOUT).await?;
+    let by = m.status.and_then(|s| s.admission).map(|a| a.admitted_by);
+    assert_eq!(by.as_deref(), Some(leader.as_str()));
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    wait_denied(&env, &second, "BudgetExhausted").await?;
+
+    // Kill the leader without letting it release the Lease; free the slot it gave.
+    let killed = coordinators.get(&leader).context("leader process")?;
+    killed.signal(Signal::SIGKILL)?;
+    let started = Instant::now();
+    finish(&env, &first).await?;
+    let m = wait_admitted(&env, &second, LEASE + Duration::from_secs(10)).await?;
+    let took = started.elapsed();
+    let by = m.status.and_then(|s| s.admission).map(|a| a.admitted_by);
+    assert_eq!(by.as_deref(), Some(follower), "the follower took over");
+    assert!(
+        took <= LEASE + Duration::from_secs(5),
+        "took over after {took:?}, lease {LEASE:?}"
+    );
+    eprintln!("failover: next admission {took:?} after the leader was killed (lease {LEASE:?})");
+    let h = history.lock().expect("history").clone();
+    assert!(
+        h.max_active <= 1,
+        "no double admission: saw {}",
+        h.max_active
+    );
+
+    // A leader stopped with SIGTERM releases the Lease: the other takes over at once.
+    let mut new_leader = coordinators.remove(follower).context("follower process")?;
+    let restarted = start(&env, &leader, &[])?;
+    restarted.wait_ready(TIMEOUT).await?;
+    new_leader.signal(Signal::SIGTERM)?;
+    let status = new_leader.wait_exit(Duration::from_secs(10)).await?;
+    assert!(status.success(), "clean exit on SIGTERM: {status}");
+    let released = Instant::now();
+    wait::eventually("the restarted coordinator to lead", TIMEOUT, || async {
+        Ok((lease_holder(&env).await?.as_deref() == Some(leader.as_str())).then_some(()))
+    })
+    .await?;
+    assert!(
+        released.elapsed() < LEASE,
+        "a released Lease is taken at once, took {:?}",
+        released.elapsed()
+    );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("quorum").await?;
+    env.create_nodes(&[
+        NodeSpec::control_plane("a"),
+        NodeSpec::control_plane("b"),
+        NodeSpec::worker("a"),
+        NodeSpec::worker("b"),
+    ])
+    .await?;
+    // A third control-plane node that never becomes Ready (no kwok to run it).
+    let not_ready = env.node_name(9);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": not_ready, "labels": {
+            TEST_LABEL: env.id, "node-role.kubernetes.io/control-plane": "",
+        }},
+    }))?;
+    env.nodes().create(&PostParams::default(), &node).await?;
+    create_policy(&env, "all", json!({"maxConcurrent": 3})).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let cp = create_maintenance(&env, &env.node_name(0)).await?;
+    let worker = create_maintenance(&env, &env.node_name(2)).await?;
+    let message = wait_denied(&env, &cp, "QuorumProtected").await?;
+    // Names a NotReady control-plane node (this test's, or one a failed earlier run left).
+    assert!(message.contains("is NotReady"), "{message}");
+    let _ = &not_ready;
+    wait_admitted(&env, &worker, TIMEOUT).await?;
+    let m = Api::<NodeMaintenance>::all(env.client.clone())
+        .get(&cp)
+        .await?;
+    assert_eq!(phase(&m), MaintenancePhase::Pending);
+    let events = env.events_about(&cp, "").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("QuorumProtected")),
+        "an Event tells why: {events:?}"
+    );
+    env.cleanup().await
+}
+
+async fn set_condition(env: &TestEnv, node: &str, type_: &str, status: &str) -> anyhow::Result<()> {
+    let patch = json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": node},
+        "status": {"conditions": [{"type": type_, "status": status, "reason": "E2e",
+            "message": "set by the test", "lastTransitionTime": jiff::Timestamp::now().to_string(),
+            "lastHeartbeatTime": jiff::Timestamp::now().to_string()}]},
+    });
+    env.nodes()
+        .patch_status(
+            node,
+            &PatchParams::apply("e2e-problem").force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+fn policy_condition(p: &DisruptionPolicy, type_: &str) -> Option<(String, String, String)> {
+    p.status.as_ref()?.conditions.iter().find_map(|c| {
+        (c.type_ == type_).then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+async fn remediations(env: &TestEnv) -> anyhow::Result<Vec<NodeMaintenance>> {
+    let prefix = format!("{}-", env.id);
+    Ok(Api::<NodeMaintenance>::all(env.client.clone())
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.node_name.starts_with(&prefix))
+        .filter(|m| m.spec.reason == nodeward_api::MaintenanceReason::Remediation)
+        .collect())
+}
+
+#[tokio::test]
+async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("max-unhealthy").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 4]).await?;
+    let policy = create_policy(
+        &env,
+        "pool",
+        json!({"maxConcurrent": 1, "maxUnhealthy": 1, "remediation": {
+            "enabled": true, "action": "Reboot",
+            "unhealthyConditions": [{"type": "E2eProblem", "status": "True", "for": "3s"}],
+        }}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(
+        &policies,
+        &policy,
+        "RemediationAllowed=True",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| policy_condition(p, "RemediationAllowed"))
+                .is_some_and(|c| c.0 == "True")
+        },
+    )
+    .await?;
+
+    // Two nodes go bad together (within the 3s the condition must hold): over the limit.
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    set_condition(&env, &n0, "E2eProblem", "True").await?;
+    set_condition(&env, &n1, "E2eProblem", "True").await?;
+    let p = wait::until(
+        &policies,
+        &policy,
+        "RemediationAllowed=False",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| policy_condition(p, "RemediationAllowed"))
+                .is_some_and(|c| c.0 == "False")
+        },
+    )
+    .await?
+    .context("policy")?;
+    let (_, reason, message) = policy_condition(&p, "RemediationAllowed").context("condition")?;
+    assert_eq!(reason, "TooManyUnhealthy");
+    assert!(message.contains("maxUnhealthy 1"), "{message}");
+    assert_eq!(p.status.as_ref().map(|s| s.unhealthy), Some(2));
+    assert!(
+        remediations(&env).await?.is_empty(),
+        "no remediation during a storm"
+    );
+
+    // One recovers: back within the limit, the other one is remediated.
+    set_condition(&env, &n0, "E2eProblem", "False").await?;
+    let created = wait::eventually("a remediation maintenance", TIMEOUT, || async {
+        Ok(Some(remediations(&env).await?).filter(|r| !r.is_empty()))
+    })
+    .await?;
+    assert_eq!(created.len(), 1, "{created:?}");
+    assert_eq!(created[0].spec.node_name, n1);
+    assert_eq!(
+        created[0].spec.action,
+        nodeward_api::MaintenanceAction::Reboot
+    );
+    let m = wait_admitted(&env, &created[0].name_any(), TIMEOUT).await?;
+    assert_eq!(m.spec.requested_by.as_deref(), Some("nodeward-coordinator"));
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("startup-timeout").await?;
+    create_policy(
+        &env,
+        "pool",
+        json!({"remediation": {"enabled": false, "nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = env.node_name(0);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+    }))?;
+    let created = Instant::now();
+    env.nodes().create(&PostParams::default(), &node).await?;
+    wait::until(&env.nodes(), &name, "StartupTimedOut=True", TIMEOUT, |n| {
+        wait::node_condition(n, "StartupTimedOut").is_some_and(|(status, _)| status == "True")
+    })
+    .await?;
+    // creationTimestamp has whole seconds: the 3s can end up to 1s before our own clock says.
+    assert!(
+        created.elapsed() >= Duration::from_secs(2),
+        "not before the timeout: {:?}",
+        created.elapsed()
+    );
+    wait::until(&env.nodes(), &name, "the node deleted", TIMEOUT, |n| {
+        n.is_none()
+    })
+    .await?;
+    let events = env.events_about(&name, "regarding.kind=Node").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeStartupTimeout")),
+        "{events:?}"
+    );
+    drop(coordinator);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("node-deleted").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    wait_denied(&env, &second, "BudgetExhausted").await?;
+
+    env.nodes()
+        .delete(&env.node_name(0), &DeleteParams::default())
+        .await?;
+    wait_admitted(&env, &second, TIMEOUT).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(&maintenances, &first, "Cancelled", TIMEOUT, |m| {
+        m.is_some_and(|m| phase(m) == MaintenancePhase::Cancelled)
+    })
+    .await?
+    .context("maintenance")?;
+    let message = m.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("was deleted"), "{message}");
+    let p = Api::<DisruptionPolicy>::all(env.client.clone())
+        .get(&policy)
+        .await?;
+    let slots: Vec<String> = p
+        .status
+        .map(|s| s.slots.into_iter().map(|s| s.maintenance).collect())
+        .unwrap_or_default();
+    assert_eq!(slots, vec![second]);
+    drop(coordinator);
+    env.cleanup().await
+}
+
+async fn report_ack(
+    env: &TestEnv,
+    node: &str,
+    policy: &str,
+    generation: Option<i64>,
+) -> anyhow::Result<()> {
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    if reports.get_opt(node).await?.is_none() {
+        let report: NodeReport = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+            "metadata": {"name": node}, "spec": {"nodeName": node},
+        }))?;
+        reports.create(&PostParams::default(), &report).await?;
+    }
+    let acks: Vec<Value> = generation
+        .into_iter()
+        .map(|g| json!({"policy": policy, "observedGeneration": g}))
+        .collect();
+    reports
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"pauseAcknowledgements": acks}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("pause").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 2, "paused": true})).await?;
+    report_ack(&env, &n0, &policy, None).await?;
+    report_ack(&env, &n1, &policy, None).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let generation = policies
+        .get(&policy)
+        .await?
+        .metadata
+        .generation
+        .context("generation")?;
+
+    let pending = create_maintenance(&env, &n0).await?;
+    wait_denied(&env, &pending, "Paused").await?;
+    let paused = |status: &'static str, mentions: Option<String>| {
+        let policies = policies.clone();
+        let policy = policy.clone();
+        async move {
+            wait::until(
+                &policies,
+                &policy,
+                &format!("Paused={status}"),
+                TIMEOUT,
+                |p| {
+                    p.and_then(|p| policy_condition(p, "Paused"))
+                        .is_some_and(|c| {
+                            c.0 == status
+                                && mentions.as_ref().is_none_or(|m| c.2.contains(m.as_str()))
+                        })
+                },
+            )
+            .await
+        }
+    };
+    paused("False", Some(n0.clone())).await?;
+
+    report_ack(&env, &n0, &policy, Some(generation)).await?;
+    let p = paused("False", Some(n1.clone())).await?.context("policy")?;
+    let message = policy_condition(&p, "Paused")
+        .map(|c| c.2)
+        .unwrap_or_default();
+    assert!(!message.contains(&n0), "n0 acknowledged: {message}");
+
+    report_ack(&env, &n1, &policy, Some(generation)).await?;
+    paused("True", None).await?;
+
+    // Unpausing clears it and admission resumes.
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    paused("False", None).await?;
+    wait_admitted(&env, &pending, TIMEOUT).await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    for node in [&n0, &n1] {
+        reports.delete(node, &DeleteParams::default()).await?;
+    }
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("status").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    let sick = env.node_name(5);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": sick, "labels": {TEST_LABEL: env.id}, "annotations": {KWOK_NODE_ANNOTATION: "none"}},
+    }))?;
+    env.nodes().create(&PostParams::default(), &node).await?;
+
+    let output = std::process::Command::new(COORDINATOR)
+        .args(["status", "--kubeconfig"])
+        .arg(&controlplane::shared().kubeconfig)
+        .output()?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)?;
+    let policy_line = text
+        .lines()
+        .find(|l| l.starts_with(&policy))
+        .context(text.clone())?;
+    // The not-yet-Ready third node counts against the budget too: 2 of 1.
+    assert!(policy_line.contains("2/1"), "{policy_line}");
+    let m_line = text
+        .lines()
+        .find(|l| l.starts_with(&first))
+        .context(text.clone())?;
+    assert!(
+        m_line.contains("Admitted") && m_line.contains(&env.node_name(0)),
+        "{m_line}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&sick) && l.contains("not Ready")),
+        "{text}"
+    );
+    env.cleanup().await
+}

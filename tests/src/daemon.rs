@@ -1,0 +1,126 @@
+//! nodeward's daemons as child processes: a free port for their `/healthz` `/readyz`
+//! `/metrics` server, plain HTTP reads of those endpoints, SIGTERM and SIGKILL.
+
+use std::{
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::wait;
+
+/// A free loopback address for a daemon's `--listen`.
+pub fn free_address() -> anyhow::Result<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(format!("127.0.0.1:{port}"))
+}
+
+/// GET `path` from the server at `address`: status code and body.
+pub async fn get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: nodeward\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).await?;
+    let code = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// The sum of the samples in `/metrics` whose line starts with `series` (0 when none).
+pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
+    let (_, body) = get(address, "/metrics").await?;
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(series))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// A running daemon, killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub listen: String,
+    /// Its output (logs), kept after the test for diagnosis.
+    pub log: std::path::PathBuf,
+}
+
+impl Daemon {
+    /// Starts `program` with `args` plus `--listen <free address>`; its output goes to a log
+    /// file named after `label` in the temporary directory.
+    pub fn start(program: &str, label: &str, args: &[String]) -> anyhow::Result<Self> {
+        let listen = free_address()?;
+        let dir = std::env::temp_dir().join("nodeward-e2e-logs");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("{label}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .args(["--listen", &listen])
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .spawn()?;
+        Ok(Self { child, listen, log })
+    }
+
+    /// The daemon's output so far (for assertion messages).
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        get(&self.listen, path).await
+    }
+
+    pub async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        metric(&self.listen, series).await
+    }
+
+    /// Waits until `/readyz` answers 200.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        wait::eventually("the daemon to be ready", timeout, || async {
+            Ok((self.get("/readyz").await.map(|r| r.0).unwrap_or(0) == 200).then_some(()))
+        })
+        .await
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
+        nix::sys::signal::kill(pid, signal)?;
+        Ok(())
+    }
+
+    /// Waits for the process to exit; its exit status.
+    pub async fn wait_exit(
+        &mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        wait::eventually("the daemon to exit", timeout, || {
+            let status = self.child.try_wait();
+            async move { Ok(status?) }
+        })
+        .await
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
