@@ -8,6 +8,7 @@ pub mod config;
 pub mod detect;
 pub mod http;
 pub mod metrics;
+pub mod pause;
 pub mod peers;
 pub mod report;
 pub mod runner;

@@ -248,13 +248,19 @@ async fn run(
     let detectors = Detector::all(&config, Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
-        client,
+        client.clone(),
         identity,
         config.reporting.heartbeat_interval,
         metrics,
         readiness,
     );
-    tasks.spawn(reporter.run(snapshots, kernel_events));
+    let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
+    tasks.spawn(nodeward_agent::pause::follow(
+        client.clone(),
+        node_name.clone(),
+        pauses_tx,
+    ));
+    tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let signal = nodeward_runtime::stop_signal().await?;
     tracing::info!("{signal}: stopping");

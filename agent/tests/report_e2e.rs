@@ -616,3 +616,74 @@ async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> any
     std::fs::remove_dir_all(&dir).ok();
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams, PostParams};
+    use nodeward_api::DisruptionPolicy;
+    use nodeward_e2e::env::TEST_LABEL;
+
+    let env = TestEnv::new("agent-pause").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let agent = Agent::start(&node, &env.id, "500ms", "30s")?;
+    agent.wait_ready().await?;
+
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let mut created = Vec::new();
+    for (name, selector) in [
+        (
+            "mine",
+            serde_json::json!({"matchLabels": {TEST_LABEL: env.id}}),
+        ),
+        (
+            "other",
+            serde_json::json!({"matchLabels": {TEST_LABEL: "another-test"}}),
+        ),
+    ] {
+        let name = format!("{}-{name}", env.id);
+        let policy: DisruptionPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+            "spec": {"paused": true, "nodeSelector": selector},
+        }))?;
+        let policy = policies.create(&PostParams::default(), &policy).await?;
+        created.push((name, policy.metadata.generation.unwrap_or(0)));
+    }
+    let (mine, generation) = created[0].clone();
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let acks = |r: Option<&NodeReport>| -> Vec<(String, i64)> {
+        r.and_then(|r| r.status.as_ref())
+            .map(|s| {
+                s.pause_acknowledgements
+                    .iter()
+                    .map(|a| (a.policy.clone(), a.observed_generation))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Acknowledged at once (not at the next 30s heartbeat), and only the policy selecting it.
+    let report = wait::until(&reports, &node, "the pause acknowledged", TIMEOUT, |r| {
+        !acks(r).is_empty()
+    })
+    .await?;
+    assert_eq!(acks(report.as_ref()), vec![(mine.clone(), generation)]);
+
+    policies
+        .patch(
+            &mine,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    wait::until(
+        &reports,
+        &node,
+        "the acknowledgement withdrawn",
+        TIMEOUT,
+        |r| r.is_some() && acks(r).is_empty(),
+    )
+    .await?;
+    drop(agent);
+    env.cleanup().await
+}

@@ -125,17 +125,7 @@ where
                 trim(object);
             }),
     );
-    tasks.spawn(async move {
-        stream
-            .for_each(|event| {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
-                }
-                changed.notify_one();
-                futures::future::ready(())
-            })
-            .await;
-    });
+    tasks.spawn(stream.for_each(nodeward_runtime::watch::notifier(changed, kind)));
     reader
 }
 

@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod client;
 pub mod server;
 pub mod telemetry;
+pub mod watch;
 
 /// Failures of the shared plumbing, with what was being done.
 #[derive(Debug, thiserror::Error)]

@@ -21,6 +21,7 @@ use kube::{
 use nodeward_api::{
     NodeReport,
     labels::AGENT_FIELD_MANAGER,
+    report::PauseAcknowledgement,
     report::{AgentMode, Finding as ReportedFinding},
 };
 use serde_json::json;
@@ -103,7 +104,9 @@ impl Reporter {
         mut self,
         mut snapshots: watch::Receiver<Snapshot>,
         mut kernel_events: mpsc::Receiver<NodeEvent>,
+        mut pauses: watch::Receiver<Vec<PauseAcknowledgement>>,
     ) {
+        let mut pauses_open = true;
         let mut kernel_open = true;
         let mut heartbeat = tokio::time::interval(self.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -119,6 +122,12 @@ impl Reporter {
                     report_due = true;
                 }
                 _ = heartbeat.tick() => report_due = true,
+                changed = pauses.changed(), if pauses_open => {
+                    match changed {
+                        Ok(()) => report_due = true,
+                        Err(_) => pauses_open = false,
+                    }
+                }
                 event = kernel_events.recv(), if kernel_open => {
                     match event {
                         Some(event) => {
@@ -144,7 +153,8 @@ impl Reporter {
                 failed = true;
             }
             if report_due {
-                let result = self.write_report(&snapshot).await;
+                let acknowledged = pauses.borrow_and_update().clone();
+                let result = self.write_report(&snapshot, &acknowledged).await;
                 self.metrics.api_write("nodereports/status", result.is_ok());
                 match result {
                     Ok(()) => {
@@ -300,7 +310,11 @@ impl Reporter {
         }
     }
 
-    async fn write_report(&mut self, snapshot: &Snapshot) -> Result<(), Error> {
+    async fn write_report(
+        &mut self,
+        snapshot: &Snapshot,
+        pauses: &[PauseAcknowledgement],
+    ) -> Result<(), Error> {
         let reports: Api<NodeReport> = Api::all(self.client.clone());
         let name = self.identity.node_name.clone();
         let object = format!("NodeReport {name}");
@@ -324,6 +338,7 @@ impl Reporter {
                 "heartbeatTime": Time(Timestamp::now()),
                 "problems": problems,
                 "findings": findings,
+                "pauseAcknowledgements": pauses,
             },
         });
         let report = reports

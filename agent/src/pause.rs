@@ -1,0 +1,129 @@
+//! Pauses this node obeys: every DisruptionPolicy with `paused: true` whose selector matches
+//! this node's labels. The agent acknowledges each with the policy generation it saw (in its
+//! NodeReport), and the coordinator reports the policy `Paused=True` only once every agent in
+//! scope has.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    runtime::{WatchStreamExt, reflector, watcher},
+};
+use nodeward_api::{DisruptionPolicy, report::PauseAcknowledgement};
+use tokio::sync::{Notify, watch};
+
+/// The acknowledgements for `policies` as seen from a node with `labels`, sorted by policy.
+/// A policy whose selector cannot be evaluated is obeyed: pausing too much is the safe side.
+pub fn acknowledgements(
+    policies: &[Arc<DisruptionPolicy>],
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Vec<PauseAcknowledgement> {
+    let mut acks: Vec<PauseAcknowledgement> = policies
+        .iter()
+        .filter(|p| p.spec.paused)
+        .filter(|p| {
+            p.spec.node_selector.as_ref().is_none_or(|selector| {
+                nodeward_api::selector::matches(selector, labels).unwrap_or(true)
+            })
+        })
+        .map(|p| PauseAcknowledgement {
+            policy: p.name_any(),
+            observed_generation: p.metadata.generation.unwrap_or(0),
+        })
+        .collect();
+    acks.sort_by(|a, b| a.policy.cmp(&b.policy));
+    acks
+}
+
+/// Follows the policies and this node's labels, publishing the pauses that apply whenever
+/// they change. Runs until the task is dropped.
+pub async fn follow(
+    client: Client,
+    node_name: String,
+    pauses: watch::Sender<Vec<PauseAcknowledgement>>,
+) {
+    let changed = Arc::new(Notify::new());
+    let (policies, writer) = reflector::store::<DisruptionPolicy>();
+    let policy_events = reflector(
+        writer,
+        watcher(Api::all(client.clone()), watcher::Config::default()).default_backoff(),
+    );
+    let (nodes, writer) = reflector::store::<Node>();
+    let node_events = reflector(
+        writer,
+        watcher(
+            Api::all(client),
+            watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        )
+        .default_backoff(),
+    );
+    let watching = futures::future::join(
+        policy_events.for_each(nodeward_runtime::watch::notifier(
+            changed.clone(),
+            "DisruptionPolicy".into(),
+        )),
+        node_events.for_each(nodeward_runtime::watch::notifier(
+            changed.clone(),
+            "Node".into(),
+        )),
+    );
+    let publishing = async {
+        loop {
+            changed.notified().await;
+            let labels = nodes
+                .state()
+                .first()
+                .map(|n| n.labels().clone())
+                .unwrap_or_default();
+            let acks = acknowledgements(&policies.state(), &labels);
+            pauses.send_if_modified(|current| {
+                if *current == acks {
+                    return false;
+                }
+                tracing::info!(pauses = ?acks.iter().map(|a| &a.policy).collect::<Vec<_>>(), "pauses in effect for this node");
+                *current = acks;
+                true
+            });
+        }
+    };
+    futures::future::join(watching, publishing).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy(name: &str, paused: bool, selector: serde_json::Value) -> Arc<DisruptionPolicy> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                "metadata": {"name": name, "generation": 4},
+                "spec": {"paused": paused, "nodeSelector": selector},
+            }))
+            .expect("policy"),
+        )
+    }
+
+    #[test]
+    fn only_paused_policies_matching_the_node_are_acknowledged() {
+        let labels = [("pool".to_owned(), "a".to_owned())].into_iter().collect();
+        let policies = vec![
+            policy("b-other-pool", true, json!({"matchLabels": {"pool": "b"}})),
+            policy("a-pool", true, json!({"matchLabels": {"pool": "a"}})),
+            policy("not-paused", false, json!({})),
+            policy("everything", true, json!({})),
+            policy(
+                "broken",
+                true,
+                json!({"matchExpressions": [{"key": "pool", "operator": "Sideways"}]}),
+            ),
+        ];
+        let acks = acknowledgements(&policies, &labels);
+        let names: Vec<&str> = acks.iter().map(|a| a.policy.as_str()).collect();
+        assert_eq!(names, ["a-pool", "broken", "everything"]);
+        assert!(acks.iter().all(|a| a.observed_generation == 4));
+    }
+}
