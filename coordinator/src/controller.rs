@@ -58,7 +58,8 @@ pub struct Stores {
 }
 
 impl Stores {
-    /// Starts a reflector for each kind; every event wakes `changed`.
+    /// Starts a reflector for each kind; a change that can matter to a decision wakes
+    /// `changed` (heartbeats do not: at 1,000 nodes they would run a round every few ms).
     pub fn watch(
         client: &Client,
         changed: &Arc<Notify>,
@@ -75,10 +76,29 @@ impl Stores {
                         status.images = None;
                     }
                 },
+                relevance::node,
             ),
-            policies: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
-            maintenances: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
-            reports: reflect(Api::all(client.clone()), changed, tasks, |_| {}),
+            policies: reflect(
+                Api::all(client.clone()),
+                changed,
+                tasks,
+                |_| {},
+                relevance::any_change,
+            ),
+            maintenances: reflect(
+                Api::all(client.clone()),
+                changed,
+                tasks,
+                |_| {},
+                relevance::any_change,
+            ),
+            reports: reflect(
+                Api::all(client.clone()),
+                changed,
+                tasks,
+                |_| {},
+                relevance::report,
+            ),
         }
     }
 
@@ -108,6 +128,7 @@ fn reflect<K>(
     changed: &Arc<Notify>,
     tasks: &mut tokio::task::JoinSet<()>,
     trim: fn(&mut K),
+    relevance: fn(&K) -> u64,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -125,8 +146,82 @@ where
                 trim(object);
             }),
     );
-    tasks.spawn(stream.for_each(nodeward_runtime::watch::notifier(changed, kind)));
+    // What each object looked like to decisions when last seen.
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    tasks.spawn(stream.for_each(move |event| {
+        let wake = match &event {
+            Ok(watcher::Event::Apply(object)) => {
+                let digest = relevance(object);
+                seen.insert(object.name_any(), digest) != Some(digest)
+            }
+            Ok(watcher::Event::Delete(object)) => {
+                seen.remove(&object.name_any());
+                true
+            }
+            Ok(watcher::Event::Init) => {
+                seen.clear();
+                false
+            }
+            Ok(watcher::Event::InitApply(object)) => {
+                seen.insert(object.name_any(), relevance(object));
+                false
+            }
+            Ok(watcher::Event::InitDone) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
+                false
+            }
+        };
+        if wake {
+            changed.notify_one();
+        }
+        futures::future::ready(())
+    }));
     reader
+}
+
+/// Digests of what decisions read from an object, so that other updates wake nothing.
+mod relevance {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+
+    use k8s_openapi::api::core::v1::Node;
+    use kube::Resource;
+    use nodeward_api::NodeReport;
+
+    pub fn any_change<K: Resource>(object: &K) -> u64 {
+        let mut h = DefaultHasher::new();
+        object.meta().resource_version.hash(&mut h);
+        h.finish()
+    }
+
+    /// Labels, deletion, and each condition's status and transition (not its heartbeat).
+    pub fn node(node: &Node) -> u64 {
+        let mut h = DefaultHasher::new();
+        node.metadata.labels.hash(&mut h);
+        node.metadata.deletion_timestamp.is_some().hash(&mut h);
+        for c in node
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+        {
+            (&c.type_, &c.status, &c.reason).hash(&mut h);
+            c.last_transition_time.as_ref().map(|t| t.0).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// Pause acknowledgements; heartbeat age is checked on every resync instead.
+    pub fn report(report: &NodeReport) -> u64 {
+        let mut h = DefaultHasher::new();
+        for a in report
+            .status
+            .iter()
+            .flat_map(|s| s.pause_acknowledgements.iter())
+        {
+            (&a.policy, a.observed_generation).hash(&mut h);
+        }
+        h.finish()
+    }
 }
 
 /// Objects this coordinator wrote, used until the watch delivers them, so that the next round

@@ -1,0 +1,367 @@
+//! The coordinator at scale, against the real test control plane: `--nodes` kwok nodes with a
+//! NodeReport each, one policy selecting them all, and the release coordinator. Measures the
+//! time from start to ready, RSS and CPU, and the admission latency from a NodeMaintenance's
+//! creation to the moment a watch sees it Admitted, next to the API server's own write latency
+//! (the create call) in the same run.
+//!
+//!   cargo build --release -p nodeward-coordinator
+//!   cargo run --release -p nodeward-bench --bin coordinator-scale -- --nodes 1000
+//!
+//! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
+
+use std::{
+    collections::HashMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_e2e::{
+    TestEnv, controlplane,
+    daemon::Daemon,
+    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
+};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// Simulated nodes, each with a NodeReport.
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Maintenances created per run.
+    #[arg(long, default_value_t = 100)]
+    maintenances: usize,
+    /// Runs of `--maintenances` admissions (medians are over runs).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Pause between two creations.
+    #[arg(long, default_value = "50ms", value_parser = humantime_ms)]
+    pace: Duration,
+    /// The coordinator binary (a release build).
+    #[arg(long, default_value = "target/release/nodeward-coordinator")]
+    coordinator: PathBuf,
+}
+
+fn humantime_ms(text: &str) -> Result<Duration, String> {
+    text.strip_suffix("ms")
+        .and_then(|n| n.parse().ok())
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{text:?}: give milliseconds, e.g. 50ms"))
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// (RSS, peak RSS) in MiB and CPU ticks of a process.
+fn footprint(pid: u32) -> anyhow::Result<(f64, f64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = |key: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    // utime and stime are fields 14 and 15; after the ")" they are the 12th and 13th.
+    let ticks = fields
+        .get(11)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, ticks))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let env = TestEnv::new("bench-scale").await?;
+    let client = env.client.clone();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let reports: Api<NodeReport> = Api::all(client.clone());
+
+    let started = Instant::now();
+    futures::stream::iter(0..args.nodes)
+        .map(|i| {
+            let (nodes, reports, name, id) = (
+                nodes.clone(),
+                reports.clone(),
+                env.node_name(i),
+                env.id.clone(),
+            );
+            async move {
+                let node: Node = serde_json::from_value(json!({"metadata": {
+                    "name": name,
+                    "labels": {TEST_LABEL: id, "kubernetes.io/hostname": name},
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                }}))?;
+                nodes.create(&PostParams::default(), &node).await?;
+                let report: NodeReport = serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                    "metadata": {"name": name}, "spec": {"nodeName": name},
+                }))?;
+                reports.create(&PostParams::default(), &report).await?;
+                reports
+                    .patch_status(
+                        &name,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": {
+                            "agentVersion": "bench", "heartbeatTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff_now()),
+                            "findings": [{"type": "RebootRequired", "status": "False", "reason": "NoSentinel",
+                                "message": "no reboot required", "detector": "reboot-required",
+                                "since": k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff_now())}],
+                        }})),
+                    )
+                    .await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    eprintln!(
+        "created {} nodes and NodeReports in {:.1} s",
+        args.nodes,
+        started.elapsed().as_secs_f64()
+    );
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    let ready_started = Instant::now();
+    loop {
+        let listed = nodes.list(&ListParams::default().labels(&selector)).await?;
+        let ready = listed
+            .items
+            .iter()
+            .filter(|n| {
+                nodeward_e2e::wait::condition_status(*n, "Ready").as_deref() == Some("True")
+            })
+            .count();
+        if ready == args.nodes {
+            break;
+        }
+        anyhow::ensure!(
+            ready_started.elapsed() < Duration::from_secs(900),
+            "only {ready} of {} nodes Ready after 15 minutes",
+            args.nodes
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    eprintln!(
+        "all nodes Ready after {:.1} s",
+        ready_started.elapsed().as_secs_f64()
+    );
+
+    let policy_name = format!("{}-all", env.id);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": policy_name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"maxConcurrent": "100%", "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+    }))?;
+    Api::<DisruptionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+
+    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
+    let spawned = Instant::now();
+    let coordinator = Daemon::start(
+        args.coordinator
+            .to_str()
+            .context("coordinator path is not UTF-8")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--leader-elect=false".into(),
+            "--kubeconfig".into(),
+            kubeconfig,
+        ],
+    )?;
+    coordinator.wait_ready(Duration::from_secs(300)).await?;
+    let time_to_ready = spawned.elapsed();
+    let pid = coordinator.child.id();
+    let (rss_ready, _, _) = footprint(pid)?;
+
+    // Admission latency: creation (call start) to a watch seeing it Admitted.
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+    let admitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let seen = admitted.clone();
+    let watching = tokio::spawn(
+        watcher(
+            maintenances.clone(),
+            watcher::Config::default().labels(&selector),
+        )
+        .for_each(move |event| {
+            if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                && m.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase != MaintenancePhase::Pending)
+            {
+                seen.lock()
+                    .map(|mut s| {
+                        s.entry(m.name_any())
+                            .or_insert_with(Instant::now)
+                            .to_owned()
+                    })
+                    .ok();
+            }
+            futures::future::ready(())
+        }),
+    );
+    let (_, _, ticks_before) = footprint(pid)?;
+    let load_started = Instant::now();
+    let mut run_p50 = Vec::new();
+    let mut run_p99 = Vec::new();
+    let mut write_p50 = Vec::new();
+    let mut write_p99 = Vec::new();
+    for run in 0..args.runs {
+        let mut created = Vec::new();
+        for i in 0..args.maintenances {
+            let node = env.node_name((run * args.maintenances + i) % args.nodes);
+            let name = format!("{node}-r{run}");
+            let m: NodeMaintenance = serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+                "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly"},
+            }))?;
+            let start = Instant::now();
+            maintenances.create(&PostParams::default(), &m).await?;
+            created.push((name, start, start.elapsed()));
+            tokio::time::sleep(args.pace).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let latencies = loop {
+            let seen = admitted
+                .lock()
+                .map_err(|_| anyhow::anyhow!("poisoned"))?
+                .clone();
+            let all: Option<Vec<Duration>> = created
+                .iter()
+                .map(|(name, start, _)| seen.get(name).map(|t| t.duration_since(*start)))
+                .collect();
+            if let Some(all) = all {
+                break all;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "run {run}: not all admitted in 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let mut latencies = latencies;
+        latencies.sort();
+        let mut writes: Vec<Duration> = created.iter().map(|c| c.2).collect();
+        writes.sort();
+        eprintln!(
+            "run {run}: admission p50 {} p99 {}; API create p50 {} p99 {}",
+            ms(percentile(&latencies, 50.0)),
+            ms(percentile(&latencies, 99.0)),
+            ms(percentile(&writes, 50.0)),
+            ms(percentile(&writes, 99.0))
+        );
+        run_p50.push(percentile(&latencies, 50.0));
+        run_p99.push(percentile(&latencies, 99.0));
+        write_p50.push(percentile(&writes, 50.0));
+        write_p99.push(percentile(&writes, 99.0));
+        // Finish them, as agents would, so that the next run starts from free slots.
+        for (name, _, _) in &created {
+            maintenances
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+                )
+                .await?;
+        }
+    }
+    let load_elapsed = load_started.elapsed();
+    let (rss_loaded, peak, ticks_after) = footprint(pid)?;
+    let tick = 100.0; // CLK_TCK on Linux
+    let load_millicores =
+        (ticks_after - ticks_before) as f64 / tick / load_elapsed.as_secs_f64() * 1000.0;
+    // Idle: nothing changes but the kwok heartbeats.
+    let idle = Duration::from_secs(30);
+    let (_, _, idle_before) = footprint(pid)?;
+    tokio::time::sleep(idle).await;
+    let (rss_idle, peak_end, idle_after) = footprint(pid)?;
+    let idle_millicores = (idle_after - idle_before) as f64 / tick / idle.as_secs_f64() * 1000.0;
+    let decisions = coordinator
+        .metric("nodeward_coordinator_decision_duration_seconds_sum")
+        .await?
+        / coordinator
+            .metric("nodeward_coordinator_decision_duration_seconds_count")
+            .await?
+            .max(1.0);
+    watching.abort();
+
+    let p50 = median(run_p50);
+    let p99 = median(run_p99);
+    let w50 = median(write_p50);
+    let w99 = median(write_p99);
+    println!("cores: {cores}");
+    println!("nodes: {} (each with a NodeReport)", args.nodes);
+    println!("time to ready after start: {}", ms(time_to_ready));
+    println!(
+        "RSS: {rss_ready:.1} MiB at ready, {rss_loaded:.1} MiB after the runs, {rss_idle:.1} MiB idle; peak {:.1} MiB",
+        peak.max(peak_end)
+    );
+    println!("CPU: {load_millicores:.0} millicores during the runs, {idle_millicores:.1} idle");
+    println!(
+        "admission latency (creation to Admitted seen), median of {} runs of {}: p50 {} p99 {}",
+        args.runs,
+        args.maintenances,
+        ms(p50),
+        ms(p99)
+    );
+    println!(
+        "API server create latency, same runs: p50 {} p99 {}; coordinator share of p99: {}",
+        ms(w50),
+        ms(w99),
+        ms(p99.saturating_sub(w99))
+    );
+    println!("mean decision time per round: {:.3} ms", decisions * 1000.0);
+
+    drop(coordinator);
+    for report in reports.list(&ListParams::default()).await? {
+        if report.name_any().starts_with(&format!("{}-", env.id)) {
+            let _ = reports
+                .delete(&report.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    env.cleanup().await
+}
+
+fn jiff_now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
