@@ -51,6 +51,9 @@ const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
 /// The four watched kinds.
 #[derive(Clone)]
 pub struct Stores {
+    /// resourceVersions this coordinator wrote: their watch events wake no round (the round
+    /// that wrote them already decided on them).
+    own_writes: OwnWrites,
     pub nodes: Store<Node>,
     pub policies: Store<DisruptionPolicy>,
     pub maintenances: Store<NodeMaintenance>,
@@ -65,7 +68,9 @@ impl Stores {
         changed: &Arc<Notify>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
+        let own_writes = OwnWrites::default();
         Self {
+            own_writes: own_writes.clone(),
             nodes: reflect(
                 Api::all(client.clone()),
                 changed,
@@ -77,6 +82,7 @@ impl Stores {
                     }
                 },
                 relevance::node,
+                None,
             ),
             policies: reflect(
                 Api::all(client.clone()),
@@ -84,6 +90,7 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::any_change,
+                Some(own_writes.clone()),
             ),
             maintenances: reflect(
                 Api::all(client.clone()),
@@ -91,6 +98,7 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::any_change,
+                Some(own_writes.clone()),
             ),
             reports: reflect(
                 Api::all(client.clone()),
@@ -98,6 +106,7 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::report,
+                None,
             ),
         }
     }
@@ -129,6 +138,7 @@ fn reflect<K>(
     tasks: &mut tokio::task::JoinSet<()>,
     trim: fn(&mut K),
     relevance: fn(&K) -> u64,
+    own_writes: Option<OwnWrites>,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -152,7 +162,12 @@ where
         let wake = match &event {
             Ok(watcher::Event::Apply(object)) => {
                 let digest = relevance(object);
-                seen.insert(object.name_any(), digest) != Some(digest)
+                let changed = seen.insert(object.name_any(), digest) != Some(digest);
+                let ours = own_writes
+                    .as_ref()
+                    .zip(object.resource_version())
+                    .is_some_and(|(own, version)| own.take(&version));
+                changed && !ours
             }
             Ok(watcher::Event::Delete(object)) => {
                 seen.remove(&object.name_any());
@@ -224,6 +239,26 @@ mod relevance {
     }
 }
 
+/// The resourceVersions of this coordinator's own writes, until their watch event arrives.
+#[derive(Clone, Default)]
+struct OwnWrites(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+impl OwnWrites {
+    fn record(&self, version: Option<String>) {
+        if let (Ok(mut set), Some(version)) = (self.0.lock(), version) {
+            // Events lost to a re-list never come back: keep the set bounded.
+            if set.len() > 10_000 {
+                set.clear();
+            }
+            set.insert(version);
+        }
+    }
+
+    fn take(&self, version: &str) -> bool {
+        self.0.lock().is_ok_and(|mut set| set.remove(version))
+    }
+}
+
 /// Objects this coordinator wrote, used until the watch delivers them, so that the next round
 /// does not decide on the version it just replaced.
 struct Fresh<K> {
@@ -269,6 +304,7 @@ pub struct Controller {
     fresh_maintenances: Fresh<NodeMaintenance>,
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
+    own_writes: OwnWrites,
 }
 
 impl Controller {
@@ -290,6 +326,7 @@ impl Controller {
             fresh_maintenances: Fresh::new(),
             denied_at: HashMap::new(),
             remediated_at: HashMap::new(),
+            own_writes: OwnWrites::default(),
         }
     }
 
@@ -304,6 +341,7 @@ impl Controller {
         readiness: Arc<nodeward_runtime::server::Readiness>,
         mut stop: watch::Receiver<bool>,
     ) {
+        self.own_writes = stores.own_writes.clone();
         // The only waiter on the stores' readiness: kube-runtime wakes just one.
         tokio::select! {
             synced = stores.synced() => if !synced { return },
@@ -404,7 +442,10 @@ impl Controller {
                 .replace_status(name, &PostParams::default(), &updated)
                 .await
             {
-                Ok(written) => self.fresh_policies.record(current, written),
+                Ok(written) => {
+                    self.own_writes.record(written.resource_version());
+                    self.fresh_policies.record(current, written);
+                }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     self.metrics.slot_conflicts.inc();
                     tracing::info!(policy = %name, "policy changed since it was read (another writer); deciding again");
@@ -451,6 +492,7 @@ impl Controller {
             .await
         {
             Ok(written) => {
+                self.own_writes.record(written.resource_version());
                 self.fresh_maintenances.record(current, written);
                 true
             }

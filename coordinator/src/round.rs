@@ -319,7 +319,9 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         .collect();
     for (name, node) in &nodes {
         if is_ready(node) {
-            memory.seen_ready.insert(name.clone());
+            if !memory.seen_ready.contains(name) {
+                memory.seen_ready.insert(name.clone());
+            }
         }
     }
     memory.seen_ready.retain(|n| nodes.contains_key(n));
@@ -395,13 +397,18 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     }
 
     // Node health under each policy's rules; a node is unhealthy when any policy says so.
-    let mut health: BTreeMap<(String, String), Health> = BTreeMap::new();
+    // Only nodes that are not healthy are entered (most are healthy; absent means healthy).
+    let mut health: BTreeMap<(usize, &str), Health> = BTreeMap::new();
     let mut unhealthy_nodes = BTreeSet::new();
-    for p in &policies {
+    for (index, p) in policies.iter().enumerate() {
+        let only_readiness = p.rules.unhealthy.is_empty() && p.rules.heartbeat_timeout.is_none();
         for name in &p.matched {
             let Some(node) = nodes.get(name) else {
                 continue;
             };
+            if only_readiness && is_ready(node) {
+                continue;
+            }
             let observed = Observed {
                 created: timestamp(node.metadata.creation_timestamp.as_ref()),
                 conditions: node_conditions(node),
@@ -418,7 +425,9 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                     .entry(name.clone())
                     .or_insert_with(|| why.clone());
             }
-            health.insert((p.name.clone(), name.clone()), h);
+            if h != Health::Healthy {
+                health.insert((index, name.as_str()), h);
+            }
         }
     }
 
@@ -576,13 +585,13 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         .collect();
     let mut requested: BTreeSet<String> = BTreeSet::new();
     let mut statuses = BTreeMap::new();
-    for p in &policies {
+    for (index, p) in policies.iter().enumerate() {
         let unhealthy: Vec<&String> = p
             .matched
             .iter()
             .filter(|n| {
                 matches!(
-                    health.get(&(p.name.clone(), (*n).clone())),
+                    health.get(&(index, n.as_str())),
                     Some(Health::Unhealthy(_) | Health::NeverReady(_))
                 )
             })
@@ -602,7 +611,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         let allowed = gate.as_ref().is_some_and(Result::is_ok);
         if let Some(r) = remediation {
             for name in &p.matched {
-                let Some(h) = health.get(&(p.name.clone(), name.clone())) else {
+                let Some(h) = health.get(&(index, name.as_str())) else {
                     continue;
                 };
                 if let Health::NeverReady(message) = h {
@@ -1112,6 +1121,68 @@ mod tests {
         assert_eq!(
             (allowed.status.as_str(), allowed.reason.as_str()),
             ("False", "TooManyUnhealthy")
+        );
+    }
+
+    #[test]
+    fn a_reboot_remediation_that_did_not_help_escalates_to_delete_node() {
+        let mut objects = cluster(3);
+        objects.policies = vec![policy(
+            json!({"remediation": {"enabled": true, "escalateAfter": "10m",
+                "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
+            json!({}),
+        )];
+        objects.nodes[0] = node("n0", false);
+        let mut reboot = maintenance(
+            "r0",
+            "n0",
+            0,
+            json!({"phase": "Verifying", "admission": {"policies": ["pool"], "admittedAt": t(0).to_string(), "admittedBy": "c"}}),
+        );
+        Arc::make_mut(&mut reboot).spec.reason = MaintenanceReason::Remediation;
+        objects.maintenances = vec![reboot];
+        let early = plan(&objects, &mut Memory::default(), t(300));
+        assert!(
+            early.remediate.is_empty(),
+            "not before escalateAfter: {early:?}"
+        );
+        let late = plan(&objects, &mut Memory::default(), t(601));
+        assert_eq!(late.remediate.len(), 1, "{late:?}");
+        assert_eq!(late.remediate[0].action, MaintenanceAction::DeleteNode);
+        assert_eq!(late.remediate[0].replaces.as_deref(), Some("r0"));
+    }
+
+    #[test]
+    fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
+        let mut objects = cluster(1);
+        let fresh: Node = serde_json::from_value(json!({
+            "metadata": {"name": "new", "creationTimestamp": t(0).to_string()},
+        }))
+        .expect("node");
+        objects.nodes.push(Arc::new(fresh));
+        objects.policies = vec![policy(
+            json!({"remediation": {"nodeStartupTimeout": "5m", "startupAction": "DeleteNode"}}),
+            json!({}),
+        )];
+        assert!(
+            plan(&objects, &mut Memory::default(), t(299))
+                .startup_timeouts
+                .is_empty()
+        );
+        let timed_out = plan(&objects, &mut Memory::default(), t(300)).startup_timeouts;
+        assert_eq!(timed_out.len(), 1);
+        assert_eq!(
+            (timed_out[0].node.as_str(), timed_out[0].action),
+            ("new", StartupAction::DeleteNode)
+        );
+        assert!(!timed_out[0].reported);
+        // A node seen Ready once is not "never Ready" when it later goes NotReady.
+        let mut memory = Memory::default();
+        memory.seen_ready.insert("new".into());
+        assert!(
+            plan(&objects, &mut memory, t(300))
+                .startup_timeouts
+                .is_empty()
         );
     }
 }
