@@ -318,10 +318,8 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         .map(|n| (n.name_any(), n.as_ref()))
         .collect();
     for (name, node) in &nodes {
-        if is_ready(node) {
-            if !memory.seen_ready.contains(name) {
-                memory.seen_ready.insert(name.clone());
-            }
+        if is_ready(node) && !memory.seen_ready.contains(name) {
+            memory.seen_ready.insert(name.clone());
         }
     }
     memory.seen_ready.retain(|n| nodes.contains_key(n));
