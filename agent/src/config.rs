@@ -22,6 +22,42 @@ pub const DEFAULT_PATH: &str = "/etc/nodeward/agent.yaml";
 pub struct Config {
     pub detectors: Detectors,
     pub reporting: ReportingConfig,
+    pub shutdown_guard: ShutdownGuardConfig,
+}
+
+/// The systemd-logind shutdown guard.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ShutdownGuardConfig {
+    pub enabled: bool,
+    /// How long the drain before a shutdown may take; logind's `InhibitDelayMaxSec` must be
+    /// at least this (see `writeDropIn`).
+    #[serde(deserialize_with = "duration")]
+    pub budget: Duration,
+    /// The lock is released this long before the budget (or logind's delay) ends.
+    #[serde(deserialize_with = "duration")]
+    pub safety_margin: Duration,
+    /// Write a `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget, and reload
+    /// logind, when its delay is shorter.
+    pub write_drop_in: bool,
+    /// Where the drop-in goes.
+    pub drop_in_dir: PathBuf,
+    /// The drain plan before a shutdown (default: ordinary pods by priority, critical pods,
+    /// DaemonSet pods).
+    pub drain_plan: Option<nodeward_api::DrainPlan>,
+}
+
+impl Default for ShutdownGuardConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            budget: Duration::from_secs(120),
+            safety_margin: Duration::from_secs(5),
+            write_drop_in: false,
+            drop_in_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
+            drain_plan: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -487,6 +523,14 @@ impl Config {
         if self.reporting.heartbeat_interval < Duration::from_secs(1) {
             return Err("reporting.heartbeatInterval: must be at least 1s, e.g. 60s".to_owned());
         }
+        let guard = &self.shutdown_guard;
+        if guard.safety_margin >= guard.budget {
+            return Err(format!(
+                "shutdownGuard.safetyMargin: {}s leaves nothing of the {}s budget; use less than shutdownGuard.budget, e.g. 5s",
+                guard.safety_margin.as_secs(),
+                guard.budget.as_secs()
+            ));
+        }
         let d = &self.detectors;
         for (index, pattern) in d.network.interfaces.ignore.iter().enumerate() {
             let star = pattern.find('*');
@@ -632,6 +676,9 @@ pub struct Overrides {
     pub peer_port: Option<u16>,
     pub registration_timeout: Option<String>,
     pub kubelet_healthz_url: Option<String>,
+    pub shutdown_guard: Option<bool>,
+    pub shutdown_budget: Option<String>,
+    pub logind_drop_in_dir: Option<PathBuf>,
 }
 
 impl Config {
@@ -668,6 +715,16 @@ impl Config {
         }
         if let Some(url) = &o.kubelet_healthz_url {
             d.kubelet.healthz_url = url.clone();
+        }
+        if let Some(enabled) = o.shutdown_guard {
+            self.shutdown_guard.enabled = enabled;
+        }
+        if let Some(value) = &o.shutdown_budget {
+            self.shutdown_guard.budget = parse("shutdown-budget", value)?;
+        }
+        if let Some(dir) = &o.logind_drop_in_dir {
+            self.shutdown_guard.write_drop_in = true;
+            self.shutdown_guard.drop_in_dir = dir.clone();
         }
         self.validate()?;
         Ok(self)

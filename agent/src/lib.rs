@@ -5,13 +5,16 @@ pub use nodeward_runtime::{backoff, server};
 
 pub mod check;
 pub mod config;
+pub mod cordon;
 pub mod detect;
+pub mod drain;
 pub mod http;
 pub mod metrics;
 pub mod pause;
 pub mod peers;
 pub mod report;
 pub mod runner;
+pub mod shutdown;
 pub mod systemd;
 
 use std::path::PathBuf;

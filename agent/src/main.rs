@@ -90,6 +90,16 @@ struct Settings {
     /// The kubelet's health endpoint (detectors.kubelet.healthzURL).
     #[arg(long, env = "NODEWARD_KUBELET_HEALTHZ_URL")]
     kubelet_healthz_url: Option<String>,
+    /// Hold a logind delay lock and drain before shutdown (shutdownGuard.enabled).
+    #[arg(long, env = "NODEWARD_SHUTDOWN_GUARD", action = clap::ArgAction::Set)]
+    shutdown_guard: Option<bool>,
+    /// How long the drain before a shutdown may take, e.g. 120s (shutdownGuard.budget).
+    #[arg(long, env = "NODEWARD_SHUTDOWN_BUDGET")]
+    shutdown_budget: Option<String>,
+    /// Write the logind.conf.d drop-in raising InhibitDelayMaxSec into this directory
+    /// (shutdownGuard.writeDropIn and dropInDir).
+    #[arg(long, env = "NODEWARD_LOGIND_DROP_IN_DIR")]
+    logind_drop_in_dir: Option<PathBuf>,
 }
 
 impl Settings {
@@ -109,6 +119,9 @@ impl Settings {
             peer_port: self.peer_port,
             registration_timeout: self.registration_timeout.clone(),
             kubelet_healthz_url: self.kubelet_healthz_url.clone(),
+            shutdown_guard: self.shutdown_guard,
+            shutdown_budget: self.shutdown_budget.clone(),
+            logind_drop_in_dir: self.logind_drop_in_dir.clone(),
         };
         config.with_overrides(&overrides)
     }
@@ -189,7 +202,7 @@ async fn run(
     let identity = Identity {
         node_name: node_name.clone(),
         mode,
-        boot_id,
+        boot_id: boot_id.clone(),
     };
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::new(
@@ -254,6 +267,33 @@ async fn run(
         metrics,
         readiness,
     );
+    if config.shutdown_guard.enabled {
+        let guard = &config.shutdown_guard;
+        let own_pod = std::env::var("POD_NAMESPACE")
+            .ok()
+            .zip(std::env::var("POD_NAME").ok());
+        let mut scan: Vec<PathBuf> = nodeward_agent::shutdown::dropin::DIRECTORIES
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        if !scan.contains(&guard.drop_in_dir) {
+            scan.insert(0, guard.drop_in_dir.clone());
+        }
+        let shutdown = nodeward_agent::shutdown::guard::Guard {
+            client: client.clone(),
+            node: node_name.clone(),
+            boot_id: boot_id.clone().unwrap_or_default(),
+            settings: nodeward_agent::shutdown::guard::Settings {
+                budget: guard.budget,
+                margin: guard.safety_margin,
+                drop_in_dir: guard.write_drop_in.then(|| guard.drop_in_dir.clone()),
+                drop_in_scan: scan,
+                plan: guard.drain_plan.clone(),
+                own_pod,
+            },
+        };
+        tasks.spawn(shutdown.run());
+    }
     let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
     tasks.spawn(nodeward_agent::pause::follow(
         client.clone(),

@@ -9,6 +9,7 @@ use zbus::{proxy, proxy::CacheProperties, zvariant::OwnedObjectPath};
 )]
 trait Manager {
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reload_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
 }
 
 #[proxy(
@@ -81,4 +82,19 @@ pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
         sub_state,
         restarts: service.n_restarts().await.ok(),
     })
+}
+
+/// Asks systemd to reload `unit` (as `systemctl reload` does).
+pub async fn reload_unit(unit: &str) -> Result<(), String> {
+    let connection = zbus::Connection::system()
+        .await
+        .map_err(|e| format!("connecting to the system bus: {e}"))?;
+    let manager = ManagerProxy::new(&connection)
+        .await
+        .map_err(|e| e.to_string())?;
+    manager
+        .reload_unit(unit, "replace")
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("asking systemd to reload {unit}: {e}"))
 }

@@ -63,6 +63,16 @@ impl Daemon {
     /// Starts `program` with `args` plus `--listen <free address>`; its output goes to a log
     /// file named after `label` in the temporary directory.
     pub fn start(program: &str, label: &str, args: &[String]) -> anyhow::Result<Self> {
+        Self::start_with_env(program, label, args, &[])
+    }
+
+    /// As [`Daemon::start`], with extra environment variables.
+    pub fn start_with_env(
+        program: &str,
+        label: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let listen = free_address()?;
         let dir = std::env::temp_dir().join("nodeward-e2e-logs");
         std::fs::create_dir_all(&dir)?;
@@ -72,6 +82,7 @@ impl Daemon {
             .args(args)
             .args(["--listen", &listen])
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
             .spawn()?;

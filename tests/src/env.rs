@@ -77,6 +77,8 @@ pub struct PodOptions {
     pub labels: BTreeMap<String, String>,
     /// ServiceAccount the pods run as (the namespace's `default` when unset).
     pub service_account: Option<String>,
+    /// An existing PriorityClass, e.g. `system-cluster-critical` (instead of `priority`).
+    pub priority_class_name: Option<String>,
 }
 
 impl Default for PodOptions {
@@ -86,6 +88,7 @@ impl Default for PodOptions {
             grace_period_seconds: 1,
             labels: BTreeMap::new(),
             service_account: None,
+            priority_class_name: None,
         }
     }
 }
@@ -246,6 +249,9 @@ impl TestEnv {
         }
         if let Some(priority) = options.priority {
             spec["priorityClassName"] = json!(self.priority_class(priority).await?);
+        }
+        if let Some(class) = &options.priority_class_name {
+            spec["priorityClassName"] = json!(class);
         }
         Ok(json!({"metadata": {"labels": labels}, "spec": spec}))
     }

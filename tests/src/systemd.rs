@@ -53,6 +53,31 @@ impl PrivateBus {
     }
 }
 
+impl PrivateBus {
+    /// Kills the bus daemon (every connection drops) and starts a new one on the same address.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let socket = self.dir.join("bus");
+        let _ = std::fs::remove_file(&socket);
+        self.child = Command::new("dbus-daemon")
+            .args(["--session", "--nofork", "--nopidfile"])
+            .arg(format!("--address={}", self.address))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("restarting dbus-daemon")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if Instant::now() > deadline {
+                bail!("dbus-daemon did not create {} in time", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
 impl Drop for PrivateBus {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -83,8 +108,15 @@ impl Unit {
 #[derive(Clone, Debug, Default)]
 pub struct Systemd {
     pub units: Arc<Mutex<BTreeMap<String, Unit>>>,
-    /// Every `StartUnit(name, mode)` received, in order.
+    /// Every `StartUnit(name, mode)` received, in order, with when.
     pub started: Arc<Mutex<Vec<(String, String)>>>,
+    pub started_at: Arc<Mutex<Vec<Instant>>>,
+    /// Every `ReloadUnit(name, mode)` received.
+    pub reloaded: Arc<Mutex<Vec<String>>>,
+    /// Process that `ReloadUnit` sends SIGHUP to (logind reloads its configuration on it).
+    pub reload_pid: Arc<Mutex<Option<u32>>>,
+    /// When set, `StartUnit` fails (logind then cancels the shutdown it prepared).
+    pub fail_start: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Systemd {
@@ -115,6 +147,31 @@ impl Systemd {
             .build()
             .await
             .context("serving the systemd stand-in")?;
+        Ok(connection)
+    }
+}
+
+impl Systemd {
+    /// Serves on `bus` with the targets logind checks before `PowerOff`/`Reboot` already loaded
+    /// (logind reads their `LoadState` by path, without `LoadUnit`).
+    pub async fn serve_for_logind(&self, bus: &str) -> anyhow::Result<zbus::Connection> {
+        let connection = self.serve(bus).await?;
+        for target in [
+            "poweroff.target",
+            "reboot.target",
+            "halt.target",
+            "kexec.target",
+        ] {
+            self.set(target, Unit::active());
+            let object = UnitObject {
+                name: target.to_owned(),
+                systemd: self.clone(),
+            };
+            connection
+                .object_server()
+                .at(unit_path(target).as_str(), object)
+                .await?;
+        }
         Ok(connection)
     }
 }
@@ -183,9 +240,39 @@ impl Manager {
         self.export(server, name).await
     }
 
+    async fn subscribe(&self) {}
+
+    async fn reload_unit(&self, name: &str, _mode: &str) -> fdo::Result<OwnedObjectPath> {
+        self.0
+            .reloaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(name.to_owned());
+        let pid = *self.0.reload_pid.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGHUP,
+            )
+            .map_err(|e| fdo::Error::Failed(format!("reloading {name}: {e}")))?;
+        }
+        OwnedObjectPath::try_from("/org/freedesktop/systemd1/job/reload")
+            .map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
     async fn start_unit(&self, name: &str, mode: &str) -> fdo::Result<OwnedObjectPath> {
+        self.0
+            .started_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Instant::now());
         let mut started = self.0.started.lock().unwrap_or_else(|p| p.into_inner());
         started.push((name.to_owned(), mode.to_owned()));
+        if self.0.fail_start.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(fdo::Error::Failed(format!(
+                "starting {name} refused by the test"
+            )));
+        }
         OwnedObjectPath::try_from(format!("/org/freedesktop/systemd1/job/{}", started.len()))
             .map_err(|e| fdo::Error::Failed(e.to_string()))
     }

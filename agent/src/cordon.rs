@@ -1,0 +1,175 @@
+//! Cordoning and tainting the agent's own node, recording what nodeward did, so that undoing
+//! it never uncordons a node an admin had cordoned. Read-modify-write with the Node's
+//! resourceVersion, retried on conflict (the kubelet and controllers write Nodes too).
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::{Api, Client, api::PostParams};
+use nodeward_api::labels::CORDONED_BY_ANNOTATION;
+
+use crate::Error;
+
+/// What `apply` did, so that `undo` reverts exactly that.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub cordoned: bool,
+    pub tainted: bool,
+}
+
+/// The change to a Node, as a pure function: cordon unless already cordoned (recording `by`),
+/// add the `taint` (NoSchedule) unless present.
+pub fn cordon_and_taint(node: &mut Node, taint: &str, by: &str) -> Applied {
+    let spec = node.spec.get_or_insert_with(Default::default);
+    let mut applied = Applied::default();
+    if spec.unschedulable != Some(true) {
+        spec.unschedulable = Some(true);
+        node.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(CORDONED_BY_ANNOTATION.to_owned(), by.to_owned());
+        applied.cordoned = true;
+    }
+    let taints = spec.taints.get_or_insert_with(Vec::new);
+    if !taints.iter().any(|t| t.key == taint) {
+        taints.push(Taint {
+            key: taint.to_owned(),
+            effect: "NoSchedule".to_owned(),
+            value: None,
+            time_added: None,
+        });
+        applied.tainted = true;
+    }
+    applied
+}
+
+/// Reverts `applied`: uncordons only if nodeward's record is still there (an admin who
+/// cordoned in the meantime keeps the cordon), removes only the taint it added.
+pub fn revert(node: &mut Node, taint: &str, applied: &Applied) -> bool {
+    let mut changed = false;
+    let ours = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CORDONED_BY_ANNOTATION));
+    if applied.cordoned && ours {
+        if let Some(spec) = node.spec.as_mut() {
+            spec.unschedulable = None;
+        }
+        if let Some(annotations) = node.metadata.annotations.as_mut() {
+            annotations.remove(CORDONED_BY_ANNOTATION);
+        }
+        changed = true;
+    }
+    if applied.tainted
+        && let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut())
+    {
+        let before = taints.len();
+        taints.retain(|t| t.key != taint);
+        changed |= taints.len() != before;
+    }
+    changed
+}
+
+/// Reads the Node, applies `change`, writes it back with its resourceVersion; retries on
+/// conflict.
+async fn update<T>(
+    client: &Client,
+    name: &str,
+    action: &'static str,
+    mut change: impl FnMut(&mut Node) -> (bool, T),
+) -> Result<T, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut attempts = 0;
+    loop {
+        let mut node = nodes
+            .get(name)
+            .await
+            .map_err(|e| Error::kube("reading", format!("node {name}"), e))?;
+        let (write, result) = change(&mut node);
+        if !write {
+            return Ok(result);
+        }
+        match nodes.replace(name, &PostParams::default(), &node).await {
+            Ok(_) => return Ok(result),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
+            Err(e) => return Err(Error::kube(action, format!("node {name}"), e)),
+        }
+    }
+}
+
+/// Cordons and taints `name`; returns what it did.
+pub async fn apply(client: &Client, name: &str, taint: &str, by: &str) -> Result<Applied, Error> {
+    update(client, name, "cordoning", |node| {
+        let applied = cordon_and_taint(node, taint, by);
+        (applied != Applied::default(), applied)
+    })
+    .await
+}
+
+/// Undoes what `apply` did.
+pub async fn undo(
+    client: &Client,
+    name: &str,
+    taint: &str,
+    applied: &Applied,
+) -> Result<(), Error> {
+    update(client, name, "uncordoning", |node| {
+        (revert(node, taint, applied), ())
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_admin_cordon_is_kept_and_only_our_taint_goes() {
+        let mut node = Node {
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: Some(true),
+                taints: Some(vec![Taint {
+                    key: "other".into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Node::default()
+        };
+        let applied = cordon_and_taint(&mut node, "nodeward.io/shutdown", "shutdown");
+        assert_eq!(
+            applied,
+            Applied {
+                cordoned: false,
+                tainted: true
+            }
+        );
+        assert!(revert(&mut node, "nodeward.io/shutdown", &applied));
+        let spec = node.spec.as_ref().expect("spec");
+        assert_eq!(spec.unschedulable, Some(true), "the admin's cordon stays");
+        assert_eq!(spec.taints.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn our_cordon_is_undone_unless_the_record_is_gone() {
+        let mut node = Node::default();
+        let applied = cordon_and_taint(&mut node, "t", "shutdown");
+        assert_eq!(
+            applied,
+            Applied {
+                cordoned: true,
+                tainted: true
+            }
+        );
+        let mut taken_over = node.clone();
+        assert!(revert(&mut node, "t", &applied));
+        assert_eq!(node.spec.as_ref().and_then(|s| s.unschedulable), None);
+        // An admin who removed our record (took the cordon over) keeps it.
+        taken_over.metadata.annotations = None;
+        revert(&mut taken_over, "t", &applied);
+        assert_eq!(
+            taken_over.spec.as_ref().and_then(|s| s.unschedulable),
+            Some(true)
+        );
+    }
+}

@@ -1,0 +1,405 @@
+//! Carrying a drain plan out: stage by stage, priority group by priority group, each pod
+//! evicted through the Eviction API (PodDisruptionBudgets respected; a refusal is retried with
+//! backoff and jitter until the stage deadline) with a grace period that never outlasts the
+//! stage, then waited for until it is gone. Pods already terminating are only waited for.
+//! When a stage's deadline passes, its `onTimeout` applies: `Delete` the pods left (bypassing
+//! their budgets), `Continue` with the next stage, or `Fail` the drain.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, EvictParams, ListParams},
+};
+use nodeward_api::{DrainPlan, OnTimeout, PodType, maintenance::BlockingPod};
+use tokio::time::Instant;
+
+use super::plan::{self, Ordered, PodInfo, Purpose};
+use crate::{Error, backoff::Backoff};
+
+/// How often pods are re-read while waiting for them to go.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Where a drain stands, for the NodeReport, the NodeMaintenance and Events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Progress {
+    pub stage: String,
+    pub total: usize,
+    pub remaining: usize,
+    pub blocking: Vec<BlockingPod>,
+    /// Pods in the order their eviction (or deletion) was asked for: `namespace/name`.
+    pub evicted: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every pod the plan takes is gone.
+    Drained,
+    /// Stages ran out of time and went on (`Continue`) or the overall deadline passed: these
+    /// pods were still there.
+    Incomplete { remaining: Vec<String> },
+    /// A stage with `onTimeout: Fail` ran out of time.
+    Failed {
+        stage: String,
+        remaining: Vec<String>,
+    },
+}
+
+/// What the drain needs to know.
+pub struct Drain<'a> {
+    pub client: Client,
+    pub node: &'a str,
+    pub plan: &'a DrainPlan,
+    pub purpose: Purpose,
+    /// The agent's own pod (namespace, name), which stays.
+    pub own_pod: Option<(String, String)>,
+    /// The drain ends by then whatever happens (the shutdown budget), if set.
+    pub deadline: Option<Instant>,
+}
+
+/// Kinds of pods, as the plan sees them.
+pub fn pod_type(pod: &Pod) -> PodType {
+    let mirror = pod
+        .annotations()
+        .contains_key("kubernetes.io/config.mirror");
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match controller.map(|o| o.kind.as_str()) {
+        _ if mirror => PodType::Static,
+        Some("Node") => PodType::Static,
+        Some("DaemonSet") => PodType::DaemonSet,
+        _ => PodType::Default,
+    }
+}
+
+fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>) -> PodInfo {
+    let namespace = pod.namespace().unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    PodInfo {
+        namespace_labels: namespaces.get(&namespace).cloned().unwrap_or_default(),
+        namespace,
+        name: pod.name_any(),
+        pod_type: pod_type(pod),
+        priority: spec.and_then(|s| s.priority).unwrap_or(0),
+        labels: pod.labels().clone(),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        grace_period_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
+    }
+}
+
+fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// The pods on `node` that are still running or terminating, by `namespace/name`.
+async fn pods_on(client: &Client, node: &str) -> Result<HashMap<String, Pod>, Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let listed = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .map_err(|e| Error::kube("listing the pods of", format!("node {node}"), e))?;
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .map(|p| (key(&p.namespace().unwrap_or_default(), &p.name_any()), p))
+        .collect())
+}
+
+/// Reads the node's pods and orders them by the plan.
+pub async fn order(drain: &Drain<'_>) -> Result<Ordered, Error> {
+    let on_node = pods_on(&drain.client, drain.node).await?;
+    let namespaces: HashMap<String, BTreeMap<String, String>> =
+        Api::<Namespace>::all(drain.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| Error::kube("listing", "namespaces".to_owned(), e))?
+            .items
+            .into_iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
+    let pods = on_node.values().map(|p| info(p, &namespaces)).collect();
+    let own = drain
+        .own_pod
+        .as_ref()
+        .map(|(ns, name)| (ns.as_str(), name.as_str()));
+    Ok(plan::order(drain.plan, drain.purpose, pods, own))
+}
+
+/// Why an eviction was refused, for the progress record.
+fn refusal(pod: &PodInfo, error: &kube::Error) -> BlockingPod {
+    let (reason, message) = match error {
+        kube::Error::Api(status) if status.code == 429 => {
+            let cause = status
+                .details
+                .as_ref()
+                .and_then(|d| d.causes.iter().find(|c| c.reason == "DisruptionBudget"))
+                .map(|c| c.message.clone());
+            (
+                "DisruptionBudget",
+                cause.unwrap_or_else(|| status.message.clone()),
+            )
+        }
+        kube::Error::Api(status) => (
+            "EvictionError",
+            format!("{} ({})", status.message, status.code),
+        ),
+        other => ("EvictionError", other.to_string()),
+    };
+    BlockingPod {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        reason: reason.to_owned(),
+        message: Some(message),
+    }
+}
+
+/// The pods seen gone so far; `remaining` is the total minus them.
+#[derive(Default)]
+struct Gone(std::collections::HashSet<String>);
+
+impl Gone {
+    /// Records which of `pods` are no longer in `left`; whether `remaining` changed.
+    fn saw(&mut self, pods: &[PodInfo], left: &[PodInfo], progress: &mut Progress) -> bool {
+        for pod in pods {
+            if !left
+                .iter()
+                .any(|l| l.namespace == pod.namespace && l.name == pod.name)
+            {
+                self.0.insert(key(&pod.namespace, &pod.name));
+            }
+        }
+        let remaining = progress.total.saturating_sub(self.0.len());
+        let changed = remaining != progress.remaining;
+        progress.remaining = remaining;
+        changed
+    }
+}
+
+/// Runs the drain. `report` is called whenever progress changes.
+pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
+    let ordered = order(drain).await?;
+    let mut gone = Gone::default();
+    let started = Instant::now();
+    let budget = drain.deadline.map(|d| d.saturating_duration_since(started));
+    let mut progress = Progress {
+        total: ordered.total(),
+        remaining: ordered.total(),
+        ..Progress::default()
+    };
+    for (pod, why) in &ordered.left {
+        tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");
+    }
+    let mut carried_over: Vec<String> = Vec::new();
+    for (index, stage) in ordered.stages.iter().enumerate() {
+        progress.stage = stage.stage.name.clone();
+        let stage_end =
+            started + plan::stage_deadline(drain.plan, index, started.elapsed(), budget, budget);
+        let mut left_in_stage: Vec<PodInfo> = Vec::new();
+        for group in &stage.groups {
+            let remaining = evict_group(
+                drain,
+                group,
+                stage_end,
+                &mut gone,
+                &mut progress,
+                &mut report,
+            )
+            .await?;
+            left_in_stage.extend(remaining);
+            if Instant::now() >= stage_end {
+                // Out of time: the later groups of this stage are handled by onTimeout too.
+                let done = stage
+                    .groups
+                    .iter()
+                    .position(|g| std::ptr::eq(g, group))
+                    .unwrap_or(0);
+                for later in stage.groups.iter().skip(done + 1) {
+                    left_in_stage.extend(later.iter().cloned());
+                }
+                break;
+            }
+        }
+        if left_in_stage.is_empty() {
+            continue;
+        }
+        let names: Vec<String> = left_in_stage
+            .iter()
+            .map(|p| key(&p.namespace, &p.name))
+            .collect();
+        match stage.stage.on_timeout {
+            OnTimeout::Fail => {
+                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; failing the drain");
+                return Ok(Outcome::Failed {
+                    stage: stage.stage.name.clone(),
+                    remaining: names,
+                });
+            }
+            OnTimeout::Continue => {
+                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; going on with the next stage");
+                carried_over.extend(names);
+            }
+            OnTimeout::Delete => {
+                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; deleting the pods left");
+                for pod in &left_in_stage {
+                    let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
+                    let deleted = api
+                        .delete(&pod.name, &DeleteParams::default().grace_period(0))
+                        .await;
+                    match deleted {
+                        Ok(_) | Err(kube::Error::Api(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed")
+                        }
+                    }
+                    progress.evicted.push(key(&pod.namespace, &pod.name));
+                }
+                progress.blocking.clear();
+                report(&progress);
+                // Give the deletions until the overall deadline (or a few seconds) to land.
+                let until = drain
+                    .deadline
+                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(30));
+                let still = wait_gone(
+                    drain,
+                    &left_in_stage,
+                    until,
+                    &mut gone,
+                    &mut progress,
+                    &mut report,
+                )
+                .await?;
+                carried_over.extend(still.iter().map(|p| key(&p.namespace, &p.name)));
+            }
+        }
+    }
+    if carried_over.is_empty() {
+        Ok(Outcome::Drained)
+    } else {
+        Ok(Outcome::Incomplete {
+            remaining: carried_over,
+        })
+    }
+}
+
+/// Evicts one priority group and waits for it to go, until `stage_end`. Returns the pods
+/// still there at the end.
+async fn evict_group(
+    drain: &Drain<'_>,
+    group: &[PodInfo],
+    stage_end: Instant,
+    tracker: &mut Gone,
+    progress: &mut Progress,
+    report: &mut impl FnMut(&Progress),
+) -> Result<Vec<PodInfo>, Error> {
+    let mut backoff: HashMap<String, (Backoff, Instant)> = HashMap::new();
+    let mut asked: std::collections::HashSet<String> = group
+        .iter()
+        .filter(|p| p.terminating)
+        .map(|p| key(&p.namespace, &p.name))
+        .collect();
+    loop {
+        let now = Instant::now();
+        let mut blocking = Vec::new();
+        for pod in group {
+            let id = key(&pod.namespace, &pod.name);
+            if asked.contains(&id) {
+                continue;
+            }
+            if backoff.get(&id).is_some_and(|(_, next)| *next > now) {
+                if let Some(b) = progress
+                    .blocking
+                    .iter()
+                    .find(|b| b.namespace == pod.namespace && b.name == pod.name)
+                {
+                    blocking.push(b.clone());
+                }
+                continue;
+            }
+            let grace = plan::grace_period(pod, stage_end.saturating_duration_since(now));
+            let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
+            let params = EvictParams {
+                delete_options: Some(
+                    DeleteParams::default().grace_period(u32::try_from(grace).unwrap_or(0)),
+                ),
+                ..EvictParams::default()
+            };
+            match api.evict(&pod.name, &params).await {
+                Ok(_) => {
+                    tracing::info!(pod = %id, grace_seconds = grace, stage = %progress.stage, "evicted");
+                    asked.insert(id.clone());
+                    progress.evicted.push(id);
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    asked.insert(id);
+                }
+                Err(e) => {
+                    let (b, next) = backoff.entry(id.clone()).or_insert_with(|| {
+                        (
+                            Backoff::new(Duration::from_millis(500), Duration::from_secs(10)),
+                            now,
+                        )
+                    });
+                    *next = now + b.next_delay();
+                    let why = refusal(pod, &e);
+                    tracing::info!(pod = %id, reason = %why.reason, message = ?why.message, "eviction refused; retrying");
+                    blocking.push(why);
+                }
+            }
+        }
+        let on_node = pods_on(&drain.client, drain.node).await?;
+        let left: Vec<PodInfo> = group
+            .iter()
+            .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
+            .cloned()
+            .collect();
+        blocking.retain(|b| {
+            left.iter()
+                .any(|p| p.namespace == b.namespace && p.name == b.name)
+        });
+        let changed = blocking != progress.blocking;
+        progress.blocking = blocking;
+        if tracker.saw(group, &left, progress) || changed {
+            report(progress);
+        }
+        if left.is_empty() || Instant::now() >= stage_end {
+            return Ok(left);
+        }
+        tokio::time::sleep(POLL.min(stage_end.saturating_duration_since(Instant::now()))).await;
+    }
+}
+
+/// Waits until `pods` are gone or `until`; returns those still there.
+async fn wait_gone(
+    drain: &Drain<'_>,
+    pods: &[PodInfo],
+    until: Instant,
+    tracker: &mut Gone,
+    progress: &mut Progress,
+    report: &mut impl FnMut(&Progress),
+) -> Result<Vec<PodInfo>, Error> {
+    loop {
+        let on_node = pods_on(&drain.client, drain.node).await?;
+        let left: Vec<PodInfo> = pods
+            .iter()
+            .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
+            .cloned()
+            .collect();
+        if tracker.saw(pods, &left, progress) {
+            report(progress);
+        }
+        if left.is_empty() || Instant::now() >= until {
+            return Ok(left);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -1,0 +1,431 @@
+//! Which pods a drain terminates, in what order: pure functions over plain data.
+//!
+//! A plan is ordered stages; each pod goes to the first stage that takes it (by pod type,
+//! priority range, pod and namespace labels). Within a stage pods go in groups of ascending
+//! priority. Static and mirror pods are the kubelet's and never evicted; pods marked to stay
+//! (the agent's own pod, label `nodeward.io/drain=skip`, the plan's `skip` rules) are left.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use nodeward_api::{
+    DrainPlan, DrainStage, OnTimeout, PodRule, PodType, PriorityRange,
+    labels::{DRAIN_LABEL, DRAIN_SKIP},
+};
+
+/// Priority of `system-cluster-critical`; `system-node-critical` is above it.
+pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// What a drain is for: DaemonSet pods go only when the machine goes down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Shutdown or reboot: the node's DaemonSet pods stop too.
+    MachineDown,
+    /// The node stays up (DrainOnly, DeleteNode): DaemonSet pods stay.
+    NodeStays,
+}
+
+/// A pod as the plan sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub pod_type: PodType,
+    pub priority: i32,
+    pub labels: BTreeMap<String, String>,
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Already being deleted: waited for, not evicted again.
+    pub terminating: bool,
+    pub grace_period_seconds: Option<i64>,
+}
+
+/// The pods of one stage, in groups of equal priority, lowest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StagePods {
+    pub stage: DrainStage,
+    pub groups: Vec<Vec<PodInfo>>,
+}
+
+/// The plan applied to the pods of one node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ordered {
+    pub stages: Vec<StagePods>,
+    /// Pods the drain leaves, and why (static, marked to stay, in no stage).
+    pub left: Vec<(PodInfo, &'static str)>,
+}
+
+impl Ordered {
+    pub fn total(&self) -> usize {
+        self.stages
+            .iter()
+            .flat_map(|s| s.groups.iter())
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+fn stage(
+    name: &str,
+    pod_types: Vec<PodType>,
+    priority: PriorityRange,
+    timeout: Duration,
+) -> DrainStage {
+    DrainStage {
+        name: name.to_owned(),
+        pod_types,
+        priority: Some(priority),
+        selector: None,
+        timeout: nodeward_api::Duration::from_secs(timeout.as_secs()),
+        on_timeout: OnTimeout::Continue,
+    }
+}
+
+/// The default plan: ordinary pods below critical priority, then critical ordinary pods,
+/// then (when the machine goes down) DaemonSet pods. Each stage moves on when it times out;
+/// the shutdown budget bounds the whole drain anyway.
+pub fn default_plan(purpose: Purpose) -> DrainPlan {
+    let mut stages = vec![
+        stage(
+            "workloads",
+            vec![PodType::Default],
+            PriorityRange {
+                min: None,
+                max: Some(CRITICAL_PRIORITY - 1),
+            },
+            Duration::from_secs(300),
+        ),
+        stage(
+            "critical",
+            vec![PodType::Default],
+            PriorityRange {
+                min: Some(CRITICAL_PRIORITY),
+                max: None,
+            },
+            Duration::from_secs(60),
+        ),
+    ];
+    if purpose == Purpose::MachineDown {
+        stages.push(stage(
+            "daemonsets",
+            vec![PodType::DaemonSet],
+            PriorityRange::default(),
+            Duration::from_secs(30),
+        ));
+    }
+    DrainPlan {
+        stages,
+        skip: Vec::new(),
+    }
+}
+
+fn rule_matches(rule: &PodRule, pod: &PodInfo) -> bool {
+    let matches = |selector: &Option<_>, labels| {
+        selector.as_ref().is_none_or(|s| {
+            // An invalid selector in a CRD matches nothing rather than everything.
+            nodeward_api::selector::matches(s, labels).unwrap_or(false)
+        })
+    };
+    matches(&rule.pod_selector, &pod.labels)
+        && matches(&rule.namespace_selector, &pod.namespace_labels)
+}
+
+fn stage_takes(stage: &DrainStage, purpose: Purpose, pod: &PodInfo) -> bool {
+    let types: &[PodType] = if stage.pod_types.is_empty() {
+        &[PodType::Default]
+    } else {
+        &stage.pod_types
+    };
+    if !types.contains(&pod.pod_type) {
+        return false;
+    }
+    if pod.pod_type == PodType::DaemonSet && purpose == Purpose::NodeStays {
+        return false;
+    }
+    let in_range = stage.priority.as_ref().is_none_or(|r| {
+        r.min.is_none_or(|min| pod.priority >= min) && r.max.is_none_or(|max| pod.priority <= max)
+    });
+    in_range
+        && stage
+            .selector
+            .as_ref()
+            .is_none_or(|rule| rule_matches(rule, pod))
+}
+
+/// Orders the pods of a node by `plan`. `own_pod` is the agent's own pod (namespace, name),
+/// which always stays.
+pub fn order(
+    plan: &DrainPlan,
+    purpose: Purpose,
+    pods: Vec<PodInfo>,
+    own_pod: Option<(&str, &str)>,
+) -> Ordered {
+    let mut ordered = Ordered {
+        stages: plan
+            .stages
+            .iter()
+            .map(|s| StagePods {
+                stage: s.clone(),
+                groups: Vec::new(),
+            })
+            .collect(),
+        left: Vec::new(),
+    };
+    let mut by_stage: Vec<BTreeMap<i32, Vec<PodInfo>>> = vec![BTreeMap::new(); plan.stages.len()];
+    for pod in pods {
+        if pod.pod_type == PodType::Static {
+            ordered
+                .left
+                .push((pod, "static or mirror pod, left to the kubelet"));
+            continue;
+        }
+        if own_pod.is_some_and(|(ns, name)| pod.namespace == ns && pod.name == name) {
+            ordered.left.push((pod, "the agent's own pod"));
+            continue;
+        }
+        if pod.labels.get(DRAIN_LABEL).map(String::as_str) == Some(DRAIN_SKIP) {
+            ordered.left.push((pod, "labelled nodeward.io/drain=skip"));
+            continue;
+        }
+        if plan.skip.iter().any(|rule| rule_matches(rule, &pod)) {
+            ordered
+                .left
+                .push((pod, "matches a skip rule of the drain plan"));
+            continue;
+        }
+        match plan
+            .stages
+            .iter()
+            .position(|s| stage_takes(s, purpose, &pod))
+        {
+            Some(index) => by_stage[index].entry(pod.priority).or_default().push(pod),
+            None if pod.pod_type == PodType::DaemonSet && purpose == Purpose::NodeStays => {
+                ordered.left.push((pod, "DaemonSet pod; the node stays up"));
+            }
+            None => ordered.left.push((pod, "in no stage of the drain plan")),
+        }
+    }
+    for (stage, groups) in ordered.stages.iter_mut().zip(by_stage) {
+        stage.groups = groups
+            .into_values()
+            .map(|mut group| {
+                group.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+                group
+            })
+            .collect();
+    }
+    ordered
+}
+
+/// When stage `index` must end: its own timeout from `started`, but early enough to leave each
+/// later stage its share of the overall deadline (its timeout, at most a fifth of the budget),
+/// as the kubelet reserves time for critical pods.
+pub fn stage_deadline(
+    plan: &DrainPlan,
+    index: usize,
+    started: Duration,
+    overall_deadline: Option<Duration>,
+    budget: Option<Duration>,
+) -> Duration {
+    let own = plan
+        .stages
+        .get(index)
+        .and_then(|s| s.timeout.to_std().ok())
+        .unwrap_or_default();
+    let by_timeout = started + own;
+    match (overall_deadline, budget) {
+        (Some(deadline), Some(budget)) => {
+            let reserved: Duration = plan
+                .stages
+                .iter()
+                .skip(index + 1)
+                .map(|s| s.timeout.to_std().unwrap_or_default().min(budget / 5))
+                .sum();
+            by_timeout.min(deadline.saturating_sub(reserved).max(started))
+        }
+        (Some(deadline), None) => by_timeout.min(deadline),
+        _ => by_timeout,
+    }
+}
+
+/// The grace period to ask for: the pod's own, but never past the stage deadline.
+pub fn grace_period(pod: &PodInfo, left_in_stage: Duration) -> i64 {
+    let left = i64::try_from(left_in_stage.as_secs()).unwrap_or(i64::MAX);
+    pod.grace_period_seconds.unwrap_or(30).min(left).max(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, pod_type: PodType, priority: i32) -> PodInfo {
+        PodInfo {
+            namespace: "ns".into(),
+            name: name.into(),
+            pod_type,
+            priority,
+            labels: BTreeMap::new(),
+            namespace_labels: BTreeMap::new(),
+            terminating: false,
+            grace_period_seconds: Some(30),
+        }
+    }
+
+    fn names(ordered: &Ordered) -> Vec<Vec<Vec<String>>> {
+        ordered
+            .stages
+            .iter()
+            .map(|s| {
+                s.groups
+                    .iter()
+                    .map(|g| g.iter().map(|p| p.name.clone()).collect())
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_default_plan_goes_by_priority_then_critical_then_daemonsets() {
+        let pods = vec![
+            pod("ds", PodType::DaemonSet, 0),
+            pod("high", PodType::Default, 1000),
+            pod("crit", PodType::Default, CRITICAL_PRIORITY),
+            pod("low-b", PodType::Default, -10),
+            pod("low-a", PodType::Default, -10),
+            pod("static", PodType::Static, CRITICAL_PRIORITY + 1000),
+            pod("mid", PodType::Default, 0),
+        ];
+        let ordered = order(
+            &default_plan(Purpose::MachineDown),
+            Purpose::MachineDown,
+            pods,
+            None,
+        );
+        assert_eq!(
+            names(&ordered),
+            vec![
+                vec![
+                    vec!["low-a".to_owned(), "low-b".into()],
+                    vec!["mid".into()],
+                    vec!["high".into()]
+                ],
+                vec![vec!["crit".into()]],
+                vec![vec!["ds".into()]],
+            ]
+        );
+        assert_eq!(ordered.total(), 6);
+        assert_eq!(ordered.left.len(), 1);
+        assert_eq!(ordered.left[0].0.name, "static");
+    }
+
+    #[test]
+    fn daemonset_pods_stay_when_the_node_stays_up() {
+        let pods = vec![
+            pod("ds", PodType::DaemonSet, 0),
+            pod("app", PodType::Default, 0),
+        ];
+        let ordered = order(
+            &default_plan(Purpose::NodeStays),
+            Purpose::NodeStays,
+            pods,
+            None,
+        );
+        assert_eq!(ordered.total(), 1);
+        assert_eq!(ordered.left[0].1, "DaemonSet pod; the node stays up");
+    }
+
+    #[test]
+    fn pods_marked_to_stay_are_left() {
+        let mut skip_label = pod("skipped", PodType::Default, 0);
+        skip_label
+            .labels
+            .insert(DRAIN_LABEL.into(), DRAIN_SKIP.into());
+        let mut logging = pod("fluent", PodType::DaemonSet, 0);
+        logging
+            .namespace_labels
+            .insert("team".into(), "logging".into());
+        let mut plan = default_plan(Purpose::MachineDown);
+        plan.skip.push(PodRule {
+            pod_selector: None,
+            namespace_selector: Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: Some([("team".to_owned(), "logging".to_owned())].into()),
+                    ..Default::default()
+                },
+            ),
+        });
+        let me = pod("nodeward-agent-x", PodType::DaemonSet, 0);
+        let ordered = order(
+            &plan,
+            Purpose::MachineDown,
+            vec![skip_label, logging, me, pod("app", PodType::Default, 0)],
+            Some(("ns", "nodeward-agent-x")),
+        );
+        assert_eq!(names(&ordered)[0], vec![vec!["app".to_owned()]]);
+        let reasons: Vec<&str> = ordered.left.iter().map(|(_, why)| *why).collect();
+        assert_eq!(
+            reasons,
+            [
+                "labelled nodeward.io/drain=skip",
+                "matches a skip rule of the drain plan",
+                "the agent's own pod"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_pod_goes_to_the_first_stage_that_takes_it() {
+        let plan: DrainPlan = serde_json::from_value(serde_json::json!({"stages": [
+            {"name": "web", "selector": {"podSelector": {"matchLabels": {"app": "web"}}}, "timeout": "30s"},
+            {"name": "rest", "podTypes": ["Default", "DaemonSet"], "timeout": "30s", "onTimeout": "Delete"},
+        ]}))
+        .expect("plan");
+        let mut web = pod("web-1", PodType::Default, 100);
+        web.labels.insert("app".into(), "web".into());
+        let ordered = order(
+            &plan,
+            Purpose::MachineDown,
+            vec![
+                pod("db", PodType::Default, 0),
+                web,
+                pod("ds", PodType::DaemonSet, 0),
+            ],
+            None,
+        );
+        assert_eq!(
+            names(&ordered),
+            vec![
+                vec![vec!["web-1".to_owned()]],
+                vec![vec!["db".to_owned(), "ds".into()]]
+            ]
+        );
+    }
+
+    #[test]
+    fn later_stages_keep_their_share_of_the_budget() {
+        let plan = default_plan(Purpose::MachineDown);
+        let budget = Duration::from_secs(100);
+        // workloads (300s) must leave critical min(60, 20) + daemonsets min(30, 20) = 40s.
+        let first = stage_deadline(&plan, 0, Duration::ZERO, Some(budget), Some(budget));
+        assert_eq!(first, Duration::from_secs(60));
+        let last = stage_deadline(
+            &plan,
+            2,
+            Duration::from_secs(90),
+            Some(budget),
+            Some(budget),
+        );
+        assert_eq!(last, Duration::from_secs(100));
+        // Without a deadline (a maintenance drain) each stage has its own timeout.
+        assert_eq!(
+            stage_deadline(&plan, 1, Duration::from_secs(7), None, None),
+            Duration::from_secs(67)
+        );
+    }
+
+    #[test]
+    fn the_grace_period_never_outlasts_the_stage() {
+        let p = pod("a", PodType::Default, 0);
+        assert_eq!(grace_period(&p, Duration::from_secs(10)), 10);
+        assert_eq!(grace_period(&p, Duration::from_secs(100)), 30);
+    }
+}

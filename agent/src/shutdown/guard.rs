@@ -1,0 +1,486 @@
+//! The shutdown guard: holds a systemd-logind `delay` inhibitor lock on shutdown and, when
+//! logind announces a shutdown (`PrepareForShutdown(true)`), taints and cordons the node,
+//! drains it within the delay budget minus a safety margin, and releases the lock before the
+//! budget ends, always. A cancelled shutdown (`false`) takes the lock again and undoes only
+//! what the agent did; after the next boot the agent untaints and uncordons once the node is
+//! Ready. The progress lives in the NodeReport so that an agent restarted mid-drain resumes.
+//!
+//! The bus connection is watched: when it drops or `org.freedesktop.login1` changes owner (a
+//! restarted logind forgets every lock), the guard reconnects with backoff and takes the lock
+//! again; if `PreparingForShutdown` is already true then, it goes straight to the drain.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use kube::{
+    Api, Client, Resource,
+    api::{Patch, PatchParams},
+};
+use nodeward_api::{
+    DrainPlan, NodeReport,
+    labels::SHUTDOWN_TAINT,
+    report::{InhibitorState, ShutdownPhase, ShutdownProgress},
+};
+use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
+
+use super::{dropin, logind::ManagerProxy};
+use crate::{
+    backoff::Backoff,
+    cordon::{self, Applied},
+    drain::{
+        evict::{self, Drain, Outcome, Progress},
+        plan::{self, Purpose},
+    },
+};
+
+/// Field manager for the guard's NodeReport fields (`inhibitor`, `shutdown`), apart from the
+/// reporter's so that neither removes the other's fields.
+const FIELD_MANAGER: &str = "nodeward-agent-shutdown";
+const WHO: &str = "nodeward";
+const WHY: &str = "draining the node's pods before it goes down";
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a drain before shutdown may take (the lock is released by then).
+    pub budget: Duration,
+    /// Released this long before the budget (or logind's delay) runs out.
+    pub margin: Duration,
+    /// Where to write the `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget
+    /// (none: do not write one).
+    pub drop_in_dir: Option<PathBuf>,
+    /// Directories scanned for drop-ins that override ours.
+    pub drop_in_scan: Vec<PathBuf>,
+    pub plan: Option<DrainPlan>,
+    pub own_pod: Option<(String, String)>,
+}
+
+pub struct Guard {
+    pub client: Client,
+    pub node: String,
+    pub boot_id: String,
+    pub settings: Settings,
+}
+
+/// What the guard knows now; written to the NodeReport on change.
+#[derive(Clone, Debug, Default)]
+struct State {
+    inhibitor: InhibitorState,
+    shutdown: Option<ShutdownProgress>,
+    /// Whether the NodeReport has been written once (it may hold an older run's state).
+    written: bool,
+}
+
+fn seconds(d: Duration) -> nodeward_api::Duration {
+    nodeward_api::Duration::from_secs(d.as_secs())
+}
+
+impl Guard {
+    /// Runs until the task is dropped.
+    pub async fn run(self) {
+        let state = Arc::new(Mutex::new(State::default()));
+        self.state_init(&state).await;
+        let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
+        loop {
+            match self.session(&state).await {
+                Ok(()) => backoff.reset(),
+                Err(e) => tracing::warn!(error = %e, "shutdown guard: lost logind; reconnecting"),
+            }
+            self.update(&state, |s| {
+                s.inhibitor.delay_held = false;
+                s.inhibitor.message = Some("not connected to systemd-logind".into());
+            })
+            .await;
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+    }
+
+    /// Picks up the record of an earlier run: after a reboot, undoes the cordon and taint
+    /// once the node is Ready; within the same boot, the drain is resumed by `session` when
+    /// logind is still preparing for shutdown.
+    async fn state_init(&self, state: &Arc<Mutex<State>>) {
+        let reports: Api<NodeReport> = Api::all(self.client.clone());
+        let record = match reports.get_opt(&self.node).await {
+            Ok(r) => r.and_then(|r| r.status?.shutdown),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the NodeReport for an earlier shutdown");
+                None
+            }
+        };
+        let Some(record) = record else {
+            return;
+        };
+        if record.boot_id == self.boot_id {
+            lock(state).shutdown = Some(record);
+            return;
+        }
+        tracing::info!(previous_boot = %record.boot_id, "back from a shutdown; restoring the node once it is Ready");
+        let applied = Applied {
+            cordoned: record.cordoned_by_agent,
+            tainted: record.tainted_by_agent,
+        };
+        self.update(state, |s| {
+            s.shutdown = Some(ShutdownProgress {
+                phase: ShutdownPhase::Recovering,
+                ..record.clone()
+            });
+        })
+        .await;
+        let client = self.client.clone();
+        let node = self.node.clone();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        loop {
+            let ready = nodes.get_opt(&node).await.ok().flatten().is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            if ready
+                && cordon::undo(&client, &node, SHUTDOWN_TAINT, &applied)
+                    .await
+                    .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(backoff.next_delay()).await;
+        }
+        tracing::info!("node restored after the reboot");
+        self.update(state, |s| s.shutdown = None).await;
+    }
+
+    /// One connection to the bus: lock, watch, act. Returns when the connection or logind
+    /// goes away.
+    async fn session(&self, state: &Arc<Mutex<State>>) -> Result<(), String> {
+        let connection = zbus::Connection::system()
+            .await
+            .map_err(|e| format!("connecting to the system bus: {e}"))?;
+        let manager = ManagerProxy::builder(&connection)
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?;
+        // Subscribe before taking the lock, so that no announcement can fall in between.
+        let mut announcements = manager
+            .receive_prepare_for_shutdown()
+            .await
+            .map_err(|e| format!("subscribing to PrepareForShutdown: {e}"))?;
+        let bus = zbus::fdo::DBusProxy::new(&connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut owners = bus
+            .receive_name_owner_changed_with_args(&[(0, "org.freedesktop.login1")])
+            .await
+            .map_err(|e| e.to_string())?;
+        let delay = self.effective_delay(&manager).await?;
+        let mut held = Some(self.inhibit(&manager).await?);
+        self.update(state, |s| {
+            s.inhibitor = InhibitorState {
+                delay_held: true,
+                block_held: false,
+                inhibit_delay_max: Some(seconds(delay.0)),
+                configured_budget: Some(seconds(self.settings.budget)),
+                overriding_drop_ins: delay.1.clone(),
+                last_acquired: Some(Time(Timestamp::now())),
+                message: delay.2.clone(),
+            };
+        })
+        .await;
+        tracing::info!(delay_max = ?delay.0, budget = ?self.settings.budget, "holding a logind delay lock on shutdown");
+        if manager.preparing_for_shutdown().await.unwrap_or(false) {
+            self.shutdown(state, &mut held, delay.0).await;
+        }
+        // The NodeReport may not exist yet when the lock is first taken: write until it does.
+        let mut rewrite = tokio::time::interval(Duration::from_secs(2));
+        loop {
+            tokio::select! {
+                _ = rewrite.tick() => {
+                    if !lock(state).written {
+                        self.update(state, |_| {}).await;
+                    }
+                }
+                announcement = announcements.next() => {
+                    let Some(signal) = announcement else {
+                        return Err("the bus connection closed".into());
+                    };
+                    let start = signal.args().map(|a| a.start).map_err(|e| e.to_string())?;
+                    if start {
+                        self.shutdown(state, &mut held, delay.0).await;
+                    } else {
+                        self.cancelled(state, &manager, &mut held).await?;
+                    }
+                }
+                change = owners.next() => {
+                    let Some(change) = change else {
+                        return Err("the bus connection closed".into());
+                    };
+                    let new_owner = change.args().ok().and_then(|a| a.new_owner.as_ref().map(|o| o.to_string()));
+                    return Err(format!("org.freedesktop.login1 changed owner (now {new_owner:?}); its locks are gone"));
+                }
+            }
+        }
+    }
+
+    async fn inhibit(&self, manager: &ManagerProxy<'_>) -> Result<OwnedFd, String> {
+        manager
+            .inhibit("shutdown", WHO, WHY, "delay")
+            .await
+            .map_err(|e| format!("taking the logind delay lock: {e}"))
+    }
+
+    /// logind's `InhibitDelayMaxUSec`, raised to the budget with our drop-in when configured;
+    /// with the drop-ins that override ours and a message when it stays below the budget.
+    async fn effective_delay(
+        &self,
+        manager: &ManagerProxy<'_>,
+    ) -> Result<(Duration, Vec<String>, Option<String>), String> {
+        let read = || async {
+            manager
+                .inhibit_delay_max_usec()
+                .await
+                .map(Duration::from_micros)
+                .map_err(|e| format!("reading InhibitDelayMaxUSec: {e}"))
+        };
+        let mut delay = read().await?;
+        let budget = self.settings.budget;
+        if delay < budget
+            && let Some(dir) = &self.settings.drop_in_dir
+        {
+            match dropin::ensure(dir, budget) {
+                Ok(_) => {
+                    if let Err(e) = crate::systemd::reload_unit("systemd-logind.service").await {
+                        tracing::warn!(error = %e, "reloading logind after writing the drop-in");
+                    }
+                    // logind reloads asynchronously; give it a moment to answer with the new value.
+                    for _ in 0..20 {
+                        delay = read().await?;
+                        if delay >= budget {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, dir = %dir.display(), "writing the logind drop-in")
+                }
+            }
+        }
+        let overriding = dropin::overriding(&dropin::read_all(&self.settings.drop_in_scan));
+        let message = (delay < budget).then(|| {
+            format!(
+                "logind's InhibitDelayMaxSec is {}s, below the {}s budget: drains get {}s{}",
+                delay.as_secs(),
+                budget.as_secs(),
+                delay.saturating_sub(self.settings.margin).as_secs(),
+                if overriding.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (overridden by {})", overriding.join(", "))
+                }
+            )
+        });
+        if let Some(m) = &message {
+            tracing::warn!("{m}");
+        }
+        Ok((delay, overriding, message))
+    }
+
+    /// The shutdown path: taint and cordon, drain within the budget, release the lock.
+    async fn shutdown(
+        &self,
+        state: &Arc<Mutex<State>>,
+        held: &mut Option<OwnedFd>,
+        delay: Duration,
+    ) {
+        let now = Timestamp::now();
+        let resumed = lock(state)
+            .shutdown
+            .clone()
+            .filter(|s| s.boot_id == self.boot_id && s.phase == ShutdownPhase::Draining);
+        let window = self
+            .settings
+            .budget
+            .min(delay)
+            .saturating_sub(self.settings.margin);
+        let (deadline, started_at) = match &resumed {
+            Some(record) => (record.deadline.0, record.started_at.clone()),
+            None => (now.checked_add(window).unwrap_or(now), Time(now)),
+        };
+        let left = Duration::try_from(deadline.duration_since(now)).unwrap_or(Duration::ZERO);
+        tracing::warn!(
+            resumed = resumed.is_some(),
+            seconds = left.as_secs(),
+            "shutdown announced: draining the node"
+        );
+        let applied = match cordon::apply(&self.client, &self.node, SHUTDOWN_TAINT, "shutdown")
+            .await
+        {
+            Ok(applied) => Applied {
+                cordoned: applied.cordoned || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
+                tainted: applied.tainted || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
+                Applied::default()
+            }
+        };
+        let record = ShutdownProgress {
+            phase: ShutdownPhase::Draining,
+            boot_id: self.boot_id.clone(),
+            started_at,
+            deadline: Time(deadline),
+            pods_total: 0,
+            pods_remaining: 0,
+            blocking_pods: Vec::new(),
+            cordoned_by_agent: applied.cordoned,
+            tainted_by_agent: applied.tainted,
+        };
+        self.update(state, |s| s.shutdown = Some(record.clone()))
+            .await;
+
+        let plan = self
+            .settings
+            .plan
+            .clone()
+            .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
+        let drain = Drain {
+            client: self.client.clone(),
+            node: &self.node,
+            plan: &plan,
+            purpose: Purpose::MachineDown,
+            own_pod: self.settings.own_pod.clone(),
+            deadline: Some(tokio::time::Instant::now() + left),
+        };
+        let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
+        let seen = latest.clone();
+        let draining = evict::run(&drain, move |p| {
+            if let Ok(mut l) = seen.lock() {
+                *l = Some(p.clone());
+            }
+        });
+        let outcome = {
+            tokio::pin!(draining);
+            let give_up = tokio::time::sleep(left);
+            tokio::pin!(give_up);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    result = &mut draining => break Some(result),
+                    _ = &mut give_up => break None,
+                    _ = tick.tick() => {
+                        let progress = latest.lock().ok().and_then(|mut l| l.take());
+                        if let Some(p) = progress {
+                            self.record_progress(state, &p).await;
+                        }
+                    }
+                }
+            }
+        };
+        if let Some(p) = latest.lock().ok().and_then(|mut l| l.take()) {
+            self.record_progress(state, &p).await;
+        }
+        match &outcome {
+            Some(Ok(Outcome::Drained)) => tracing::info!("node drained"),
+            Some(Ok(other)) => tracing::warn!(outcome = ?other, "drain ended incomplete"),
+            Some(Err(e)) => tracing::warn!(error = %e, "drain failed"),
+            None => tracing::warn!("out of time: releasing the lock with pods left"),
+        }
+        // Releasing is closing the descriptor; logind then goes on with the shutdown.
+        held.take();
+        tracing::warn!("released the logind delay lock");
+        self.update(state, |s| {
+            s.inhibitor.delay_held = false;
+            if let Some(r) = s.shutdown.as_mut() {
+                r.phase = ShutdownPhase::Released;
+            }
+        })
+        .await;
+    }
+
+    async fn record_progress(&self, state: &Arc<Mutex<State>>, progress: &Progress) {
+        self.update(state, |s| {
+            if let Some(r) = s.shutdown.as_mut() {
+                r.pods_total = i32::try_from(progress.total).unwrap_or(i32::MAX);
+                r.pods_remaining = i32::try_from(progress.remaining).unwrap_or(i32::MAX);
+                r.blocking_pods = progress.blocking.iter().take(64).cloned().collect();
+            }
+        })
+        .await;
+    }
+
+    /// A cancelled shutdown: the lock again, and undo what the agent did.
+    async fn cancelled(
+        &self,
+        state: &Arc<Mutex<State>>,
+        manager: &ManagerProxy<'_>,
+        held: &mut Option<OwnedFd>,
+    ) -> Result<(), String> {
+        tracing::warn!("shutdown cancelled: taking the lock again and restoring the node");
+        if held.is_none() {
+            *held = Some(self.inhibit(manager).await?);
+        }
+        let record = lock(state).shutdown.clone();
+        if let Some(record) = record {
+            let applied = Applied {
+                cordoned: record.cordoned_by_agent,
+                tainted: record.tainted_by_agent,
+            };
+            if let Err(e) = cordon::undo(&self.client, &self.node, SHUTDOWN_TAINT, &applied).await {
+                tracing::warn!(error = %e, "restoring the node after a cancelled shutdown");
+            }
+        }
+        self.update(state, |s| {
+            s.inhibitor.delay_held = true;
+            s.inhibitor.last_acquired = Some(Time(Timestamp::now()));
+            if let Some(r) = s.shutdown.as_mut() {
+                r.phase = ShutdownPhase::Cancelled;
+            }
+        })
+        .await;
+        Ok(())
+    }
+
+    /// Changes the state and writes the guard's NodeReport fields when they changed.
+    async fn update(&self, state: &Arc<Mutex<State>>, change: impl FnOnce(&mut State)) {
+        let snapshot = {
+            let mut s = lock(state);
+            let before = (s.inhibitor.clone(), s.shutdown.clone());
+            change(&mut s);
+            if before == (s.inhibitor.clone(), s.shutdown.clone()) && s.written {
+                return;
+            }
+            s.written = true;
+            s.clone()
+        };
+        let patch = serde_json::json!({
+            "apiVersion": NodeReport::api_version(&()),
+            "kind": NodeReport::kind(&()),
+            "metadata": {"name": self.node},
+            "status": {"inhibitor": snapshot.inhibitor, "shutdown": snapshot.shutdown},
+        });
+        let reports: Api<NodeReport> = Api::all(self.client.clone());
+        if let Err(e) = reports
+            .patch_status(
+                &self.node,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            tracing::warn!(error = %e, "writing the shutdown state to the NodeReport");
+            // Written again with the next change, or the next session.
+            lock(state).written = false;
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,30 @@
+//! systemd-logind's `org.freedesktop.login1.Manager`, the parts the shutdown guard uses.
+
+use zbus::{proxy, zvariant::OwnedFd};
+
+#[proxy(
+    interface = "org.freedesktop.login1.Manager",
+    default_service = "org.freedesktop.login1",
+    default_path = "/org/freedesktop/login1"
+)]
+pub trait Manager {
+    /// Takes an inhibitor lock; it holds until the returned descriptor is closed.
+    fn inhibit(&self, what: &str, who: &str, why: &str, mode: &str) -> zbus::Result<OwnedFd>;
+
+    /// (what, who, why, mode, uid, pid) of every lock held.
+    #[allow(clippy::type_complexity)]
+    fn list_inhibitors(&self) -> zbus::Result<Vec<(String, String, String, String, u32, u32)>>;
+
+    fn power_off(&self, interactive: bool) -> zbus::Result<()>;
+
+    fn reboot(&self, interactive: bool) -> zbus::Result<()>;
+
+    #[zbus(signal)]
+    fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
+
+    #[zbus(property, name = "InhibitDelayMaxUSec")]
+    fn inhibit_delay_max_usec(&self) -> zbus::Result<u64>;
+
+    #[zbus(property)]
+    fn preparing_for_shutdown(&self) -> zbus::Result<bool>;
+}

@@ -1,0 +1,493 @@
+//! The shutdown guard against the real systemd-logind (private bus, private mount namespace,
+//! systemd stand-in) and the real control plane with a kwok node: the delay lock, the drain in
+//! plan order before `PowerOff` goes on, a PDB-blocked pod handled at its stage deadline, the
+//! lock taken again after logind or the bus restart, a cancelled shutdown undone, and the
+//! `logind.conf.d` drop-in.
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{Api, ResourceExt, runtime::watcher};
+use nodeward_agent::shutdown::logind::ManagerProxy;
+use nodeward_api::{NodeReport, report::ShutdownPhase};
+use nodeward_e2e::{
+    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, wait,
+};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts an agent for `node` whose only job here is the shutdown guard.
+fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Result<Daemon> {
+    let dir = std::env::temp_dir().join(format!("nodeward-guard-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{sentinelFile: {}}}\nshutdownGuard:\n{guard}",
+            dir.join("reboot-required").display()
+        ),
+    )?;
+    let args: Vec<String> = vec![
+        "run".into(),
+        "--node-name".into(),
+        node.into(),
+        "--kubeconfig".into(),
+        controlplane::shared().kubeconfig.display().to_string(),
+        "--config".into(),
+        config.display().to_string(),
+    ];
+    // The private bus is the agent's system bus.
+    Daemon::start_with_env(
+        AGENT,
+        &format!("{}-agent", env.id),
+        &args,
+        &[("DBUS_SYSTEM_BUS_ADDRESS", logind.bus.address.as_str())],
+    )
+}
+
+async fn nodeward_locks(logind: &Logind) -> anyhow::Result<Vec<(String, String)>> {
+    let connection = logind.connect().await?;
+    let manager = ManagerProxy::new(&connection).await?;
+    Ok(manager
+        .list_inhibitors()
+        .await?
+        .into_iter()
+        .filter(|(_, who, _, _, _, _)| who == "nodeward")
+        .map(|(what, _, _, mode, _, _)| (what, mode))
+        .collect())
+}
+
+async fn wait_locked(logind: &Logind, within: Duration) -> anyhow::Result<()> {
+    wait::eventually(
+        "the agent's delay lock in ListInhibitors",
+        within,
+        || async {
+            let locks = nodeward_locks(logind).await.unwrap_or_default();
+            Ok(locks
+                .iter()
+                .any(|(what, mode)| what.split(':').any(|w| w == "shutdown") && mode == "delay")
+                .then_some(()))
+        },
+    )
+    .await
+}
+
+async fn report(env: &TestEnv, node: &str) -> anyhow::Result<Option<NodeReport>> {
+    Ok(Api::<NodeReport>::all(env.client.clone())
+        .get_opt(node)
+        .await?)
+}
+
+/// Records when each pod of the namespace is deleted (gone from the API).
+fn watch_gone(env: &TestEnv) -> Arc<Mutex<BTreeMap<String, Instant>>> {
+    let gone: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let seen = gone.clone();
+    tokio::spawn(
+        watcher(env.pods(), watcher::Config::default()).for_each(move |event| {
+            if let Ok(watcher::Event::Delete(pod)) = event {
+                seen.lock()
+                    .expect("gone")
+                    .insert(pod.name_any(), Instant::now());
+            }
+            futures::future::ready(())
+        }),
+    );
+    gone
+}
+
+/// The pods the agent evicted, in the order the API server received the evictions.
+fn evictions(namespace: &str) -> anyhow::Result<Vec<String>> {
+    Ok(controlplane::audited_writes()?
+        .iter()
+        .filter(|e| {
+            e.pointer("/objectRef/subresource").and_then(|v| v.as_str()) == Some("eviction")
+        })
+        .filter(|e| e.pointer("/objectRef/namespace").and_then(|v| v.as_str()) == Some(namespace))
+        .filter(|e| {
+            e.pointer("/userAgent")
+                .and_then(|v| v.as_str())
+                .is_some_and(|u| u.starts_with("nodeward-agent/"))
+        })
+        .filter(|e| e.pointer("/stage").and_then(|v| v.as_str()) == Some("ResponseComplete"))
+        .filter_map(|e| {
+            e.pointer("/objectRef/name")
+                .and_then(|v| v.as_str())
+                .map(String::from)
+        })
+        .collect())
+}
+
+fn app_of(pods: &[Pod], name: &str) -> String {
+    pods.iter()
+        .find(|p| p.name_any() == name)
+        .and_then(|p| p.labels().get("app").cloned())
+        .unwrap_or_else(|| format!("unknown pod {name}"))
+}
+
+async fn power_off(logind: &Logind) -> anyhow::Result<()> {
+    let connection = logind.connect().await?;
+    ManagerProxy::new(&connection)
+        .await?
+        .power_off(false)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
+    if !Logind::available() {
+        eprintln!("SKIPPED: systemd-logind is not installed");
+        return Ok(());
+    }
+    let env = TestEnv::new("guard-poweroff").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a").label("guard", "yes")])
+        .await?;
+    let grace = |priority: Option<i32>| PodOptions {
+        priority,
+        grace_period_seconds: 1,
+        ..PodOptions::default()
+    };
+    env.replicaset("low", &node, 2, &grace(Some(100))).await?;
+    env.replicaset("high", &node, 1, &grace(Some(1000))).await?;
+    env.replicaset(
+        "crit",
+        &node,
+        1,
+        &PodOptions {
+            priority_class_name: Some("system-cluster-critical".into()),
+            ..grace(None)
+        },
+    )
+    .await?;
+    env.daemonset("ds", ("guard", "yes"), &grace(None)).await?;
+    let mut pods = Vec::new();
+    for (app, count) in [("low", 2), ("high", 1), ("crit", 1), ("ds", 1)] {
+        pods.extend(env.running_pods(app, count).await?);
+    }
+
+    let logind = Logind::start(&env.id, 30).await?;
+    let agent = agent(&env, &node, &logind, "  budget: 25s\n  safetyMargin: 2s\n")?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+    let gone = watch_gone(&env);
+
+    let asked = Instant::now();
+    power_off(&logind).await?;
+    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
+        let at = logind
+            .systemd
+            .started_at
+            .lock()
+            .expect("started")
+            .first()
+            .copied();
+        Ok(at)
+    })
+    .await
+    .with_context(|| agent.output())?;
+    let units = logind.started_units();
+    assert_eq!(units[0].0, "poweroff.target", "{units:?}");
+    assert!(
+        started.duration_since(asked) < Duration::from_secs(28),
+        "logind went on because the lock was released, not because its 30s ran out: {:?}",
+        started.duration_since(asked)
+    );
+    // Every pod the plan takes was gone before logind went on.
+    let gone = gone.lock().expect("gone").clone();
+    for pod in &pods {
+        let at = gone.get(&pod.name_any()).with_context(|| {
+            format!(
+                "pod {} was not deleted; agent log:\n{}",
+                pod.name_any(),
+                agent.output()
+            )
+        })?;
+        assert!(
+            *at <= started,
+            "pod {} went after StartUnit",
+            pod.name_any()
+        );
+    }
+    let order: Vec<String> = evictions(&env.namespace)?
+        .iter()
+        .map(|name| app_of(&pods, name))
+        .collect();
+    assert_eq!(
+        order,
+        ["low", "low", "high", "crit", "ds"],
+        "eviction order"
+    );
+
+    let report = report(&env, &node).await?.context("NodeReport")?;
+    let shutdown = report
+        .status
+        .as_ref()
+        .and_then(|s| s.shutdown.clone())
+        .context("shutdown record")?;
+    assert_eq!(shutdown.phase, ShutdownPhase::Released);
+    assert!(shutdown.cordoned_by_agent && shutdown.tainted_by_agent);
+    assert_eq!((shutdown.pods_total, shutdown.pods_remaining), (5, 0));
+    let node_now: Node = env.nodes().get(&node).await?;
+    let spec = node_now.spec.context("node spec")?;
+    assert_eq!(spec.unschedulable, Some(true));
+    assert!(
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "nodeward.io/shutdown")
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() -> anyhow::Result<()>
+{
+    if !Logind::available() {
+        eprintln!("SKIPPED: systemd-logind is not installed");
+        return Ok(());
+    }
+    let env = TestEnv::new("guard-pdb").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.replicaset("guarded", &node, 1, &PodOptions::default())
+        .await?;
+    env.pdb("guarded", "guarded", 1).await?;
+    let pods = env.running_pods("guarded", 1).await?;
+    // The disruption controller must have computed the budget before it refuses anything.
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.current_healthy == 1)
+    })
+    .await?;
+
+    let logind = Logind::start(&env.id, 20).await?;
+    let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 4s, onTimeout: Delete}\n";
+    let agent = agent(&env, &node, &logind, plan)?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let asked = Instant::now();
+    power_off(&logind).await?;
+    // The refusal is recorded, naming the budget.
+    let blocked = wait::until(
+        &reports,
+        &node,
+        "a blocking pod in the NodeReport",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
+                .is_some_and(|s| !s.blocking_pods.is_empty())
+        },
+    )
+    .await?
+    .and_then(|r| r.status?.shutdown)
+    .context("shutdown record")?;
+    assert_eq!(blocked.blocking_pods[0].reason, "DisruptionBudget");
+    assert_eq!(blocked.blocking_pods[0].name, pods[0].name_any());
+    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
+        Ok(logind
+            .systemd
+            .started_at
+            .lock()
+            .expect("started")
+            .first()
+            .copied())
+    })
+    .await
+    .with_context(|| agent.output())?;
+    let took = started.duration_since(asked);
+    assert!(
+        took >= Duration::from_secs(4),
+        "not before the stage deadline: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(18),
+        "released before InhibitDelayMaxSec (20s): {took:?}"
+    );
+    let evicted = evictions(&env.namespace)?;
+    assert!(evicted.len() >= 2, "retried with backoff: {evicted:?}");
+    let still = env.pods().get_opt(&pods[0].name_any()).await?;
+    assert!(
+        still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "deleted at the stage deadline"
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::Result<()> {
+    if !Logind::available() {
+        eprintln!("SKIPPED: systemd-logind is not installed");
+        return Ok(());
+    }
+    let env = TestEnv::new("guard-restart").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let mut logind = Logind::start(&env.id, 10).await?;
+    let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+
+    logind.kill_logind();
+    logind.start_logind().await?;
+    let restarted = Instant::now();
+    wait_locked(&logind, Duration::from_secs(15))
+        .await
+        .with_context(|| agent.output())?;
+    eprintln!(
+        "lock again {:?} after logind restarted",
+        restarted.elapsed()
+    );
+
+    logind.restart_bus().await?;
+    let restarted = Instant::now();
+    wait_locked(&logind, Duration::from_secs(15))
+        .await
+        .with_context(|| agent.output())?;
+    eprintln!(
+        "lock again {:?} after the bus restarted",
+        restarted.elapsed()
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow::Result<()> {
+    if !Logind::available() {
+        eprintln!("SKIPPED: systemd-logind is not installed");
+        return Ok(());
+    }
+    let env = TestEnv::new("guard-cancel").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let logind = Logind::start(&env.id, 10).await?;
+    // systemd refuses the poweroff job: logind cancels with PrepareForShutdown(false).
+    logind
+        .systemd
+        .fail_start
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+    let _ = power_off(&logind).await;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(&reports, &node, "the shutdown cancelled", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
+            .is_some_and(|s| s.phase == ShutdownPhase::Cancelled)
+    })
+    .await
+    .with_context(|| agent.output())?;
+    wait_locked(&logind, Duration::from_secs(10)).await?;
+    let restored = env.nodes().get(&node).await?;
+    let spec = restored.spec.unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true), "uncordoned");
+    assert!(
+        !spec
+            .taints
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "nodeward.io/shutdown"),
+        "untainted"
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_reported()
+-> anyhow::Result<()> {
+    if !Logind::available() {
+        eprintln!("SKIPPED: systemd-logind is not installed");
+        return Ok(());
+    }
+    let env = TestEnv::new("guard-dropin").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let logind = Logind::start(&env.id, 5).await?;
+    let guard = format!(
+        "  budget: 40s\n  safetyMargin: 2s\n  writeDropIn: true\n  dropInDir: {}\n",
+        logind.conf_dir.display()
+    );
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let delay_of = |r: Option<&NodeReport>| -> Option<String> {
+        r?.status
+            .as_ref()?
+            .inhibitor
+            .as_ref()?
+            .inhibit_delay_max
+            .as_ref()
+            .map(|d| d.as_str().to_owned())
+    };
+    {
+        let agent = agent(&env, &node, &logind, &guard)?;
+        wait::until(
+            &reports,
+            &node,
+            "InhibitDelayMaxUSec raised to 40s",
+            TIMEOUT,
+            |r| delay_of(r).as_deref() == Some("40s"),
+        )
+        .await
+        .with_context(|| agent.output())?;
+        let written = std::fs::read_to_string(logind.conf_dir.join("60-nodeward.conf"))?;
+        assert!(written.contains("InhibitDelayMaxSec=40"), "{written}");
+        let reloaded = logind.systemd.reloaded.lock().expect("reloaded").clone();
+        assert_eq!(reloaded, ["systemd-logind.service"]);
+    }
+    // An admin's drop-in sorting after ours wins: the agent plans with it and says so.
+    std::fs::write(
+        logind.conf_dir.join("90-admin.conf"),
+        "[Login]\nInhibitDelayMaxSec=12\n",
+    )?;
+    logind.reload()?;
+    // Scan the test's drop-in directory (the agent scans its drop-in directory too).
+    let agent = agent(&env, &node, &logind, &guard)?;
+    let report = wait::until(&reports, &node, "the override reported", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref()?.inhibitor.as_ref())
+            .is_some_and(|i| !i.overriding_drop_ins.is_empty())
+    })
+    .await
+    .with_context(|| agent.output())?
+    .context("report")?;
+    let inhibitor = report
+        .status
+        .and_then(|s| s.inhibitor)
+        .context("inhibitor")?;
+    assert_eq!(
+        inhibitor
+            .inhibit_delay_max
+            .map(|d| d.as_str().to_owned())
+            .as_deref(),
+        Some("12s")
+    );
+    assert_eq!(
+        inhibitor.overriding_drop_ins,
+        ["90-admin.conf (InhibitDelayMaxSec=12)"]
+    );
+    assert!(
+        inhibitor
+            .message
+            .unwrap_or_default()
+            .contains("below the 40s budget")
+    );
+    drop(agent);
+    env.cleanup().await
+}
