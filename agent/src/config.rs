@@ -45,6 +45,9 @@ pub struct ShutdownGuardConfig {
     /// The drain plan before a shutdown (default: ordinary pods by priority, critical pods,
     /// DaemonSet pods).
     pub drain_plan: Option<nodeward_api::DrainPlan>,
+    /// Hold a logind `block` lock while no maintenance of this node is admitted, so that
+    /// uncoordinated reboots and shutdowns are refused.
+    pub reboot_gate: bool,
 }
 
 impl Default for ShutdownGuardConfig {
@@ -56,6 +59,7 @@ impl Default for ShutdownGuardConfig {
             write_drop_in: false,
             drop_in_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
             drain_plan: None,
+            reboot_gate: false,
         }
     }
 }

@@ -290,6 +290,7 @@ async fn run(
                 drop_in_scan: scan,
                 plan: guard.drain_plan.clone(),
                 own_pod,
+                reboot_gate: guard.reboot_gate,
             },
         };
         tasks.spawn(shutdown.run());

@@ -143,10 +143,6 @@ async fn power_off(logind: &Logind) -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
-    if !Logind::available() {
-        eprintln!("SKIPPED: systemd-logind is not installed");
-        return Ok(());
-    }
     let env = TestEnv::new("guard-poweroff").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a").label("guard", "yes")])
@@ -253,10 +249,6 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() -> anyhow::Result<()>
 {
-    if !Logind::available() {
-        eprintln!("SKIPPED: systemd-logind is not installed");
-        return Ok(());
-    }
     let env = TestEnv::new("guard-pdb").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
@@ -331,10 +323,6 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
 
 #[tokio::test]
 async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::Result<()> {
-    if !Logind::available() {
-        eprintln!("SKIPPED: systemd-logind is not installed");
-        return Ok(());
-    }
     let env = TestEnv::new("guard-restart").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
@@ -370,10 +358,6 @@ async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::R
 
 #[tokio::test]
 async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow::Result<()> {
-    if !Logind::available() {
-        eprintln!("SKIPPED: systemd-logind is not installed");
-        return Ok(());
-    }
     let env = TestEnv::new("guard-cancel").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
@@ -414,10 +398,6 @@ async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow
 #[tokio::test]
 async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_reported()
 -> anyhow::Result<()> {
-    if !Logind::available() {
-        eprintln!("SKIPPED: systemd-logind is not installed");
-        return Ok(());
-    }
     let env = TestEnv::new("guard-dropin").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
@@ -489,5 +469,142 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
             .contains("below the 40s budget")
     );
     drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn the_reboot_gate_holds_a_block_lock_until_a_maintenance_is_admitted() -> anyhow::Result<()>
+{
+    use kube::api::{Patch, PatchParams, PostParams};
+    use nodeward_api::NodeMaintenance;
+
+    let env = TestEnv::new("guard-gate").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let logind = Logind::start(&env.id, 10).await?;
+    let agent = agent(
+        &env,
+        &node,
+        &logind,
+        "  budget: 8s\n  safetyMargin: 1s\n  rebootGate: true\n",
+    )?;
+    let blocked = || async {
+        anyhow::Ok(
+            nodeward_locks(&logind)
+                .await
+                .unwrap_or_default()
+                .iter()
+                .any(|(what, mode)| what.split(':').any(|w| w == "shutdown") && mode == "block"),
+        )
+    };
+    wait::eventually("the block lock", TIMEOUT, || async {
+        Ok(blocked().await?.then_some(()))
+    })
+    .await
+    .with_context(|| agent.output())?;
+    wait_locked(&logind, TIMEOUT).await?;
+
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(&reports, &node, "blockHeld true", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref()?.inhibitor.as_ref())
+            .is_some_and(|i| i.block_held && i.delay_held)
+    })
+    .await?;
+    // The coordinator admits a maintenance of this node: the gate opens.
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m: NodeMaintenance = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": format!("{node}-reboot")},
+        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+    }))?;
+    maintenances.create(&PostParams::default(), &m).await?;
+    maintenances
+        .patch_status(
+            &format!("{node}-reboot"),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Admitted"}})),
+        )
+        .await?;
+    wait::eventually("the block lock released", TIMEOUT, || async {
+        Ok((!blocked().await?).then_some(()))
+    })
+    .await
+    .with_context(|| agent.output())?;
+    wait::until(&reports, &node, "blockHeld false", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref()?.inhibitor.as_ref())
+            .is_some_and(|i| !i.block_held && i.delay_held)
+    })
+    .await?;
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()> {
+    let env = TestEnv::new("guard-resume").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.replicaset("guarded", &node, 1, &PodOptions::default())
+        .await?;
+    env.pdb("guarded", "guarded", 1).await?;
+    let pods = env.running_pods("guarded", 1).await?;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.current_healthy == 1)
+    })
+    .await?;
+    let logind = Logind::start(&env.id, 30).await?;
+    let plan = "  budget: 25s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 8s, onTimeout: Delete}\n";
+    let mut first = agent(&env, &node, &logind, plan)?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| first.output())?;
+    // A second holder keeps logind preparing while the agent is away.
+    let holder = logind.connect().await?;
+    let _keep = ManagerProxy::new(&holder)
+        .await?
+        .inhibit("shutdown", "e2e", "keeps the shutdown pending", "delay")
+        .await?;
+    power_off(&logind).await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(&reports, &node, "the drain blocked", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
+            .is_some_and(|s| !s.blocking_pods.is_empty())
+    })
+    .await
+    .with_context(|| first.output())?;
+    first.signal(nix::sys::signal::Signal::SIGKILL)?;
+    first.wait_exit(Duration::from_secs(10)).await?;
+
+    let second = agent(&env, &node, &logind, plan)?;
+    let done = wait::until(
+        &reports,
+        &node,
+        "the resumed drain released the lock",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
+                .is_some_and(|s| s.phase == ShutdownPhase::Released)
+        },
+    )
+    .await
+    .with_context(|| second.output())?
+    .and_then(|r| r.status?.shutdown)
+    .context("record")?;
+    assert!(
+        second.output().contains("resumed=true"),
+        "{}",
+        second.output()
+    );
+    assert_eq!(done.pods_remaining, 0);
+    assert!(
+        done.cordoned_by_agent,
+        "the first run's cordon is still recorded"
+    );
+    let still = env.pods().get_opt(&pods[0].name_any()).await?;
+    assert!(still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()));
+    drop(second);
     env.cleanup().await
 }

@@ -31,11 +31,6 @@ pub struct Logind {
 }
 
 impl Logind {
-    /// Whether this machine can run it (the binary and `unshare` exist).
-    pub fn available() -> bool {
-        std::path::Path::new(LOGIND).exists()
-    }
-
     /// Starts the bus, the stand-in and logind with `InhibitDelayMaxSec=delay_seconds`.
     pub async fn start(tag: &str, delay_seconds: u64) -> anyhow::Result<Self> {
         let bus = PrivateBus::start(tag)?;

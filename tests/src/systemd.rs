@@ -23,59 +23,74 @@ pub struct PrivateBus {
     pub address: String,
 }
 
+/// The private bus's configuration: like a system bus, but any user may connect and own any
+/// name (our stand-ins need names; the shutdown-guard tests need callers of other users).
+const BUS_CONFIG: &str = r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>system</type>
+  <listen>unix:tmpdir=/tmp</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_type="method_call"/>
+    <allow send_type="signal"/>
+    <allow send_type="method_return"/>
+    <allow send_type="error"/>
+    <allow receive_type="method_call"/>
+    <allow receive_type="signal"/>
+    <allow receive_type="method_return"/>
+    <allow receive_type="error"/>
+  </policy>
+</busconfig>
+"#;
+
 impl PrivateBus {
     pub fn start(tag: &str) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join(format!("nodeward-bus-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let socket = dir.join("bus");
-        let address = format!("unix:path={}", socket.display());
-        // The session configuration lets any connection own any name, as our stand-ins need.
-        let child = Command::new("dbus-daemon")
-            .args(["--session", "--nofork", "--nopidfile"])
-            .arg(format!("--address={address}"))
-            .stdout(Stdio::null())
-            // It warns that it may not raise its fd limit; that is harmless here.
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting dbus-daemon (Debian package dbus)")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if Instant::now() > deadline {
-                bail!("dbus-daemon did not create {} in time", socket.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        // Other users (a test's unprivileged caller) must reach the socket.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        std::fs::write(dir.join("bus.conf"), BUS_CONFIG)?;
+        let address = format!("unix:path={}", dir.join("bus").display());
+        let child = spawn_daemon(&dir, &address)?;
         Ok(Self {
             child,
             dir,
             address,
         })
     }
-}
 
-impl PrivateBus {
     /// Kills the bus daemon (every connection drops) and starts a new one on the same address.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let socket = self.dir.join("bus");
-        let _ = std::fs::remove_file(&socket);
-        self.child = Command::new("dbus-daemon")
-            .args(["--session", "--nofork", "--nopidfile"])
-            .arg(format!("--address={}", self.address))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("restarting dbus-daemon")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !socket.exists() {
-            if Instant::now() > deadline {
-                bail!("dbus-daemon did not create {} in time", socket.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let _ = std::fs::remove_file(self.dir.join("bus"));
+        self.child = spawn_daemon(&self.dir, &self.address)?;
         Ok(())
     }
+}
+
+fn spawn_daemon(dir: &std::path::Path, address: &str) -> anyhow::Result<Child> {
+    let socket = dir.join("bus");
+    let child = Command::new("dbus-daemon")
+        .args(["--nofork", "--nopidfile"])
+        .arg(format!("--config-file={}", dir.join("bus.conf").display()))
+        .arg(format!("--address={address}"))
+        .stdout(Stdio::null())
+        // It warns that it may not raise its fd limit; that is harmless here.
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting dbus-daemon (Debian package dbus)")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        if Instant::now() > deadline {
+            bail!("dbus-daemon did not create {} in time", socket.display());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child)
 }
 
 impl Drop for PrivateBus {

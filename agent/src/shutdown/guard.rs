@@ -58,6 +58,9 @@ pub struct Settings {
     pub drop_in_scan: Vec<PathBuf>,
     pub plan: Option<DrainPlan>,
     pub own_pod: Option<(String, String)>,
+    /// Hold a `block` lock on shutdown while no maintenance of this node is admitted, so
+    /// that logind refuses uncoordinated shutdowns and reboots.
+    pub reboot_gate: bool,
 }
 
 pub struct Guard {
@@ -85,9 +88,17 @@ impl Guard {
     pub async fn run(self) {
         let state = Arc::new(Mutex::new(State::default()));
         self.state_init(&state).await;
+        let (admitted_tx, admitted) = tokio::sync::watch::channel(false);
+        let _following = self.settings.reboot_gate.then(|| {
+            tokio::spawn(follow_admissions(
+                self.client.clone(),
+                self.node.clone(),
+                admitted_tx,
+            ))
+        });
         let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
         loop {
-            match self.session(&state).await {
+            match self.session(&state, admitted.clone()).await {
                 Ok(()) => backoff.reset(),
                 Err(e) => tracing::warn!(error = %e, "shutdown guard: lost logind; reconnecting"),
             }
@@ -158,7 +169,11 @@ impl Guard {
 
     /// One connection to the bus: lock, watch, act. Returns when the connection or logind
     /// goes away.
-    async fn session(&self, state: &Arc<Mutex<State>>) -> Result<(), String> {
+    async fn session(
+        &self,
+        state: &Arc<Mutex<State>>,
+        mut admitted: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), String> {
         let connection = zbus::Connection::system()
             .await
             .map_err(|e| format!("connecting to the system bus: {e}"))?;
@@ -180,27 +195,48 @@ impl Guard {
             .await
             .map_err(|e| e.to_string())?;
         let delay = self.effective_delay(&manager).await?;
-        let mut held = Some(self.inhibit(&manager).await?);
+        let mut gate_slot: Option<OwnedFd> = None;
+        // A shutdown already under way takes no new locks: straight to the drain.
+        let preparing = manager.preparing_for_shutdown().await.unwrap_or(false);
+        let mut held = if preparing {
+            None
+        } else {
+            Some(self.inhibit(&manager).await?)
+        };
+        let delay_held = held.is_some();
         self.update(state, |s| {
             s.inhibitor = InhibitorState {
-                delay_held: true,
+                delay_held,
                 block_held: false,
                 inhibit_delay_max: Some(seconds(delay.0)),
                 configured_budget: Some(seconds(self.settings.budget)),
                 overriding_drop_ins: delay.1.clone(),
-                last_acquired: Some(Time(Timestamp::now())),
+                last_acquired: delay_held.then(|| Time(Timestamp::now())),
                 message: delay.2.clone(),
             };
         })
         .await;
-        tracing::info!(delay_max = ?delay.0, budget = ?self.settings.budget, "holding a logind delay lock on shutdown");
-        if manager.preparing_for_shutdown().await.unwrap_or(false) {
+        if preparing {
+            tracing::warn!("logind is already preparing for shutdown");
             self.shutdown(state, &mut held, delay.0).await;
+        } else {
+            tracing::info!(delay_max = ?delay.0, budget = ?self.settings.budget, "holding a logind delay lock on shutdown");
+            let mut gate: Option<OwnedFd> = None;
+            let now = *admitted.borrow_and_update();
+            self.set_gate(state, &manager, &mut gate, now).await?;
+            gate_slot = gate;
         }
         // The NodeReport may not exist yet when the lock is first taken: write until it does.
         let mut rewrite = tokio::time::interval(Duration::from_secs(2));
         loop {
             tokio::select! {
+                changed = admitted.changed(), if self.settings.reboot_gate => {
+                    if changed.is_err() {
+                        return Err("the maintenance watch ended".into());
+                    }
+                    let now = *admitted.borrow_and_update();
+                    self.set_gate(state, &manager, &mut gate_slot, now).await?;
+                }
                 _ = rewrite.tick() => {
                     if !lock(state).written {
                         self.update(state, |_| {}).await;
@@ -226,6 +262,38 @@ impl Guard {
                 }
             }
         }
+    }
+
+    /// Holds the reboot gate (a `block` lock) while the gate is on and nothing of this node
+    /// is admitted; releases it once a maintenance is.
+    async fn set_gate(
+        &self,
+        state: &Arc<Mutex<State>>,
+        manager: &ManagerProxy<'_>,
+        gate: &mut Option<OwnedFd>,
+        admitted: bool,
+    ) -> Result<(), String> {
+        let want = self.settings.reboot_gate && !admitted;
+        if want && gate.is_none() {
+            *gate = Some(
+                manager
+                    .inhibit(
+                        "shutdown",
+                        WHO,
+                        "no disruption of this node is admitted by the nodeward coordinator",
+                        "block",
+                    )
+                    .await
+                    .map_err(|e| format!("taking the logind block lock: {e}"))?,
+            );
+            tracing::info!("reboot gate closed: uncoordinated shutdowns are refused");
+        } else if !want && gate.is_some() {
+            gate.take();
+            tracing::info!("reboot gate open: a maintenance of this node is admitted");
+        }
+        let held = gate.is_some();
+        self.update(state, |s| s.inhibitor.block_held = held).await;
+        Ok(())
     }
 
     async fn inhibit(&self, manager: &ManagerProxy<'_>) -> Result<OwnedFd, String> {
@@ -483,4 +551,43 @@ impl Guard {
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Publishes whether a maintenance of `node` is admitted and unfinished (watched).
+async fn follow_admissions(
+    client: Client,
+    node: String,
+    admitted: tokio::sync::watch::Sender<bool>,
+) {
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    use nodeward_api::{MaintenancePhase, NodeMaintenance};
+    let (store, writer) = reflector::store::<NodeMaintenance>();
+    let api: Api<NodeMaintenance> = Api::all(client);
+    let events = reflector(
+        writer,
+        watcher(
+            api,
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .default_backoff(),
+    );
+    events
+        .for_each(|event| {
+            if let Err(e) = event {
+                tracing::warn!(error = %e, "watching this node's maintenances; retrying");
+            }
+            let now = store.state().iter().any(|m| {
+                let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+                matches!(
+                    phase,
+                    MaintenancePhase::Admitted
+                        | MaintenancePhase::Draining
+                        | MaintenancePhase::Acting
+                        | MaintenancePhase::Verifying
+                )
+            });
+            admitted.send_if_modified(|current| std::mem::replace(current, now) != now);
+            futures::future::ready(())
+        })
+        .await;
 }

@@ -19,6 +19,9 @@ pub trait Manager {
 
     fn reboot(&self, interactive: bool) -> zbus::Result<()>;
 
+    /// With flag 1 (`SD_LOGIND_ROOT_CHECK_INHIBITORS`) even root is refused by a block lock.
+    fn power_off_with_flags(&self, flags: u64) -> zbus::Result<()>;
+
     #[zbus(signal)]
     fn prepare_for_shutdown(&self, start: bool) -> zbus::Result<()>;
 
