@@ -80,7 +80,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
                 dir.join("reboot-required").display()
             ),
         )?;

@@ -97,7 +97,6 @@ impl Reporter {
         }
     }
 
-    /// Writes what the snapshots say until the sender goes away.
     /// Writes what the snapshots say, and publishes the kernel-log Events, until the snapshot
     /// sender goes away.
     pub async fn run(
@@ -110,6 +109,8 @@ impl Reporter {
         let mut kernel_open = true;
         let mut heartbeat = tokio::time::interval(self.heartbeat);
         heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first report is due anyway: the first heartbeat comes one interval after it.
+        heartbeat.reset();
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut report_due = true;
         let mut retry_at: Option<tokio::time::Instant> = None;
