@@ -446,6 +446,8 @@ impl Guard {
                         let progress = latest.lock().ok().and_then(|mut l| l.take());
                         if let Some(p) = progress {
                             self.record_progress(state, &p).await;
+                        } else if !lock(state).written {
+                            self.update(state, |_| {}).await;
                         }
                     }
                 }
@@ -534,14 +536,25 @@ impl Guard {
             "status": {"inhibitor": snapshot.inhibitor, "shutdown": snapshot.shutdown},
         });
         let reports: Api<NodeReport> = Api::all(self.client.clone());
-        if let Err(e) = reports
-            .patch_status(
-                &self.node,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let patch = Patch::Apply(&patch);
+        let apply = || reports.patch_status(&self.node, &params, &patch);
+        let mut written = apply().await;
+        if let Err(kube::Error::Api(status)) = &written
+            && status.code == 404
         {
+            // A shutdown can come before the reporter's first round: create the report here
+            // (the reporter makes the Node its owner later).
+            let report = NodeReport::new(
+                &self.node,
+                nodeward_api::NodeReportSpec {
+                    node_name: self.node.clone(),
+                },
+            );
+            let _ = reports.create(&Default::default(), &report).await;
+            written = apply().await;
+        }
+        if let Err(e) = written {
             tracing::warn!(error = %e, "writing the shutdown state to the NodeReport");
             // Written again with the next change, or the next session.
             lock(state).written = false;
