@@ -242,6 +242,22 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
             .iter()
             .any(|t| t.key == "nodeward.io/shutdown")
     );
+    // Events tell the story; the test's pods tolerate every taint, so they may come back.
+    let events = env.events_about(&node, "regarding.kind=Node").await?;
+    let seen: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
+    for reason in [
+        "ShutdownDrainStarted",
+        "PodsWillReturn",
+        "ShutdownDrainFinished",
+    ] {
+        assert!(seen.iter().any(|r| r == reason), "{reason} in {seen:?}");
+    }
+    let returning = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("PodsWillReturn"))
+        .and_then(|e| e.note.clone())
+        .unwrap_or_default();
+    assert!(returning.starts_with("5 pods tolerate"), "{returning}");
     drop(agent);
     env.cleanup().await
 }
@@ -312,6 +328,22 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     );
     let evicted = evictions(&env.namespace)?;
     assert!(evicted.len() >= 2, "retried with backoff: {evicted:?}");
+    let blocked_events: Vec<String> = env
+        .events_about(&node, "regarding.kind=Node")
+        .await?
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(
+        blocked_events.len(),
+        1,
+        "one Event per blocked pod, not per retry: {blocked_events:?}"
+    );
+    assert!(
+        blocked_events[0].contains("DisruptionBudget"),
+        "{blocked_events:?}"
+    );
     let still = env.pods().get_opt(&pods[0].name_any()).await?;
     assert!(
         still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),

@@ -33,6 +33,9 @@ pub struct Progress {
     pub blocking: Vec<BlockingPod>,
     /// Pods in the order their eviction (or deletion) was asked for: `namespace/name`.
     pub evicted: Vec<String>,
+    /// Drained pods whose controller may put a replacement right back (they tolerate the
+    /// drain taint): `namespace/name`.
+    pub returning: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +62,8 @@ pub struct Drain<'a> {
     pub own_pod: Option<(String, String)>,
     /// The drain ends by then whatever happens (the shutdown budget), if set.
     pub deadline: Option<Instant>,
+    /// The taint the node carries while drained (pods tolerating it may come back).
+    pub taint: &'a str,
 }
 
 /// Kinds of pods, as the plan sees them.
@@ -78,10 +83,19 @@ pub fn pod_type(pod: &Pod) -> PodType {
     }
 }
 
-fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>) -> PodInfo {
+fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>, taint: &str) -> PodInfo {
     let namespace = pod.namespace().unwrap_or_default();
     let spec = pod.spec.as_ref();
+    let controlled = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind != "Node");
+    let returns = controlled
+        && spec
+            .and_then(|s| s.tolerations.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| plan::tolerates(t, taint)));
     PodInfo {
+        returns,
         namespace_labels: namespaces.get(&namespace).cloned().unwrap_or_default(),
         namespace,
         name: pod.name_any(),
@@ -127,7 +141,10 @@ pub async fn order(drain: &Drain<'_>) -> Result<Ordered, Error> {
             .into_iter()
             .map(|n| (n.name_any(), n.labels().clone()))
             .collect();
-    let pods = on_node.values().map(|p| info(p, &namespaces)).collect();
+    let pods = on_node
+        .values()
+        .map(|p| info(p, &namespaces, drain.taint))
+        .collect();
     let own = drain
         .own_pod
         .as_ref()
@@ -194,8 +211,19 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
     let mut progress = Progress {
         total: ordered.total(),
         remaining: ordered.total(),
+        returning: ordered
+            .stages
+            .iter()
+            .flat_map(|s| s.groups.iter().flatten())
+            .filter(|p| p.returns)
+            .map(|p| key(&p.namespace, &p.name))
+            .collect(),
         ..Progress::default()
     };
+    if !progress.returning.is_empty() {
+        tracing::warn!(pods = ?progress.returning, "these pods tolerate the drain taint; their replacements may come back to this node");
+    }
+    report(&progress);
     for (pod, why) in &ordered.left {
         tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");
     }

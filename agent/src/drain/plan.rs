@@ -37,6 +37,31 @@ pub struct PodInfo {
     /// Already being deleted: waited for, not evicted again.
     pub terminating: bool,
     pub grace_period_seconds: Option<i64>,
+    /// Owned by a controller and tolerating the drain taint: its replacement may be scheduled
+    /// right back onto this node.
+    pub returns: bool,
+}
+
+/// Whether `toleration` tolerates the taint `key` with effect `NoSchedule` (and no value), by
+/// the API's rules: an empty key with `Exists` tolerates everything; otherwise the key must
+/// match, and the effect when given.
+pub fn tolerates(toleration: &k8s_openapi::api::core::v1::Toleration, key: &str) -> bool {
+    let key_matches = match toleration.key.as_deref() {
+        None | Some("") => toleration.operator.as_deref() == Some("Exists"),
+        Some(k) => {
+            k == key
+                && match toleration.operator.as_deref() {
+                    Some("Exists") => true,
+                    // Equal (the default) with an empty value matches our value-less taint.
+                    _ => toleration.value.as_deref().unwrap_or("").is_empty(),
+                }
+        }
+    };
+    let effect_matches = toleration
+        .effect
+        .as_deref()
+        .is_none_or(|e| e.is_empty() || e == "NoSchedule");
+    key_matches && effect_matches
 }
 
 /// The pods of one stage, in groups of equal priority, lowest first.
@@ -267,6 +292,7 @@ mod tests {
             namespace_labels: BTreeMap::new(),
             terminating: false,
             grace_period_seconds: Some(30),
+            returns: false,
         }
     }
 
@@ -420,6 +446,41 @@ mod tests {
             stage_deadline(&plan, 1, Duration::from_secs(7), None, None),
             Duration::from_secs(67)
         );
+    }
+
+    #[test]
+    fn tolerations_follow_the_api_rules() {
+        use k8s_openapi::api::core::v1::Toleration;
+        let t = |key: Option<&str>,
+                 operator: Option<&str>,
+                 value: Option<&str>,
+                 effect: Option<&str>| Toleration {
+            key: key.map(Into::into),
+            operator: operator.map(Into::into),
+            value: value.map(Into::into),
+            effect: effect.map(Into::into),
+            toleration_seconds: None,
+        };
+        let taint = "nodeward.io/shutdown";
+        assert!(tolerates(&t(None, Some("Exists"), None, None), taint));
+        assert!(tolerates(
+            &t(Some(taint), Some("Exists"), None, Some("NoSchedule")),
+            taint
+        ));
+        assert!(tolerates(&t(Some(taint), None, None, None), taint));
+        assert!(!tolerates(
+            &t(Some(taint), Some("Equal"), Some("x"), None),
+            taint
+        ));
+        assert!(!tolerates(
+            &t(Some(taint), Some("Exists"), None, Some("NoExecute")),
+            taint
+        ));
+        assert!(!tolerates(
+            &t(Some("other"), Some("Exists"), None, None),
+            taint
+        ));
+        assert!(!tolerates(&t(None, None, None, None), taint));
     }
 
     #[test]

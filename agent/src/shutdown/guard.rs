@@ -21,6 +21,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams},
+    runtime::events::{Event, EventType, Recorder, Reporter as EventSource},
 };
 use nodeward_api::{
     DrainPlan, NodeReport,
@@ -164,6 +165,12 @@ impl Guard {
             tokio::time::sleep(backoff.next_delay()).await;
         }
         tracing::info!("node restored after the reboot");
+        self.event(
+            EventType::Normal,
+            "NodeRestored",
+            "back from the shutdown and Ready: the agent's taint and cordon are removed".to_owned(),
+        )
+        .await;
         self.update(state, |s| s.shutdown = None).await;
     }
 
@@ -425,7 +432,19 @@ impl Guard {
             purpose: Purpose::MachineDown,
             own_pod: self.settings.own_pod.clone(),
             deadline: Some(tokio::time::Instant::now() + left),
+            taint: SHUTDOWN_TAINT,
         };
+        self.event(
+            EventType::Warning,
+            "ShutdownDrainStarted",
+            format!(
+                "logind announced a shutdown: tainted and cordoned, draining within {}s{}",
+                left.as_secs(),
+                if resumed.is_some() { " (resumed)" } else { "" }
+            ),
+        )
+        .await;
+        let mut announced = Announced::default();
         let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
         let seen = latest.clone();
         let draining = evict::run(&drain, move |p| {
@@ -445,7 +464,7 @@ impl Guard {
                     _ = tick.tick() => {
                         let progress = latest.lock().ok().and_then(|mut l| l.take());
                         if let Some(p) = progress {
-                            self.record_progress(state, &p).await;
+                            self.record_progress(state, &p, &mut announced).await;
                         } else if !lock(state).written {
                             self.update(state, |_| {}).await;
                         }
@@ -454,14 +473,34 @@ impl Guard {
             }
         };
         if let Some(p) = latest.lock().ok().and_then(|mut l| l.take()) {
-            self.record_progress(state, &p).await;
+            self.record_progress(state, &p, &mut announced).await;
         }
-        match &outcome {
-            Some(Ok(Outcome::Drained)) => tracing::info!("node drained"),
-            Some(Ok(other)) => tracing::warn!(outcome = ?other, "drain ended incomplete"),
-            Some(Err(e)) => tracing::warn!(error = %e, "drain failed"),
-            None => tracing::warn!("out of time: releasing the lock with pods left"),
-        }
+        let (kind, note) = match &outcome {
+            Some(Ok(Outcome::Drained)) => (
+                EventType::Normal,
+                "every pod of the plan is gone".to_owned(),
+            ),
+            Some(Ok(Outcome::Incomplete { remaining })) => (
+                EventType::Warning,
+                format!("stages ran out of time; left: {}", remaining.join(", ")),
+            ),
+            Some(Ok(Outcome::Failed { stage, remaining })) => (
+                EventType::Warning,
+                format!("stage {stage} failed; left: {}", remaining.join(", ")),
+            ),
+            Some(Err(e)) => (EventType::Warning, format!("the drain failed: {e}")),
+            None => (
+                EventType::Warning,
+                "out of time: releasing the lock with pods left".to_owned(),
+            ),
+        };
+        tracing::warn!(%note, "drain before shutdown ended");
+        self.event(
+            kind,
+            "ShutdownDrainFinished",
+            format!("{note}; releasing the logind lock"),
+        )
+        .await;
         // Releasing is closing the descriptor; logind then goes on with the shutdown.
         held.take();
         tracing::warn!("released the logind delay lock");
@@ -474,7 +513,53 @@ impl Guard {
         .await;
     }
 
-    async fn record_progress(&self, state: &Arc<Mutex<State>>, progress: &Progress) {
+    async fn record_progress(
+        &self,
+        state: &Arc<Mutex<State>>,
+        progress: &Progress,
+        announced: &mut Announced,
+    ) {
+        for blocked in &progress.blocking {
+            if announced
+                .blocked
+                .insert(format!("{}/{}", blocked.namespace, blocked.name))
+            {
+                self.event(
+                    EventType::Warning,
+                    "EvictionBlocked",
+                    format!(
+                        "{}/{}: {} ({}); retrying until the stage deadline",
+                        blocked.namespace,
+                        blocked.name,
+                        blocked.reason,
+                        blocked.message.as_deref().unwrap_or("")
+                    ),
+                )
+                .await;
+            }
+        }
+        if !progress.returning.is_empty() && !announced.returning {
+            announced.returning = true;
+            let mut names: Vec<&str> = progress
+                .returning
+                .iter()
+                .take(10)
+                .map(String::as_str)
+                .collect();
+            if progress.returning.len() > names.len() {
+                names.push("...");
+            }
+            self.event(
+                EventType::Warning,
+                "PodsWillReturn",
+                format!(
+                    "{} pods tolerate {SHUTDOWN_TAINT}; their controllers may put them back on this node: {}",
+                    progress.returning.len(),
+                    names.join(", ")
+                ),
+            )
+            .await;
+        }
         self.update(state, |s| {
             if let Some(r) = s.shutdown.as_mut() {
                 r.pods_total = i32::try_from(progress.total).unwrap_or(i32::MAX);
@@ -505,6 +590,13 @@ impl Guard {
             if let Err(e) = cordon::undo(&self.client, &self.node, SHUTDOWN_TAINT, &applied).await {
                 tracing::warn!(error = %e, "restoring the node after a cancelled shutdown");
             }
+            self.event(
+                EventType::Normal,
+                "ShutdownCancelled",
+                "logind cancelled the shutdown: lock taken again, what the agent did is undone"
+                    .to_owned(),
+            )
+            .await;
         }
         self.update(state, |s| {
             s.inhibitor.delay_held = true;
@@ -515,6 +607,33 @@ impl Guard {
         })
         .await;
         Ok(())
+    }
+
+    /// An Event about this node (best effort: a failure is logged).
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            EventSource {
+                controller: nodeward_api::labels::AGENT_FIELD_MANAGER.to_owned(),
+                instance: Some(self.node.clone()),
+            },
+        );
+        let node = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Shutdown".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &node).await {
+            tracing::warn!(error = %e, %reason, "publishing an event failed");
+        }
     }
 
     /// Changes the state and writes the guard's NodeReport fields when they changed.
@@ -560,6 +679,13 @@ impl Guard {
             lock(state).written = false;
         }
     }
+}
+
+/// Events already published during one drain (one per blocked pod, one for returning pods).
+#[derive(Default)]
+struct Announced {
+    blocked: std::collections::HashSet<String>,
+    returning: bool,
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
