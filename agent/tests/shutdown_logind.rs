@@ -505,15 +505,28 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
 }
 
 #[tokio::test]
-async fn the_reboot_gate_holds_a_block_lock_until_a_maintenance_is_admitted() -> anyhow::Result<()>
-{
+async fn the_reboot_gate_refuses_uncoordinated_shutdowns_until_one_is_admitted()
+-> anyhow::Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
     use nodeward_api::NodeMaintenance;
 
     let env = TestEnv::new("guard-gate").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let logind = Logind::start(&env.id, 10).await?;
+    let mut logind = Logind::start(&env.id, 10).await?;
+    // The real polkitd decides for non-root callers: "nobody" may power off, but not past
+    // a block lock (logind exempts root, and a user's own locks, from block locks).
+    logind
+        .start_polkit(
+            r#"polkit.addRule(function(action, subject) {
+    if (subject.user == "nobody" && (action.id == "org.freedesktop.login1.power-off" ||
+            action.id == "org.freedesktop.login1.power-off-multiple-sessions")) {
+        return polkit.Result.YES;
+    }
+});
+"#,
+        )
+        .await?;
     let agent = agent(
         &env,
         &node,
@@ -535,6 +548,13 @@ async fn the_reboot_gate_holds_a_block_lock_until_a_maintenance_is_admitted() ->
     .await
     .with_context(|| agent.output())?;
     wait_locked(&logind, TIMEOUT).await?;
+    let refused = logind.power_off_as(65534).await?;
+    let error = refused.expect_err("logind refuses a shutdown while the gate is closed");
+    assert!(
+        error.contains("Interactive authentication required"),
+        "{error}"
+    );
+    assert!(logind.started_units().is_empty());
 
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     wait::until(&reports, &node, "blockHeld true", TIMEOUT, |r| {
@@ -567,6 +587,20 @@ async fn the_reboot_gate_holds_a_block_lock_until_a_maintenance_is_admitted() ->
             .is_some_and(|i| !i.block_held && i.delay_held)
     })
     .await?;
+    // Admitted: the same caller's shutdown now goes through, after the agent's drain.
+    logind
+        .power_off_as(65534)
+        .await?
+        .map_err(|e| anyhow::anyhow!("PowerOff refused with the gate open: {e}"))?;
+    wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
+        Ok(logind
+            .started_units()
+            .iter()
+            .any(|(unit, _)| unit == "poweroff.target")
+            .then_some(()))
+    })
+    .await
+    .with_context(|| agent.output())?;
     drop(agent);
     env.cleanup().await
 }
@@ -638,5 +672,85 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
     let still = env.pods().get_opt(&pods[0].name_any()).await?;
     assert!(still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()));
     drop(second);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams, PostParams};
+
+    let env = TestEnv::new("guard-boot").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    // What the agent left before the reboot: its cordon, its taint, and the record of them
+    // under the previous boot id.
+    env.nodes()
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"nodeward.io/cordoned-by": "shutdown"}},
+                "spec": {"unschedulable": true, "taints": [{"key": "nodeward.io/shutdown", "effect": "NoSchedule"}]},
+            })),
+        )
+        .await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let report: NodeReport = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+        "metadata": {"name": node}, "spec": {"nodeName": node},
+    }))?;
+    reports.create(&PostParams::default(), &report).await?;
+    let now = jiff::Timestamp::now().to_string();
+    reports
+        .patch_status(
+            &node,
+            &PatchParams::apply("nodeward-agent-shutdown").force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport", "metadata": {"name": node},
+                "status": {"shutdown": {"phase": "Released", "bootId": "the-previous-boot", "startedAt": now,
+                    "deadline": now, "cordonedByAgent": true, "taintedByAgent": true}},
+            })),
+        )
+        .await?;
+
+    let logind = Logind::start(&env.id, 10).await?;
+    let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
+    let restored = wait::until(&env.nodes(), &node, "the node restored", TIMEOUT, |n| {
+        n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+            s.unschedulable != Some(true)
+                && !s
+                    .taints
+                    .iter()
+                    .flatten()
+                    .any(|t| t.key == "nodeward.io/shutdown")
+        })
+    })
+    .await
+    .with_context(|| agent.output())?
+    .context("node")?;
+    assert!(
+        !restored
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nodeward.io/cordoned-by"),
+        "the record on the Node is gone"
+    );
+    wait::until(
+        &reports,
+        &node,
+        "the shutdown record cleared",
+        TIMEOUT,
+        |r| r.is_some_and(|r| r.status.as_ref().is_none_or(|s| s.shutdown.is_none())),
+    )
+    .await?;
+    let events = env.events_about(&node, "regarding.kind=Node").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("NodeRestored")),
+        "{events:?}"
+    );
+    drop(agent);
     env.cleanup().await
 }

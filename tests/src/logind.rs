@@ -18,6 +18,8 @@ use crate::{
 
 /// logind's binary on Debian.
 pub const LOGIND: &str = "/lib/systemd/systemd-logind";
+/// polkit's daemon on Debian (package polkitd).
+pub const POLKITD: &str = "/usr/lib/polkit-1/polkitd";
 
 /// One private logind; everything stops on drop.
 pub struct Logind {
@@ -25,6 +27,7 @@ pub struct Logind {
     pub systemd: Systemd,
     systemd_connection: Option<zbus::Connection>,
     child: Option<Child>,
+    polkit: Option<Child>,
     /// Bind-mounted as logind's `/etc/systemd/logind.conf.d`.
     pub conf_dir: PathBuf,
     pub log: PathBuf,
@@ -50,6 +53,7 @@ impl Logind {
             systemd,
             systemd_connection: Some(connection),
             child: None,
+            polkit: None,
             log: dir.join("logind.log"),
             conf_dir,
         };
@@ -114,6 +118,83 @@ impl Logind {
         Ok(())
     }
 
+    /// Runs the real polkitd on the private bus with `rules` (JavaScript, as in
+    /// `/etc/polkit-1/rules.d`) as its only local rules, so that logind asks it about callers
+    /// that are not root.
+    pub async fn start_polkit(&mut self, rules: &str) -> anyhow::Result<()> {
+        let dir = self.conf_dir.with_file_name("polkit-rules");
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("10-e2e.rules"), rules)?;
+        // polkitd reads its rules as its own user.
+        for path in [&dir, &dir.join("10-e2e.rules")] {
+            let mode = if path.is_dir() { 0o755 } else { 0o644 };
+            std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let script = format!(
+            "set -e; mount --bind '{}' /etc/polkit-1/rules.d; exec {POLKITD} --no-debug",
+            dir.display()
+        );
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus.address)
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .context("starting polkitd in a private mount namespace")?;
+        self.polkit = Some(child);
+        let address = self.bus.address.clone();
+        wait::eventually(
+            "polkitd on the private bus",
+            Duration::from_secs(20),
+            || {
+                let address = address.clone();
+                async move {
+                    let connection = zbus::connection::Builder::address(address.as_str())?
+                        .build()
+                        .await?;
+                    let dbus = zbus::fdo::DBusProxy::new(&connection).await?;
+                    let name = zbus::names::BusName::try_from("org.freedesktop.PolicyKit1")?;
+                    Ok(dbus.name_has_owner(name).await?.then_some(()))
+                }
+            },
+        )
+        .await
+    }
+
+    /// Calls logind's `PowerOff(false)` as the unprivileged `uid` (through `busctl`); the
+    /// error message when logind refuses.
+    pub async fn power_off_as(&self, uid: u32) -> anyhow::Result<Result<(), String>> {
+        // Async: the systemd stand-in that logind calls meanwhile runs on this runtime.
+        let output = tokio::process::Command::new("setpriv")
+            .args([
+                &format!("--reuid={uid}"),
+                &format!("--regid={uid}"),
+                "--clear-groups",
+                "busctl",
+                "--system",
+                "call",
+                "org.freedesktop.login1",
+                "/org/freedesktop/login1",
+                "org.freedesktop.login1.Manager",
+                "PowerOff",
+                "b",
+                "false",
+            ])
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus.address)
+            .output()
+            .await
+            .context("running busctl as another user")?;
+        Ok(if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        })
+    }
+
     /// Kills logind (SIGKILL): every lock it held is gone.
     pub fn kill_logind(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -154,5 +235,9 @@ impl Logind {
 impl Drop for Logind {
     fn drop(&mut self) {
         self.kill_logind();
+        if let Some(mut polkit) = self.polkit.take() {
+            let _ = polkit.kill();
+            let _ = polkit.wait();
+        }
     }
 }

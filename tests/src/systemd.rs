@@ -90,6 +90,7 @@ fn spawn_daemon(dir: &std::path::Path, address: &str) -> anyhow::Result<Child> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;
     Ok(child)
 }
 
