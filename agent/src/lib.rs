@@ -9,6 +9,7 @@ pub mod cordon;
 pub mod detect;
 pub mod drain;
 pub mod http;
+pub mod maintenance;
 pub mod metrics;
 pub mod pause;
 pub mod peers;

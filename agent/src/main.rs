@@ -295,6 +295,17 @@ async fn run(
         };
         tasks.spawn(shutdown.run());
     }
+    tasks.spawn(
+        nodeward_agent::maintenance::executor::Executor {
+            client: client.clone(),
+            node: node_name.clone(),
+            boot_id: boot_id.clone().unwrap_or_default(),
+            own_pod: std::env::var("POD_NAMESPACE")
+                .ok()
+                .zip(std::env::var("POD_NAME").ok()),
+        }
+        .run(),
+    );
     let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
     tasks.spawn(nodeward_agent::pause::follow(
         client.clone(),

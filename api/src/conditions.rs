@@ -12,6 +12,14 @@ pub mod node {
     /// Reported in the NodeReport and as an Event, never as a condition: a node that never
     /// registered has no Node object to carry one.
     pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
+    /// The problems a post-reboot health gate checks by default (a pending reboot is not one).
+    pub const HEALTH_GATE_DEFAULT: &[&str] = &[
+        NETWORK_PROBLEM,
+        PEER_CONNECTIVITY_PROBLEM,
+        SECURITY_GROUP_PROBLEM,
+        KUBELET_PROBLEM,
+        READONLY_FILESYSTEM,
+    ];
     /// Written by the coordinator: the node never became Ready within a policy's
     /// `nodeStartupTimeout`.
     pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";

@@ -394,6 +394,18 @@ impl Controller {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
         }
+        for (maintenance, node) in &plan.delete_nodes {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            match nodes.delete(node, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("deleting", format!("Node {node}"), e), "DeleteNode maintenance")
+                }
+            }
+        }
         for timeout in &plan.startup_timeouts {
             self.startup_timeout(timeout).await;
         }

@@ -86,6 +86,8 @@ pub struct Plan {
     pub unhealthy_nodes: BTreeMap<String, String>,
     /// Missing objects to confirm gone before their slots are freed.
     pub confirm_gone: BTreeSet<Gone>,
+    /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
+    pub delete_nodes: Vec<(String, String)>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -545,6 +547,14 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     // Maintenances whose node is gone end (a DeleteNode maintenance that got there succeeded).
     for m in maintenances.values() {
         let p = phase(m);
+        if m.spec.action == MaintenanceAction::DeleteNode
+            && p == MaintenancePhase::Acting
+            && nodes.contains_key(&m.spec.node_name)
+        {
+            plan.delete_nodes
+                .push((m.name_any(), m.spec.node_name.clone()));
+            continue;
+        }
         if p.is_finished()
             || p == MaintenancePhase::Pending
             || nodes.contains_key(&m.spec.node_name)

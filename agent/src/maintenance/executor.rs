@@ -1,0 +1,543 @@
+//! Carries out the admitted NodeMaintenances of this node (see [`super::lifecycle`]): watches
+//! them, and on every change (and every few seconds) takes the next step. Every log line and
+//! Event about a maintenance carries its uid as the correlation id.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::{Node, ObjectReference},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::{
+        WatchStreamExt,
+        events::{Event, EventType, Recorder, Reporter as EventSource},
+        reflector, watcher,
+    },
+};
+use nodeward_api::{
+    DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance,
+    labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+};
+use serde_json::json;
+use tokio::sync::Notify;
+
+use super::lifecycle::{self, Facts, Step};
+use crate::{
+    cordon::{self, Applied},
+    drain::{
+        evict::{self, Drain, Outcome, Progress},
+        plan::{self, Purpose},
+    },
+    shutdown::logind::ManagerProxy,
+};
+
+/// Re-examined at least this often (health gates and reboots move with time).
+const RESYNC: Duration = Duration::from_secs(5);
+
+pub struct Executor {
+    pub client: Client,
+    pub node: String,
+    pub boot_id: String,
+    pub own_pod: Option<(String, String)>,
+}
+
+impl Executor {
+    /// Runs until the task is dropped.
+    pub async fn run(self) {
+        let changed = Arc::new(Notify::new());
+        let (store, writer) = reflector::store::<NodeMaintenance>();
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let events = reflector(
+            writer,
+            watcher(
+                api,
+                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
+            )
+            .default_backoff(),
+        );
+        tokio::spawn(events.for_each(nodeward_runtime::watch::notifier(
+            changed.clone(),
+            "NodeMaintenance".into(),
+        )));
+        let mut healthy_since: Option<Timestamp> = None;
+        loop {
+            tokio::select! {
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(RESYNC) => {}
+            }
+            let mut maintenances = store.state();
+            maintenances.sort_by_key(|m| m.metadata.creation_timestamp.clone());
+            for m in maintenances {
+                if let Err(e) = self.advance(&m, &store, &mut healthy_since).await {
+                    tracing::warn!(maintenance = %m.name_any(), correlation = %uid(&m), error = %e, "maintenance step failed; retrying");
+                }
+            }
+        }
+    }
+
+    async fn advance(
+        &self,
+        m: &NodeMaintenance,
+        store: &reflector::Store<NodeMaintenance>,
+        healthy_since: &mut Option<Timestamp>,
+    ) -> Result<(), crate::Error> {
+        let status = m.status.clone().unwrap_or_default();
+        let recorded_boot = status.boot_id.clone().unwrap_or_default();
+        let healthy = status.phase == MaintenancePhase::Verifying
+            && self.health_gate(m, healthy_since).await?;
+        let facts = Facts {
+            phase: status.phase,
+            action: m.spec.action,
+            deleting: m.metadata.deletion_timestamp.is_some(),
+            finalized: m.finalizers().iter().any(|f| f == MAINTENANCE_FINALIZER),
+            rebooted: !recorded_boot.is_empty() && recorded_boot != self.boot_id,
+            healthy,
+        };
+        let applied = Applied {
+            cordoned: status.cordoned_by_nodeward.unwrap_or(false),
+            tainted: true,
+        };
+        match lifecycle::step(facts) {
+            Step::Wait => Ok(()),
+            Step::Prepare => {
+                self.finalizer(m, true).await?;
+                let by = format!("maintenance/{}", m.name_any());
+                let done = cordon::apply(&self.client, &self.node, MAINTENANCE_TAINT, &by).await?;
+                self.transition(
+                    m,
+                    MaintenancePhase::Draining,
+                    "tainted and cordoned; draining",
+                    |s| {
+                        s["cordonedByNodeward"] = json!(done.cordoned);
+                        s["startedAt"] = json!(Time(Timestamp::now()));
+                    },
+                )
+                .await?;
+                self.event(
+                    m,
+                    EventType::Normal,
+                    "DrainStarted",
+                    "tainted and cordoned; draining the node".into(),
+                )
+                .await;
+                Ok(())
+            }
+            Step::Drain => self.drain(m, store, &applied).await,
+            Step::Act => self.act(m).await,
+            Step::Verify => {
+                *healthy_since = None;
+                self.transition(
+                    m,
+                    MaintenancePhase::Verifying,
+                    "back after the reboot; waiting for the health gate",
+                    |_| {},
+                )
+                .await
+            }
+            Step::Complete => {
+                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
+                self.transition(
+                    m,
+                    MaintenancePhase::Succeeded,
+                    "healthy after the reboot; untainted and uncordoned",
+                    |s| {
+                        s["finishedAt"] = json!(Time(Timestamp::now()));
+                    },
+                )
+                .await?;
+                self.event(
+                    m,
+                    EventType::Normal,
+                    "Succeeded",
+                    "the node is back in service".into(),
+                )
+                .await;
+                Ok(())
+            }
+            Step::Cancel => {
+                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
+                self.transition(
+                    m,
+                    MaintenancePhase::Cancelled,
+                    "deleted before the action; the node is restored",
+                    |s| {
+                        s["finishedAt"] = json!(Time(Timestamp::now()));
+                    },
+                )
+                .await?;
+                self.event(
+                    m,
+                    EventType::Normal,
+                    "Cancelled",
+                    "deleted before the action; taint and cordon undone".into(),
+                )
+                .await;
+                self.finalizer(m, false).await
+            }
+            Step::Release => {
+                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
+                self.event(
+                    m,
+                    EventType::Normal,
+                    "Restored",
+                    "the maintenance is deleted; taint and cordon undone".into(),
+                )
+                .await;
+                self.finalizer(m, false).await
+            }
+        }
+    }
+
+    /// The drain plan and timeout: the maintenance's own plan, else its first policy's, else
+    /// the default for the action.
+    async fn plan(
+        &self,
+        m: &NodeMaintenance,
+    ) -> (DrainPlan, Option<Duration>, Option<DisruptionPolicy>) {
+        let purpose = purpose(m.spec.action);
+        let policy = match m
+            .status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref())
+            .and_then(|a| a.policies.first())
+        {
+            Some(name) => Api::<DisruptionPolicy>::all(self.client.clone())
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten(),
+            None => None,
+        };
+        let plan = m
+            .spec
+            .drain_plan
+            .clone()
+            .or_else(|| policy.as_ref().and_then(|p| p.spec.drain_plan.clone()))
+            .unwrap_or_else(|| plan::default_plan(purpose));
+        let timeout = policy
+            .as_ref()
+            .and_then(|p| p.spec.drain_timeout.as_ref())
+            .and_then(|d| d.to_std().ok());
+        (plan, timeout, policy)
+    }
+
+    async fn drain(
+        &self,
+        m: &NodeMaintenance,
+        store: &reflector::Store<NodeMaintenance>,
+        applied: &Applied,
+    ) -> Result<(), crate::Error> {
+        let (plan, timeout, _) = self.plan(m).await;
+        let started = m
+            .status
+            .as_ref()
+            .and_then(|s| s.started_at.as_ref())
+            .map_or_else(Timestamp::now, |t| t.0);
+        let deadline = timeout.map(|t| {
+            let end = started.checked_add(t).unwrap_or(started);
+            let left =
+                Duration::try_from(end.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
+            tokio::time::Instant::now() + left
+        });
+        let drain = Drain {
+            client: self.client.clone(),
+            node: &self.node,
+            plan: &plan,
+            purpose: purpose(m.spec.action),
+            own_pod: self.own_pod.clone(),
+            deadline,
+            taint: MAINTENANCE_TAINT,
+        };
+        let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
+        let seen = latest.clone();
+        let draining = evict::run(&drain, move |p| {
+            if let Ok(mut l) = seen.lock() {
+                *l = Some(p.clone());
+            }
+        });
+        tokio::pin!(draining);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let timed_out = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(timed_out);
+        let outcome = loop {
+            tokio::select! {
+                result = &mut draining => break Some(result),
+                _ = &mut timed_out => break None,
+                _ = tick.tick() => {
+                    let progress = latest.lock().ok().and_then(|mut l| l.take());
+                    if let Some(p) = progress {
+                        self.progress(m, &p).await;
+                    }
+                    // Deleted (or replaced) mid-drain: stop; the next step restores the node.
+                    let current = store.get(&reflector::ObjectRef::new(&m.name_any()));
+                    if current.is_none_or(|c| c.metadata.deletion_timestamp.is_some() || c.uid() != m.uid()) {
+                        tracing::info!(maintenance = %m.name_any(), correlation = %uid(m), "deleted during the drain; stopping it");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        if let Some(p) = latest.lock().ok().and_then(|mut l| l.take()) {
+            self.progress(m, &p).await;
+        }
+        let failure = match outcome {
+            Some(Ok(Outcome::Drained | Outcome::Incomplete { .. })) => None,
+            Some(Ok(Outcome::Failed { stage, remaining })) => Some(format!(
+                "drain stage {stage} timed out with {} pods left: {}",
+                remaining.len(),
+                remaining.join(", ")
+            )),
+            Some(Err(e)) => return Err(e),
+            None => Some(format!(
+                "the drain exceeded the policy's drainTimeout ({}s)",
+                timeout.map_or(0, |t| t.as_secs())
+            )),
+        };
+        if let Some(why) = failure {
+            cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
+            self.transition(
+                m,
+                MaintenancePhase::Failed,
+                &format!("{why}; the node's taint and cordon are undone"),
+                |s| {
+                    s["finishedAt"] = json!(Time(Timestamp::now()));
+                },
+            )
+            .await?;
+            self.event(m, EventType::Warning, "DrainFailed", why).await;
+            return Ok(());
+        }
+        let message = match m.spec.action {
+            MaintenanceAction::DrainOnly => {
+                "drained; the node stays drained until this maintenance is deleted"
+            }
+            MaintenanceAction::DeleteNode => "drained; the coordinator deletes the Node",
+            MaintenanceAction::Reboot => "drained; rebooting",
+            MaintenanceAction::PowerOff => "drained; powering off",
+        };
+        let boot = self.boot_id.clone();
+        self.transition(m, MaintenancePhase::Acting, message, |s| {
+            s["bootId"] = json!(boot);
+            s["conditions"] = json!([{
+                "type": nodeward_api::conditions::maintenance::DRAINED, "status": "True",
+                "reason": "Drained", "message": "every pod of the drain plan is gone",
+                "lastTransitionTime": Time(Timestamp::now()),
+            }]);
+        })
+        .await?;
+        self.event(m, EventType::Normal, "Drained", message.to_owned())
+            .await;
+        Ok(())
+    }
+
+    async fn act(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        let connection = zbus::Connection::system().await;
+        let call = async {
+            let connection =
+                connection.map_err(|e| format!("connecting to the system bus: {e}"))?;
+            let manager = ManagerProxy::new(&connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            match m.spec.action {
+                MaintenanceAction::Reboot => manager.reboot(false).await,
+                _ => manager.power_off(false).await,
+            }
+            .map_err(|e| format!("asking logind: {e}"))
+        };
+        if m.spec.action == MaintenanceAction::PowerOff {
+            // Nothing runs after the power-off: this is the last word.
+            self.transition(m, MaintenancePhase::Succeeded, "powering off", |s| {
+                s["finishedAt"] = json!(Time(Timestamp::now()));
+            })
+            .await?;
+        }
+        tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), action = ?m.spec.action, "asking logind to act");
+        self.event(
+            m,
+            EventType::Normal,
+            "Acting",
+            format!("{:?} through logind", m.spec.action),
+        )
+        .await;
+        if let Err(e) = call.await {
+            self.transition(m, MaintenancePhase::Failed, &e, |s| {
+                s["finishedAt"] = json!(Time(Timestamp::now()));
+            })
+            .await?;
+            self.event(m, EventType::Warning, "ActionFailed", e).await;
+        }
+        Ok(())
+    }
+
+    /// Ready, and none of the gate's problem conditions True, for the gate's `for`.
+    async fn health_gate(
+        &self,
+        m: &NodeMaintenance,
+        healthy_since: &mut Option<Timestamp>,
+    ) -> Result<bool, crate::Error> {
+        let (_, _, policy) = self.plan(m).await;
+        let gate = policy.and_then(|p| p.spec.health_gate);
+        let hold = gate
+            .as_ref()
+            .and_then(|g| g.for_.to_std().ok())
+            .unwrap_or(Duration::ZERO);
+        let problem_types: Vec<String> = gate.map(|g| g.problem_types).unwrap_or_default();
+        let node = Api::<Node>::all(self.client.clone())
+            .get(&self.node)
+            .await
+            .map_err(|e| crate::Error::kube("reading", format!("node {}", self.node), e))?;
+        let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        let ready = conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        let problem = conditions.iter().any(|c| {
+            c.status == "True"
+                && if problem_types.is_empty() {
+                    nodeward_api::conditions::node::HEALTH_GATE_DEFAULT.contains(&c.type_.as_str())
+                } else {
+                    problem_types.contains(&c.type_)
+                }
+        });
+        if !ready || problem {
+            *healthy_since = None;
+            return Ok(false);
+        }
+        let since = *healthy_since.get_or_insert_with(Timestamp::now);
+        Ok(
+            Duration::try_from(Timestamp::now().duration_since(since)).unwrap_or(Duration::ZERO)
+                >= hold,
+        )
+    }
+
+    async fn progress(&self, m: &NodeMaintenance, p: &Progress) {
+        let patch = json!({"status": {
+            "podsTotal": p.total, "podsRemaining": p.remaining,
+            "blockingPods": p.blocking.iter().take(64).collect::<Vec<_>>(),
+        }});
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        if let Err(e) = api
+            .patch_status(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), error = %e, "writing drain progress");
+        }
+    }
+
+    /// Moves the maintenance to `phase` (with a history entry and message); `extra` adds
+    /// status fields.
+    async fn transition(
+        &self,
+        m: &NodeMaintenance,
+        phase: MaintenancePhase,
+        message: &str,
+        extra: impl FnOnce(&mut serde_json::Value),
+    ) -> Result<(), crate::Error> {
+        let mut history = m
+            .status
+            .as_ref()
+            .map(|s| s.history.clone())
+            .unwrap_or_default();
+        history.push(nodeward_api::maintenance::PhaseTransition {
+            phase,
+            time: Time(Timestamp::now()),
+        });
+        let start = history.len().saturating_sub(16);
+        let mut status = json!({"phase": phase, "history": history[start..], "message": message});
+        extra(&mut status);
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        api.patch_status(
+            &m.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": status})),
+        )
+        .await
+        .map_err(|e| {
+            crate::Error::kube(
+                "writing the status of",
+                format!("NodeMaintenance {}", m.name_any()),
+                e,
+            )
+        })?;
+        tracing::info!(maintenance = %m.name_any(), correlation = %uid(m), ?phase, %message, "maintenance phase");
+        Ok(())
+    }
+
+    async fn finalizer(&self, m: &NodeMaintenance, present: bool) -> Result<(), crate::Error> {
+        let mut finalizers: Vec<String> = m.finalizers().to_vec();
+        let has = finalizers.iter().any(|f| f == MAINTENANCE_FINALIZER);
+        if has == present {
+            return Ok(());
+        }
+        if present {
+            finalizers.push(MAINTENANCE_FINALIZER.to_owned());
+        } else {
+            finalizers.retain(|f| f != MAINTENANCE_FINALIZER);
+        }
+        // The resourceVersion makes this a compare-and-swap on the finalizer list.
+        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": m.resource_version()}});
+        Api::<NodeMaintenance>::all(self.client.clone())
+            .patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                crate::Error::kube(
+                    "updating the finalizers of",
+                    format!("NodeMaintenance {}", m.name_any()),
+                    e,
+                )
+            })
+    }
+
+    async fn event(&self, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
+        let recorder = Recorder::new(
+            self.client.clone(),
+            EventSource {
+                controller: AGENT_FIELD_MANAGER.to_owned(),
+                instance: Some(self.node.clone()),
+            },
+        );
+        let reference: ObjectReference = m.object_ref(&());
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(format!("{note} (correlation {})", uid(m))),
+            action: "Maintenance".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &reference).await {
+            tracing::warn!(error = %e, %reason, "publishing an event failed");
+        }
+    }
+}
+
+fn uid(m: &NodeMaintenance) -> String {
+    m.uid().unwrap_or_default()
+}
+
+fn purpose(action: MaintenanceAction) -> Purpose {
+    match action {
+        MaintenanceAction::Reboot | MaintenanceAction::PowerOff => Purpose::MachineDown,
+        MaintenanceAction::DrainOnly | MaintenanceAction::DeleteNode => Purpose::NodeStays,
+    }
+}

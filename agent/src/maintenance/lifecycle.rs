@@ -1,0 +1,144 @@
+//! What the agent does next with a NodeMaintenance of its node, as a pure function of the
+//! maintenance's phase and the facts around it.
+//!
+//! Admitted → (finalizer, taint, cordon) Draining → (drain) Acting → the action:
+//! `DrainOnly` stays Acting (drained, holding its slot) until the object is deleted, then the
+//! node is restored; `Reboot` reboots through logind and, after the next boot, Verifying until
+//! the health gate holds, then the node is restored and Succeeded; `PowerOff` is Succeeded
+//! just before logind powers off; `DeleteNode` waits in Acting for the coordinator to delete
+//! the Node. Deleted before Acting: restored, Cancelled.
+
+use nodeward_api::{MaintenanceAction, MaintenancePhase};
+
+/// The facts a step depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Facts {
+    pub phase: MaintenancePhase,
+    pub action: MaintenanceAction,
+    /// The object has a deletionTimestamp.
+    pub deleting: bool,
+    /// The agent's finalizer is on the object.
+    pub finalized: bool,
+    /// The node's boot id differs from the one recorded when the action started.
+    pub rebooted: bool,
+    /// The health gate holds (Ready, no problem findings, for long enough).
+    pub healthy: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do now.
+    Wait,
+    /// Add the finalizer, taint and cordon, go to Draining.
+    Prepare,
+    /// Evict the pods (again, after a restart), then act.
+    Drain,
+    /// Start the action (reboot or power off through logind) after recording the boot id.
+    Act,
+    /// Back after the reboot: go to Verifying.
+    Verify,
+    /// The health gate held: restore the node, Succeeded.
+    Complete,
+    /// Deleted before the action: restore the node, Cancelled, remove the finalizer.
+    Cancel,
+    /// Deleted after it finished or while drained (DrainOnly): restore the node (unless
+    /// already restored) and remove the finalizer.
+    Release,
+}
+
+pub fn step(f: Facts) -> Step {
+    use MaintenancePhase::*;
+    if f.deleting {
+        if !f.finalized {
+            return Step::Wait;
+        }
+        return match f.phase {
+            Pending | Admitted | Draining => Step::Cancel,
+            // A reboot under way finishes first; the object goes when it is done.
+            Acting | Verifying if f.action == MaintenanceAction::Reboot => Step::Wait,
+            _ => Step::Release,
+        };
+    }
+    match (f.phase, f.action) {
+        (Admitted, _) => Step::Prepare,
+        (Draining, _) => Step::Drain,
+        (Acting, MaintenanceAction::Reboot) if f.rebooted => Step::Verify,
+        (Acting, MaintenanceAction::Reboot | MaintenanceAction::PowerOff) => Step::Act,
+        (Verifying, _) if f.healthy => Step::Complete,
+        _ => Step::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use MaintenanceAction::*;
+    use MaintenancePhase::*;
+
+    fn facts(phase: MaintenancePhase, action: MaintenanceAction) -> Facts {
+        Facts {
+            phase,
+            action,
+            deleting: false,
+            finalized: true,
+            rebooted: false,
+            healthy: false,
+        }
+    }
+
+    #[test]
+    fn a_reboot_goes_prepare_drain_act_verify_complete() {
+        assert_eq!(step(facts(Pending, Reboot)), Step::Wait);
+        assert_eq!(step(facts(Admitted, Reboot)), Step::Prepare);
+        assert_eq!(step(facts(Draining, Reboot)), Step::Drain);
+        assert_eq!(step(facts(Acting, Reboot)), Step::Act);
+        assert_eq!(
+            step(Facts {
+                rebooted: true,
+                ..facts(Acting, Reboot)
+            }),
+            Step::Verify
+        );
+        assert_eq!(step(facts(Verifying, Reboot)), Step::Wait);
+        assert_eq!(
+            step(Facts {
+                healthy: true,
+                ..facts(Verifying, Reboot)
+            }),
+            Step::Complete
+        );
+        assert_eq!(step(facts(Succeeded, Reboot)), Step::Wait);
+    }
+
+    #[test]
+    fn drain_only_and_delete_node_wait_drained() {
+        assert_eq!(step(facts(Acting, DrainOnly)), Step::Wait);
+        assert_eq!(step(facts(Acting, DeleteNode)), Step::Wait);
+        assert_eq!(step(facts(Acting, PowerOff)), Step::Act);
+    }
+
+    #[test]
+    fn deletion_cancels_before_the_action_and_releases_after() {
+        let deleted = |phase, action| Facts {
+            deleting: true,
+            ..facts(phase, action)
+        };
+        assert_eq!(step(deleted(Draining, DrainOnly)), Step::Cancel);
+        assert_eq!(step(deleted(Admitted, Reboot)), Step::Cancel);
+        assert_eq!(step(deleted(Acting, DrainOnly)), Step::Release);
+        assert_eq!(step(deleted(Succeeded, Reboot)), Step::Release);
+        assert_eq!(
+            step(deleted(Acting, Reboot)),
+            Step::Wait,
+            "a reboot under way finishes"
+        );
+        assert_eq!(
+            step(Facts {
+                finalized: false,
+                ..deleted(Draining, DrainOnly)
+            }),
+            Step::Wait,
+            "not ours to finalize"
+        );
+    }
+}

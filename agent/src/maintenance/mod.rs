@@ -1,0 +1,5 @@
+//! Carrying out the admitted NodeMaintenances of this node: the lifecycle (pure) and the
+//! executor that drives it.
+
+pub mod executor;
+pub mod lifecycle;

@@ -1,0 +1,311 @@
+//! Maintenances end to end: the real coordinator admits, the real agent drains and acts, on a
+//! kwok node of the real control plane. DrainOnly keeps the node drained until the object is
+//! deleted; an admin's cordon survives; a maintenance deleted mid-drain restores the node.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+use nodeward_e2e::{
+    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, wait,
+};
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Coordinators watch the whole cluster: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The coordinator binary, built next to this test by `cargo test --workspace`.
+fn coordinator_binary() -> anyhow::Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("the test binary's directory")?;
+    let path = dir.join("nodeward-coordinator");
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it with `cargo test --workspace --no-run` (./tests/run does)",
+        path.display()
+    );
+    Ok(path)
+}
+
+struct Cluster {
+    _coordinator: Daemon,
+    agent: Daemon,
+}
+
+async fn start(env: &TestEnv, node: &str) -> anyhow::Result<Cluster> {
+    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
+    let coordinator = Daemon::start(
+        coordinator_binary()?.to_str().context("path")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--lease-namespace".into(),
+            env.namespace.clone(),
+            "--resync".into(),
+            "1s".into(),
+            "--kubeconfig".into(),
+            kubeconfig.clone(),
+        ],
+    )?;
+    let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  peers: {enabled: false}\n  kernelLog: {enabled: false}\n  kubelet: {enabled: false}\nshutdownGuard: {enabled: false}\n",
+    )?;
+    let agent = Daemon::start(
+        AGENT,
+        &format!("{}-agent", env.id),
+        &[
+            "run".into(),
+            "--node-name".into(),
+            node.into(),
+            "--kubeconfig".into(),
+            kubeconfig,
+            "--config".into(),
+            config.display().to_string(),
+        ],
+    )?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    agent.wait_ready(TIMEOUT).await?;
+    Ok(Cluster {
+        _coordinator: coordinator,
+        agent,
+    })
+}
+
+async fn policy(env: &TestEnv) -> anyhow::Result<String> {
+    let name = format!("{}-pool", env.id);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    Ok(name)
+}
+
+async fn drain_only(env: &TestEnv, node: &str) -> anyhow::Result<String> {
+    let name = format!("{node}-drain");
+    let m: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly", "requestedBy": "e2e"},
+    }))?;
+    Api::<NodeMaintenance>::all(env.client.clone())
+        .create(&PostParams::default(), &m)
+        .await?;
+    Ok(name)
+}
+
+fn phase(m: Option<&NodeMaintenance>) -> Option<MaintenancePhase> {
+    m.map(|m| m.status.as_ref().map(|s| s.phase).unwrap_or_default())
+}
+
+fn node_state(node: &Node) -> (bool, bool) {
+    let spec = node.spec.clone().unwrap_or_default();
+    (
+        spec.unschedulable == Some(true),
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "nodeward.io/maintenance"),
+    )
+}
+
+#[tokio::test]
+async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-drain").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.replicaset("app", &node, 2, &PodOptions::default())
+        .await?;
+    let pods = env.running_pods("app", 2).await?;
+    let policy = policy(&env).await?;
+    let cluster = start(&env, &node).await?;
+
+    let name = drain_only(&env, &node).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(&maintenances, &name, "Acting (drained)", TIMEOUT, |m| {
+        phase(m) == Some(MaintenancePhase::Acting)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let status = m.status.clone().context("status")?;
+    let phases: Vec<MaintenancePhase> = status.history.iter().map(|h| h.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            MaintenancePhase::Pending,
+            MaintenancePhase::Admitted,
+            MaintenancePhase::Draining,
+            MaintenancePhase::Acting
+        ]
+    );
+    assert_eq!(status.cordoned_by_nodeward, Some(true));
+    assert_eq!(status.pods_remaining, Some(0));
+    assert!(
+        m.finalizers()
+            .iter()
+            .any(|f| f == "nodeward.io/maintenance")
+    );
+    for pod in &pods {
+        let left = env.pods().get_opt(&pod.name_any()).await?;
+        assert!(
+            left.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            "{} evicted",
+            pod.name_any()
+        );
+    }
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
+    let events = env.events_about(&name, "").await?;
+    let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
+    for reason in ["Admitted", "DrainStarted", "Drained"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    let correlated = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("Drained"))
+        .all(|e| {
+            e.note
+                .as_deref()
+                .unwrap_or_default()
+                .contains(&m.uid().unwrap_or_default())
+        });
+    assert!(correlated, "Events carry the correlation id");
+
+    // Deleting it restores the node and frees the slot.
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await
+    .with_context(|| cluster.agent.output())?;
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.slots.is_empty())
+    })
+    .await?;
+    drop(cluster);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-admin").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.nodes()
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    policy(&env).await?;
+    let cluster = start(&env, &node).await?;
+    let name = drain_only(&env, &node).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(&maintenances, &name, "Acting", TIMEOUT, |m| {
+        phase(m) == Some(MaintenancePhase::Acting)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    assert_eq!(m.status.and_then(|s| s.cordoned_by_nodeward), Some(false));
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await?;
+    assert_eq!(
+        node_state(&env.nodes().get(&node).await?),
+        (true, false),
+        "still cordoned (the admin's), no longer tainted (ours)"
+    );
+    drop(cluster);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-cancel").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.replicaset("guarded", &node, 1, &PodOptions::default())
+        .await?;
+    env.pdb("guarded", "guarded", 1).await?;
+    env.running_pods("guarded", 1).await?;
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.current_healthy == 1)
+    })
+    .await?;
+    policy(&env).await?;
+    let cluster = start(&env, &node).await?;
+    let name = drain_only(&env, &node).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(
+        &maintenances,
+        &name,
+        "blocked while Draining",
+        TIMEOUT,
+        |m| {
+            phase(m) == Some(MaintenancePhase::Draining)
+                && m.and_then(|m| m.status.as_ref())
+                    .is_some_and(|s| !s.blocking_pods.is_empty())
+        },
+    )
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    assert_eq!(
+        m.status
+            .as_ref()
+            .map(|s| s.blocking_pods[0].reason.as_str()),
+        Some("DisruptionBudget")
+    );
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
+
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await
+    .with_context(|| cluster.agent.output())?;
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+    let events = env.events_about(&name, "").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Cancelled")),
+        "{events:?}"
+    );
+    drop(cluster);
+    env.cleanup().await
+}
