@@ -55,6 +55,10 @@ enum Command {
         /// Address for /healthz, /readyz and /metrics.
         #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9470")]
         listen: SocketAddr,
+        /// Ask for a Reboot maintenance when the node needs a reboot, whatever the policies
+        /// say (a policy's autoReboot turns it on for the nodes it selects).
+        #[arg(long, env = "NODEWARD_AUTO_REBOOT")]
+        auto_reboot: bool,
     },
 }
 
@@ -169,10 +173,17 @@ fn main() -> ExitCode {
             kubeconfig,
             log_format,
             listen,
+            auto_reboot,
             ..
         } => {
             telemetry::init_logging(*log_format);
-            match runtime.block_on(run(config, node_name.clone(), kubeconfig.clone(), *listen)) {
+            match runtime.block_on(run(
+                config,
+                node_name.clone(),
+                kubeconfig.clone(),
+                *listen,
+                *auto_reboot,
+            )) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "nodeward-agent stopped");
@@ -188,6 +199,7 @@ async fn run(
     node_name: String,
     kubeconfig: Option<PathBuf>,
     listen: SocketAddr,
+    auto_reboot_flag: bool,
 ) -> Result<(), Error> {
     let mode = if kubeconfig.is_some() {
         AgentMode::Host
@@ -307,10 +319,20 @@ async fn run(
         .run(),
     );
     let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
+    let (auto_reboot_tx, auto_reboot) = tokio::sync::watch::channel(auto_reboot_flag);
     tasks.spawn(nodeward_agent::pause::follow(
         client.clone(),
         node_name.clone(),
         pauses_tx,
+        auto_reboot_tx,
+        auto_reboot_flag,
+    ));
+    tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
+        client.clone(),
+        node_name.clone(),
+        boot_id.clone().unwrap_or_default(),
+        snapshots.clone(),
+        auto_reboot,
     ));
     tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");

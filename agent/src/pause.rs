@@ -39,10 +39,28 @@ pub fn acknowledgements(
 
 /// Follows the policies and this node's labels, publishing the pauses that apply whenever
 /// they change. Runs until the task is dropped.
+/// Whether a policy selecting this node sets `autoReboot` (an unreadable selector does not:
+/// rebooting too much is the unsafe side).
+pub fn auto_reboot(
+    policies: &[Arc<DisruptionPolicy>],
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    policies.iter().filter(|p| p.spec.auto_reboot).any(|p| {
+        p.spec.node_selector.as_ref().is_none_or(|selector| {
+            nodeward_api::selector::matches(selector, labels).unwrap_or(false)
+        })
+    })
+}
+
+/// Follows the policies and this node's labels, publishing the pauses that apply and
+/// whether auto-reboot is on (or `forced_auto_reboot`, the agent's flag) whenever they
+/// change. Runs until the task is dropped.
 pub async fn follow(
     client: Client,
     node_name: String,
     pauses: watch::Sender<Vec<PauseAcknowledgement>>,
+    auto_reboots: watch::Sender<bool>,
+    forced_auto_reboot: bool,
 ) {
     let changed = Arc::new(Notify::new());
     let (policies, writer) = reflector::store::<DisruptionPolicy>();
@@ -77,7 +95,10 @@ pub async fn follow(
                 .first()
                 .map(|n| n.labels().clone())
                 .unwrap_or_default();
-            let acks = acknowledgements(&policies.state(), &labels);
+            let state = policies.state();
+            let auto = forced_auto_reboot || auto_reboot(&state, &labels);
+            auto_reboots.send_if_modified(|current| std::mem::replace(current, auto) != auto);
+            let acks = acknowledgements(&state, &labels);
             pauses.send_if_modified(|current| {
                 if *current == acks {
                     return false;
@@ -125,5 +146,34 @@ mod tests {
         let names: Vec<&str> = acks.iter().map(|a| a.policy.as_str()).collect();
         assert_eq!(names, ["a-pool", "broken", "everything"]);
         assert!(acks.iter().all(|a| a.observed_generation == 4));
+    }
+
+    #[test]
+    fn auto_reboot_comes_from_a_policy_selecting_the_node() {
+        let labels = [("pool".to_owned(), "a".to_owned())].into_iter().collect();
+        let with = |selector: serde_json::Value| -> Arc<DisruptionPolicy> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                    "metadata": {"name": "p"}, "spec": {"autoReboot": true, "nodeSelector": selector},
+                }))
+                .expect("policy"),
+            )
+        };
+        assert!(auto_reboot(
+            &[with(json!({"matchLabels": {"pool": "a"}}))],
+            &labels
+        ));
+        assert!(!auto_reboot(
+            &[with(json!({"matchLabels": {"pool": "b"}}))],
+            &labels
+        ));
+        assert!(!auto_reboot(
+            &[with(
+                json!({"matchExpressions": [{"key": "pool", "operator": "Sideways"}]})
+            )],
+            &labels
+        ));
+        assert!(!auto_reboot(&[policy("off", false, json!({}))], &labels));
     }
 }

@@ -309,3 +309,90 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     drop(cluster);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-autoreboot").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let name = format!("{}-auto", env.id);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"autoReboot": true, "paused": true, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let sentinel = dir.join("reboot-required");
+    std::fs::write(&sentinel, "")?;
+    let config = dir.join("agent.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: false}}\n",
+            sentinel.display()
+        ),
+    )?;
+    let args = vec![
+        "run".to_owned(),
+        "--node-name".into(),
+        node.clone(),
+        "--kubeconfig".into(),
+        controlplane::shared().kubeconfig.display().to_string(),
+        "--config".into(),
+        config.display().to_string(),
+    ];
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let mine = || async {
+        anyhow::Ok(
+            maintenances
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|m| m.spec.node_name == node)
+                .collect::<Vec<_>>(),
+        )
+    };
+    for restart in 0..2 {
+        let agent = Daemon::start(AGENT, &format!("{}-agent-{restart}", env.id), &args)?;
+        wait::eventually("a Reboot maintenance", TIMEOUT, || async {
+            Ok(Some(mine().await?).filter(|m| !m.is_empty()))
+        })
+        .await
+        .with_context(|| agent.output())?;
+        agent.wait_ready(TIMEOUT).await?;
+        let said = if restart == 0 {
+            "asked the coordinator for a reboot"
+        } else {
+            "already asked for in this boot"
+        };
+        wait::eventually("the agent's request", TIMEOUT, || async {
+            Ok(agent.output().contains(said).then_some(()))
+        })
+        .await
+        .with_context(|| agent.output())?;
+        let asked = mine().await?;
+        assert_eq!(
+            asked.len(),
+            1,
+            "one per boot, also after a restart: {asked:?}"
+        );
+        let m = &asked[0];
+        assert_eq!(m.spec.reason, nodeward_api::MaintenanceReason::Reboot);
+        assert_eq!(m.spec.action, nodeward_api::MaintenanceAction::Reboot);
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+        assert!(
+            m.name_any()
+                .starts_with(&format!("{node}-reboot-{}", &boot.trim()[..8])),
+            "{}",
+            m.name_any()
+        );
+        drop(agent);
+    }
+    env.cleanup().await
+}

@@ -3,3 +3,4 @@
 
 pub mod executor;
 pub mod lifecycle;
+pub mod reboot_request;
