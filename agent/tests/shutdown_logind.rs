@@ -567,7 +567,8 @@ async fn the_reboot_gate_refuses_uncoordinated_shutdowns_until_one_is_admitted()
     let m: NodeMaintenance = serde_json::from_value(serde_json::json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": format!("{node}-reboot")},
-        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+        // DrainOnly: the agent carries it out without asking logind for anything itself.
+        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly"},
     }))?;
     maintenances.create(&PostParams::default(), &m).await?;
     maintenances
