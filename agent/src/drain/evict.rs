@@ -233,7 +233,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
         let stage_end =
             started + plan::stage_deadline(drain.plan, index, started.elapsed(), budget, budget);
         let mut left_in_stage: Vec<PodInfo> = Vec::new();
-        for group in &stage.groups {
+        for (group_index, group) in stage.groups.iter().enumerate() {
             let remaining = evict_group(
                 drain,
                 group,
@@ -246,12 +246,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
             left_in_stage.extend(remaining);
             if Instant::now() >= stage_end {
                 // Out of time: the later groups of this stage are handled by onTimeout too.
-                let done = stage
-                    .groups
-                    .iter()
-                    .position(|g| std::ptr::eq(g, group))
-                    .unwrap_or(0);
-                for later in stage.groups.iter().skip(done + 1) {
+                for later in &stage.groups[group_index + 1..] {
                     left_in_stage.extend(later.iter().cloned());
                 }
                 break;
