@@ -255,17 +255,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     let env = TestEnv::new("maint-cancel").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    env.replicaset("guarded", &node, 1, &PodOptions::default())
-        .await?;
-    env.pdb("guarded", "guarded", 1).await?;
-    env.running_pods("guarded", 1).await?;
-    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(env.client.clone(), &env.namespace);
-    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.current_healthy == 1)
-    })
-    .await?;
+    env.guarded_pod("guarded", &node).await?;
     policy(&env).await?;
     let cluster = start(&env, &node).await?;
     let name = drain_only(&env, &node).await?;

@@ -268,18 +268,7 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     let env = TestEnv::new("guard-pdb").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    env.replicaset("guarded", &node, 1, &PodOptions::default())
-        .await?;
-    env.pdb("guarded", "guarded", 1).await?;
-    let pods = env.running_pods("guarded", 1).await?;
-    // The disruption controller must have computed the budget before it refuses anything.
-    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(env.client.clone(), &env.namespace);
-    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.current_healthy == 1)
-    })
-    .await?;
+    let pod = env.guarded_pod("guarded", &node).await?;
 
     let logind = Logind::start(&env.id, 20).await?;
     let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 4s, onTimeout: Delete}\n";
@@ -305,7 +294,7 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     .and_then(|r| r.status?.shutdown)
     .context("shutdown record")?;
     assert_eq!(blocked.blocking_pods[0].reason, "DisruptionBudget");
-    assert_eq!(blocked.blocking_pods[0].name, pods[0].name_any());
+    assert_eq!(blocked.blocking_pods[0].name, pod.name_any());
     let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
         Ok(logind
             .systemd
@@ -344,7 +333,7 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
         blocked_events[0].contains("DisruptionBudget"),
         "{blocked_events:?}"
     );
-    let still = env.pods().get_opt(&pods[0].name_any()).await?;
+    let still = env.pods().get_opt(&pod.name_any()).await?;
     assert!(
         still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
         "deleted at the stage deadline"
@@ -611,17 +600,7 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
     let env = TestEnv::new("guard-resume").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    env.replicaset("guarded", &node, 1, &PodOptions::default())
-        .await?;
-    env.pdb("guarded", "guarded", 1).await?;
-    let pods = env.running_pods("guarded", 1).await?;
-    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
-        Api::namespaced(env.client.clone(), &env.namespace);
-    wait::until(&pdbs, "guarded", "the PDB's status", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.current_healthy == 1)
-    })
-    .await?;
+    let pod = env.guarded_pod("guarded", &node).await?;
     let logind = Logind::start(&env.id, 30).await?;
     let plan = "  budget: 25s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 8s, onTimeout: Delete}\n";
     let mut first = agent(&env, &node, &logind, plan)?;
@@ -670,7 +649,7 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
         done.cordoned_by_agent,
         "the first run's cordon is still recorded"
     );
-    let still = env.pods().get_opt(&pods[0].name_any()).await?;
+    let still = env.pods().get_opt(&pod.name_any()).await?;
     assert!(still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()));
     drop(second);
     env.cleanup().await

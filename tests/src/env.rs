@@ -298,6 +298,33 @@ impl TestEnv {
             .with_context(|| format!("creating DaemonSet {app}"))
     }
 
+    /// One running pod of a ReplicaSet `app` on `node`, guarded by a PodDisruptionBudget
+    /// `app` with `minAvailable: 1` whose status the disruption controller has computed (so
+    /// that evicting it is refused from the start).
+    pub async fn guarded_pod(&self, app: &str, node: &str) -> anyhow::Result<Pod> {
+        self.replicaset(app, node, 1, &PodOptions::default())
+            .await?;
+        self.pdb(app, app, 1).await?;
+        let pod = self
+            .running_pods(app, 1)
+            .await?
+            .pop()
+            .context("the guarded pod")?;
+        let pdbs: Api<PodDisruptionBudget> = Api::namespaced(self.client.clone(), &self.namespace);
+        wait::until(
+            &pdbs,
+            app,
+            "the PDB's status",
+            Duration::from_secs(60),
+            |p| {
+                p.and_then(|p| p.status.as_ref())
+                    .is_some_and(|s| s.current_healthy == 1)
+            },
+        )
+        .await?;
+        Ok(pod)
+    }
+
     /// A PodDisruptionBudget named `name` over the pods labelled `app`.
     pub async fn pdb(
         &self,
