@@ -1,14 +1,13 @@
 //! nodeward-agent: runs on every node, detects node problems and reports them, guards
 //! shutdowns with systemd-logind inhibitor locks and carries out admitted maintenances.
 
-pub use nodeward_runtime::{backoff, server};
+pub use nodeward_runtime::{backoff, http, server};
 
 pub mod check;
 pub mod config;
 pub mod cordon;
 pub mod detect;
 pub mod drain;
-pub mod http;
 pub mod maintenance;
 pub mod metrics;
 pub mod pause;

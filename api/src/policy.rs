@@ -164,10 +164,16 @@ pub struct PrometheusBlocker {
     /// Base URL of the Prometheus HTTP API, e.g. `http://prometheus.monitoring:9090`.
     #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
     pub url: String,
-    /// Alerts whose name matches this regular expression block reboots (all alerts if unset).
+    /// Only alerts whose name matches this regular expression block reboots (all alerts if
+    /// unset). Unanchored: `^...$` matches whole names. kured's `--alert-filter-match-only`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     pub alert_filter: Option<String>,
+    /// Alerts whose name matches this regular expression never block (e.g. `^Watchdog$`).
+    /// kured's `--alert-filter-regexp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub ignore_alerts: Option<String>,
     /// Only alerts in state firing block (pending ones are ignored).
     #[serde(default = "default_true")]
     pub firing_only: bool,

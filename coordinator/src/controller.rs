@@ -5,7 +5,7 @@
 //! then the maintenances they admit, denials, endings and remediation.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -39,6 +39,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::{
     Error,
+    blockers::{self, Lookups},
     metrics::{Metrics, PolicyLabels, ReasonLabels},
     round::{self, Gone, Memory, Objects, Plan},
 };
@@ -128,6 +129,7 @@ impl Stores {
             policies: self.policies.state(),
             maintenances: self.maintenances.state(),
             reports: self.reports.state(),
+            blockers: BTreeMap::new(),
         }
     }
 }
@@ -305,6 +307,7 @@ pub struct Controller {
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
     own_writes: OwnWrites,
+    blockers: Lookups,
 }
 
 impl Controller {
@@ -317,7 +320,6 @@ impl Controller {
             },
         );
         Self {
-            client,
             identity,
             metrics,
             recorder,
@@ -327,6 +329,8 @@ impl Controller {
             denied_at: HashMap::new(),
             remediated_at: HashMap::new(),
             own_writes: OwnWrites::default(),
+            blockers: Lookups::new(client.clone()),
+            client,
         }
     }
 
@@ -371,6 +375,10 @@ impl Controller {
         let mut objects = stores.objects();
         self.fresh_policies.apply(&mut objects.policies);
         self.fresh_maintenances.apply(&mut objects.maintenances);
+        let lookups = blockers::wanted(&objects);
+        if !lookups.is_empty() {
+            objects.blockers = self.blockers.blocked(&lookups).await;
+        }
         let started = Instant::now();
         let plan = round::plan(&objects, &mut self.memory, Timestamp::now());
         self.metrics
@@ -852,5 +860,6 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         policies: list(client).await?,
         maintenances: list(client).await?,
         reports: list(client).await?,
+        blockers: BTreeMap::new(),
     })
 }

@@ -4,6 +4,7 @@
 //! cluster and writes the decisions ([`controller`]); the `status` report ([`status`]).
 
 pub mod admission;
+pub mod blockers;
 pub mod controller;
 pub mod election;
 pub mod health;

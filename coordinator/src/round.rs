@@ -39,6 +39,8 @@ pub struct Objects {
     pub policies: Vec<Arc<DisruptionPolicy>>,
     pub maintenances: Vec<Arc<NodeMaintenance>>,
     pub reports: Vec<Arc<NodeReport>>,
+    /// Why a disruption of a node is blocked now (see [`crate::blockers`]), by node.
+    pub blockers: BTreeMap<String, String>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -447,7 +449,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                     ready: is_ready(node),
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
                     unhealthy: unhealthy_nodes.contains(name) || !is_ready(node),
-                    blocker: None,
+                    blocker: objects.blockers.get(name).cloned(),
                 };
                 (name.clone(), state)
             })

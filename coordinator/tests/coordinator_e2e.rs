@@ -1,7 +1,7 @@
 //! The coordinator against the real control plane with kwok nodes: admission under a budget
 //! with the history watched, two coordinators both acting as leader, leader failover, quorum,
 //! `maxUnhealthy`, the node startup timeout, slots freed on node deletion, pause with
-//! acknowledgement, and the `status` command.
+//! acknowledgement, reboot blockers (pods, Prometheus alerts), and the `status` command.
 //!
 //! A coordinator watches the whole cluster, so these tests run one at a time (they share one
 //! control plane with the rest of the run); each one's policy selects only its own nodes.
@@ -786,6 +786,117 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
         text.lines()
             .any(|l| l.starts_with(&sick) && l.contains("not Ready")),
         "{text}"
+    );
+    env.cleanup().await
+}
+
+fn alerts(list: &[(&str, &str)]) -> String {
+    let alerts: Vec<Value> = list
+        .iter()
+        .map(|(name, state)| json!({"labels": {"alertname": name, "severity": "warning"}, "state": state, "activeAt": "2026-11-21T10:00:00Z", "value": "1e+00"}))
+        .collect();
+    json!({"status": "success", "data": {"alerts": alerts}}).to_string()
+}
+
+/// Reboot blockers, against a stand-in for the Prometheus HTTP API (`GET /api/v1/alerts`,
+/// Prometheus itself does not run here): a firing alert blocks the policy's scope, an
+/// ignored or pending one does not, an unreachable Prometheus blocks; a pod matching a
+/// blocking selector holds its node back until it is gone.
+#[tokio::test]
+async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("blockers").await?;
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
+        .await?;
+    let prometheus = nodeward_e2e::http::Endpoint::start().await?;
+    prometheus.reply(
+        "/api/v1/alerts",
+        200,
+        &alerts(&[("KernelUpgradeInProgress", "firing"), ("Watchdog", "firing")]),
+    );
+    let policy = create_policy(
+        &env,
+        "blockers",
+        json!({"maxConcurrent": 2, "rebootBlockers": {
+            "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+            "prometheus": {"url": prometheus.url, "ignoreAlerts": "^Watchdog$"},
+        }}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    let message = wait_denied(&env, &first, "Blocked").await?;
+    assert!(
+        message.contains("firing alerts KernelUpgradeInProgress (rebootBlockers.prometheus of policy")
+            && message.contains(&policy)
+            && !message.contains("Watchdog"),
+        "{message}"
+    );
+    assert!(
+        prometheus
+            .received()
+            .iter()
+            .any(|r| r.method == "GET" && r.path == "/api/v1/alerts"),
+        "the coordinator asked Prometheus"
+    );
+
+    // A pod matching the selector on the second node: named, before any alert.
+    let labels = BTreeMap::from([("e2e-blocks-reboot".to_owned(), "true".to_owned())]);
+    env.replicaset(
+        "batch",
+        &env.node_name(1),
+        1,
+        &nodeward_e2e::PodOptions {
+            labels,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let pod = env.running_pods("batch", 1).await?.remove(0);
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let wanted = format!(
+        "pod {}/{} matches rebootBlockers.podSelectors[0] of policy {policy}",
+        env.namespace,
+        pod.name_any()
+    );
+    wait::until(&api, &second, "blocked by the pod", TIMEOUT, |m| {
+        m.and_then(admitted_condition)
+            .is_some_and(|(_, reason, message)| reason == "Blocked" && message.contains(&wanted))
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+
+    // Prometheus failing blocks too, and says so.
+    prometheus.reply("/api/v1/alerts", 503, "service unavailable");
+    wait::until(&api, &first, "blocked by the failed check", TIMEOUT, |m| {
+        m.and_then(admitted_condition).is_some_and(|(_, reason, message)| {
+            reason == "Blocked" && message.contains("cannot check rebootBlockers.prometheus") && message.contains("503")
+        })
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+
+    // Only ignored and pending alerts left: the first goes; the second waits for its pod.
+    prometheus.reply(
+        "/api/v1/alerts",
+        200,
+        &alerts(&[("Watchdog", "firing"), ("KernelUpgradeInProgress", "pending")]),
+    );
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    assert_eq!(phase(&api.get(&second).await?), MaintenancePhase::Pending);
+    Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(env.client.clone(), &env.namespace)
+        .delete("batch", &DeleteParams::foreground())
+        .await?;
+    wait_admitted(&env, &second, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    let events = env.events_about(&second, "").await?;
+    assert!(
+        events.iter().any(|e| e.reason.as_deref() == Some("Blocked")),
+        "an Event tells why: {events:?}"
     );
     env.cleanup().await
 }

@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod client;
+pub mod http;
 pub mod server;
 pub mod telemetry;
 pub mod watch;

@@ -16,7 +16,8 @@ pub struct NodeState {
     pub control_plane: bool,
     /// Unhealthy by the remediation rules (NotReady, conditions held too long, stale agent).
     pub unhealthy: bool,
-    /// Why a reboot of this node is blocked right now (a blocking pod, a firing alert).
+    /// Why a disruption of this node is blocked right now (a blocking pod, a firing alert);
+    /// does not hold back remediation.
     pub blocker: Option<String>,
 }
 
@@ -108,10 +109,11 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
             format!("policy {} has no maintenance window open now", p.name),
         );
     }
-    if let Some(blocker) = &node.blocker {
+    // Remediation is not held back: a failing node's own alerts must not stop its repair.
+    if let Some(blocker) = node.blocker.as_ref().filter(|_| !pending.remediation) {
         return deny(
             denial::BLOCKED,
-            format!("reboot of {} is blocked: {blocker}", pending.node),
+            format!("disruption of {} is blocked: {blocker}", pending.node),
         );
     }
     if node.control_plane {
@@ -395,5 +397,14 @@ mod tests {
         assert_eq!(reason(&decide(&c, &pending("ghost"))), "Blocked");
         c.disrupted.insert("w1".into());
         assert_eq!(reason(&decide(&c, &pending("w1"))), "Blocked");
+        let repair = Pending {
+            remediation: true,
+            ..pending("w0")
+        };
+        assert_eq!(
+            reason(&decide(&c, &repair)),
+            "Admit",
+            "blockers do not hold back remediation"
+        );
     }
 }

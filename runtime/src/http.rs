@@ -1,13 +1,21 @@
-//! A small plain-HTTP client for the node-local endpoints the detectors talk to (the kubelet's
-//! healthz, the instance metadata service). Callers bound each request with a timeout.
+//! A small HTTP(S) client for the endpoints beside the API server: the kubelet's healthz and
+//! the instance metadata service (agent), notification webhooks (agent), the Prometheus API
+//! (coordinator). HTTPS verifies against the system's trust store. Callers bound each request
+//! with a timeout.
+
+use std::sync::OnceLock;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Method, Request, StatusCode};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::{
+    client::legacy::{Client, connect::HttpConnector},
+    rt::TokioExecutor,
+};
 
 /// Replies larger than this are refused rather than read into memory.
-const MAX_BODY: usize = 64 * 1024;
+const MAX_BODY: usize = 4 * 1024 * 1024;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,18 +52,32 @@ pub async fn request(
     url: &str,
     headers: &[(&str, &str)],
 ) -> Result<Reply, HttpError> {
+    send(method, url, headers, Bytes::new()).await
+}
+
+/// Sends one request with `body` and reads the whole reply.
+pub async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Reply, HttpError> {
     let mut builder = Request::builder().method(method.clone()).uri(url);
     for (name, value) in headers {
         builder = builder.header(*name, *value);
     }
     let request = builder
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .map_err(|source| HttpError::Url {
             url: url.to_owned(),
             source,
         })?;
-    let client = Client::builder(TokioExecutor::new()).build_http();
-    let response = client
+    let response = client()
+        .map_err(|message| HttpError::Transport {
+            method: method.clone(),
+            url: url.to_owned(),
+            message,
+        })?
         .request(request)
         .await
         .map_err(|e| HttpError::Transport {
@@ -74,6 +96,25 @@ pub async fn request(
         })?
         .to_bytes();
     Ok(Reply { status, body })
+}
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// One client for the process: the trust store is read once, connections are pooled.
+fn client() -> Result<&'static HttpsClient, String> {
+    static CLIENT: OnceLock<Result<HttpsClient, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let connector = HttpsConnectorBuilder::new()
+                .with_native_roots()
+                .map_err(|e| format!("reading the system's trusted certificates: {e}"))?
+                .https_or_http()
+                .enable_http1()
+                .build();
+            Ok(Client::builder(TokioExecutor::new()).build(connector))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// An error with its causes, e.g. "client error (Connect): tcp connect error: Connection refused".

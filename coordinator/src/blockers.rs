@@ -1,0 +1,419 @@
+//! Reboot blockers (admission rule 5): pods on the node that match a policy's
+//! `rebootBlockers.podSelectors`, and Prometheus alerts that match its
+//! `rebootBlockers.prometheus` filter. They are looked up right before a round decides, and
+//! only for the nodes of pending maintenances, so an idle cluster costs nothing.
+//!
+//! Remediation maintenances are not held back: a failing node that fires alerts must not
+//! block its own repair (`maxUnhealthy` guards remediation). A lookup that fails blocks: a
+//! disruption is never admitted on a check that could not be made.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
+use nodeward_api::{
+    MaintenancePhase, MaintenanceReason,
+    policy::{PrometheusBlocker, RebootBlockers},
+};
+use serde::Deserialize;
+
+use crate::round::{Objects, phase};
+
+/// How long one Prometheus reply is reused: every pending node of every round asks the same.
+const PROMETHEUS_TTL: Duration = Duration::from_secs(10);
+/// How long a pod lookup of one node is reused (rounds can follow each other closely).
+const PODS_TTL: Duration = Duration::from_secs(2);
+/// The longest one lookup may take before it counts as failed (and so as blocking).
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The blockers of one policy that apply to one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lookup {
+    pub node: String,
+    pub policy: String,
+    pub blockers: RebootBlockers,
+}
+
+/// What to look up this round: for every node with a pending (not Remediation) maintenance,
+/// the blockers of every policy that selects it.
+pub fn wanted(objects: &Objects) -> Vec<Lookup> {
+    let mut lookups = Vec::new();
+    for m in &objects.maintenances {
+        if phase(m) != MaintenancePhase::Pending
+            || m.metadata.deletion_timestamp.is_some()
+            || m.spec.reason == MaintenanceReason::Remediation
+        {
+            continue;
+        }
+        let Some(node) = objects
+            .nodes
+            .iter()
+            .find(|n| n.name_any() == m.spec.node_name)
+        else {
+            continue;
+        };
+        for policy in &objects.policies {
+            let Some(blockers) = &policy.spec.reboot_blockers else {
+                continue;
+            };
+            // An invalid selector blocks the whole scope elsewhere (the policy is invalid).
+            let selects = policy.spec.node_selector.as_ref().is_none_or(|s| {
+                nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)
+            });
+            let lookup = Lookup {
+                node: m.spec.node_name.clone(),
+                policy: policy.name_any(),
+                blockers: blockers.clone(),
+            };
+            if selects && !lookups.contains(&lookup) {
+                lookups.push(lookup);
+            }
+        }
+    }
+    lookups
+}
+
+/// One alert of Prometheus' `GET /api/v1/alerts`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct Alert {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `firing` or `pending`.
+    #[serde(default)]
+    pub state: String,
+}
+
+#[derive(Deserialize)]
+struct AlertsReply {
+    status: String,
+    #[serde(default)]
+    data: Option<AlertsData>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct AlertsData {
+    #[serde(default)]
+    alerts: Vec<Alert>,
+}
+
+/// Parses a `/api/v1/alerts` reply; the error says what was wrong with it.
+pub fn parse_alerts(body: &[u8]) -> Result<Vec<Alert>, String> {
+    let reply: AlertsReply = serde_json::from_slice(body)
+        .map_err(|e| format!("the reply is not a Prometheus alerts response: {e}"))?;
+    if reply.status != "success" {
+        return Err(format!(
+            "Prometheus answered status {:?}: {}",
+            reply.status,
+            reply.error.unwrap_or_default()
+        ));
+    }
+    let data = reply
+        .data
+        .ok_or("the reply has status success but no data")?;
+    Ok(data.alerts)
+}
+
+/// Which alerts block: names matching `only` (all when none) and not matching `ignore`, in
+/// state firing unless `firing_only` is off.
+#[derive(Clone, Debug, Default)]
+pub struct AlertFilter {
+    pub only: Option<regex::Regex>,
+    pub ignore: Option<regex::Regex>,
+    pub firing_only: bool,
+}
+
+impl AlertFilter {
+    /// Compiles a policy's filters; the error names the field. Like kured's, the expressions
+    /// are unanchored (`^...$` matches whole names).
+    pub fn new(blocker: &PrometheusBlocker) -> Result<Self, String> {
+        let compile = |field: &str, pattern: &Option<String>| {
+            pattern
+                .as_deref()
+                .map(|p| {
+                    regex::Regex::new(p).map_err(|e| {
+                        format!("rebootBlockers.prometheus.{field} {p:?} is not a valid regular expression ({e}); fix the policy")
+                    })
+                })
+                .transpose()
+        };
+        Ok(Self {
+            only: compile("alertFilter", &blocker.alert_filter)?,
+            ignore: compile("ignoreAlerts", &blocker.ignore_alerts)?,
+            firing_only: blocker.firing_only,
+        })
+    }
+
+    /// The names of the blocking alerts, sorted, without repeats.
+    pub fn blocking(&self, alerts: &[Alert]) -> Vec<String> {
+        let mut names: Vec<String> = alerts
+            .iter()
+            .filter(|a| !self.firing_only || a.state == "firing")
+            .filter_map(|a| a.labels.get("alertname"))
+            .filter(|name| self.only.as_ref().is_none_or(|f| f.is_match(name)))
+            .filter(|name| self.ignore.as_ref().is_none_or(|f| !f.is_match(name)))
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+}
+
+/// Looks blockers up, with short-lived caches.
+pub struct Lookups {
+    client: Client,
+    prometheus: HashMap<String, (Instant, Result<Vec<Alert>, String>)>,
+    pods: HashMap<(String, String), (Instant, Result<Option<String>, String>)>,
+}
+
+impl Lookups {
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            prometheus: HashMap::new(),
+            pods: HashMap::new(),
+        }
+    }
+
+    /// Why each node is blocked now (nodes that are not blocked are absent).
+    pub async fn blocked(&mut self, lookups: &[Lookup]) -> BTreeMap<String, String> {
+        let now = Instant::now();
+        self.prometheus
+            .retain(|_, (at, _)| now.duration_since(*at) < PROMETHEUS_TTL);
+        self.pods
+            .retain(|_, (at, _)| now.duration_since(*at) < PODS_TTL);
+        let mut blocked = BTreeMap::new();
+        for lookup in lookups {
+            if blocked.contains_key(&lookup.node) {
+                continue;
+            }
+            if let Some(why) = self.why_blocked(lookup).await {
+                blocked.insert(lookup.node.clone(), why);
+            }
+        }
+        blocked
+    }
+
+    async fn why_blocked(&mut self, lookup: &Lookup) -> Option<String> {
+        for (index, selector) in lookup.blockers.pod_selectors.iter().enumerate() {
+            let field = format!("rebootBlockers.podSelectors[{index}] of policy {}", lookup.policy);
+            let key = (lookup.node.clone(), field.clone());
+            let found = match self.pods.get(&key) {
+                Some((_, found)) => found.clone(),
+                None => {
+                    let found = self.blocking_pod(&lookup.node, selector).await;
+                    self.pods.insert(key, (Instant::now(), found.clone()));
+                    found
+                }
+            };
+            match found {
+                Ok(Some(pod)) => return Some(format!("pod {pod} matches {field}")),
+                Ok(None) => {}
+                Err(e) => return Some(format!("cannot check {field}: {e}")),
+            }
+        }
+        let prometheus = lookup.blockers.prometheus.as_ref()?;
+        let field = format!("rebootBlockers.prometheus of policy {}", lookup.policy);
+        let filter = match AlertFilter::new(prometheus) {
+            Err(e) => return Some(format!("policy {}: {e}", lookup.policy)),
+            Ok(f) => f,
+        };
+        let alerts = match self.prometheus.get(&prometheus.url) {
+            Some((_, alerts)) => alerts.clone(),
+            None => {
+                let alerts = fetch_alerts(&prometheus.url).await;
+                self.prometheus
+                    .insert(prometheus.url.clone(), (Instant::now(), alerts.clone()));
+                alerts
+            }
+        };
+        match alerts {
+            Err(e) => Some(format!("cannot check {field}: {e}")),
+            Ok(alerts) => {
+                let names = filter.blocking(&alerts);
+                (!names.is_empty()).then(|| {
+                    let state = if prometheus.firing_only {
+                        "firing"
+                    } else {
+                        "active"
+                    };
+                    format!("{state} alerts {} ({field})", names.join(", "))
+                })
+            }
+        }
+    }
+
+    /// The first running pod on `node` that matches `selector`, as namespace/name.
+    async fn blocking_pod(
+        &self,
+        node: &str,
+        selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Option<String>, String> {
+        let selector = Selector::try_from(selector.clone()).map_err(|e| e.to_string())?;
+        let params = ListParams::default()
+            .fields(&format!(
+                "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
+            ))
+            .labels_from(&selector)
+            .limit(1);
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        match tokio::time::timeout(LOOKUP_TIMEOUT, pods.list_metadata(&params)).await {
+            Err(_) => Err(format!("listing pods timed out after {LOOKUP_TIMEOUT:?}")),
+            Ok(Err(e)) => Err(format!("listing pods: {e}")),
+            Ok(Ok(list)) => Ok(list.items.first().map(|p| {
+                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+            })),
+        }
+    }
+}
+
+async fn fetch_alerts(base: &str) -> Result<Vec<Alert>, String> {
+    let url = format!("{}/api/v1/alerts", base.trim_end_matches('/'));
+    let request = nodeward_runtime::http::request(
+        hyper::Method::GET,
+        &url,
+        &[("accept", "application/json")],
+    );
+    let reply = match tokio::time::timeout(LOOKUP_TIMEOUT, request).await {
+        Err(_) => return Err(format!("GET {url} timed out after {LOOKUP_TIMEOUT:?}")),
+        Ok(Err(e)) => return Err(e.to_string()),
+        Ok(Ok(reply)) => reply,
+    };
+    if !reply.status.is_success() {
+        return Err(format!(
+            "GET {url} answered {}: {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])
+        ));
+    }
+    parse_alerts(&reply.body).map_err(|e| format!("GET {url}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::ObjectMeta;
+    use nodeward_api::{DisruptionPolicy, NodeMaintenance};
+    use serde_json::json;
+
+    use super::*;
+
+    const REPLY: &str = r#"{"status":"success","data":{"alerts":[
+        {"labels":{"alertname":"KubeNodeNotReady","severity":"warning"},"state":"firing","activeAt":"2026-11-21T10:00:00Z","value":"1e+00"},
+        {"labels":{"alertname":"KubeNodeNotReady","instance":"b"},"state":"firing"},
+        {"labels":{"alertname":"Watchdog"},"state":"firing"},
+        {"labels":{"alertname":"DiskFilling"},"state":"pending"}
+    ]}}"#;
+
+    #[test]
+    fn alerts_are_filtered_by_name_and_state() {
+        let alerts = parse_alerts(REPLY.as_bytes()).expect("valid reply");
+        assert_eq!(alerts.len(), 4);
+        let filter = |only: Option<&str>, ignore: Option<&str>, firing_only| {
+            AlertFilter::new(&PrometheusBlocker {
+                url: "http://prometheus:9090".into(),
+                alert_filter: only.map(String::from),
+                ignore_alerts: ignore.map(String::from),
+                firing_only,
+            })
+            .expect("valid filters")
+        };
+        assert_eq!(
+            filter(None, None, true).blocking(&alerts),
+            ["KubeNodeNotReady", "Watchdog"]
+        );
+        assert_eq!(
+            filter(Some("^(Kube|Disk)"), None, true).blocking(&alerts),
+            ["KubeNodeNotReady"]
+        );
+        assert_eq!(
+            filter(Some("^(Kube|Disk)"), None, false).blocking(&alerts),
+            ["DiskFilling", "KubeNodeNotReady"]
+        );
+        // kured's --alert-filter-regexp: everything but the ignored names.
+        assert_eq!(
+            filter(None, Some("^Watchdog$"), true).blocking(&alerts),
+            ["KubeNodeNotReady"]
+        );
+        assert!(filter(Some("^Node$"), None, true).blocking(&alerts).is_empty());
+    }
+
+    #[test]
+    fn bad_replies_and_filters_say_what_is_wrong() {
+        let error = parse_alerts(br#"{"status":"error","errorType":"bad_data","error":"boom"}"#)
+            .expect_err("an error reply");
+        assert!(error.contains("\"error\": boom"), "{error}");
+        let error = parse_alerts(b"<html>").expect_err("not JSON");
+        assert!(error.contains("not a Prometheus alerts response"), "{error}");
+        let error = AlertFilter::new(&PrometheusBlocker {
+            url: "http://prometheus:9090".into(),
+            alert_filter: None,
+            ignore_alerts: Some("Kube(".into()),
+            firing_only: true,
+        })
+        .expect_err("invalid");
+        assert!(error.contains("ignoreAlerts \"Kube(\""), "{error}");
+        assert!(error.contains("fix the policy"), "{error}");
+    }
+
+    fn node(name: &str, pool: &str) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some([("pool".to_owned(), pool.to_owned())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn maintenance(name: &str, node: &str, reason: &str, phase: &str) -> Arc<NodeMaintenance> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": name},
+                "spec": {"nodeName": node, "reason": reason, "action": "Reboot"},
+                "status": {"phase": phase},
+            }))
+            .expect("valid maintenance"),
+        )
+    }
+
+    #[test]
+    fn only_pending_non_remediation_maintenances_are_looked_up_under_their_policies() {
+        let policy = |name: &str, pool: &str, blockers: bool| -> Arc<DisruptionPolicy> {
+            let mut spec = json!({"nodeSelector": {"matchLabels": {"pool": pool}}});
+            if blockers {
+                spec["rebootBlockers"] = json!({"podSelectors": [{"matchLabels": {"app": "db"}}]});
+            }
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                    "metadata": {"name": name}, "spec": spec,
+                }))
+                .expect("valid policy"),
+            )
+        };
+        let objects = Objects {
+            nodes: vec![node("a1", "a"), node("a2", "a"), node("b1", "b")],
+            policies: vec![policy("pa", "a", true), policy("pb", "b", true), policy("all-a", "a", false)],
+            maintenances: vec![
+                maintenance("m1", "a1", "Reboot", "Pending"),
+                maintenance("m2", "a2", "Remediation", "Pending"),
+                maintenance("m3", "b1", "Reboot", "Admitted"),
+                maintenance("m4", "ghost", "Reboot", "Pending"),
+            ],
+            ..Objects::default()
+        };
+        let lookups = wanted(&objects);
+        assert_eq!(lookups.len(), 1, "{lookups:?}");
+        assert_eq!((lookups[0].node.as_str(), lookups[0].policy.as_str()), ("a1", "pa"));
+    }
+}
