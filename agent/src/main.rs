@@ -59,6 +59,14 @@ enum Command {
         /// say (a policy's autoReboot turns it on for the nodes it selects).
         #[arg(long, env = "NODEWARD_AUTO_REBOOT")]
         auto_reboot: bool,
+        /// The kernel's boot id (a new one means the node rebooted); the DaemonSet mounts the
+        /// host's file.
+        #[arg(
+            long,
+            env = "NODEWARD_BOOT_ID_FILE",
+            default_value = "/proc/sys/kernel/random/boot_id"
+        )]
+        boot_id_file: PathBuf,
     },
 }
 
@@ -174,15 +182,24 @@ fn main() -> ExitCode {
             log_format,
             listen,
             auto_reboot,
+            boot_id_file,
             ..
         } => {
             telemetry::init_logging(*log_format);
+            let boot_id = match std::fs::read_to_string(boot_id_file) {
+                Ok(id) => Some(id.trim().to_owned()),
+                Err(e) => {
+                    tracing::warn!(file = %boot_id_file.display(), error = %e, "cannot read the boot id; reboots are not recognised (set --boot-id-file)");
+                    None
+                }
+            };
             match runtime.block_on(run(
                 config,
                 node_name.clone(),
                 kubeconfig.clone(),
                 *listen,
                 *auto_reboot,
+                boot_id,
             )) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -200,6 +217,7 @@ async fn run(
     kubeconfig: Option<PathBuf>,
     listen: SocketAddr,
     auto_reboot_flag: bool,
+    boot_id: Option<String>,
 ) -> Result<(), Error> {
     let mode = if kubeconfig.is_some() {
         AgentMode::Host
@@ -208,9 +226,6 @@ async fn run(
     };
     let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
     let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), user_agent).await?;
-    let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_owned());
     let identity = Identity {
         node_name: node_name.clone(),
         mode,

@@ -22,22 +22,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// Coordinators watch the whole cluster: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The coordinator binary, built next to this test by `cargo test --workspace`.
-fn coordinator_binary() -> anyhow::Result<std::path::PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .context("the test binary's directory")?;
-    let path = dir.join("nodeward-coordinator");
-    anyhow::ensure!(
-        path.exists(),
-        "{} is missing: build it with `cargo test --workspace --no-run` (./tests/run does)",
-        path.display()
-    );
-    Ok(path)
-}
-
 struct Cluster {
     _coordinator: Daemon,
     agent: Daemon,
@@ -46,7 +30,7 @@ struct Cluster {
 async fn start(env: &TestEnv, node: &str) -> anyhow::Result<Cluster> {
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let coordinator = Daemon::start(
-        coordinator_binary()?.to_str().context("path")?,
+        &nodeward_e2e::daemon::sibling_binary("nodeward-coordinator")?,
         &format!("{}-coordinator", env.id),
         &[
             "run".into(),

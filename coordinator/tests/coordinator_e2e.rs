@@ -8,17 +8,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 use nix::sys::signal::Signal;
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
@@ -152,56 +149,6 @@ async fn finish(env: &TestEnv, name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Watches this test's maintenances and policies from the start, recording the most
-/// maintenances ever admitted-and-unfinished at once, and the most slots any policy held.
-#[derive(Clone, Default)]
-struct History {
-    active: BTreeSet<String>,
-    max_active: usize,
-    admitted: BTreeMap<String, String>,
-    max_slots: usize,
-}
-
-fn watch_history(env: &TestEnv) -> Arc<Mutex<History>> {
-    let history = Arc::new(Mutex::new(History::default()));
-    let selector = format!("{TEST_LABEL}={}", env.id);
-    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let recorded = history.clone();
-    tokio::spawn(
-        watcher(maintenances, watcher::Config::default().labels(&selector)).for_each(
-            move |event| {
-                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event {
-                    let mut h = recorded.lock().expect("history");
-                    let p = phase(&m);
-                    if p.is_finished() {
-                        h.active.remove(&m.name_any());
-                    } else if p != MaintenancePhase::Pending {
-                        h.active.insert(m.name_any());
-                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
-                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
-                        }
-                    }
-                    h.max_active = h.max_active.max(h.active.len());
-                }
-                futures::future::ready(())
-            },
-        ),
-    );
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    let recorded = history.clone();
-    tokio::spawn(
-        watcher(policies, watcher::Config::default().labels(&selector)).for_each(move |event| {
-            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
-                let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
-                let mut h = recorded.lock().expect("history");
-                h.max_slots = h.max_slots.max(slots);
-            }
-            futures::future::ready(())
-        }),
-    );
-    history
-}
-
 /// Finishes every admitted maintenance after `hold`, as the agents would, until all of
 /// `names` are finished.
 async fn finish_admitted(
@@ -247,7 +194,7 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("admit-fifty").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 50]).await?;
-    let history = watch_history(&env);
+    let history = nodeward_e2e::history::watch(&env);
     let policy = create_policy(&env, "pool", json!({"maxConcurrent": 3})).await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
@@ -303,7 +250,7 @@ async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Res
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("two-leaders").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 20]).await?;
-    let history = watch_history(&env);
+    let history = nodeward_e2e::history::watch(&env);
     create_policy(&env, "pool", json!({"maxConcurrent": 2})).await?;
     let a = start(&env, "a", &["--leader-elect=false"])?;
     let b = start(&env, "b", &["--leader-elect=false"])?;
@@ -353,7 +300,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("failover").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 3]).await?;
-    let history = watch_history(&env);
+    let history = nodeward_e2e::history::watch(&env);
     create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
     let mut coordinators: BTreeMap<String, Daemon> = BTreeMap::new();
     for identity in ["a", "b"] {

@@ -52,6 +52,23 @@ pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
 }
 
 /// A running daemon, killed when dropped.
+/// A binary of another crate of the workspace, built next to the running test binary by
+/// `cargo test --workspace` (`CARGO_BIN_EXE_*` names only the test's own crate's binaries).
+pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or_else(|| anyhow::anyhow!("the test binary {} has no parent directory", exe.display()))?;
+    let path = dir.join(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it with `cargo test --workspace --no-run` (./tests/run does)",
+        path.display()
+    );
+    Ok(path.display().to_string())
+}
+
 pub struct Daemon {
     pub child: Child,
     pub listen: String,

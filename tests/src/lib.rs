@@ -4,6 +4,7 @@
 pub mod controlplane;
 pub mod daemon;
 pub mod env;
+pub mod history;
 pub mod http;
 pub mod logind;
 pub mod proxy;

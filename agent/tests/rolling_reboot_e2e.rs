@@ -1,0 +1,331 @@
+//! A coordinated rolling reboot end to end: six kwok nodes in two pools, each with its own
+//! agent process and its own real systemd-logind (private bus, private mount namespace), the
+//! real coordinator, and a policy with `maxConcurrent: 2`, `autoReboot` and a reboot blocker.
+//! Every node reports RebootRequired (sentinel file), asks for its Reboot maintenance, is
+//! admitted, drained, and reboots through logind's delay-inhibitor path. A node "reboots"
+//! when its systemd stand-in records `StartUnit("reboot.target")`: the harness then stops
+//! its agent, bus and logind, gives it a new boot id, clears the sentinel, and starts them
+//! again; the agent sees the new boot, waits for the health gate and completes.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, PostParams},
+};
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+use nodeward_e2e::{
+    NodeSpec, PodOptions, TestEnv, controlplane,
+    daemon::{Daemon, sibling_binary},
+    env::TEST_LABEL,
+    history,
+    logind::Logind,
+};
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
+const NODES: usize = 6;
+const MAX_CONCURRENT: usize = 2;
+/// The node whose blocking pod holds it back.
+const BLOCKED: usize = 5;
+const BLOCKER_LABEL: &str = "e2e-blocks-reboot";
+
+/// One simulated machine: its logind, its agent, its boot id.
+struct Machine {
+    name: String,
+    index: usize,
+    dir: PathBuf,
+    logind: Logind,
+    agent: Option<Daemon>,
+    boots: usize,
+    /// When the harness saw `StartUnit("reboot.target")`, per boot.
+    rebooted_at: Vec<Instant>,
+}
+
+impl Machine {
+    async fn start(env: &TestEnv, index: usize) -> anyhow::Result<Self> {
+        let name = env.node_name(index);
+        let dir = std::env::temp_dir().join(format!("nodeward-rolling-{}-{index}", env.id));
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("reboot-required"), "")?;
+        let config = format!(
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
+            dir.join("reboot-required").display()
+        );
+        std::fs::write(dir.join("agent.yaml"), config)?;
+        let logind = Logind::start(&format!("{}-{index}", env.id), 10).await?;
+        let mut machine = Self {
+            name,
+            index,
+            dir,
+            logind,
+            agent: None,
+            boots: 0,
+            rebooted_at: Vec::new(),
+        };
+        machine.boot()?;
+        Ok(machine)
+    }
+
+    /// Writes a new boot id and starts the agent.
+    fn boot(&mut self) -> anyhow::Result<()> {
+        self.boots += 1;
+        let boot_id = format!(
+            "{:04x}{:04x}-0000-4000-8000-{:012x}",
+            self.index,
+            self.boots,
+            std::process::id()
+        );
+        std::fs::write(self.dir.join("boot_id"), format!("{boot_id}\n"))?;
+        let args = vec![
+            "run".to_owned(),
+            "--node-name".into(),
+            self.name.clone(),
+            "--kubeconfig".into(),
+            controlplane::shared().kubeconfig.display().to_string(),
+            "--config".into(),
+            self.dir.join("agent.yaml").display().to_string(),
+            "--boot-id-file".into(),
+            self.dir.join("boot_id").display().to_string(),
+        ];
+        self.agent = Some(Daemon::start_with_env(
+            AGENT,
+            &format!("{}-boot{}", self.name, self.boots),
+            &args,
+            &[("DBUS_SYSTEM_BUS_ADDRESS", &self.logind.bus.address)],
+        )?);
+        Ok(())
+    }
+
+    fn reboot_requested(&self) -> bool {
+        self.logind
+            .started_units()
+            .iter()
+            .any(|(unit, _)| unit == "reboot.target")
+    }
+
+    /// Everything on the machine stops; it comes back with a new boot id and without the
+    /// reboot-required sentinel (it lived in /run).
+    async fn reboot(&mut self) -> anyhow::Result<()> {
+        self.rebooted_at.push(Instant::now());
+        self.agent = None;
+        self.logind
+            .systemd
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.logind.restart_bus().await?;
+        std::fs::remove_file(self.dir.join("reboot-required"))?;
+        self.boot()
+    }
+
+    fn output(&self) -> String {
+        self.agent.as_ref().map(Daemon::output).unwrap_or_default()
+    }
+}
+
+fn phase(m: &NodeMaintenance) -> MaintenancePhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
+    m.status.as_ref()?.conditions.iter().find_map(|c| {
+        (c.type_ == "Admitted" && c.status == "False").then(|| (c.reason.clone(), c.message.clone()))
+    })
+}
+
+#[tokio::test]
+async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()>
+{
+    let env = TestEnv::new("rolling").await?;
+    let specs: Vec<NodeSpec> = (0..NODES)
+        .map(|i| {
+            let pool = if i < NODES / 2 { "a" } else { "b" };
+            NodeSpec::worker(pool).label("pool", pool)
+        })
+        .collect();
+    env.create_nodes(&specs).await?;
+    for i in 0..NODES {
+        env.replicaset(&format!("app-{i}"), &env.node_name(i), 1, &PodOptions::default())
+            .await?;
+    }
+    env.replicaset(
+        "batch",
+        &env.node_name(BLOCKED),
+        1,
+        &PodOptions {
+            labels: BTreeMap::from([(BLOCKER_LABEL.to_owned(), "true".to_owned())]),
+            ..PodOptions::default()
+        },
+    )
+    .await?;
+    env.running_pods("batch", 1).await?;
+    let history = history::watch(&env);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": format!("{}-rolling", env.id), "labels": {TEST_LABEL: env.id}},
+        "spec": {
+            "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
+            "maxConcurrent": MAX_CONCURRENT,
+            "autoReboot": true,
+            "healthGate": {"for": "1s"},
+            "rebootBlockers": {"podSelectors": [{"matchLabels": {BLOCKER_LABEL: "true"}}]},
+        },
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let coordinator = Daemon::start(
+        &sibling_binary("nodeward-coordinator")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--lease-namespace".into(),
+            env.namespace.clone(),
+            "--resync".into(),
+            "1s".into(),
+            "--kubeconfig".into(),
+            controlplane::shared().kubeconfig.display().to_string(),
+        ],
+    )?;
+    let started = Instant::now();
+    let mut machines = Vec::new();
+    for i in 0..NODES {
+        machines.push(Machine::start(&env, i).await?);
+    }
+
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut unblocked = false;
+    let mut blocked_denial = None;
+    loop {
+        for machine in &mut machines {
+            if machine.reboot_requested() {
+                machine.reboot().await?;
+            }
+        }
+        let mine: Vec<NodeMaintenance> = maintenances
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| m.spec.node_name.starts_with(&format!("{}-", env.id)))
+            .collect();
+        let succeeded = |i: usize| {
+            mine.iter()
+                .any(|m| m.spec.node_name == env.node_name(i) && phase(m) == MaintenancePhase::Succeeded)
+        };
+        if !unblocked && (0..NODES).filter(|i| *i != BLOCKED).all(succeeded) {
+            // The others are done; the blocked node has not moved.
+            let held = mine
+                .iter()
+                .find(|m| m.spec.node_name == env.node_name(BLOCKED))
+                .context("the blocked node asked for its reboot")?;
+            assert_eq!(phase(held), MaintenancePhase::Pending, "held back by its pod");
+            blocked_denial = denial(held);
+            Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(
+                env.client.clone(),
+                &env.namespace,
+            )
+            .delete("batch", &DeleteParams::foreground())
+            .await?;
+            unblocked = true;
+        }
+        if (0..NODES).all(succeeded) {
+            break;
+        }
+        if Instant::now() > deadline {
+            let states: Vec<String> = mine
+                .iter()
+                .map(|m| format!("{} {:?} {:?}", m.name_any(), phase(m), m.status.as_ref().and_then(|s| s.message.clone())))
+                .collect();
+            let logs: Vec<String> = machines.iter().map(|m| format!("== {}\n{}", m.name, m.output())).collect();
+            anyhow::bail!(
+                "not every node rebooted within 300 s: {states:#?}\ncoordinator:\n{}\n{}",
+                coordinator.output(),
+                logs.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total = started.elapsed();
+
+    let (reason, message) = blocked_denial.context("the blocked node's maintenance was denied")?;
+    assert_eq!(reason, "Blocked");
+    assert!(
+        message.contains(&format!("matches rebootBlockers.podSelectors[0] of policy {}-rolling", env.id)),
+        "{message}"
+    );
+    let h = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert!(
+        h.max_active <= MAX_CONCURRENT && h.max_slots <= MAX_CONCURRENT,
+        "never more than {MAX_CONCURRENT} admitted: saw {} admitted, {} slots",
+        h.max_active,
+        h.max_slots
+    );
+    assert_eq!(h.max_active, MAX_CONCURRENT, "the budget was used");
+    for machine in &machines {
+        assert_eq!(machine.boots, 2, "{} rebooted exactly once", machine.name);
+        assert_eq!(machine.rebooted_at.len(), 1);
+        let node = env.nodes().get(&machine.name).await?;
+        let spec = node.spec.unwrap_or_default();
+        assert_ne!(spec.unschedulable, Some(true), "{} uncordoned", machine.name);
+        assert!(
+            spec.taints.unwrap_or_default().iter().all(|t| !t.key.starts_with("nodeward.io/")),
+            "{} untainted",
+            machine.name
+        );
+    }
+    // Every maintenance went through every phase, in order.
+    let blocked_node = env.node_name(BLOCKED);
+    let mut per_node = Vec::new();
+    let mut first_admitted: Option<Instant> = None;
+    let mut last_unblocked_done: Option<Instant> = None;
+    for (name, phases) in &h.phases {
+        use MaintenancePhase::*;
+        let mut seen: Vec<(Instant, MaintenancePhase)> = phases.iter().map(|(p, t)| (*t, *p)).collect();
+        seen.sort();
+        let order: Vec<MaintenancePhase> = seen.into_iter().map(|(_, p)| p).collect();
+        assert_eq!(
+            order,
+            [Pending, Admitted, Draining, Acting, Verifying, Succeeded],
+            "{name} went through every phase in order"
+        );
+        let (admitted, done) = (phases[&Admitted], phases[&Succeeded]);
+        per_node.push(done.duration_since(admitted));
+        first_admitted = Some(first_admitted.map_or(admitted, |f| f.min(admitted)));
+        if !name.starts_with(&blocked_node) {
+            last_unblocked_done = Some(last_unblocked_done.map_or(done, |l| l.max(done)));
+        }
+    }
+    assert_eq!(per_node.len(), NODES, "one maintenance per node: {:?}", h.phases.keys());
+    per_node.sort();
+    let median = per_node[NODES / 2];
+    // The five unblocked nodes roll in ceil(5/2) = 3 waves; the blocked one goes after.
+    let waves = u32::try_from((NODES - 1).div_ceil(MAX_CONCURRENT))?;
+    let rollout = last_unblocked_done
+        .zip(first_admitted)
+        .map(|(l, f)| l.duration_since(f))
+        .context("timings")?;
+    let ideal = median * waves;
+    println!(
+        "rolling reboot, {NODES} nodes at maxConcurrent {MAX_CONCURRENT}: per node (Admitted to Succeeded) median {:.1} s (range {:.1}-{:.1} s); the {} unblocked nodes from first admission to last Succeeded {:.1} s against the ideal {waves} waves x median = {:.1} s (ratio {:.2}); all six including the blocked one {:.1} s",
+        median.as_secs_f64(),
+        per_node[0].as_secs_f64(),
+        per_node[NODES - 1].as_secs_f64(),
+        NODES - 1,
+        rollout.as_secs_f64(),
+        ideal.as_secs_f64(),
+        rollout.as_secs_f64() / ideal.as_secs_f64(),
+        total.as_secs_f64(),
+    );
+    drop(machines);
+    drop(coordinator);
+    env.cleanup().await
+}

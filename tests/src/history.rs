@@ -1,0 +1,82 @@
+//! What a test saw happen to its maintenances and policies, from a watch started before
+//! anything was created: the most maintenances ever admitted-and-unfinished at once and the
+//! most slots a policy ever held (the budget assertions), who admitted each, and when each
+//! reached each phase.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Instant,
+};
+
+use futures::StreamExt;
+use kube::{Api, ResourceExt, runtime::watcher};
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+
+use crate::{TestEnv, env::TEST_LABEL};
+
+#[derive(Clone, Debug, Default)]
+pub struct History {
+    /// Maintenances admitted and not finished, now.
+    pub active: BTreeSet<String>,
+    pub max_active: usize,
+    /// The leader identity that admitted each maintenance.
+    pub admitted: BTreeMap<String, String>,
+    pub max_slots: usize,
+    /// When the watch first saw each maintenance in each phase.
+    pub phases: BTreeMap<String, BTreeMap<MaintenancePhase, Instant>>,
+}
+
+fn phase(m: &NodeMaintenance) -> MaintenancePhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+/// Starts watching the maintenances of this test's nodes (whoever created them) and the
+/// policies labelled with this test's id.
+pub fn watch(env: &TestEnv) -> Arc<Mutex<History>> {
+    let history = Arc::new(Mutex::new(History::default()));
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    let prefix = format!("{}-", env.id);
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let recorded = history.clone();
+    tokio::spawn(
+        watcher(maintenances, watcher::Config::default()).for_each(
+            move |event| {
+                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                    && m.spec.node_name.starts_with(&prefix)
+                {
+                    let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                    let p = phase(&m);
+                    h.phases
+                        .entry(m.name_any())
+                        .or_default()
+                        .entry(p)
+                        .or_insert_with(Instant::now);
+                    if p.is_finished() {
+                        h.active.remove(&m.name_any());
+                    } else if p != MaintenancePhase::Pending {
+                        h.active.insert(m.name_any());
+                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
+                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
+                        }
+                    }
+                    h.max_active = h.max_active.max(h.active.len());
+                }
+                futures::future::ready(())
+            },
+        ),
+    );
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let recorded = history.clone();
+    tokio::spawn(
+        watcher(policies, watcher::Config::default().labels(&selector)).for_each(move |event| {
+            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
+                let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
+                let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                h.max_slots = h.max_slots.max(slots);
+            }
+            futures::future::ready(())
+        }),
+    );
+    history
+}
