@@ -23,6 +23,41 @@ pub struct Config {
     pub detectors: Detectors,
     pub reporting: ReportingConfig,
     pub shutdown_guard: ShutdownGuardConfig,
+    pub notifications: NotificationsConfig,
+}
+
+/// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
+/// notification never holds a maintenance up).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct NotificationsConfig {
+    /// Where to POST; none sent when empty.
+    pub url: String,
+    /// Extra request headers, e.g. `Authorization` (keep the file private then).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The events sent; all when empty.
+    pub events: Vec<crate::notify::NoticeKind>,
+    /// The body's `text` per event, with placeholders `{node}`, `{maintenance}`, `{reason}`,
+    /// `{action}`, `{message}`, `{correlation}`.
+    pub templates: std::collections::BTreeMap<crate::notify::NoticeKind, String>,
+    /// Tries per notification, the first included.
+    pub attempts: u32,
+    /// Longest one try may take.
+    #[serde(deserialize_with = "duration")]
+    pub timeout: Duration,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            headers: std::collections::BTreeMap::new(),
+            events: Vec::new(),
+            templates: std::collections::BTreeMap::new(),
+            attempts: 5,
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// The systemd-logind shutdown guard.
@@ -583,6 +618,30 @@ impl Config {
                 ));
             }
         }
+        let n = &self.notifications;
+        if !n.url.is_empty() && !n.url.starts_with("http://") && !n.url.starts_with("https://") {
+            return Err(format!(
+                "notifications.url: {:?} is not an http:// or https:// URL",
+                n.url
+            ));
+        }
+        if n.attempts == 0 {
+            return Err("notifications.attempts: must be at least 1, e.g. 5".to_owned());
+        }
+        if n.timeout.is_zero() {
+            return Err("notifications.timeout: must be more than 0s, e.g. 10s".to_owned());
+        }
+        for (kind, template) in &n.templates {
+            crate::notify::check_template(template)
+                .map_err(|e| format!("notifications.templates.{kind:?}: {e}"))?;
+        }
+        for name in n.headers.keys() {
+            if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!(
+                    "notifications.headers: {name:?} is not a valid HTTP header name"
+                ));
+            }
+        }
         if d.reboot_required
             .sentinel_command
             .first()
@@ -683,6 +742,7 @@ pub struct Overrides {
     pub shutdown_guard: Option<bool>,
     pub shutdown_budget: Option<String>,
     pub logind_drop_in_dir: Option<PathBuf>,
+    pub notify_url: Option<String>,
 }
 
 impl Config {
@@ -729,6 +789,9 @@ impl Config {
         if let Some(dir) = &o.logind_drop_in_dir {
             self.shutdown_guard.write_drop_in = true;
             self.shutdown_guard.drop_in_dir = dir.clone();
+        }
+        if let Some(url) = &o.notify_url {
+            self.notifications.url = url.clone();
         }
         self.validate()?;
         Ok(self)

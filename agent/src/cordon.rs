@@ -18,9 +18,19 @@ pub struct Applied {
 /// The change to a Node, as a pure function: cordon unless already cordoned (recording `by`),
 /// add the `taint` (NoSchedule) unless present.
 pub fn cordon_and_taint(node: &mut Node, taint: &str, by: &str) -> Applied {
+    // Our own cordon from an earlier try (a restart between cordoning and recording it, or a
+    // step repeated on a stale view) is still ours to undo.
+    let already_ours = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDONED_BY_ANNOTATION))
+        .is_some_and(|recorded| recorded == by);
     let spec = node.spec.get_or_insert_with(Default::default);
     let mut applied = Applied::default();
-    if spec.unschedulable != Some(true) {
+    if spec.unschedulable == Some(true) && already_ours {
+        applied.cordoned = true;
+    } else if spec.unschedulable != Some(true) {
         spec.unschedulable = Some(true);
         node.metadata
             .annotations
@@ -161,6 +171,10 @@ mod tests {
                 tainted: true
             }
         );
+        // Applied again (a repeated step): still ours.
+        let mut again = node.clone();
+        assert!(cordon_and_taint(&mut again, "t", "shutdown").cordoned);
+        assert!(!cordon_and_taint(&mut again, "t", "maintenance/x").cordoned);
         let mut taken_over = node.clone();
         assert!(revert(&mut node, "t", &applied));
         assert_eq!(node.spec.as_ref().and_then(|s| s.unschedulable), None);

@@ -10,6 +10,7 @@ pub mod detect;
 pub mod drain;
 pub mod maintenance;
 pub mod metrics;
+pub mod notify;
 pub mod pause;
 pub mod peers;
 pub mod report;

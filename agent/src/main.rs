@@ -112,6 +112,10 @@ struct Settings {
     /// (shutdownGuard.writeDropIn and dropInDir).
     #[arg(long, env = "NODEWARD_LOGIND_DROP_IN_DIR")]
     logind_drop_in_dir: Option<PathBuf>,
+    /// POST a JSON notification here on drain start, reboot and completion
+    /// (notifications.url).
+    #[arg(long, env = "NODEWARD_NOTIFY_URL")]
+    notify_url: Option<String>,
 }
 
 impl Settings {
@@ -134,6 +138,7 @@ impl Settings {
             shutdown_guard: self.shutdown_guard,
             shutdown_budget: self.shutdown_budget.clone(),
             logind_drop_in_dir: self.logind_drop_in_dir.clone(),
+            notify_url: self.notify_url.clone(),
         };
         config.with_overrides(&overrides)
     }
@@ -322,6 +327,10 @@ async fn run(
         };
         tasks.spawn(shutdown.run());
     }
+    let (notifier, delivery) = nodeward_agent::notify::Notifier::new(&config.notifications);
+    if let Some(delivery) = delivery {
+        tasks.spawn(delivery);
+    }
     tasks.spawn(
         nodeward_agent::maintenance::executor::Executor {
             client: client.clone(),
@@ -330,6 +339,8 @@ async fn run(
             own_pod: std::env::var("POD_NAMESPACE")
                 .ok()
                 .zip(std::env::var("POD_NAME").ok()),
+            notifier,
+            written: Default::default(),
         }
         .run(),
     );

@@ -27,7 +27,9 @@ struct Cluster {
     agent: Daemon,
 }
 
-async fn start(env: &TestEnv, node: &str) -> anyhow::Result<Cluster> {
+/// The coordinator and one agent for `node`; `extra_config` is appended to the agent's
+/// configuration file.
+async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<Cluster> {
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let coordinator = Daemon::start(
         &nodeward_e2e::daemon::sibling_binary("nodeward-coordinator")?,
@@ -47,7 +49,9 @@ async fn start(env: &TestEnv, node: &str) -> anyhow::Result<Cluster> {
     let config = dir.join("agent.yaml");
     std::fs::write(
         &config,
-        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  peers: {enabled: false}\n  kernelLog: {enabled: false}\n  kubelet: {enabled: false}\nshutdownGuard: {enabled: false}\n",
+        format!(
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\nshutdownGuard: {{enabled: false}}\n{extra_config}"
+        ),
     )?;
     let agent = Daemon::start(
         AGENT,
@@ -121,7 +125,18 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
         .await?;
     let pods = env.running_pods("app", 2).await?;
     let policy = policy(&env).await?;
-    let cluster = start(&env, &node).await?;
+    // The notification receiver fails at first: the maintenance goes on regardless.
+    let receiver = nodeward_e2e::http::Endpoint::start().await?;
+    receiver.reply("/hook", 503, "unavailable");
+    let cluster = start(
+        &env,
+        &node,
+        &format!(
+            "notifications:\n  url: {}/hook\n  templates: {{DrainStarted: \"draining {{node}} ({{maintenance}})\"}}\n",
+            receiver.url
+        ),
+    )
+    .await?;
 
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -176,6 +191,25 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
                 .contains(&m.uid().unwrap_or_default())
         });
     assert!(correlated, "Events carry the correlation id");
+    let notices = |event: &str| {
+        receiver
+            .received()
+            .into_iter()
+            .filter(|r| r.body.contains(&format!("\"event\":\"{event}\"")))
+            .collect::<Vec<_>>()
+    };
+    wait::eventually("DrainStarted tried again", TIMEOUT, || async {
+        Ok((notices("DrainStarted").len() >= 2).then_some(()))
+    })
+    .await?;
+    let first: serde_json::Value = serde_json::from_str(&notices("DrainStarted")[0].body)?;
+    assert_eq!(first["text"], format!("draining {node} ({name})"));
+    assert_eq!(first["correlation"], m.uid().unwrap_or_default());
+    assert_eq!(
+        notices("DrainStarted")[0].content_type.as_deref(),
+        Some("application/json")
+    );
+    receiver.reply("/hook", 200, "ok");
 
     // Deleting it restores the node and frees the slot.
     maintenances.delete(&name, &DeleteParams::default()).await?;
@@ -185,6 +219,11 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     .await
     .with_context(|| cluster.agent.output())?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+    wait::eventually("the Restored notification", TIMEOUT, || async {
+        Ok((!notices("Restored").is_empty()).then_some(()))
+    })
+    .await
+    .with_context(|| cluster.agent.output())?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
         p.and_then(|p| p.status.as_ref())
@@ -209,7 +248,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
         )
         .await?;
     policy(&env).await?;
-    let cluster = start(&env, &node).await?;
+    let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(&maintenances, &name, "Acting", TIMEOUT, |m| {
@@ -241,7 +280,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     env.guarded_pod("guarded", &node).await?;
     policy(&env).await?;
-    let cluster = start(&env, &node).await?;
+    let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(

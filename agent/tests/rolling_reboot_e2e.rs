@@ -48,13 +48,13 @@ struct Machine {
 }
 
 impl Machine {
-    async fn start(env: &TestEnv, index: usize) -> anyhow::Result<Self> {
+    async fn start(env: &TestEnv, index: usize, hook: &str) -> anyhow::Result<Self> {
         let name = env.node_name(index);
         let dir = std::env::temp_dir().join(format!("nodeward-rolling-{}-{index}", env.id));
         std::fs::create_dir_all(&dir)?;
         std::fs::write(dir.join("reboot-required"), "")?;
         let config = format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\nnotifications: {{url: {hook}}}\n",
             dir.join("reboot-required").display()
         );
         std::fs::write(dir.join("agent.yaml"), config)?;
@@ -136,13 +136,54 @@ fn phase(m: &NodeMaintenance) -> MaintenancePhase {
 
 fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
     m.status.as_ref()?.conditions.iter().find_map(|c| {
-        (c.type_ == "Admitted" && c.status == "False").then(|| (c.reason.clone(), c.message.clone()))
+        (c.type_ == "Admitted" && c.status == "False")
+            .then(|| (c.reason.clone(), c.message.clone()))
     })
 }
 
+/// Waits until every machine's webhook notifications arrived, and checks their order.
+async fn wait_for_notices(
+    receiver: &nodeward_e2e::http::Endpoint,
+    machines: &[Machine],
+) -> anyhow::Result<()> {
+    let per_node = || {
+        let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for r in receiver.received() {
+            if let Ok(body) = serde_json::from_str::<serde_json::Value>(&r.body) {
+                seen.entry(body["node"].as_str().unwrap_or_default().to_owned())
+                    .or_default()
+                    .push(body["event"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+        seen
+    };
+    let all_done = |seen: &BTreeMap<String, Vec<String>>| {
+        machines.iter().all(|m| {
+            seen.get(&m.name)
+                .is_some_and(|events| events.iter().any(|e| e == "Succeeded"))
+        })
+    };
+    nodeward_e2e::wait::eventually(
+        "every node's notifications",
+        Duration::from_secs(30),
+        || {
+            let seen = per_node();
+            async move { Ok(all_done(&seen).then_some(())) }
+        },
+    )
+    .await?;
+    for (node, events) in per_node() {
+        assert_eq!(
+            events,
+            ["DrainStarted", "Rebooting", "Succeeded"],
+            "{node}'s notifications"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
-async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()>
-{
+async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()> {
     let env = TestEnv::new("rolling").await?;
     let specs: Vec<NodeSpec> = (0..NODES)
         .map(|i| {
@@ -152,8 +193,13 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         .collect();
     env.create_nodes(&specs).await?;
     for i in 0..NODES {
-        env.replicaset(&format!("app-{i}"), &env.node_name(i), 1, &PodOptions::default())
-            .await?;
+        env.replicaset(
+            &format!("app-{i}"),
+            &env.node_name(i),
+            1,
+            &PodOptions::default(),
+        )
+        .await?;
     }
     env.replicaset(
         "batch",
@@ -194,10 +240,13 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
             controlplane::shared().kubeconfig.display().to_string(),
         ],
     )?;
+    let receiver = nodeward_e2e::http::Endpoint::start().await?;
+    receiver.reply("/hook", 200, "ok");
+    let hook = format!("{}/hook", receiver.url);
     let started = Instant::now();
     let mut machines = Vec::new();
     for i in 0..NODES {
-        machines.push(Machine::start(&env, i).await?);
+        machines.push(Machine::start(&env, i, &hook).await?);
     }
 
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -218,8 +267,9 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
             .filter(|m| m.spec.node_name.starts_with(&format!("{}-", env.id)))
             .collect();
         let succeeded = |i: usize| {
-            mine.iter()
-                .any(|m| m.spec.node_name == env.node_name(i) && phase(m) == MaintenancePhase::Succeeded)
+            mine.iter().any(|m| {
+                m.spec.node_name == env.node_name(i) && phase(m) == MaintenancePhase::Succeeded
+            })
         };
         if !unblocked && (0..NODES).filter(|i| *i != BLOCKED).all(succeeded) {
             // The others are done; the blocked node has not moved.
@@ -227,7 +277,11 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
                 .iter()
                 .find(|m| m.spec.node_name == env.node_name(BLOCKED))
                 .context("the blocked node asked for its reboot")?;
-            assert_eq!(phase(held), MaintenancePhase::Pending, "held back by its pod");
+            assert_eq!(
+                phase(held),
+                MaintenancePhase::Pending,
+                "held back by its pod"
+            );
             blocked_denial = denial(held);
             Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(
                 env.client.clone(),
@@ -243,9 +297,19 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         if Instant::now() > deadline {
             let states: Vec<String> = mine
                 .iter()
-                .map(|m| format!("{} {:?} {:?}", m.name_any(), phase(m), m.status.as_ref().and_then(|s| s.message.clone())))
+                .map(|m| {
+                    format!(
+                        "{} {:?} {:?}",
+                        m.name_any(),
+                        phase(m),
+                        m.status.as_ref().and_then(|s| s.message.clone())
+                    )
+                })
                 .collect();
-            let logs: Vec<String> = machines.iter().map(|m| format!("== {}\n{}", m.name, m.output())).collect();
+            let logs: Vec<String> = machines
+                .iter()
+                .map(|m| format!("== {}\n{}", m.name, m.output()))
+                .collect();
             anyhow::bail!(
                 "not every node rebooted within 300 s: {states:#?}\ncoordinator:\n{}\n{}",
                 coordinator.output(),
@@ -259,7 +323,10 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     let (reason, message) = blocked_denial.context("the blocked node's maintenance was denied")?;
     assert_eq!(reason, "Blocked");
     assert!(
-        message.contains(&format!("matches rebootBlockers.podSelectors[0] of policy {}-rolling", env.id)),
+        message.contains(&format!(
+            "matches rebootBlockers.podSelectors[0] of policy {}-rolling",
+            env.id
+        )),
         "{message}"
     );
     let h = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -275,13 +342,23 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         assert_eq!(machine.rebooted_at.len(), 1);
         let node = env.nodes().get(&machine.name).await?;
         let spec = node.spec.unwrap_or_default();
-        assert_ne!(spec.unschedulable, Some(true), "{} uncordoned", machine.name);
+        assert_ne!(
+            spec.unschedulable,
+            Some(true),
+            "{} uncordoned",
+            machine.name
+        );
         assert!(
-            spec.taints.unwrap_or_default().iter().all(|t| !t.key.starts_with("nodeward.io/")),
+            spec.taints
+                .unwrap_or_default()
+                .iter()
+                .all(|t| !t.key.starts_with("nodeward.io/")),
             "{} untainted",
             machine.name
         );
     }
+    // Each node notified drain start, reboot and completion, in that order.
+    wait_for_notices(&receiver, &machines).await?;
     // Every maintenance went through every phase, in order.
     let blocked_node = env.node_name(BLOCKED);
     let mut per_node = Vec::new();
@@ -289,7 +366,8 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     let mut last_unblocked_done: Option<Instant> = None;
     for (name, phases) in &h.phases {
         use MaintenancePhase::*;
-        let mut seen: Vec<(Instant, MaintenancePhase)> = phases.iter().map(|(p, t)| (*t, *p)).collect();
+        let mut seen: Vec<(Instant, MaintenancePhase)> =
+            phases.iter().map(|(p, t)| (*t, *p)).collect();
         seen.sort();
         let order: Vec<MaintenancePhase> = seen.into_iter().map(|(_, p)| p).collect();
         assert_eq!(
@@ -304,7 +382,12 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
             last_unblocked_done = Some(last_unblocked_done.map_or(done, |l| l.max(done)));
         }
     }
-    assert_eq!(per_node.len(), NODES, "one maintenance per node: {:?}", h.phases.keys());
+    assert_eq!(
+        per_node.len(),
+        NODES,
+        "one maintenance per node: {:?}",
+        h.phases.keys()
+    );
     per_node.sort();
     let median = per_node[NODES / 2];
     // The five unblocked nodes roll in ceil(5/2) = 3 waves; the blocked one goes after.

@@ -60,9 +60,10 @@ pub fn wanted(objects: &Objects) -> Vec<Lookup> {
                 continue;
             };
             // An invalid selector blocks the whole scope elsewhere (the policy is invalid).
-            let selects = policy.spec.node_selector.as_ref().is_none_or(|s| {
-                nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)
-            });
+            let selects =
+                policy.spec.node_selector.as_ref().is_none_or(|s| {
+                    nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)
+                });
             let lookup = Lookup {
                 node: m.spec.node_name.clone(),
                 policy: policy.name_any(),
@@ -201,7 +202,10 @@ impl Lookups {
 
     async fn why_blocked(&mut self, lookup: &Lookup) -> Option<String> {
         for (index, selector) in lookup.blockers.pod_selectors.iter().enumerate() {
-            let field = format!("rebootBlockers.podSelectors[{index}] of policy {}", lookup.policy);
+            let field = format!(
+                "rebootBlockers.podSelectors[{index}] of policy {}",
+                lookup.policy
+            );
             let key = (lookup.node.clone(), field.clone());
             let found = match self.pods.get(&key) {
                 Some((_, found)) => found.clone(),
@@ -265,9 +269,10 @@ impl Lookups {
         match tokio::time::timeout(LOOKUP_TIMEOUT, pods.list_metadata(&params)).await {
             Err(_) => Err(format!("listing pods timed out after {LOOKUP_TIMEOUT:?}")),
             Ok(Err(e)) => Err(format!("listing pods: {e}")),
-            Ok(Ok(list)) => Ok(list.items.first().map(|p| {
-                format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
-            })),
+            Ok(Ok(list)) => Ok(list
+                .items
+                .first()
+                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))),
         }
     }
 }
@@ -342,7 +347,11 @@ mod tests {
             filter(None, Some("^Watchdog$"), true).blocking(&alerts),
             ["KubeNodeNotReady"]
         );
-        assert!(filter(Some("^Node$"), None, true).blocking(&alerts).is_empty());
+        assert!(
+            filter(Some("^Node$"), None, true)
+                .blocking(&alerts)
+                .is_empty()
+        );
     }
 
     #[test]
@@ -351,7 +360,10 @@ mod tests {
             .expect_err("an error reply");
         assert!(error.contains("\"error\": boom"), "{error}");
         let error = parse_alerts(b"<html>").expect_err("not JSON");
-        assert!(error.contains("not a Prometheus alerts response"), "{error}");
+        assert!(
+            error.contains("not a Prometheus alerts response"),
+            "{error}"
+        );
         let error = AlertFilter::new(&PrometheusBlocker {
             url: "http://prometheus:9090".into(),
             alert_filter: None,
@@ -403,7 +415,11 @@ mod tests {
         };
         let objects = Objects {
             nodes: vec![node("a1", "a"), node("a2", "a"), node("b1", "b")],
-            policies: vec![policy("pa", "a", true), policy("pb", "b", true), policy("all-a", "a", false)],
+            policies: vec![
+                policy("pa", "a", true),
+                policy("pb", "b", true),
+                policy("all-a", "a", false),
+            ],
             maintenances: vec![
                 maintenance("m1", "a1", "Reboot", "Pending"),
                 maintenance("m2", "a2", "Remediation", "Pending"),
@@ -414,6 +430,9 @@ mod tests {
         };
         let lookups = wanted(&objects);
         assert_eq!(lookups.len(), 1, "{lookups:?}");
-        assert_eq!((lookups[0].node.as_str(), lookups[0].policy.as_str()), ("a1", "pa"));
+        assert_eq!(
+            (lookups[0].node.as_str(), lookups[0].policy.as_str()),
+            ("a1", "pa")
+        );
     }
 }

@@ -759,7 +759,10 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     prometheus.reply(
         "/api/v1/alerts",
         200,
-        &alerts(&[("KernelUpgradeInProgress", "firing"), ("Watchdog", "firing")]),
+        &alerts(&[
+            ("KernelUpgradeInProgress", "firing"),
+            ("Watchdog", "firing"),
+        ]),
     );
     let policy = create_policy(
         &env,
@@ -776,7 +779,8 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     let first = create_maintenance(&env, &env.node_name(0)).await?;
     let message = wait_denied(&env, &first, "Blocked").await?;
     assert!(
-        message.contains("firing alerts KernelUpgradeInProgress (rebootBlockers.prometheus of policy")
+        message
+            .contains("firing alerts KernelUpgradeInProgress (rebootBlockers.prometheus of policy")
             && message.contains(&policy)
             && !message.contains("Watchdog"),
         "{message}"
@@ -819,9 +823,12 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     // Prometheus failing blocks too, and says so.
     prometheus.reply("/api/v1/alerts", 503, "service unavailable");
     wait::until(&api, &first, "blocked by the failed check", TIMEOUT, |m| {
-        m.and_then(admitted_condition).is_some_and(|(_, reason, message)| {
-            reason == "Blocked" && message.contains("cannot check rebootBlockers.prometheus") && message.contains("503")
-        })
+        m.and_then(admitted_condition)
+            .is_some_and(|(_, reason, message)| {
+                reason == "Blocked"
+                    && message.contains("cannot check rebootBlockers.prometheus")
+                    && message.contains("503")
+            })
     })
     .await
     .with_context(|| coordinator.output())?;
@@ -830,7 +837,10 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     prometheus.reply(
         "/api/v1/alerts",
         200,
-        &alerts(&[("Watchdog", "firing"), ("KernelUpgradeInProgress", "pending")]),
+        &alerts(&[
+            ("Watchdog", "firing"),
+            ("KernelUpgradeInProgress", "pending"),
+        ]),
     );
     wait_admitted(&env, &first, TIMEOUT).await?;
     assert_eq!(phase(&api.get(&second).await?), MaintenancePhase::Pending);
@@ -842,7 +852,9 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
         .with_context(|| coordinator.output())?;
     let events = env.events_about(&second, "").await?;
     assert!(
-        events.iter().any(|e| e.reason.as_deref() == Some("Blocked")),
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Blocked")),
         "an Event tells why: {events:?}"
     );
     env.cleanup().await

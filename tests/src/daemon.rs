@@ -56,10 +56,9 @@ pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
 /// `cargo test --workspace` (`CARGO_BIN_EXE_*` names only the test's own crate's binaries).
 pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .ok_or_else(|| anyhow::anyhow!("the test binary {} has no parent directory", exe.display()))?;
+    let dir = exe.parent().and_then(|deps| deps.parent()).ok_or_else(|| {
+        anyhow::anyhow!("the test binary {} has no parent directory", exe.display())
+    })?;
     let path = dir.join(name);
     anyhow::ensure!(
         path.exists(),

@@ -40,31 +40,29 @@ pub fn watch(env: &TestEnv) -> Arc<Mutex<History>> {
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let recorded = history.clone();
     tokio::spawn(
-        watcher(maintenances, watcher::Config::default()).for_each(
-            move |event| {
-                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                    && m.spec.node_name.starts_with(&prefix)
-                {
-                    let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                    let p = phase(&m);
-                    h.phases
-                        .entry(m.name_any())
-                        .or_default()
-                        .entry(p)
-                        .or_insert_with(Instant::now);
-                    if p.is_finished() {
-                        h.active.remove(&m.name_any());
-                    } else if p != MaintenancePhase::Pending {
-                        h.active.insert(m.name_any());
-                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
-                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
-                        }
+        watcher(maintenances, watcher::Config::default()).for_each(move |event| {
+            if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                && m.spec.node_name.starts_with(&prefix)
+            {
+                let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                let p = phase(&m);
+                h.phases
+                    .entry(m.name_any())
+                    .or_default()
+                    .entry(p)
+                    .or_insert_with(Instant::now);
+                if p.is_finished() {
+                    h.active.remove(&m.name_any());
+                } else if p != MaintenancePhase::Pending {
+                    h.active.insert(m.name_any());
+                    if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
+                        h.admitted.insert(m.name_any(), by.admitted_by.clone());
                     }
-                    h.max_active = h.max_active.max(h.active.len());
                 }
-                futures::future::ready(())
-            },
-        ),
+                h.max_active = h.max_active.max(h.active.len());
+            }
+            futures::future::ready(())
+        }),
     );
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     let recorded = history.clone();

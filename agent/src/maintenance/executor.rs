@@ -3,6 +3,7 @@
 //! Event about a maintenance carries its uid as the correlation id.
 
 use std::{
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -36,8 +37,21 @@ use crate::{
         evict::{self, Drain, Outcome, Progress},
         plan::{self, Purpose},
     },
+    notify::{Notice, NoticeKind, Notifier},
     shutdown::logind::ManagerProxy,
 };
+
+/// What the executor remembers within this boot.
+#[derive(Default)]
+struct Memory {
+    /// Since when the health gate has held.
+    healthy_since: Option<Timestamp>,
+    /// Maintenances whose action was asked of logind.
+    acted: HashSet<String>,
+}
+
+/// The longest the last notification before a reboot or power-off is waited for.
+const LAST_WORD: Duration = Duration::from_secs(5);
 
 /// Re-examined at least this often (health gates and reboots move with time).
 const RESYNC: Duration = Duration::from_secs(5);
@@ -47,6 +61,9 @@ pub struct Executor {
     pub node: String,
     pub boot_id: String,
     pub own_pod: Option<(String, String)>,
+    pub notifier: Notifier,
+    /// The phase this agent last wrote, per maintenance uid (start empty).
+    pub written: Mutex<HashMap<String, MaintenancePhase>>,
 }
 
 impl Executor {
@@ -67,7 +84,7 @@ impl Executor {
             changed.clone(),
             "NodeMaintenance".into(),
         )));
-        let mut healthy_since: Option<Timestamp> = None;
+        let mut memory = Memory::default();
         loop {
             tokio::select! {
                 _ = changed.notified() => {}
@@ -76,7 +93,7 @@ impl Executor {
             let mut maintenances = store.state();
             maintenances.sort_by_key(|m| m.metadata.creation_timestamp.clone());
             for m in maintenances {
-                if let Err(e) = self.advance(&m, &store, &mut healthy_since).await {
+                if let Err(e) = self.advance(&m, &store, &mut memory).await {
                     tracing::warn!(maintenance = %m.name_any(), correlation = %uid(&m), error = %e, "maintenance step failed; retrying");
                 }
             }
@@ -87,12 +104,21 @@ impl Executor {
         &self,
         m: &NodeMaintenance,
         store: &reflector::Store<NodeMaintenance>,
-        healthy_since: &mut Option<Timestamp>,
+        memory: &mut Memory,
     ) -> Result<(), crate::Error> {
         let status = m.status.clone().unwrap_or_default();
+        // The watch has not shown our last write yet: a step on this view would repeat one.
+        let stale = self
+            .written
+            .lock()
+            .map(|w| w.get(&uid(m)).is_some_and(|ours| status.phase < *ours))
+            .unwrap_or(false);
+        if stale {
+            return Ok(());
+        }
         let recorded_boot = status.boot_id.clone().unwrap_or_default();
         let healthy = status.phase == MaintenancePhase::Verifying
-            && self.health_gate(m, healthy_since).await?;
+            && self.health_gate(m, &mut memory.healthy_since).await?;
         let facts = Facts {
             phase: status.phase,
             action: m.spec.action,
@@ -128,12 +154,18 @@ impl Executor {
                     "tainted and cordoned; draining the node".into(),
                 )
                 .await;
+                self.notify(m, NoticeKind::DrainStarted, "");
                 Ok(())
             }
             Step::Drain => self.drain(m, store, &applied).await,
-            Step::Act => self.act(m).await,
+            // Asked once per boot: the machine goes down after the shutdown drain.
+            Step::Act if memory.acted.contains(&uid(m)) => Ok(()),
+            Step::Act => {
+                memory.acted.insert(uid(m));
+                self.act(m).await
+            }
             Step::Verify => {
-                *healthy_since = None;
+                memory.healthy_since = None;
                 self.transition(
                     m,
                     MaintenancePhase::Verifying,
@@ -160,6 +192,7 @@ impl Executor {
                     "the node is back in service".into(),
                 )
                 .await;
+                self.notify(m, NoticeKind::Succeeded, "the node is back in service");
                 Ok(())
             }
             Step::Cancel => {
@@ -180,6 +213,7 @@ impl Executor {
                     "deleted before the action; taint and cordon undone".into(),
                 )
                 .await;
+                self.notify(m, NoticeKind::Cancelled, "deleted before the action");
                 self.finalizer(m, false).await
             }
             Step::Release => {
@@ -191,6 +225,7 @@ impl Executor {
                     "the maintenance is deleted; taint and cordon undone".into(),
                 )
                 .await;
+                self.notify(m, NoticeKind::Restored, "the maintenance is deleted");
                 self.finalizer(m, false).await
             }
         }
@@ -317,6 +352,7 @@ impl Executor {
                 },
             )
             .await?;
+            self.notify(m, NoticeKind::Failed, &why);
             self.event(m, EventType::Warning, "DrainFailed", why).await;
             return Ok(());
         }
@@ -351,11 +387,19 @@ impl Executor {
             let manager = ManagerProxy::new(&connection)
                 .await
                 .map_err(|e| e.to_string())?;
-            match m.spec.action {
+            let asked = match m.spec.action {
                 MaintenanceAction::Reboot => manager.reboot(false).await,
                 _ => manager.power_off(false).await,
+            };
+            match asked {
+                // Already under way (asked before this agent restarted): nothing more to do.
+                Err(zbus::Error::MethodError(name, ..))
+                    if name.as_str() == "org.freedesktop.login1.OperationInProgress" =>
+                {
+                    Ok(())
+                }
+                other => other.map_err(|e| format!("asking logind: {e}")),
             }
-            .map_err(|e| format!("asking logind: {e}"))
         };
         if m.spec.action == MaintenanceAction::PowerOff {
             // Nothing runs after the power-off: this is the last word.
@@ -364,6 +408,13 @@ impl Executor {
             })
             .await?;
         }
+        let kind = match m.spec.action {
+            MaintenanceAction::Reboot => NoticeKind::Rebooting,
+            _ => NoticeKind::PoweringOff,
+        };
+        self.notifier
+            .send_before(self.notice(m, kind, ""), LAST_WORD)
+            .await;
         tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), action = ?m.spec.action, "asking logind to act");
         self.event(
             m,
@@ -377,9 +428,26 @@ impl Executor {
                 s["finishedAt"] = json!(Time(Timestamp::now()));
             })
             .await?;
+            self.notify(m, NoticeKind::Failed, &e);
             self.event(m, EventType::Warning, "ActionFailed", e).await;
         }
         Ok(())
+    }
+
+    fn notice(&self, m: &NodeMaintenance, kind: NoticeKind, message: &str) -> Notice {
+        Notice {
+            kind,
+            node: self.node.clone(),
+            maintenance: m.name_any(),
+            correlation: uid(m),
+            reason: format!("{:?}", m.spec.reason),
+            action: format!("{:?}", m.spec.action),
+            message: message.to_owned(),
+        }
+    }
+
+    fn notify(&self, m: &NodeMaintenance, kind: NoticeKind, message: &str) {
+        self.notifier.send(self.notice(m, kind, message));
     }
 
     /// Ready, and none of the gate's problem conditions True, for the gate's `for`.
@@ -475,6 +543,9 @@ impl Executor {
                 e,
             )
         })?;
+        if let Ok(mut written) = self.written.lock() {
+            written.insert(uid(m), phase);
+        }
         tracing::info!(maintenance = %m.name_any(), correlation = %uid(m), ?phase, %message, "maintenance phase");
         Ok(())
     }

@@ -1,0 +1,276 @@
+//! Webhook notifications about this node's maintenances: a JSON POST on drain start, on the
+//! reboot or power-off, and on completion (succeeded, failed, cancelled, restored). The body
+//! carries a `text` (Slack and Mattermost incoming webhooks show it as is) and the fields a
+//! receiver may route on. Delivery runs beside the maintenance with retries; a notification
+//! that cannot be delivered is logged and dropped, never waited for.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use bytes::Bytes;
+use hyper::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::{backoff::Backoff, config::NotificationsConfig};
+
+/// Notifications waiting for delivery; more are dropped (with a warning) rather than queued
+/// without bound while the receiver is down.
+const QUEUE: usize = 64;
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NoticeKind {
+    DrainStarted,
+    Rebooting,
+    PoweringOff,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Restored,
+}
+
+/// What happened to which maintenance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Notice {
+    pub kind: NoticeKind,
+    pub node: String,
+    pub maintenance: String,
+    pub correlation: String,
+    pub reason: String,
+    pub action: String,
+    pub message: String,
+}
+
+const PLACEHOLDERS: [&str; 6] = [
+    "node",
+    "maintenance",
+    "reason",
+    "action",
+    "message",
+    "correlation",
+];
+
+fn default_template(kind: NoticeKind) -> &'static str {
+    match kind {
+        NoticeKind::DrainStarted => "Draining node {node} for {reason} ({action})",
+        NoticeKind::Rebooting => "Rebooting node {node}",
+        NoticeKind::PoweringOff => "Powering off node {node}",
+        NoticeKind::Succeeded => "Node {node} is back in service after {maintenance}",
+        NoticeKind::Failed => "Maintenance {maintenance} of node {node} failed: {message}",
+        NoticeKind::Cancelled => "Maintenance {maintenance} of node {node} was cancelled",
+        NoticeKind::Restored => "Node {node} is restored ({maintenance} was deleted)",
+    }
+}
+
+/// Refuses a template with an unknown or unclosed placeholder, naming the known ones.
+pub fn check_template(template: &str) -> Result<(), String> {
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let close = after
+            .find('}')
+            .ok_or_else(|| format!("{{ without a closing }}; placeholders are {}", known()))?;
+        let name = &after[..close];
+        if !PLACEHOLDERS.contains(&name) {
+            return Err(format!("unknown placeholder {{{name}}}; use {}", known()));
+        }
+        rest = &after[close + 1..];
+    }
+    Ok(())
+}
+
+fn known() -> String {
+    PLACEHOLDERS.map(|p| format!("{{{p}}}")).join(", ")
+}
+
+/// The template with the notice's values in place of its placeholders.
+pub fn render(template: &str, notice: &Notice) -> String {
+    let values = [
+        ("{node}", &notice.node),
+        ("{maintenance}", &notice.maintenance),
+        ("{reason}", &notice.reason),
+        ("{action}", &notice.action),
+        ("{message}", &notice.message),
+        ("{correlation}", &notice.correlation),
+    ];
+    let mut text = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    'outer: while let Some(open) = rest.find('{') {
+        text.push_str(&rest[..open]);
+        for (placeholder, value) in values {
+            if rest[open..].starts_with(placeholder) {
+                text.push_str(value);
+                rest = &rest[open + placeholder.len()..];
+                continue 'outer;
+            }
+        }
+        text.push('{');
+        rest = &rest[open + 1..];
+    }
+    text.push_str(rest);
+    text
+}
+
+/// The JSON body of one notification.
+pub fn body(notice: &Notice, templates: &BTreeMap<NoticeKind, String>) -> serde_json::Value {
+    let template = templates
+        .get(&notice.kind)
+        .map_or(default_template(notice.kind), String::as_str);
+    json!({
+        "text": render(template, notice),
+        "event": notice.kind,
+        "node": notice.node,
+        "maintenance": notice.maintenance,
+        "correlation": notice.correlation,
+        "reason": notice.reason,
+        "action": notice.action,
+        "message": notice.message,
+        "time": jiff::Timestamp::now().to_string(),
+    })
+}
+
+struct Queued {
+    notice: Notice,
+    /// Told when the first try is over (delivered or not).
+    first_try: Option<oneshot::Sender<()>>,
+}
+
+/// Hands notifications to the delivery task. Cloning shares the queue.
+#[derive(Clone, Default)]
+pub struct Notifier {
+    queue: Option<mpsc::Sender<Queued>>,
+    events: Vec<NoticeKind>,
+}
+
+impl Notifier {
+    /// A notifier for `config`, and the delivery task to spawn (none when no URL is set).
+    pub fn new(
+        config: &NotificationsConfig,
+    ) -> (Self, Option<impl Future<Output = ()> + Send + 'static>) {
+        if config.url.is_empty() {
+            return (Self::default(), None);
+        }
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let notifier = Self {
+            queue: Some(tx),
+            events: config.events.clone(),
+        };
+        (notifier, Some(deliver(config.clone(), rx)))
+    }
+
+    /// Queues a notification; returns at once.
+    pub fn send(&self, notice: Notice) {
+        self.queue(notice, None);
+    }
+
+    /// Queues a notification and waits until its first try is over, at most `limit`: for
+    /// the last word before the machine goes down.
+    pub async fn send_before(&self, notice: Notice, limit: Duration) {
+        let (tx, rx) = oneshot::channel();
+        if self.queue(notice, Some(tx)) {
+            let _ = tokio::time::timeout(limit, rx).await;
+        }
+    }
+
+    fn queue(&self, notice: Notice, first_try: Option<oneshot::Sender<()>>) -> bool {
+        let Some(queue) = &self.queue else {
+            return false;
+        };
+        if !self.events.is_empty() && !self.events.contains(&notice.kind) {
+            return false;
+        }
+        let kind = notice.kind;
+        match queue.try_send(Queued { notice, first_try }) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(event = ?kind, error = %e, "notification dropped: the queue is full or closed");
+                false
+            }
+        }
+    }
+}
+
+async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>) {
+    let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
+    headers.extend(config.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    while let Some(Queued {
+        notice,
+        mut first_try,
+    }) = queue.recv().await
+    {
+        let payload = Bytes::from(body(&notice, &config.templates).to_string());
+        let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+        for attempt in 1..=config.attempts {
+            let sent = tokio::time::timeout(
+                config.timeout,
+                crate::http::send(Method::POST, &config.url, &headers, payload.clone()),
+            )
+            .await;
+            let problem = match sent {
+                Err(_) => format!("no answer within {:?}", config.timeout),
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(reply)) if reply.status.is_success() => {
+                    tracing::info!(event = ?notice.kind, maintenance = %notice.maintenance, correlation = %notice.correlation, "notification delivered");
+                    break;
+                }
+                Ok(Ok(reply)) => format!("the receiver answered {}", reply.status),
+            };
+            if let Some(tx) = first_try.take() {
+                let _ = tx.send(());
+            }
+            if attempt == config.attempts {
+                tracing::warn!(event = ?notice.kind, maintenance = %notice.maintenance, correlation = %notice.correlation, %problem, attempts = attempt, "notification not delivered; giving up");
+            } else {
+                tracing::warn!(event = ?notice.kind, maintenance = %notice.maintenance, correlation = %notice.correlation, %problem, attempt, "notification not delivered; retrying");
+                tokio::time::sleep(backoff.next_delay()).await;
+            }
+        }
+        if let Some(tx) = first_try.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice() -> Notice {
+        Notice {
+            kind: NoticeKind::DrainStarted,
+            node: "worker-1".into(),
+            maintenance: "worker-1-reboot-3f2a9c1e".into(),
+            correlation: "85b2".into(),
+            reason: "Reboot".into(),
+            action: "Reboot".into(),
+            message: "".into(),
+        }
+    }
+
+    #[test]
+    fn templates_render_their_placeholders_and_leave_other_braces() {
+        assert_eq!(
+            render("Draining {node} for {reason} ({maintenance})", &notice()),
+            "Draining worker-1 for Reboot (worker-1-reboot-3f2a9c1e)"
+        );
+        assert_eq!(render("{x} {node}}", &notice()), "{x} worker-1}");
+        let b = body(&notice(), &BTreeMap::new());
+        assert_eq!(b["text"], "Draining node worker-1 for Reboot (Reboot)");
+        assert_eq!(b["event"], "DrainStarted");
+        assert_eq!(b["correlation"], "85b2");
+        let custom = BTreeMap::from([(NoticeKind::DrainStarted, ":wrench: {node}".to_owned())]);
+        assert_eq!(body(&notice(), &custom)["text"], ":wrench: worker-1");
+    }
+
+    #[test]
+    fn bad_templates_name_the_placeholder() {
+        assert!(check_template("Rebooting {node} now").is_ok());
+        let e = check_template("Rebooting {nodename}").expect_err("unknown");
+        assert!(
+            e.contains("unknown placeholder {nodename}; use {node}"),
+            "{e}"
+        );
+        let e = check_template("Rebooting {node").expect_err("unclosed");
+        assert!(e.contains("without a closing"), "{e}");
+    }
+}
