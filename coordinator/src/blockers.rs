@@ -165,11 +165,16 @@ impl AlertFilter {
     }
 }
 
+/// A lookup's answer and when it was made.
+type Cached<T> = (Instant, Result<T, String>);
+
 /// Looks blockers up, with short-lived caches.
 pub struct Lookups {
     client: Client,
-    prometheus: HashMap<String, (Instant, Result<Vec<Alert>, String>)>,
-    pods: HashMap<(String, String), (Instant, Result<Option<String>, String>)>,
+    /// By Prometheus URL.
+    prometheus: HashMap<String, Cached<Vec<Alert>>>,
+    /// By node and selector field: the first blocking pod.
+    pods: HashMap<(String, String), Cached<Option<String>>>,
 }
 
 impl Lookups {
