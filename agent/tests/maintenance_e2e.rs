@@ -74,12 +74,18 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
     })
 }
 
-async fn policy(env: &TestEnv) -> anyhow::Result<String> {
+/// A policy over this test's nodes, `maxConcurrent: 1`, with the `extra` spec fields.
+async fn policy(env: &TestEnv, extra: serde_json::Value) -> anyhow::Result<String> {
     let name = format!("{}-pool", env.id);
+    let mut spec =
+        json!({"maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
     let policy: DisruptionPolicy = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
         "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+        "spec": spec,
     }))?;
     Api::<DisruptionPolicy>::all(env.client.clone())
         .create(&PostParams::default(), &policy)
@@ -88,7 +94,11 @@ async fn policy(env: &TestEnv) -> anyhow::Result<String> {
 }
 
 async fn drain_only(env: &TestEnv, node: &str) -> anyhow::Result<String> {
-    let name = format!("{node}-drain");
+    named_drain_only(env, node, &format!("{node}-drain")).await
+}
+
+async fn named_drain_only(env: &TestEnv, node: &str, name: &str) -> anyhow::Result<String> {
+    let name = name.to_owned();
     let m: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
@@ -124,7 +134,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     env.replicaset("app", &node, 2, &PodOptions::default())
         .await?;
     let pods = env.running_pods("app", 2).await?;
-    let policy = policy(&env).await?;
+    let policy = policy(&env, json!({})).await?;
     // The notification receiver fails at first: the maintenance goes on regardless.
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
     receiver.reply("/hook", 503, "unavailable");
@@ -247,7 +257,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
             &Patch::Merge(json!({"spec": {"unschedulable": true}})),
         )
         .await?;
-    policy(&env).await?;
+    policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -279,7 +289,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     env.guarded_pod("guarded", &node).await?;
-    policy(&env).await?;
+    policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -319,6 +329,110 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
             .any(|e| e.reason.as_deref() == Some("Cancelled")),
         "{events:?}"
     );
+    drop(cluster);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-timeout").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let guarded = env.guarded_pod("guarded", &node).await?;
+    let policy = policy(&env, json!({"drainTimeout": "3s"})).await?;
+    let cluster = start(&env, &node, "").await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+
+    let name = drain_only(&env, &node).await?;
+    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
+        phase(m) == Some(MaintenancePhase::Failed)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let message = m.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains("the policy's drainTimeout (3s)")
+            && message.contains("taint and cordon are undone"),
+        "{message}"
+    );
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.slots.is_empty())
+    })
+    .await?;
+    let events = env.events_about(&name, "").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("DrainFailed")),
+        "{events:?}"
+    );
+    assert!(
+        env.pods()
+            .get_opt(&guarded.name_any())
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the PDB-guarded pod stayed"
+    );
+
+    // Forced: the same drain goes through, the pod deleted despite its PDB.
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"onDrainTimeout": "Force"}})),
+        )
+        .await?;
+    let forced = named_drain_only(&env, &node, &format!("{node}-forced")).await?;
+    let m = wait::until(&maintenances, &forced, "Acting (forced)", TIMEOUT, |m| {
+        phase(m) == Some(MaintenancePhase::Acting)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let drained = m
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Drained"))
+        .context("Drained condition")?;
+    assert_eq!(drained.reason, "Forced");
+    assert!(
+        drained
+            .message
+            .contains(&format!("{}/{}", env.namespace, guarded.name_any())),
+        "{}",
+        drained.message
+    );
+    let left = env.pods().get_opt(&guarded.name_any()).await?;
+    assert!(
+        left.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "the guarded pod deleted"
+    );
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
+    let events = env.events_about(&forced, "").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("DrainForced")),
+        "{events:?}"
+    );
+    maintenances
+        .delete(&forced, &DeleteParams::default())
+        .await?;
+    wait::until(
+        &maintenances,
+        &forced,
+        "the maintenance gone",
+        TIMEOUT,
+        |m| m.is_none(),
+    )
+    .await?;
+    assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
     drop(cluster);
     env.cleanup().await
 }

@@ -68,9 +68,13 @@ pub struct DisruptionPolicySpec {
     /// How nodes in scope are drained; the agent's default plan when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_plan: Option<DrainPlan>,
-    /// Longest a drain may take before the maintenance fails.
+    /// Longest a drain may take before `onDrainTimeout` applies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_timeout: Option<Duration>,
+    /// What a drain that runs out of time (`drainTimeout`, or a stage with `onTimeout: Fail`)
+    /// does: fail the maintenance (the default) or force it through.
+    #[serde(default)]
+    pub on_drain_timeout: DrainTimeoutAction,
     /// Agents in scope create a Reboot maintenance when their node reports RebootRequired.
     #[serde(default)]
     pub auto_reboot: bool,
@@ -90,6 +94,17 @@ pub struct DisruptionPolicySpec {
 
 fn default_max_concurrent() -> IntOrString {
     IntOrString::Int(1)
+}
+
+/// What happens when a drain runs out of time.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DrainTimeoutAction {
+    /// The maintenance fails: its taint and cordon are undone and its slot is freed.
+    #[default]
+    Fail,
+    /// The pods still there are deleted (bypassing their PodDisruptionBudgets) and the
+    /// maintenance goes on to its action (kured's `--force-reboot`).
+    Force,
 }
 
 /// A recurring period in which disruptions may start: either `days` + `start` + `end`, or

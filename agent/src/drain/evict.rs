@@ -273,19 +273,13 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
             }
             OnTimeout::Delete => {
                 tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; deleting the pods left");
-                for pod in &left_in_stage {
-                    let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
-                    let deleted = api
-                        .delete(&pod.name, &DeleteParams::default().grace_period(0))
-                        .await;
-                    match deleted {
-                        Ok(_) | Err(kube::Error::Api(_)) => {}
-                        Err(e) => {
-                            tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed")
-                        }
-                    }
-                    progress.evicted.push(key(&pod.namespace, &pod.name));
-                }
+                let deleted = delete(
+                    drain,
+                    &left_in_stage,
+                    DeleteParams::default().grace_period(0),
+                )
+                .await;
+                progress.evicted.extend(deleted);
                 progress.blocking.clear();
                 report(&progress);
                 // Give the deletions until the overall deadline (or a few seconds) to land.
@@ -312,6 +306,34 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
             remaining: carried_over,
         })
     }
+}
+
+/// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply); their names.
+async fn delete(drain: &Drain<'_>, pods: &[PodInfo], params: DeleteParams) -> Vec<String> {
+    let mut names = Vec::with_capacity(pods.len());
+    for pod in pods {
+        let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
+        match api.delete(&pod.name, &params).await {
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed"),
+        }
+        names.push(key(&pod.namespace, &pod.name));
+    }
+    names
+}
+
+/// Forces a drain that ran out of time through: deletes every pod the plan still takes,
+/// each with its own grace period, without waiting. The pods deleted.
+pub async fn force(drain: &Drain<'_>) -> Result<Vec<String>, Error> {
+    let ordered = order(drain).await?;
+    let pods: Vec<PodInfo> = ordered
+        .stages
+        .iter()
+        .flat_map(|s| s.groups.iter().flatten())
+        .filter(|p| !p.terminating)
+        .cloned()
+        .collect();
+    Ok(delete(drain, &pods, DeleteParams::default()).await)
 }
 
 /// Evicts one priority group and waits for it to go, until `stage_end`. Returns the pods

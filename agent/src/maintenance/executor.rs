@@ -26,6 +26,7 @@ use kube::{
 use nodeward_api::{
     DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance,
     labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+    policy::DrainTimeoutAction,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -270,7 +271,10 @@ impl Executor {
         store: &reflector::Store<NodeMaintenance>,
         applied: &Applied,
     ) -> Result<(), crate::Error> {
-        let (plan, timeout, _) = self.plan(m).await;
+        let (plan, timeout, policy) = self.plan(m).await;
+        let force = policy
+            .as_ref()
+            .is_some_and(|p| p.spec.on_drain_timeout == DrainTimeoutAction::Force);
         let started = m
             .status
             .as_ref()
@@ -329,7 +333,21 @@ impl Executor {
             self.progress(m, &p).await;
         }
         let failure = match outcome {
-            Some(Ok(Outcome::Drained | Outcome::Incomplete { .. })) => None,
+            Some(Ok(Outcome::Drained)) => None,
+            // Stages that went on (`Continue`) left pods behind: the node is not drained.
+            Some(Ok(Outcome::Incomplete { remaining })) => Some(match timeout {
+                Some(t) => format!(
+                    "the drain did not finish within the policy's drainTimeout ({}s); {} pods left: {}",
+                    t.as_secs(),
+                    remaining.len(),
+                    remaining.join(", ")
+                ),
+                None => format!(
+                    "the drain stages ran out of time; {} pods left: {}",
+                    remaining.len(),
+                    remaining.join(", ")
+                ),
+            }),
             Some(Ok(Outcome::Failed { stage, remaining })) => Some(format!(
                 "drain stage {stage} timed out with {} pods left: {}",
                 remaining.len(),
@@ -341,7 +359,20 @@ impl Executor {
                 timeout.map_or(0, |t| t.as_secs())
             )),
         };
-        if let Some(why) = failure {
+        let mut drained = "every pod of the drain plan is gone".to_owned();
+        if let Some(why) = &failure
+            && force
+        {
+            let deleted = evict::force(&drain).await?;
+            drained = format!(
+                "{why}; forced (onDrainTimeout: Force): deleted {} pods bypassing their PodDisruptionBudgets: {}",
+                deleted.len(),
+                deleted.join(", ")
+            );
+            tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), %drained, "drain forced");
+            self.event(m, EventType::Warning, "DrainForced", drained.clone())
+                .await;
+        } else if let Some(why) = failure {
             cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
             self.transition(
                 m,
@@ -364,12 +395,13 @@ impl Executor {
             MaintenanceAction::Reboot => "drained; rebooting",
             MaintenanceAction::PowerOff => "drained; powering off",
         };
+        let force_used = failure.is_some();
         let boot = self.boot_id.clone();
         self.transition(m, MaintenancePhase::Acting, message, |s| {
             s["bootId"] = json!(boot);
             s["conditions"] = json!([{
                 "type": nodeward_api::conditions::maintenance::DRAINED, "status": "True",
-                "reason": "Drained", "message": "every pod of the drain plan is gone",
+                "reason": if force_used { "Forced" } else { "Drained" }, "message": drained,
                 "lastTransitionTime": Time(Timestamp::now()),
             }]);
         })
