@@ -5,7 +5,9 @@
 //! admitted, drained, and reboots through logind's delay-inhibitor path. A node "reboots"
 //! when its systemd stand-in records `StartUnit("reboot.target")`: the harness then stops
 //! its agent, bus and logind, gives it a new boot id, clears the sentinel, and starts them
-//! again; the agent sees the new boot, waits for the health gate and completes.
+//! again; the agent sees the new boot, waits for the health gate and completes. The same
+//! machines carry out a PowerOff (logind powers off once drained) and a DeleteNode (the
+//! coordinator deletes the drained Node).
 
 use std::{
     collections::BTreeMap,
@@ -35,6 +37,25 @@ const MAX_CONCURRENT: usize = 2;
 const BLOCKED: usize = 5;
 const BLOCKER_LABEL: &str = "e2e-blocks-reboot";
 
+/// Coordinators watch the whole cluster: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn start_coordinator(env: &TestEnv) -> anyhow::Result<Daemon> {
+    Daemon::start(
+        &sibling_binary("nodeward-coordinator")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--lease-namespace".into(),
+            env.namespace.clone(),
+            "--resync".into(),
+            "1s".into(),
+            "--kubeconfig".into(),
+            controlplane::shared().kubeconfig.display().to_string(),
+        ],
+    )
+}
+
 /// One simulated machine: its logind, its agent, its boot id.
 struct Machine {
     name: String,
@@ -48,11 +69,19 @@ struct Machine {
 }
 
 impl Machine {
-    async fn start(env: &TestEnv, index: usize, hook: &str) -> anyhow::Result<Self> {
+    /// A machine for node `index`; `reboot_required` creates its reboot sentinel.
+    async fn start(
+        env: &TestEnv,
+        index: usize,
+        hook: &str,
+        reboot_required: bool,
+    ) -> anyhow::Result<Self> {
         let name = env.node_name(index);
         let dir = std::env::temp_dir().join(format!("nodeward-rolling-{}-{index}", env.id));
         std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("reboot-required"), "")?;
+        if reboot_required {
+            std::fs::write(dir.join("reboot-required"), "")?;
+        }
         let config = format!(
             "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\nnotifications: {{url: {hook}}}\n",
             dir.join("reboot-required").display()
@@ -184,6 +213,7 @@ async fn wait_for_notices(
 
 #[tokio::test]
 async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = TestEnv::new("rolling").await?;
     let specs: Vec<NodeSpec> = (0..NODES)
         .map(|i| {
@@ -227,26 +257,14 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     Api::<DisruptionPolicy>::all(env.client.clone())
         .create(&PostParams::default(), &policy)
         .await?;
-    let coordinator = Daemon::start(
-        &sibling_binary("nodeward-coordinator")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--lease-namespace".into(),
-            env.namespace.clone(),
-            "--resync".into(),
-            "1s".into(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-        ],
-    )?;
+    let coordinator = start_coordinator(&env)?;
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
     receiver.reply("/hook", 200, "ok");
     let hook = format!("{}/hook", receiver.url);
     let started = Instant::now();
     let mut machines = Vec::new();
     for i in 0..NODES {
-        machines.push(Machine::start(&env, i, &hook).await?);
+        machines.push(Machine::start(&env, i, &hook, true).await?);
     }
 
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -410,5 +428,116 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     );
     drop(machines);
     drop(coordinator);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("actions").await?;
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
+        .await?;
+    for i in 0..2 {
+        env.replicaset(
+            &format!("app-{i}"),
+            &env.node_name(i),
+            1,
+            &PodOptions::default(),
+        )
+        .await?;
+    }
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": format!("{}-actions", env.id), "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2},
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let coordinator = start_coordinator(&env)?;
+    let receiver = nodeward_e2e::http::Endpoint::start().await?;
+    receiver.reply("/hook", 200, "ok");
+    let hook = format!("{}/hook", receiver.url);
+    let power_off = Machine::start(&env, 0, &hook, false).await?;
+    let delete = Machine::start(&env, 1, &hook, false).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    for (machine, action) in [(&power_off, "PowerOff"), (&delete, "DeleteNode")] {
+        let m: NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": format!("{}-{}", machine.name, action.to_lowercase()), "labels": {TEST_LABEL: env.id}},
+            "spec": {"nodeName": machine.name, "reason": "Manual", "action": action, "requestedBy": "e2e"},
+        }))?;
+        maintenances.create(&PostParams::default(), &m).await?;
+    }
+
+    // PowerOff: Succeeded, then logind runs the drain-and-release path and powers off.
+    let name = format!("{}-poweroff", power_off.name);
+    let m = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "Succeeded",
+        Duration::from_secs(60),
+        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded),
+    )
+    .await
+    .with_context(|| power_off.output())?
+    .context("maintenance")?;
+    assert_eq!(
+        m.status.and_then(|s| s.message).as_deref(),
+        Some("powering off")
+    );
+    nodeward_e2e::wait::eventually(
+        "StartUnit(poweroff.target)",
+        Duration::from_secs(30),
+        || async {
+            Ok(power_off
+                .logind
+                .started_units()
+                .iter()
+                .any(|(unit, _)| unit == "poweroff.target")
+                .then_some(()))
+        },
+    )
+    .await
+    .with_context(|| power_off.output())?;
+    let pods = env.pods().list(&Default::default()).await?;
+    assert!(
+        pods.items.iter().all(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(power_off.name.as_str())
+                || p.metadata.deletion_timestamp.is_some()
+                || p.metadata.creation_timestamp > m.metadata.creation_timestamp
+        }),
+        "the pods there before were drained"
+    );
+
+    // DeleteNode: drained, then the coordinator deletes the Node; the maintenance Succeeded.
+    let name = format!("{}-deletenode", delete.name);
+    let m = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "Succeeded",
+        Duration::from_secs(60),
+        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded),
+    )
+    .await
+    .with_context(|| format!("{}\n{}", delete.output(), coordinator.output()))?
+    .context("maintenance")?;
+    assert_eq!(
+        m.status.and_then(|s| s.message).as_deref(),
+        Some("the Node was deleted")
+    );
+    assert!(
+        env.nodes().get_opt(&delete.name).await?.is_none(),
+        "the Node is gone"
+    );
+    let events: Vec<String> = receiver
+        .received()
+        .iter()
+        .filter_map(|r| serde_json::from_str::<serde_json::Value>(&r.body).ok())
+        .filter(|b| b["node"] == power_off.name.as_str())
+        .map(|b| b["event"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(events, ["DrainStarted", "PoweringOff"]);
+    drop((power_off, delete, coordinator));
     env.cleanup().await
 }
