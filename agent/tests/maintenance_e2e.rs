@@ -31,19 +31,7 @@ struct Cluster {
 /// configuration file.
 async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<Cluster> {
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
-    let coordinator = Daemon::start(
-        &nodeward_e2e::daemon::sibling_binary("nodeward-coordinator")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--lease-namespace".into(),
-            env.namespace.clone(),
-            "--resync".into(),
-            "1s".into(),
-            "--kubeconfig".into(),
-            kubeconfig.clone(),
-        ],
-    )?;
+    let coordinator = nodeward_e2e::daemon::coordinator(env, &[])?;
     let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("agent.yaml");

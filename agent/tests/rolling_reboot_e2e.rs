@@ -22,10 +22,7 @@ use kube::{
 };
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, controlplane,
-    daemon::{Daemon, sibling_binary},
-    env::TEST_LABEL,
-    history,
+    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history,
     logind::Logind,
 };
 use serde_json::json;
@@ -39,22 +36,6 @@ const BLOCKER_LABEL: &str = "e2e-blocks-reboot";
 
 /// Coordinators watch the whole cluster: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn start_coordinator(env: &TestEnv) -> anyhow::Result<Daemon> {
-    Daemon::start(
-        &sibling_binary("nodeward-coordinator")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--lease-namespace".into(),
-            env.namespace.clone(),
-            "--resync".into(),
-            "1s".into(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-        ],
-    )
-}
 
 /// One simulated machine: its logind, its agent, its boot id.
 struct Machine {
@@ -257,7 +238,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     Api::<DisruptionPolicy>::all(env.client.clone())
         .create(&PostParams::default(), &policy)
         .await?;
-    let coordinator = start_coordinator(&env)?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
     receiver.reply("/hook", 200, "ok");
     let hook = format!("{}/hook", receiver.url);
@@ -431,6 +412,14 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     env.cleanup().await
 }
 
+async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
+    nodeward_e2e::wait::until(api, name, "Succeeded", Duration::from_secs(60), |m| {
+        m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded)
+    })
+    .await?
+    .context("the maintenance disappeared")
+}
+
 #[tokio::test]
 async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
@@ -454,7 +443,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
     Api::<DisruptionPolicy>::all(env.client.clone())
         .create(&PostParams::default(), &policy)
         .await?;
-    let coordinator = start_coordinator(&env)?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
     receiver.reply("/hook", 200, "ok");
     let hook = format!("{}/hook", receiver.url);
@@ -472,16 +461,9 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
 
     // PowerOff: Succeeded, then logind runs the drain-and-release path and powers off.
     let name = format!("{}-poweroff", power_off.name);
-    let m = nodeward_e2e::wait::until(
-        &maintenances,
-        &name,
-        "Succeeded",
-        Duration::from_secs(60),
-        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded),
-    )
-    .await
-    .with_context(|| power_off.output())?
-    .context("maintenance")?;
+    let m = succeeded(&maintenances, &name)
+        .await
+        .with_context(|| power_off.output())?;
     assert_eq!(
         m.status.and_then(|s| s.message).as_deref(),
         Some("powering off")
@@ -512,16 +494,9 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
 
     // DeleteNode: drained, then the coordinator deletes the Node; the maintenance Succeeded.
     let name = format!("{}-deletenode", delete.name);
-    let m = nodeward_e2e::wait::until(
-        &maintenances,
-        &name,
-        "Succeeded",
-        Duration::from_secs(60),
-        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded),
-    )
-    .await
-    .with_context(|| format!("{}\n{}", delete.output(), coordinator.output()))?
-    .context("maintenance")?;
+    let m = succeeded(&maintenances, &name)
+        .await
+        .with_context(|| format!("{}\n{}", delete.output(), coordinator.output()))?;
     assert_eq!(
         m.status.and_then(|s| s.message).as_deref(),
         Some("the Node was deleted")

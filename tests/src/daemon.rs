@@ -68,6 +68,29 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     Ok(path.display().to_string())
 }
 
+/// The workspace's coordinator, electing its leader in the test's namespace and deciding
+/// every second (`--resync 1s`), with `extra` arguments.
+pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--lease-namespace".into(),
+        env.namespace.clone(),
+        "--resync".into(),
+        "1s".into(),
+        "--kubeconfig".into(),
+        crate::controlplane::shared()
+            .kubeconfig
+            .display()
+            .to_string(),
+    ];
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    Daemon::start(
+        &sibling_binary("nodeward-coordinator")?,
+        &format!("{}-coordinator", env.id),
+        &args,
+    )
+}
+
 pub struct Daemon {
     pub child: Child,
     pub listen: String,
