@@ -299,6 +299,9 @@ async fn run(
         metrics,
         readiness,
     );
+    let (maintenances, watching) =
+        nodeward_agent::maintenance::watch::start(client.clone(), &node_name);
+    tasks.spawn(watching);
     if config.shutdown_guard.enabled {
         let guard = &config.shutdown_guard;
         let own_pod = std::env::var("POD_NAMESPACE")
@@ -324,6 +327,7 @@ async fn run(
                 own_pod,
                 reboot_gate: guard.reboot_gate,
             },
+            maintenances: maintenances.clone(),
         };
         tasks.spawn(shutdown.run());
     }
@@ -342,7 +346,7 @@ async fn run(
             notifier,
             written: Default::default(),
         }
-        .run(),
+        .run(maintenances),
     );
     let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
     let (auto_reboot_tx, auto_reboot) = tokio::sync::watch::channel(auto_reboot_flag);

@@ -1,5 +1,5 @@
-//! Carries out the admitted NodeMaintenances of this node (see [`super::lifecycle`]): watches
-//! them, and on every change (and every few seconds) takes the next step. Every log line and
+//! Carries out the admitted NodeMaintenances of this node (see [`super::lifecycle`]): on every
+//! change of them ([`super::watch`]), and every few seconds, takes the next step. Every log line and
 //! Event about a maintenance carries its uid as the correlation id.
 
 use std::{
@@ -8,7 +8,6 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{Node, ObjectReference},
@@ -18,9 +17,8 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
     runtime::{
-        WatchStreamExt,
         events::{Event, EventType, Recorder, Reporter as EventSource},
-        reflector, watcher,
+        reflector,
     },
 };
 use nodeward_api::{
@@ -29,7 +27,6 @@ use nodeward_api::{
     policy::DrainTimeoutAction,
 };
 use serde_json::json;
-use tokio::sync::Notify;
 
 use super::lifecycle::{self, Facts, Step};
 use crate::{
@@ -38,6 +35,7 @@ use crate::{
         evict::{self, Drain, Outcome, Progress},
         plan::{self, Purpose},
     },
+    maintenance::watch::NodeMaintenances,
     notify::{Notice, NoticeKind, Notifier},
     shutdown::logind::ManagerProxy,
 };
@@ -69,26 +67,12 @@ pub struct Executor {
 
 impl Executor {
     /// Runs until the task is dropped.
-    pub async fn run(self) {
-        let changed = Arc::new(Notify::new());
-        let (store, writer) = reflector::store::<NodeMaintenance>();
-        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        let events = reflector(
-            writer,
-            watcher(
-                api,
-                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node)),
-            )
-            .default_backoff(),
-        );
-        tokio::spawn(events.for_each(nodeward_runtime::watch::notifier(
-            changed.clone(),
-            "NodeMaintenance".into(),
-        )));
+    pub async fn run(self, maintenances: NodeMaintenances) {
+        let NodeMaintenances { store, mut changes } = maintenances;
         let mut memory = Memory::default();
         loop {
             tokio::select! {
-                _ = changed.notified() => {}
+                changed = changes.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(RESYNC) => {}
             }
             let mut maintenances = store.state();

@@ -4,3 +4,4 @@
 pub mod executor;
 pub mod lifecycle;
 pub mod reboot_request;
+pub mod watch;

@@ -388,19 +388,7 @@ impl Reporter {
             .map_err(|e| Error::kube("reading", object.clone(), e))?;
         match existing {
             None => {
-                let mut report = NodeReport::new(
-                    name,
-                    nodeward_api::NodeReportSpec {
-                        node_name: name.clone(),
-                    },
-                );
-                report.metadata.labels = Some(
-                    [(
-                        nodeward_api::labels::NODE_NAME_LABEL.to_owned(),
-                        name.clone(),
-                    )]
-                    .into(),
-                );
+                let mut report = new_report(name);
                 report.metadata.owner_references = owner.clone().map(|o| vec![o]);
                 let created = reports.create(&PostParams::default(), &report).await;
                 self.metrics.api_write("nodereports", created.is_ok());
@@ -449,4 +437,22 @@ fn reported(current: &Current) -> ReportedFinding {
         detector: f.detector.to_string(),
         since: Time(Timestamp::try_from(current.since).unwrap_or_else(|_| Timestamp::now())),
     }
+}
+
+/// A new, empty NodeReport for `node`, labelled with its name (for list selectors).
+pub fn new_report(node: &str) -> NodeReport {
+    let mut report = NodeReport::new(
+        node,
+        nodeward_api::NodeReportSpec {
+            node_name: node.to_owned(),
+        },
+    );
+    report.metadata.labels = Some(
+        [(
+            nodeward_api::labels::NODE_NAME_LABEL.to_owned(),
+            node.to_owned(),
+        )]
+        .into(),
+    );
+    report
 }

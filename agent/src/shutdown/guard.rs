@@ -38,6 +38,7 @@ use crate::{
         evict::{self, Drain, Outcome, Progress},
         plan::{self, Purpose},
     },
+    maintenance::watch::{NodeMaintenances, any_admitted},
 };
 
 /// Field manager for the guard's NodeReport fields (`inhibitor`, `shutdown`), apart from the
@@ -69,6 +70,8 @@ pub struct Guard {
     pub node: String,
     pub boot_id: String,
     pub settings: Settings,
+    /// This node's maintenances, for the reboot gate.
+    pub maintenances: NodeMaintenances,
 }
 
 /// What the guard knows now; written to the NodeReport on change.
@@ -90,13 +93,10 @@ impl Guard {
         let state = Arc::new(Mutex::new(State::default()));
         self.state_init(&state).await;
         let (admitted_tx, admitted) = tokio::sync::watch::channel(false);
-        let _following = self.settings.reboot_gate.then(|| {
-            tokio::spawn(follow_admissions(
-                self.client.clone(),
-                self.node.clone(),
-                admitted_tx,
-            ))
-        });
+        let _following = self
+            .settings
+            .reboot_gate
+            .then(|| tokio::spawn(follow_admissions(self.maintenances.clone(), admitted_tx)));
         let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(10));
         loop {
             match self.session(&state, admitted.clone()).await {
@@ -664,12 +664,7 @@ impl Guard {
         {
             // A shutdown can come before the reporter's first round: create the report here
             // (the reporter makes the Node its owner later).
-            let report = NodeReport::new(
-                &self.node,
-                nodeward_api::NodeReportSpec {
-                    node_name: self.node.clone(),
-                },
-            );
+            let report = crate::report::new_report(&self.node);
             let _ = reports.create(&Default::default(), &report).await;
             written = apply().await;
         }
@@ -692,41 +687,16 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Publishes whether a maintenance of `node` is admitted and unfinished (watched).
+/// Publishes whether a maintenance of this node is admitted and unfinished.
 async fn follow_admissions(
-    client: Client,
-    node: String,
+    mut maintenances: NodeMaintenances,
     admitted: tokio::sync::watch::Sender<bool>,
 ) {
-    use kube::runtime::{WatchStreamExt, reflector, watcher};
-    use nodeward_api::{MaintenancePhase, NodeMaintenance};
-    let (store, writer) = reflector::store::<NodeMaintenance>();
-    let api: Api<NodeMaintenance> = Api::all(client);
-    let events = reflector(
-        writer,
-        watcher(
-            api,
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
-        )
-        .default_backoff(),
-    );
-    events
-        .for_each(|event| {
-            if let Err(e) = event {
-                tracing::warn!(error = %e, "watching this node's maintenances; retrying");
-            }
-            let now = store.state().iter().any(|m| {
-                let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
-                matches!(
-                    phase,
-                    MaintenancePhase::Admitted
-                        | MaintenancePhase::Draining
-                        | MaintenancePhase::Acting
-                        | MaintenancePhase::Verifying
-                )
-            });
-            admitted.send_if_modified(|current| std::mem::replace(current, now) != now);
-            futures::future::ready(())
-        })
-        .await;
+    loop {
+        let now = any_admitted(&maintenances.store.state());
+        admitted.send_if_modified(|current| std::mem::replace(current, now) != now);
+        if maintenances.changes.changed().await.is_err() {
+            return;
+        }
+    }
 }

@@ -1,0 +1,58 @@
+//! This node's NodeMaintenances, watched once for the whole agent: the executor carries them
+//! out, and the shutdown guard's reboot gate opens while one of them is admitted.
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
+};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use tokio::sync::watch;
+
+/// The store and a counter that moves on every watch event (every reader sees each change).
+#[derive(Clone)]
+pub struct NodeMaintenances {
+    pub store: Store<NodeMaintenance>,
+    pub changes: watch::Receiver<u64>,
+}
+
+/// Starts watching the maintenances of `node` (field selector `spec.nodeName`); the returned
+/// future runs the watch and must be spawned.
+pub fn start(
+    client: Client,
+    node: &str,
+) -> (NodeMaintenances, impl Future<Output = ()> + Send + 'static) {
+    let (store, writer) = reflector::store::<NodeMaintenance>();
+    let (tx, changes) = watch::channel(0u64);
+    let api: Api<NodeMaintenance> = Api::all(client);
+    let events = reflector(
+        writer,
+        watcher(
+            api,
+            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+        )
+        .default_backoff(),
+    );
+    let running = events.for_each(move |event| {
+        if let Err(e) = event {
+            tracing::warn!(error = %e, "watching this node's maintenances failed; retrying with backoff");
+        }
+        tx.send_modify(|n| *n = n.wrapping_add(1));
+        futures::future::ready(())
+    });
+    (NodeMaintenances { store, changes }, running)
+}
+
+/// Whether one of `maintenances` is admitted and not finished.
+pub fn any_admitted(maintenances: &[std::sync::Arc<NodeMaintenance>]) -> bool {
+    maintenances.iter().any(|m| {
+        let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+        matches!(
+            phase,
+            MaintenancePhase::Admitted
+                | MaintenancePhase::Draining
+                | MaintenancePhase::Acting
+                | MaintenancePhase::Verifying
+        )
+    })
+}
