@@ -131,7 +131,10 @@ impl Machine {
             .unwrap_or_else(|p| p.into_inner())
             .clear();
         self.logind.restart_bus().await?;
-        std::fs::remove_file(self.dir.join("reboot-required"))?;
+        match std::fs::remove_file(self.dir.join("reboot-required")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         self.boot()
     }
 
@@ -514,5 +517,104 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         .collect();
     assert_eq!(events, ["DrainStarted", "PoweringOff"]);
     drop((power_off, delete, coordinator));
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("gate").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let node = env.node_name(0);
+    // A problem the gate looks for, there before and after the reboot.
+    env.nodes()
+        .patch_status(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(json!({"status": {"conditions": [{
+                "type": "E2EProblem", "status": "True", "reason": "Broken", "message": "e2e",
+                "lastHeartbeatTime": jiff::Timestamp::now().to_string(),
+                "lastTransitionTime": jiff::Timestamp::now().to_string(),
+            }]}})),
+        )
+        .await?;
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": format!("{}-gate", env.id), "labels": {TEST_LABEL: env.id}},
+        "spec": {
+            "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
+            "healthGate": {"for": "1s", "timeout": "3s", "problemTypes": ["E2EProblem"]},
+        },
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
+    let name = format!("{node}-reboot");
+    let m: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "requestedBy": "e2e"},
+    }))?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    maintenances.create(&PostParams::default(), &m).await?;
+    nodeward_e2e::wait::eventually("the reboot", Duration::from_secs(60), || async {
+        Ok(machine.reboot_requested().then_some(()))
+    })
+    .await
+    .with_context(|| format!("{}\n{}", machine.output(), coordinator.output()))?;
+    machine.reboot().await?;
+    let m = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "Failed",
+        Duration::from_secs(60),
+        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Failed),
+    )
+    .await
+    .with_context(|| machine.output())?
+    .context("maintenance")?;
+    let message = m
+        .status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(
+            "the health gate did not pass within 3s after the reboot: the node reports E2EProblem"
+        ) && message.contains("taint and cordon are undone"),
+        "{message}"
+    );
+    let phases: Vec<MaintenancePhase> = m
+        .status
+        .as_ref()
+        .map(|s| s.history.iter().map(|h| h.phase).collect())
+        .unwrap_or_default();
+    assert_eq!(phases.last(), Some(&MaintenancePhase::Failed));
+    assert!(phases.contains(&MaintenancePhase::Verifying), "{phases:?}");
+    let spec = env.nodes().get(&node).await?.spec.unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true), "uncordoned");
+    assert!(
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .all(|t| !t.key.starts_with("nodeward.io/")),
+        "untainted"
+    );
+    let reasons: Vec<String> = env
+        .events_about(&name, "")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["Rebooted", "HealthGateFailed"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    drop((machine, coordinator));
     env.cleanup().await
 }

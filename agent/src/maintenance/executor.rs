@@ -28,7 +28,7 @@ use nodeward_api::{
 };
 use serde_json::json;
 
-use super::lifecycle::{self, Facts, Step};
+use super::lifecycle::{self, Facts, Gate, Step};
 use crate::{
     cordon::{self, Applied},
     drain::{
@@ -102,15 +102,19 @@ impl Executor {
             return Ok(());
         }
         let recorded_boot = status.boot_id.clone().unwrap_or_default();
-        let healthy = status.phase == MaintenancePhase::Verifying
-            && self.health_gate(m, &mut memory.healthy_since).await?;
+        let gate = if status.phase == MaintenancePhase::Verifying {
+            self.health_gate(m, &mut memory.healthy_since).await?
+        } else {
+            Gate::Waiting(String::new())
+        };
         let facts = Facts {
             phase: status.phase,
             action: m.spec.action,
             deleting: m.metadata.deletion_timestamp.is_some(),
             finalized: m.finalizers().iter().any(|f| f == MAINTENANCE_FINALIZER),
             rebooted: !recorded_boot.is_empty() && recorded_boot != self.boot_id,
-            healthy,
+            healthy: gate == Gate::Passed,
+            gate_expired: matches!(gate, Gate::Expired(_)),
         };
         let applied = Applied {
             cordoned: status.cordoned_by_nodeward.unwrap_or(false),
@@ -157,7 +161,18 @@ impl Executor {
                     "back after the reboot; waiting for the health gate",
                     |_| {},
                 )
-                .await
+                .await?;
+                self.event(
+                    m,
+                    EventType::Normal,
+                    "Rebooted",
+                    format!(
+                        "back after the reboot (boot id {}); waiting for the health gate",
+                        self.boot_id
+                    ),
+                )
+                .await;
+                Ok(())
             }
             Step::Complete => {
                 cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
@@ -178,6 +193,26 @@ impl Executor {
                 )
                 .await;
                 self.notify(m, NoticeKind::Succeeded, "the node is back in service");
+                Ok(())
+            }
+            Step::GateFailed => {
+                let why = match &gate {
+                    Gate::Expired(why) => why.clone(),
+                    _ => "the health gate did not pass in time".to_owned(),
+                };
+                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
+                self.transition(
+                    m,
+                    MaintenancePhase::Failed,
+                    &format!("{why}; the node's taint and cordon are undone"),
+                    |s| {
+                        s["finishedAt"] = json!(Time(Timestamp::now()));
+                    },
+                )
+                .await?;
+                self.notify(m, NoticeKind::Failed, &why);
+                self.event(m, EventType::Warning, "HealthGateFailed", why)
+                    .await;
                 Ok(())
             }
             Step::Cancel => {
@@ -466,18 +501,23 @@ impl Executor {
         self.notifier.send(self.notice(m, kind, message));
     }
 
-    /// Ready, and none of the gate's problem conditions True, for the gate's `for`.
+    /// Ready, and none of the gate's problem conditions True, for the gate's `for`; expired
+    /// when that has not happened within the gate's `timeout` of entering Verifying.
     async fn health_gate(
         &self,
         m: &NodeMaintenance,
         healthy_since: &mut Option<Timestamp>,
-    ) -> Result<bool, crate::Error> {
+    ) -> Result<Gate, crate::Error> {
         let (_, _, policy) = self.plan(m).await;
         let gate = policy.and_then(|p| p.spec.health_gate);
         let hold = gate
             .as_ref()
             .and_then(|g| g.for_.to_std().ok())
             .unwrap_or(Duration::ZERO);
+        let timeout = gate
+            .as_ref()
+            .and_then(|g| g.timeout.as_ref())
+            .and_then(|t| t.to_std().ok());
         let problem_types: Vec<String> = gate.map(|g| g.problem_types).unwrap_or_default();
         let node = Api::<Node>::all(self.client.clone())
             .get(&self.node)
@@ -487,23 +527,44 @@ impl Executor {
         let ready = conditions
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True");
-        let problem = conditions.iter().any(|c| {
-            c.status == "True"
-                && if problem_types.is_empty() {
-                    nodeward_api::conditions::node::HEALTH_GATE_DEFAULT.contains(&c.type_.as_str())
-                } else {
-                    problem_types.contains(&c.type_)
-                }
-        });
-        if !ready || problem {
+        let problems: Vec<String> = conditions
+            .iter()
+            .filter(|c| {
+                c.status == "True"
+                    && if problem_types.is_empty() {
+                        nodeward_api::conditions::node::HEALTH_GATE_DEFAULT
+                            .contains(&c.type_.as_str())
+                    } else {
+                        problem_types.contains(&c.type_)
+                    }
+            })
+            .map(|c| c.type_.clone())
+            .collect();
+        let now = Timestamp::now();
+        let since = |t: Timestamp| Duration::try_from(now.duration_since(t)).unwrap_or_default();
+        if !ready || !problems.is_empty() {
             *healthy_since = None;
-            return Ok(false);
+        } else if healthy_since.is_none() {
+            *healthy_since = Some(now);
         }
-        let since = *healthy_since.get_or_insert_with(Timestamp::now);
-        Ok(
-            Duration::try_from(Timestamp::now().duration_since(since)).unwrap_or(Duration::ZERO)
-                >= hold,
-        )
+        let verifying_since = m
+            .status
+            .as_ref()
+            .and_then(|s| {
+                s.history
+                    .iter()
+                    .rev()
+                    .find(|h| h.phase == MaintenancePhase::Verifying)
+            })
+            .map_or(now, |h| h.time.0);
+        Ok(lifecycle::judge(
+            ready,
+            &problems,
+            healthy_since.map(since),
+            hold,
+            since(verifying_since),
+            timeout,
+        ))
     }
 
     async fn progress(&self, m: &NodeMaintenance, p: &Progress) {

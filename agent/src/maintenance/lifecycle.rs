@@ -6,7 +6,11 @@
 //! node is restored; `Reboot` reboots through logind and, after the next boot, Verifying until
 //! the health gate holds, then the node is restored and Succeeded; `PowerOff` is Succeeded
 //! just before logind powers off; `DeleteNode` waits in Acting for the coordinator to delete
-//! the Node. Deleted before Acting: restored, Cancelled.
+//! the Node. Deleted before Acting: restored, Cancelled. A health gate that has not passed
+//! within its `timeout` after the reboot fails the maintenance (the node is restored: what is
+//! wrong with it is for its conditions and remediation to say).
+
+use std::time::Duration;
 
 use nodeward_api::{MaintenanceAction, MaintenancePhase};
 
@@ -23,6 +27,8 @@ pub struct Facts {
     pub rebooted: bool,
     /// The health gate holds (Ready, no problem findings, for long enough).
     pub healthy: bool,
+    /// The health gate's timeout has passed without it holding.
+    pub gate_expired: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +45,8 @@ pub enum Step {
     Verify,
     /// The health gate held: restore the node, Succeeded.
     Complete,
+    /// The health gate did not hold in time: restore the node, Failed.
+    GateFailed,
     /// Deleted before the action: restore the node, Cancelled, remove the finalizer.
     Cancel,
     /// Deleted after it finished or while drained (DrainOnly): restore the node (unless
@@ -65,7 +73,53 @@ pub fn step(f: Facts) -> Step {
         (Acting, MaintenanceAction::Reboot) if f.rebooted => Step::Verify,
         (Acting, MaintenanceAction::Reboot | MaintenanceAction::PowerOff) => Step::Act,
         (Verifying, _) if f.healthy => Step::Complete,
+        (Verifying, _) if f.gate_expired => Step::GateFailed,
         _ => Step::Wait,
+    }
+}
+
+/// Where the post-reboot health gate stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Gate {
+    Passed,
+    /// Not yet, and why.
+    Waiting(String),
+    /// Not within the gate's timeout, and why.
+    Expired(String),
+}
+
+/// Judges the gate: the node must be Ready with none of the gate's `problems` True, for
+/// `hold`; `healthy_for` is how long it has been so (none: it is not), `waited` how long the
+/// maintenance has been Verifying.
+pub fn judge(
+    ready: bool,
+    problems: &[String],
+    healthy_for: Option<Duration>,
+    hold: Duration,
+    waited: Duration,
+    timeout: Option<Duration>,
+) -> Gate {
+    let why = if !ready {
+        "the node is not Ready".to_owned()
+    } else if !problems.is_empty() {
+        format!("the node reports {}", problems.join(", "))
+    } else {
+        match healthy_for {
+            Some(held) if held >= hold => return Gate::Passed,
+            Some(held) => format!(
+                "healthy for {}s of the {}s the gate asks",
+                held.as_secs(),
+                hold.as_secs()
+            ),
+            None => "not healthy yet".to_owned(),
+        }
+    };
+    match timeout {
+        Some(t) if waited >= t => Gate::Expired(format!(
+            "the health gate did not pass within {}s after the reboot: {why}",
+            t.as_secs()
+        )),
+        _ => Gate::Waiting(why),
     }
 }
 
@@ -83,7 +137,53 @@ mod tests {
             finalized: true,
             rebooted: false,
             healthy: false,
+            gate_expired: false,
         }
+    }
+
+    #[test]
+    fn the_health_gate_passes_after_holding_and_expires_after_its_timeout() {
+        let s = Duration::from_secs;
+        assert_eq!(
+            judge(true, &[], Some(s(10)), s(10), s(12), None),
+            Gate::Passed
+        );
+        assert_eq!(
+            judge(true, &[], Some(s(3)), s(10), s(5), Some(s(60))),
+            Gate::Waiting("healthy for 3s of the 10s the gate asks".into())
+        );
+        assert_eq!(
+            judge(false, &[], None, s(10), s(30), Some(s(60))),
+            Gate::Waiting("the node is not Ready".into())
+        );
+        let problems = vec!["NetworkProblem".to_owned()];
+        assert_eq!(
+            judge(true, &problems, None, s(0), s(61), Some(s(60))),
+            Gate::Expired(
+                "the health gate did not pass within 60s after the reboot: the node reports NetworkProblem"
+                    .into()
+            )
+        );
+        assert!(
+            matches!(
+                judge(false, &[], None, s(0), s(600), None),
+                Gate::Waiting(_)
+            ),
+            "no timeout: waits as long as it takes"
+        );
+        let expired = Facts {
+            gate_expired: true,
+            ..facts(Verifying, Reboot)
+        };
+        assert_eq!(step(expired), Step::GateFailed);
+        assert_eq!(
+            step(Facts {
+                healthy: true,
+                ..expired
+            }),
+            Step::Complete,
+            "a gate that holds wins"
+        );
     }
 
     #[test]
