@@ -157,6 +157,11 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     );
     assert_eq!(status.cordoned_by_nodeward, Some(true));
     assert_eq!(status.pods_remaining, Some(0));
+    let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert!(
+        types.contains(&"Admitted") && types.contains(&"Drained"),
+        "the agent's Drained condition sits beside the coordinator's Admitted: {types:?}"
+    );
     assert!(
         m.finalizers()
             .iter()

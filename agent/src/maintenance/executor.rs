@@ -416,13 +416,24 @@ impl Executor {
         };
         let force_used = failure.is_some();
         let boot = self.boot_id.clone();
+        // A merge patch replaces the whole list: keep the others (Admitted is the coordinator's).
+        let mut conditions: Vec<serde_json::Value> = m
+            .status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+            .iter()
+            .filter(|c| c.type_ != nodeward_api::conditions::maintenance::DRAINED)
+            .filter_map(|c| serde_json::to_value(c).ok())
+            .collect();
+        conditions.push(json!({
+            "type": nodeward_api::conditions::maintenance::DRAINED, "status": "True",
+            "reason": if force_used { "Forced" } else { "Drained" }, "message": drained,
+            "lastTransitionTime": Time(Timestamp::now()),
+        }));
         self.transition(m, MaintenancePhase::Acting, message, |s| {
             s["bootId"] = json!(boot);
-            s["conditions"] = json!([{
-                "type": nodeward_api::conditions::maintenance::DRAINED, "status": "True",
-                "reason": if force_used { "Forced" } else { "Drained" }, "message": drained,
-                "lastTransitionTime": Time(Timestamp::now()),
-            }]);
+            s["conditions"] = json!(conditions);
         })
         .await?;
         self.event(m, EventType::Normal, "Drained", message.to_owned())

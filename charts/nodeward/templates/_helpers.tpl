@@ -1,0 +1,52 @@
+{{/* Names, labels and images shared by the templates. */}}
+
+{{- define "nodeward.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "nodeward.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "nodeward.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "nodeward.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "nodeward.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "nodeward.agent.name" -}}
+{{- printf "%s-agent" (include "nodeward.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.coordinator.name" -}}
+{{- printf "%s-coordinator" (include "nodeward.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.agent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nodeward.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: agent
+{{- end -}}
+
+{{- define "nodeward.coordinator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nodeward.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: coordinator
+{{- end -}}
+
+{{/* The user name of the agent's service account, as the API server sees it. */}}
+{{- define "nodeward.agent.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodeward.agent.name" .) -}}
+{{- end -}}
+
+{{- define "nodeward.image" -}}
+{{- printf "%s:%s" .image.repository (default .chart.AppVersion .image.tag) -}}
+{{- end -}}
