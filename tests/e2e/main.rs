@@ -1,4 +1,5 @@
 //! End-to-end tests against the real control plane (see `tests/controlplane/`).
 
 mod identity;
+mod packaging;
 mod smoke;
