@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod pause;
 pub mod round;
 pub mod status;
+pub mod webhook;
 
 /// Everything that can go wrong in the coordinator, with what was being done.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +24,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("the eviction webhook: {0}")]
+    Webhook(String),
     #[error(transparent)]
     Runtime(#[from] nodeward_runtime::Error),
 }

@@ -6,7 +6,7 @@ use nodeward_coordinator::{
     controller::{Controller, Stores},
     election,
     metrics::Metrics,
-    status,
+    status, webhook,
 };
 use nodeward_runtime::{
     server::{self, Readiness},
@@ -73,6 +73,12 @@ struct Run {
     /// Decide again at least this often (windows open and close, conditions age).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     resync: Duration,
+    /// Serve the eviction admission webhook (HTTPS) on this address, e.g. 0.0.0.0:9443.
+    #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN", requires = "webhook_cert_dir")]
+    webhook_listen: Option<SocketAddr>,
+    /// Directory with the webhook's tls.crt and tls.key.
+    #[arg(long, env = "NODEWARD_WEBHOOK_CERT_DIR")]
+    webhook_cert_dir: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -152,6 +158,14 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
+    if let (Some(address), Some(dir)) = (run.webhook_listen, &run.webhook_cert_dir) {
+        let acceptor = webhook::tls(dir).map_err(Error::Webhook)?;
+        let (bound, serving) = webhook::serve(address, acceptor, client.clone())
+            .await
+            .map_err(Error::Webhook)?;
+        tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
+        tasks.spawn(serving);
+    }
 
     let changed = Arc::new(Notify::new());
     let stores = Stores::watch(&client, &changed, &mut tasks);

@@ -134,12 +134,15 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
+        "Secret",
+        "Service",
         "Service",
         "Service",
         "ServiceAccount",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
     ];
     assert_eq!(kinds(&defaults), expected);
     let all = render("nodeward", "nodeward-system", &[&all_on])?;
@@ -328,6 +331,77 @@ fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.message),
         other => format!("not refused: {other:?}"),
+    }
+}
+
+/// A coordinator serving only the eviction webhook: it never leads (the test holds its Lease
+/// for an hour), so it decides nothing about the cluster.
+struct EvictionWebhook {
+    coordinator: nodeward_e2e::daemon::Daemon,
+    address: String,
+    ca_bundle: Value,
+}
+
+impl EvictionWebhook {
+    async fn start(env: &TestEnv, dir: &Path) -> anyhow::Result<Self> {
+        let certs = dir.join("webhook");
+        std::fs::create_dir_all(&certs)?;
+        run(Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=nodeward-e2e-webhook",
+                "-addext",
+                "subjectAltName=IP:127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(certs.join("tls.key"))
+            .arg("-out")
+            .arg(certs.join("tls.crt")))?;
+        let now = jiff::Timestamp::now().to_string();
+        let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
+            "metadata": {"name": "e2e-held"},
+            "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now},
+        }))?;
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            env.client.clone(),
+            &env.namespace,
+        )
+        .create(&PostParams::default(), &lease)
+        .await?;
+        let address = nodeward_e2e::daemon::free_address()?;
+        let coordinator = nodeward_e2e::daemon::coordinator(
+            env,
+            &[
+                "--lease-name",
+                "e2e-held",
+                "--lease-duration",
+                "1h",
+                "--renew-deadline",
+                "50m",
+                "--retry-period",
+                "1m",
+                "--webhook-listen",
+                &address,
+                "--webhook-cert-dir",
+                certs.to_str().context("certificate directory")?,
+            ],
+        )?;
+        coordinator.wait_ready(Duration::from_secs(60)).await?;
+        let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(std::fs::read(
+            certs.join("tls.crt"),
+        )?))?;
+        Ok(Self {
+            coordinator,
+            address,
+            ca_bundle,
+        })
     }
 }
 
@@ -523,6 +597,42 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         said.contains("may not move a maintenance to Admitted"),
         "{said}"
     );
+
+    // Evictions: the chart's webhook, served by a real coordinator (reached on loopback with
+    // a certificate for 127.0.0.1 instead of through the Service, which a kwok pod cannot
+    // serve).
+    let webhook = EvictionWebhook::start(&env, &dir).await?;
+    let mut configuration = find(&documents, "ValidatingWebhookConfiguration")?.clone();
+    configuration["webhooks"][0]["clientConfig"] = json!({
+        "url": format!("https://{}/validate/eviction", webhook.address),
+        "caBundle": webhook.ca_bundle,
+    });
+    apply(&env.client, &[configuration]).await?;
+    env.replicaset("evict-a", &node_a, 1, &PodOptions::default())
+        .await?;
+    let evict_a = env.running_pods("evict-a", 1).await?.remove(0);
+    let said = wait::eventually(
+        "the webhook to refuse the eviction on node B",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(pods.evict(&on_b.name_any(), &Default::default()).await);
+            Ok(said.contains("may evict only pods").then_some(said))
+        },
+    )
+    .await
+    .with_context(|| webhook.coordinator.output())?;
+    assert!(
+        said.contains(&format!(
+            "nodeward-agent on node {node_a} may evict only pods on its own node; {}/{} runs on {node_b}",
+            env.namespace,
+            on_b.name_any()
+        )),
+        "{said}"
+    );
+    pods.evict(&evict_a.name_any(), &Default::default())
+        .await
+        .with_context(|| webhook.coordinator.output())?;
+    drop(webhook);
 
     // The coordinator's identity: reads nodes, may not delete pods nor relabel nodes.
     let coordinator = client_as(Identity::Token(

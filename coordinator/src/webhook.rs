@@ -1,0 +1,286 @@
+//! The admission webhook that keeps each agent's evictions to the pods of its own node. A
+//! ValidatingAdmissionPolicy cannot do it: an eviction's admission request carries the
+//! Eviction, not the pod, and a policy cannot read the pod. The chart's
+//! ValidatingWebhookConfiguration sends only the agent's `pods/eviction` requests here; every
+//! coordinator replica answers, leader or not.
+//!
+//! The decision is a pure function of the request and the pod's node; serving is HTTPS with
+//! the certificate in `--webhook-cert-dir` (`tls.crt`, `tls.key`).
+
+use std::{convert::Infallible, net::SocketAddr, path::Path, sync::Arc};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use serde_json::{Value, json};
+use tokio_rustls::{TlsAcceptor, rustls};
+
+/// The claim a pod-bound service-account token carries: the pod's node.
+pub const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
+/// The path the ValidatingWebhookConfiguration calls.
+pub const EVICTION_PATH: &str = "/validate/eviction";
+/// AdmissionReviews larger than this are refused unread.
+const MAX_REVIEW: usize = 256 * 1024;
+
+/// What the API server asked about one eviction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EvictionRequest {
+    pub uid: String,
+    pub user: String,
+    /// The node named by the caller's token, if any.
+    pub node: Option<String>,
+    pub namespace: String,
+    pub pod: String,
+}
+
+/// Reads the fields the decision needs from an AdmissionReview; the error says what is
+/// missing.
+pub fn parse(review: &Value) -> Result<EvictionRequest, String> {
+    let request = review
+        .get("request")
+        .ok_or("the AdmissionReview has no request")?;
+    let text = |value: &Value, field: &str| {
+        value
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| format!("request.{field} is missing"))
+    };
+    Ok(EvictionRequest {
+        uid: text(&request["uid"], "uid")?,
+        user: request["userInfo"]["username"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        node: request["userInfo"]["extra"][NODE_CLAIM][0]
+            .as_str()
+            .map(String::from),
+        namespace: text(&request["namespace"], "namespace")?,
+        pod: text(&request["name"], "name")?,
+    })
+}
+
+/// Whether the eviction may go ahead: the caller's node must be the pod's. `pod_node` is the
+/// pod's node (`None`: the pod does not exist, and the eviction fails on its own).
+pub fn decide(request: &EvictionRequest, pod_node: Option<Option<&str>>) -> Result<(), String> {
+    let Some(node) = request.node.as_deref() else {
+        return Err(format!(
+            "{} has no {NODE_CLAIM} claim: nodeward-agent evictions need a service-account token bound to the agent's pod",
+            request.user
+        ));
+    };
+    match pod_node {
+        None => Ok(()),
+        Some(Some(on)) if on == node => Ok(()),
+        Some(on) => Err(format!(
+            "nodeward-agent on node {node} may evict only pods on its own node; {}/{} runs on {}",
+            request.namespace,
+            request.pod,
+            on.unwrap_or("no node")
+        )),
+    }
+}
+
+/// The AdmissionReview answer.
+pub fn response(uid: &str, verdict: &Result<(), String>) -> Value {
+    let mut answer = json!({"uid": uid, "allowed": verdict.is_ok()});
+    if let Err(message) = verdict {
+        answer["status"] = json!({"code": 403, "reason": "Forbidden", "message": message});
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer})
+}
+
+/// Reads `tls.crt` and `tls.key` from `dir`; the error names the file.
+pub fn tls(dir: &Path) -> Result<TlsAcceptor, String> {
+    let cert_file = dir.join("tls.crt");
+    let key_file = dir.join("tls.key");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| format!("reading certificates from {}: {e}", cert_file.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{} holds no certificate", cert_file.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(&key_file)
+        .map_err(|e| format!("reading the private key from {}: {e}", key_file.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| format!("the certificate in {}: {e}", dir.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Binds `address` and returns the bound address and the serving future.
+pub async fn serve(
+    address: SocketAddr,
+    acceptor: TlsAcceptor,
+    client: Client,
+) -> Result<(SocketAddr, impl Future<Output = ()>), String> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| format!("binding the webhook to {address}: {e}"))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let serving = async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a webhook connection");
+                    continue;
+                }
+            };
+            let acceptor = acceptor.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let stream = match acceptor.accept(stream).await {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "webhook TLS handshake failed");
+                        return;
+                    }
+                };
+                let service = service_fn(move |request| handle(request, client.clone()));
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(%peer, error = %e, "webhook connection ended");
+                }
+            });
+        }
+    };
+    Ok((bound, serving))
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    client: Client,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let reply = |status: StatusCode, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            "content-type",
+            hyper::header::HeaderValue::from_static("application/json"),
+        );
+        response
+    };
+    if request.method() != Method::POST || request.uri().path() != EVICTION_PATH {
+        return Ok(reply(StatusCode::NOT_FOUND, "{}".to_owned()));
+    }
+    let body = match Limited::new(request.into_body(), MAX_REVIEW)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(e) => {
+            return Ok(reply(
+                StatusCode::BAD_REQUEST,
+                json!({"error": e.to_string()}).to_string(),
+            ));
+        }
+    };
+    let eviction = match serde_json::from_slice::<Value>(&body)
+        .map_err(|e| format!("the body is not JSON: {e}"))
+        .and_then(|review| parse(&review))
+    {
+        Ok(eviction) => eviction,
+        Err(e) => {
+            tracing::warn!(error = %e, "a webhook request that is not an AdmissionReview");
+            return Ok(reply(
+                StatusCode::BAD_REQUEST,
+                json!({"error": e}).to_string(),
+            ));
+        }
+    };
+    let pods: Api<Pod> = Api::namespaced(client, &eviction.namespace);
+    let verdict = match pods.get_opt(&eviction.pod).await {
+        Ok(pod) => {
+            let node = pod
+                .as_ref()
+                .map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
+            decide(&eviction, node.as_ref().map(|n| n.as_deref()))
+        }
+        // Not knowing where the pod runs, the eviction cannot be allowed.
+        Err(e) => Err(format!(
+            "could not read pod {}/{} to check its node: {e}",
+            eviction.namespace, eviction.pod
+        )),
+    };
+    if let Err(why) = &verdict {
+        tracing::warn!(user = %eviction.user, pod = %format!("{}/{}", eviction.namespace, eviction.pod), %why, "eviction refused");
+    }
+    Ok(reply(
+        StatusCode::OK,
+        response(&eviction.uid, &verdict).to_string(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review(node: Option<&str>) -> Value {
+        let mut extra = json!({});
+        if let Some(node) = node {
+            extra[NODE_CLAIM] = json!([node]);
+        }
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "705ab4f5", "namespace": "shop", "name": "cart-7", "subResource": "eviction",
+            "userInfo": {"username": "system:serviceaccount:nodeward:nodeward-agent", "extra": extra},
+            "object": {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "cart-7", "namespace": "shop"}},
+        }})
+    }
+
+    #[test]
+    fn an_agent_evicts_only_pods_of_its_own_node() {
+        let request = parse(&review(Some("node-a"))).expect("a valid review");
+        assert_eq!(request.pod, "cart-7");
+        assert_eq!(decide(&request, Some(Some("node-a"))), Ok(()));
+        let refused = decide(&request, Some(Some("node-b"))).expect_err("another node");
+        assert_eq!(
+            refused,
+            "nodeward-agent on node node-a may evict only pods on its own node; shop/cart-7 runs on node-b"
+        );
+        assert!(
+            decide(&request, Some(None)).is_err(),
+            "an unscheduled pod is not its own"
+        );
+        assert_eq!(
+            decide(&request, None),
+            Ok(()),
+            "a missing pod fails on its own"
+        );
+        let anonymous = parse(&review(None)).expect("a valid review");
+        assert!(
+            decide(&anonymous, Some(Some("node-a")))
+                .expect_err("no claim")
+                .contains("has no authentication.kubernetes.io/node-name claim")
+        );
+    }
+
+    #[test]
+    fn answers_carry_the_uid_and_the_reason() {
+        let allowed = response("705ab4f5", &Ok(()));
+        assert_eq!(
+            allowed["response"],
+            json!({"uid": "705ab4f5", "allowed": true})
+        );
+        let denied = response("705ab4f5", &Err("no".into()));
+        assert_eq!(denied["response"]["allowed"], false);
+        assert_eq!(denied["response"]["status"]["code"], 403);
+        assert_eq!(denied["response"]["status"]["message"], "no");
+        assert!(parse(&json!({})).is_err());
+        assert_eq!(
+            parse(&json!({"request": {"uid": "1", "namespace": "a"}})),
+            Err("request.name is missing".to_owned())
+        );
+    }
+}
