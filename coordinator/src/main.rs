@@ -28,7 +28,7 @@ struct Cli {
 enum Command {
     /// Run the coordinator: elect a leader, admit maintenances, track cluster health. Stops
     /// cleanly (releasing the leader Lease) on SIGTERM or SIGINT.
-    Run(Run),
+    Run(Box<Run>),
     /// Print policies with their budget use, maintenances with their phase, unhealthy nodes.
     Status {
         /// Kubeconfig; without it the in-cluster service account is used.
@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Run(run) => {
             telemetry::init_logging(run.log_format);
-            match runtime.block_on(run_coordinator(run)) {
+            match runtime.block_on(run_coordinator(*run)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "nodeward-coordinator stopped");
