@@ -93,6 +93,11 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "should match",
         ),
         (
+            json!({"rebootBlockers": {"prometheus": {"url": "prometheus:9090"}}}),
+            "spec.rebootBlockers.prometheus.url",
+            "should match",
+        ),
+        (
             json!({"drainPlan": {"stages": [{"name": "s", "timeout": "1m", "priority": {"min": 10, "max": 1}}]}}),
             "spec.drainPlan.stages[0].priority",
             "priority.min must not be greater than priority.max",
