@@ -1,0 +1,419 @@
+//! Rollout pace and leader failover, against the real test control plane: `--nodes` kwok
+//! nodes, one policy with `maxConcurrent`, one Reboot maintenance per node, the release
+//! coordinator, and simulated agents that take a maintenance from Admitted to Succeeded in a
+//! fixed `--reboot` time.
+//!
+//! Pace (default): all maintenances created at once; the wall time from the first creation to
+//! the last Succeeded against the ideal, ceil(nodes / maxConcurrent) x the reboot time.
+//!
+//!   cargo build --release -p nodeward-coordinator
+//!   cargo run --release -p nodeward-bench --bin rollout -- --nodes 100 --max-concurrent 10
+//!
+//! Failover (`--leader-kills N`): two coordinators electing a leader; during one long rollout
+//! (a node asks again once its maintenance ended) the leader is SIGKILLed N times and
+//! restarted; for each kill, the time to the next admission, and the most maintenances ever
+//! admitted at once (from a watch started before anything) against the budget.
+//!
+//!   cargo run --release -p nodeward-bench --bin rollout -- --leader-kills 20
+//!
+//! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams, PostParams},
+    runtime::watcher,
+};
+use nix::sys::signal::Signal;
+use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+use nodeward_e2e::{
+    TestEnv, controlplane,
+    daemon::Daemon,
+    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
+    history,
+};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// The policy's maxConcurrent.
+    #[arg(long, default_value_t = 10)]
+    max_concurrent: usize,
+    /// How long a simulated reboot takes (Admitted to Succeeded).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    reboot: Duration,
+    /// Rollouts (pace mode; medians over runs).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Failover mode: kill the leader this many times during one rollout.
+    #[arg(long)]
+    leader_kills: Option<usize>,
+    /// The coordinator binary (a release build).
+    #[arg(long, default_value = "target/release/nodeward-coordinator")]
+    coordinator: PathBuf,
+}
+
+fn phase(m: &NodeMaintenance) -> MaintenancePhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+/// The simulated agents: every maintenance of this run seen Admitted is Succeeded `reboot`
+/// later. Records when each was seen admitted.
+fn simulate_agents(
+    api: Api<NodeMaintenance>,
+    selector: String,
+    reboot: Duration,
+    admitted: Arc<Mutex<BTreeMap<String, Instant>>>,
+) -> tokio::task::JoinHandle<()> {
+    let taken: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let patcher = api.clone();
+    tokio::spawn(
+        watcher(api, watcher::Config::default().labels(&selector)).for_each(move |event| {
+            if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                && phase(&m) == MaintenancePhase::Admitted
+                && taken.lock().is_ok_and(|mut t| t.insert(m.name_any()))
+            {
+                if let Ok(mut a) = admitted.lock() {
+                    a.insert(m.name_any(), Instant::now());
+                }
+                let api = patcher.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(reboot).await;
+                    let done = json!({"status": {"phase": "Succeeded", "finishedAt": jiff::Timestamp::now().to_string()}});
+                    if let Err(e) = api
+                        .patch_status(&m.name_any(), &PatchParams::default(), &Patch::Merge(done))
+                        .await
+                    {
+                        eprintln!("finishing {}: {e}", m.name_any());
+                    }
+                });
+            }
+            futures::future::ready(())
+        }),
+    )
+}
+
+async fn create_maintenance(
+    api: &Api<NodeMaintenance>,
+    env: &TestEnv,
+    node: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let m: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "bench"},
+    }))?;
+    api.create(&PostParams::default(), &m).await?;
+    Ok(())
+}
+
+fn coordinator(args: &Args, env: &TestEnv, identity: &str, elect: bool) -> anyhow::Result<Daemon> {
+    let mut argv: Vec<String> = vec![
+        "run".into(),
+        "--kubeconfig".into(),
+        controlplane::shared().kubeconfig.display().to_string(),
+        "--lease-namespace".into(),
+        env.namespace.clone(),
+        "--identity".into(),
+        identity.into(),
+    ];
+    if elect {
+        argv.extend(
+            [
+                "--lease-duration",
+                "2s",
+                "--renew-deadline",
+                "1500ms",
+                "--retry-period",
+                "500ms",
+            ]
+            .map(String::from),
+        );
+    } else {
+        argv.push("--leader-elect=false".into());
+    }
+    Daemon::start(
+        args.coordinator
+            .to_str()
+            .context("coordinator path is not UTF-8")?,
+        &format!("{}-{identity}", env.id),
+        &argv,
+    )
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let env = TestEnv::new("bench-rollout").await?;
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    futures::stream::iter(0..args.nodes)
+        .map(|i| {
+            let (nodes, name, id) = (nodes.clone(), env.node_name(i), env.id.clone());
+            async move {
+                let node: Node = serde_json::from_value(json!({"metadata": {
+                    "name": name, "labels": {TEST_LABEL: id},
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                }}))?;
+                nodes.create(&PostParams::default(), &node).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    nodeward_e2e::wait::eventually("every node Ready", Duration::from_secs(300), || async {
+        let listed = nodes
+            .list(&kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)))
+            .await?;
+        let ready = listed
+            .items
+            .iter()
+            .filter(|n| {
+                nodeward_e2e::wait::condition_status(*n, "Ready").as_deref() == Some("True")
+            })
+            .count();
+        Ok((ready == args.nodes).then_some(()))
+    })
+    .await?;
+    let history = history::watch(&env);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": format!("{}-all", env.id), "labels": {TEST_LABEL: env.id}},
+        "spec": {"maxConcurrent": args.max_concurrent, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    let admitted: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let agents = simulate_agents(
+        maintenances.clone(),
+        selector,
+        args.reboot,
+        admitted.clone(),
+    );
+
+    println!("cores: {cores}");
+    match args.leader_kills {
+        None => pace(&args, &env, &maintenances).await?,
+        Some(kills) => failover(&args, &env, &maintenances, &admitted, kills).await?,
+    }
+    let h = history
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    println!(
+        "most maintenances admitted at once: {} (slots {}), budget {}",
+        h.max_active, h.max_slots, args.max_concurrent
+    );
+    anyhow::ensure!(
+        h.max_active <= args.max_concurrent && h.max_slots <= args.max_concurrent,
+        "the budget was exceeded"
+    );
+    agents.abort();
+    env.cleanup().await
+}
+
+async fn pace(
+    args: &Args,
+    env: &TestEnv,
+    maintenances: &Api<NodeMaintenance>,
+) -> anyhow::Result<()> {
+    let coordinator = coordinator(args, env, "pace", false)?;
+    coordinator.wait_ready(Duration::from_secs(120)).await?;
+    let waves = args.nodes.div_ceil(args.max_concurrent);
+    let ideal = args.reboot * u32::try_from(waves)?;
+    let mut totals = Vec::new();
+    for run in 0..args.runs {
+        let started = Instant::now();
+        futures::stream::iter(0..args.nodes)
+            .map(|i| {
+                let node = env.node_name(i);
+                let name = format!("{node}-r{run}");
+                async move { create_maintenance(maintenances, env, &node, &name).await }
+            })
+            .buffer_unordered(16)
+            .try_collect::<Vec<()>>()
+            .await?;
+        nodeward_e2e::wait::eventually(
+            "the rollout",
+            ideal * 4 + Duration::from_secs(60),
+            || async {
+                let listed = maintenances
+                    .list(
+                        &kube::api::ListParams::default()
+                            .labels(&format!("{TEST_LABEL}={}", env.id)),
+                    )
+                    .await?;
+                let done = listed
+                    .items
+                    .iter()
+                    .filter(|m| {
+                        m.name_any().ends_with(&format!("-r{run}"))
+                            && phase(m) == MaintenancePhase::Succeeded
+                    })
+                    .count();
+                Ok((done == args.nodes).then_some(()))
+            },
+        )
+        .await
+        .with_context(|| coordinator.output())?;
+        let total = started.elapsed();
+        eprintln!(
+            "run {run}: {:.2} s against the ideal {:.2} s (ratio {:.3})",
+            total.as_secs_f64(),
+            ideal.as_secs_f64(),
+            total.as_secs_f64() / ideal.as_secs_f64()
+        );
+        totals.push(total);
+    }
+    totals.sort();
+    let median = totals[totals.len() / 2];
+    println!(
+        "rollout of {} nodes at maxConcurrent {}, reboot {:?}: median {:.2} s over {} runs (range {:.2}-{:.2} s); ideal {} waves x {:?} = {:.2} s; ratio {:.3}",
+        args.nodes,
+        args.max_concurrent,
+        args.reboot,
+        median.as_secs_f64(),
+        args.runs,
+        totals[0].as_secs_f64(),
+        totals[totals.len() - 1].as_secs_f64(),
+        waves,
+        args.reboot,
+        ideal.as_secs_f64(),
+        median.as_secs_f64() / ideal.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn failover(
+    args: &Args,
+    env: &TestEnv,
+    maintenances: &Api<NodeMaintenance>,
+    admitted: &Arc<Mutex<BTreeMap<String, Instant>>>,
+    kills: usize,
+) -> anyhow::Result<()> {
+    let mut replicas: BTreeMap<String, Daemon> = BTreeMap::new();
+    for identity in ["replica-a", "replica-b"] {
+        replicas.insert(identity.to_owned(), coordinator(args, env, identity, true)?);
+    }
+    for replica in replicas.values() {
+        replica.wait_ready(Duration::from_secs(120)).await?;
+    }
+    // One long rollout: each node asks again once its last maintenance ended.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let feeding = {
+        let (api, env_id, nodes, stop) = (
+            maintenances.clone(),
+            env.id.clone(),
+            args.nodes,
+            stop.clone(),
+        );
+        let names: Vec<String> = (0..nodes).map(|i| env.node_name(i)).collect();
+        tokio::spawn(async move {
+            let mut round: BTreeMap<String, usize> = BTreeMap::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let listed = api
+                    .list(
+                        &kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={env_id}")),
+                    )
+                    .await;
+                if let Ok(listed) = listed {
+                    for node in &names {
+                        let open = listed
+                            .items
+                            .iter()
+                            .any(|m| &m.spec.node_name == node && !phase(m).is_finished());
+                        if !open {
+                            let n = round.entry(node.clone()).or_default();
+                            *n += 1;
+                            let m: NodeMaintenance = match serde_json::from_value(json!({
+                                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                                "metadata": {"name": format!("{node}-k{n}"), "labels": {TEST_LABEL: env_id}},
+                                "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "bench"},
+                            })) {
+                                Ok(m) => m,
+                                Err(_) => continue,
+                            };
+                            let _ = api.create(&PostParams::default(), &m).await;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut gaps = Vec::new();
+    // Let the rollout get going.
+    tokio::time::sleep(args.reboot * 2).await;
+    for kill in 0..kills {
+        let holder =
+            nodeward_e2e::wait::eventually("a leader", Duration::from_secs(30), || async {
+                Ok(leases
+                    .get_opt("nodeward-coordinator")
+                    .await?
+                    .and_then(|l| l.spec?.holder_identity)
+                    .filter(|h| replicas.contains_key(h)))
+            })
+            .await?;
+        let killed_at = Instant::now();
+        replicas
+            .get(&holder)
+            .context("the leader's process")?
+            .signal(Signal::SIGKILL)?;
+        let next = nodeward_e2e::wait::eventually(
+            "an admission after the kill",
+            Duration::from_secs(60),
+            || async {
+                Ok(admitted
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .values()
+                    .filter(|t| **t > killed_at)
+                    .min()
+                    .copied())
+            },
+        )
+        .await?;
+        let gap = next.duration_since(killed_at);
+        eprintln!(
+            "kill {kill}: {holder} killed; next admission {:.2} s later",
+            gap.as_secs_f64()
+        );
+        gaps.push(gap);
+        replicas.insert(holder.clone(), coordinator(args, env, &holder, true)?);
+        replicas[&holder]
+            .wait_ready(Duration::from_secs(60))
+            .await?;
+        // A slot or two turn over before the next kill.
+        tokio::time::sleep(args.reboot).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = feeding.await;
+    gaps.sort();
+    println!(
+        "{} leader kills (lease 2s, renew 1.5s, retry 0.5s): time to the next admission median {:.2} s, min {:.2} s, max {:.2} s",
+        gaps.len(),
+        gaps[gaps.len() / 2].as_secs_f64(),
+        gaps[0].as_secs_f64(),
+        gaps[gaps.len() - 1].as_secs_f64()
+    );
+    Ok(())
+}
