@@ -12,7 +12,9 @@
 //! Failover (`--leader-kills N`): two coordinators electing a leader; during one long rollout
 //! (a node asks again once its maintenance ended) the leader is SIGKILLed N times and
 //! restarted; for each kill, the time to the next admission, and the most maintenances ever
-//! admitted at once (from a watch started before anything) against the budget.
+//! admitted at once (from a watch started before anything) against the budget. Reboots take
+//! 0.5x to 1.5x `--reboot` here, so that slots free one by one and the gap after a kill is the
+//! failover's, not a wave's.
 //!
 //!   cargo run --release -p nodeward-bench --bin rollout -- --leader-kills 20
 //!
@@ -71,11 +73,13 @@ fn phase(m: &NodeMaintenance) -> MaintenancePhase {
 }
 
 /// The simulated agents: every maintenance of this run seen Admitted is Succeeded `reboot`
-/// later. Records when each was seen admitted.
+/// later (spread over 0.5x to 1.5x of it with `spread`, so that slots free one by one).
+/// Records when each was seen admitted.
 fn simulate_agents(
     api: Api<NodeMaintenance>,
     selector: String,
     reboot: Duration,
+    spread: bool,
     admitted: Arc<Mutex<BTreeMap<String, Instant>>>,
 ) -> tokio::task::JoinHandle<()> {
     let taken: Arc<Mutex<HashSet<String>>> = Arc::default();
@@ -90,8 +94,16 @@ fn simulate_agents(
                     a.insert(m.name_any(), Instant::now());
                 }
                 let api = patcher.clone();
+                let takes = if spread {
+                    use std::hash::{Hash, Hasher};
+                    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                    m.name_any().hash(&mut hasher);
+                    reboot.mul_f64(0.5 + (hasher.finish() % 1000) as f64 / 1000.0)
+                } else {
+                    reboot
+                };
                 tokio::spawn(async move {
-                    tokio::time::sleep(reboot).await;
+                    tokio::time::sleep(takes).await;
                     let done = json!({"status": {"phase": "Succeeded", "finishedAt": jiff::Timestamp::now().to_string()}});
                     if let Err(e) = api
                         .patch_status(&m.name_any(), &PatchParams::default(), &Patch::Merge(done))
@@ -206,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
         maintenances.clone(),
         selector,
         args.reboot,
+        args.leader_kills.is_some(),
         admitted.clone(),
     );
 
@@ -409,8 +422,9 @@ async fn failover(
     let _ = feeding.await;
     gaps.sort();
     println!(
-        "{} leader kills (lease 2s, renew 1.5s, retry 0.5s): time to the next admission median {:.2} s, min {:.2} s, max {:.2} s",
+        "{} leader kills (lease 2s, renew 1.5s, retry 0.5s; reboots 0.5x-1.5x {:?}): time to the next admission median {:.2} s, min {:.2} s, max {:.2} s",
         gaps.len(),
+        args.reboot,
         gaps[gaps.len() / 2].as_secs_f64(),
         gaps[0].as_secs_f64(),
         gaps[gaps.len() - 1].as_secs_f64()
