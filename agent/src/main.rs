@@ -161,8 +161,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: the agent mostly waits; each extra worker costs its stack and a malloc arena.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -230,13 +230,28 @@ async fn run(
         AgentMode::DaemonSet
     };
     let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
-    let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), user_agent).await?;
+    let metrics = Arc::new(Metrics::new());
+    let counted = metrics.clone();
+    let on_request: nodeward_runtime::client::OnRequest = Arc::new(move |verb, resource| {
+        counted
+            .api_requests
+            .get_or_create(&nodeward_agent::metrics::RequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+            })
+            .inc();
+    });
+    let client = nodeward_runtime::client::connect_counting(
+        kubeconfig.as_deref(),
+        user_agent,
+        Some(on_request),
+    )
+    .await?;
     let identity = Identity {
         node_name: node_name.clone(),
         mode,
         boot_id: boot_id.clone(),
     };
-    let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::new(
         "the first detection round has not been reported yet",
     ));

@@ -28,6 +28,14 @@ pub struct WriteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`.
+    pub verb: String,
+    /// E.g. `nodes`, `nodes/status`, `pods/eviction`.
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
     pub protocol: String,
     pub result: String,
@@ -47,6 +55,8 @@ pub struct Metrics {
     pub finding: Family<TypeLabels, Gauge>,
     pub check_duration: HistogramFamily,
     pub api_writes: Family<WriteLabels, Counter>,
+    /// Every request sent to the API server (reads and watches included).
+    pub api_requests: Family<RequestLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
 }
 
@@ -77,6 +87,12 @@ impl Metrics {
             "Writes to the Kubernetes API, by resource and result",
             api_writes.clone(),
         );
+        let api_requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests sent to the Kubernetes API, by verb and resource (a watch counts when it is opened)",
+            api_requests.clone(),
+        );
         let probes = Family::<ProbeLabels, Counter>::default();
         registry.register(
             "peer_probes",
@@ -88,6 +104,7 @@ impl Metrics {
             finding,
             check_duration,
             api_writes,
+            api_requests,
             probes,
         }
     }

@@ -810,27 +810,31 @@ impl Controller {
         any
     }
 
+    /// Publishes an Event off the decision path: a round does not wait for it.
     async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
     {
         let reference = object.object_ref(&());
-        let published = self
-            .recorder
-            .publish(
-                &Event {
-                    type_,
-                    reason: reason.to_owned(),
-                    note: Some(note),
-                    action: "Admission".to_owned(),
-                    secondary: None,
-                },
-                &reference,
-            )
-            .await;
-        if let Err(e) = published {
-            tracing::warn!(error = %e, %reason, "publishing an event failed");
-        }
+        let recorder = self.recorder.clone();
+        let reason = reason.to_owned();
+        tokio::spawn(async move {
+            let published = recorder
+                .publish(
+                    &Event {
+                        type_,
+                        reason: reason.clone(),
+                        note: Some(note),
+                        action: "Admission".to_owned(),
+                        secondary: None,
+                    },
+                    &reference,
+                )
+                .await;
+            if let Err(e) = published {
+                tracing::warn!(error = %e, %reason, "publishing an event failed");
+            }
+        });
     }
 }
 

@@ -72,19 +72,21 @@ pub async fn send(
             url: url.to_owned(),
             source,
         })?;
-    let response = client()
-        .map_err(|message| HttpError::Transport {
+    let sent = if request.uri().scheme_str() == Some("https") {
+        let client = https_client().map_err(|message| HttpError::Transport {
             method: method.clone(),
             url: url.to_owned(),
             message,
-        })?
-        .request(request)
-        .await
-        .map_err(|e| HttpError::Transport {
-            method: method.clone(),
-            url: url.to_owned(),
-            message: error_chain(&e),
         })?;
+        client.request(request).await
+    } else {
+        http_client().request(request).await
+    };
+    let response = sent.map_err(|e| HttpError::Transport {
+        method: method.clone(),
+        url: url.to_owned(),
+        message: error_chain(&e),
+    })?;
     let status = response.status();
     let body = Limited::new(response.into_body(), MAX_BODY)
         .collect()
@@ -100,15 +102,22 @@ pub async fn send(
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// One client for the process: the trust store is read once, connections are pooled.
-fn client() -> Result<&'static HttpsClient, String> {
+/// The plain-HTTP client (node-local endpoints): no trust store to load.
+fn http_client() -> &'static Client<HttpConnector, Full<Bytes>> {
+    static CLIENT: OnceLock<Client<HttpConnector, Full<Bytes>>> = OnceLock::new();
+    CLIENT.get_or_init(|| Client::builder(TokioExecutor::new()).build_http())
+}
+
+/// The HTTPS client, made on the first HTTPS request: the system's trust store is read once
+/// (and only by a process that needs it), connections are pooled.
+fn https_client() -> Result<&'static HttpsClient, String> {
     static CLIENT: OnceLock<Result<HttpsClient, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             let connector = HttpsConnectorBuilder::new()
                 .with_native_roots()
                 .map_err(|e| format!("reading the system's trusted certificates: {e}"))?
-                .https_or_http()
+                .https_only()
                 .enable_http1()
                 .build();
             Ok(Client::builder(TokioExecutor::new()).build(connector))

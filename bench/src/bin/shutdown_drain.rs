@@ -1,12 +1,13 @@
 //! Shutdown drain: the time from logind's `PowerOff` (it announces `PrepareForShutdown`) to
 //! the moment logind goes on (`StartUnit("poweroff.target")`, right after the agent releases
-//! its delay lock), for 50 pods of 1 s grace in 5 priority groups on a kwok node, against
-//! the sum of the stage waits the plan cannot avoid (each priority group waits for its pods'
-//! 1 s grace: 5 s); and the agent's peak RSS. Real systemd-logind on a private bus, real
-//! control plane, the release agent.
+//! its delay lock), for 50 (or `--pods-per-group` x 5) pods of 1 s grace in 5 priority groups
+//! on a kwok node, against the sum of the stage waits the plan cannot avoid (each priority
+//! group waits for its pods' 1 s grace: 5 s); and the agent's peak RSS. Real systemd-logind
+//! on a private bus, real control plane, the shipped agent build.
 //!
-//!   cargo build --release -p nodeward-agent -p nodeward-bench
-//!   target/release/shutdown-drain --runs 5
+//!   cargo build --profile agent -p nodeward-agent
+//!   cargo build --release -p nodeward-bench
+//!   target/release/shutdown-drain --runs 5 --pods-per-group 20
 //!
 //! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
 
@@ -22,13 +23,15 @@ use nodeward_e2e::{
 struct Args {
     #[arg(long, default_value_t = 5)]
     runs: usize,
-    /// The agent binary (a release build).
-    #[arg(long, default_value = "target/release/nodeward-agent")]
+    /// Pods in each of the 5 priority groups (10: 50 pods; 20: 100 pods).
+    #[arg(long, default_value_t = 10)]
+    pods_per_group: usize,
+    /// The agent binary (the shipped build: `cargo build --profile agent -p nodeward-agent`).
+    #[arg(long, default_value = "target/agent/nodeward-agent")]
     agent: String,
 }
 
 const GROUPS: usize = 5;
-const PER_GROUP: usize = 10;
 
 fn peak_rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -56,13 +59,14 @@ async fn run_once(args: &Args) -> anyhow::Result<(Duration, f64)> {
         env.replicaset(
             &format!("p{group}"),
             &node,
-            i32::try_from(PER_GROUP)?,
+            i32::try_from(args.pods_per_group)?,
             &options,
         )
         .await?;
     }
     for group in 0..GROUPS {
-        env.running_pods(&format!("p{group}"), PER_GROUP).await?;
+        env.running_pods(&format!("p{group}"), args.pods_per_group)
+            .await?;
     }
     let logind = Logind::start(&env.id, 120).await?;
     let dir = std::env::temp_dir().join(format!("nodeward-bench-{}", env.id));
@@ -155,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     println!("cores: {cores}");
     println!(
         "{} pods of 1 s grace in {GROUPS} priority groups; median of {} runs: {median:.2?} from PowerOff to the lock's release; stage waits {ideal:?}; overhead {:.2?} ({:.2}x)",
-        GROUPS * PER_GROUP,
+        GROUPS * args.pods_per_group,
         args.runs,
         median.saturating_sub(ideal),
         median.as_secs_f64() / ideal.as_secs_f64()
