@@ -49,12 +49,20 @@ writes() {
   curl -fsS "http://127.0.0.1:$port/metrics" |
     awk '/^nodeward_api_writes_total\{.*result="ok"/ {s += $NF} END {print s + 0}'
 }
-# Settle: the first round and the first writes.
+# "verb resource count" for every request the agent sent.
+requests() {
+  curl -fsS "http://127.0.0.1:$port/metrics" |
+    sed -n 's/^nodeward_api_requests_total{\(.*\)} \([0-9.]*\)$/\1 \2/p' |
+    sed 's/verb="\([^"]*\)",resource="\([^"]*\)"/\1 \2/; s/resource="\([^"]*\)",verb="\([^"]*\)"/\2 \1/'
+}
+# Settle: the first round, and the findings that hold for their `for` (up to 60 s by default)
+# before they are reported: steady state starts after that.
 until curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; do sleep 0.5; done
-sleep 5
+sleep "${SETTLE_SECONDS:-120}"
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 start_cpu=$(cpu) start_writes=$(writes) start=$(date +%s.%N)
+requests >"$work/requests.before"
 rss=()
 end=$(($(date +%s) + duration))
 while [ "$(date +%s)" -lt "$end" ]; do
@@ -64,8 +72,18 @@ done
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 used=$(($(cpu) - start_cpu))
 writes_done=$(($(writes) - start_writes))
+requests >"$work/requests.after"
 median_rss=$(printf '%s\n' "${rss[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
 max_rss=$(printf '%s\n' "${rss[@]}" | sort -n | tail -n1)
 printf 'agent steady state over %.0f s (%d cores): RSS median %.1f MiB, max %.1f MiB; CPU %.2f millicores; API writes %.2f per minute\n' \
   "$elapsed" "$(nproc)" "$(echo "$median_rss / 1024" | bc -l)" "$(echo "$max_rss / 1024" | bc -l)" \
   "$(echo "$used / $ticks / $elapsed * 1000" | bc -l)" "$(echo "$writes_done / $elapsed * 60" | bc -l)"
+# Requests per minute by verb and resource over the window (watches count when opened).
+awk -v elapsed="$elapsed" '
+  FNR == NR { before[$1 " " $2] = $3; next }
+  { d = $3 - before[$1 " " $2]; if (d > 0) { by[$1] += d; line = line sprintf(" %s %s %.2f;", $1, $2, d / elapsed * 60) } }
+  END {
+    printf "API requests per minute by verb:"
+    for (v in by) printf " %s %.2f", v, by[v] / elapsed * 60
+    printf "\n  by verb and resource:%s\n", line
+  }' "$work/requests.before" "$work/requests.after"

@@ -41,7 +41,8 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
             "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\nshutdownGuard: {{enabled: false}}\n{extra_config}"
         ),
     )?;
-    let agent = Daemon::start(
+    // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
+    let agent = Daemon::start_with_env(
         AGENT,
         &format!("{}-agent", env.id),
         &[
@@ -53,6 +54,10 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
             "--config".into(),
             config.display().to_string(),
         ],
+        &[(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            "unix:path=/nonexistent/nodeward-e2e-bus",
+        )],
     )?;
     coordinator.wait_ready(TIMEOUT).await?;
     agent.wait_ready(TIMEOUT).await?;
@@ -426,6 +431,56 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
     )
     .await?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+    drop(cluster);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-actfail").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let policy = policy(&env, json!({})).await?;
+    let cluster = start(&env, &node, "").await?;
+    let name = format!("{node}-reboot");
+    let m: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "requestedBy": "e2e"},
+    }))?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    maintenances.create(&PostParams::default(), &m).await?;
+    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
+        phase(m) == Some(MaintenancePhase::Failed)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let message = m.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains("connecting to the system bus")
+            && message.contains("taint and cordon are undone"),
+        "{message}"
+    );
+    assert_eq!(
+        node_state(&env.nodes().get(&node).await?),
+        (false, false),
+        "the machine stays up: not left cordoned"
+    );
+    let events = env.events_about(&name, "").await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("ActionFailed")),
+        "{events:?}"
+    );
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.slots.is_empty())
+    })
+    .await?;
     drop(cluster);
     env.cleanup().await
 }

@@ -154,6 +154,14 @@ fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
     })
 }
 
+/// A notification receiver answering 200 at `/hook`, and that URL.
+async fn hook_receiver() -> anyhow::Result<(nodeward_e2e::http::Endpoint, String)> {
+    let receiver = nodeward_e2e::http::Endpoint::start().await?;
+    receiver.reply("/hook", 200, "ok");
+    let hook = format!("{}/hook", receiver.url);
+    Ok((receiver, hook))
+}
+
 /// Waits until every machine's webhook notifications arrived, and checks their order.
 async fn wait_for_notices(
     receiver: &nodeward_e2e::http::Endpoint,
@@ -242,9 +250,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         .create(&PostParams::default(), &policy)
         .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
-    let receiver = nodeward_e2e::http::Endpoint::start().await?;
-    receiver.reply("/hook", 200, "ok");
-    let hook = format!("{}/hook", receiver.url);
+    let (receiver, hook) = hook_receiver().await?;
     let started = Instant::now();
     let mut machines = Vec::new();
     for i in 0..NODES {
@@ -447,9 +453,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         .create(&PostParams::default(), &policy)
         .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
-    let receiver = nodeward_e2e::http::Endpoint::start().await?;
-    receiver.reply("/hook", 200, "ok");
-    let hook = format!("{}/hook", receiver.url);
+    let (receiver, hook) = hook_receiver().await?;
     let power_off = Machine::start(&env, 0, &hook, false).await?;
     let delete = Machine::start(&env, 1, &hook, false).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());

@@ -513,30 +513,20 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             &maintenance(&own, &node_a, "Reboot")?,
         )
         .await?;
-    let said = refusal(
-        maintenances
-            .create(
-                &PostParams::default(),
-                &maintenance(&format!("{node_b}-x"), &node_b, "Reboot")?,
-            )
-            .await,
-    );
-    assert!(
-        said.contains("may ask only for Reboot maintenances of its own node"),
-        "{said}"
-    );
-    let said = refusal(
-        maintenances
-            .create(
-                &PostParams::default(),
-                &maintenance(&format!("{node_a}-x"), &node_a, "DeleteNode")?,
-            )
-            .await,
-    );
-    assert!(
-        said.contains("may ask only for Reboot maintenances of its own node"),
-        "{said}"
-    );
+    for (node, action) in [(&node_b, "Reboot"), (&node_a, "DeleteNode")] {
+        let said = refusal(
+            maintenances
+                .create(
+                    &PostParams::default(),
+                    &maintenance(&format!("{node}-{}", action.to_lowercase()), node, action)?,
+                )
+                .await,
+        );
+        assert!(
+            said.contains("may ask only for Reboot maintenances of its own node"),
+            "{action} on {node}: {said}"
+        );
+    }
 
     // Admitted by "the coordinator" (the admin here); the agent may move it on, not rewrite
     // the admission or take it back to Admitted.

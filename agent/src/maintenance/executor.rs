@@ -151,7 +151,7 @@ impl Executor {
             Step::Act if memory.acted.contains(&uid(m)) => Ok(()),
             Step::Act => {
                 memory.acted.insert(uid(m));
-                self.act(m).await
+                self.act(m, &applied).await
             }
             Step::Verify => {
                 memory.healthy_since = None;
@@ -200,20 +200,7 @@ impl Executor {
                     Gate::Expired(why) => why.clone(),
                     _ => "the health gate did not pass in time".to_owned(),
                 };
-                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
-                self.transition(
-                    m,
-                    MaintenancePhase::Failed,
-                    &format!("{why}; the node's taint and cordon are undone"),
-                    |s| {
-                        s["finishedAt"] = json!(Time(Timestamp::now()));
-                    },
-                )
-                .await?;
-                self.notify(m, NoticeKind::Failed, &why);
-                self.event(m, EventType::Warning, "HealthGateFailed", why)
-                    .await;
-                Ok(())
+                self.fail(m, &applied, "HealthGateFailed", why).await
             }
             Step::Cancel => {
                 cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
@@ -392,19 +379,7 @@ impl Executor {
             self.event(m, EventType::Warning, "DrainForced", drained.clone())
                 .await;
         } else if let Some(why) = failure {
-            cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
-            self.transition(
-                m,
-                MaintenancePhase::Failed,
-                &format!("{why}; the node's taint and cordon are undone"),
-                |s| {
-                    s["finishedAt"] = json!(Time(Timestamp::now()));
-                },
-            )
-            .await?;
-            self.notify(m, NoticeKind::Failed, &why);
-            self.event(m, EventType::Warning, "DrainFailed", why).await;
-            return Ok(());
+            return self.fail(m, applied, "DrainFailed", why).await;
         }
         let message = match m.spec.action {
             MaintenanceAction::DrainOnly => {
@@ -441,7 +416,7 @@ impl Executor {
         Ok(())
     }
 
-    async fn act(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+    async fn act(&self, m: &NodeMaintenance, applied: &Applied) -> Result<(), crate::Error> {
         let connection = zbus::Connection::system().await;
         let call = async {
             let connection =
@@ -486,13 +461,33 @@ impl Executor {
         )
         .await;
         if let Err(e) = call.await {
-            self.transition(m, MaintenancePhase::Failed, &e, |s| {
-                s["finishedAt"] = json!(Time(Timestamp::now()));
-            })
-            .await?;
-            self.notify(m, NoticeKind::Failed, &e);
-            self.event(m, EventType::Warning, "ActionFailed", e).await;
+            // The machine stays up: it must not stay cordoned by us.
+            self.fail(m, applied, "ActionFailed", e).await?;
         }
+        Ok(())
+    }
+
+    /// Fails the maintenance: the node's taint and cordon undone, Failed with `why`, an Event
+    /// `reason` and a notification.
+    async fn fail(
+        &self,
+        m: &NodeMaintenance,
+        applied: &Applied,
+        reason: &str,
+        why: String,
+    ) -> Result<(), crate::Error> {
+        cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
+        self.transition(
+            m,
+            MaintenancePhase::Failed,
+            &format!("{why}; the node's taint and cordon are undone"),
+            |s| {
+                s["finishedAt"] = json!(Time(Timestamp::now()));
+            },
+        )
+        .await?;
+        self.notify(m, NoticeKind::Failed, &why);
+        self.event(m, EventType::Warning, reason, why).await;
         Ok(())
     }
 
