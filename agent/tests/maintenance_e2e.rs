@@ -86,6 +86,17 @@ async fn policy(env: &TestEnv, extra: serde_json::Value) -> anyhow::Result<Strin
     Ok(name)
 }
 
+/// Waits until `policy` holds no slot.
+async fn slot_freed(env: &TestEnv, policy: &str) -> anyhow::Result<()> {
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(&policies, policy, "the slot freed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| s.slots.is_empty())
+    })
+    .await?;
+    Ok(())
+}
+
 async fn drain_only(env: &TestEnv, node: &str) -> anyhow::Result<String> {
     named_drain_only(env, node, &format!("{node}-drain")).await
 }
@@ -232,12 +243,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     })
     .await
     .with_context(|| cluster.agent.output())?;
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.slots.is_empty())
-    })
-    .await?;
+    slot_freed(&env, &policy).await?;
     drop(cluster);
     env.cleanup().await
 }
@@ -357,12 +363,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
         "{message}"
     );
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.slots.is_empty())
-    })
-    .await?;
+    slot_freed(&env, &policy).await?;
     let events = env.events_about(&name, "").await?;
     assert!(
         events
@@ -379,7 +380,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
     );
 
     // Forced: the same drain goes through, the pod deleted despite its PDB.
-    policies
+    Api::<DisruptionPolicy>::all(env.client.clone())
         .patch(
             &policy,
             &PatchParams::default(),
@@ -475,12 +476,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
             .any(|e| e.reason.as_deref() == Some("ActionFailed")),
         "{events:?}"
     );
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    wait::until(&policies, &policy, "the slot freed", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| s.slots.is_empty())
-    })
-    .await?;
+    slot_freed(&env, &policy).await?;
     drop(cluster);
     env.cleanup().await
 }

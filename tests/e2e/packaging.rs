@@ -548,45 +548,31 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             &Patch::Merge(json!({"status": {"phase": "Draining", "podsTotal": 1}})),
         )
         .await?;
-    let said = refusal(
-        maintenances
-            .patch_status(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"admission": {"admittedBy": "agent"}}})),
-            )
-            .await,
-    );
-    assert!(
-        said.contains("written by the nodeward coordinator only"),
-        "{said}"
-    );
-    let said = refusal(
-        maintenances
-            .patch_status(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"conditions": []}})),
-            )
-            .await,
-    );
-    assert!(
-        said.contains("written by the nodeward coordinator only"),
-        "{said}"
-    );
-    let said = refusal(
-        maintenances
-            .patch_status(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Admitted"}})),
-            )
-            .await,
-    );
-    assert!(
-        said.contains("may not move a maintenance to Admitted"),
-        "{said}"
-    );
+    for (status, expected) in [
+        (
+            json!({"admission": {"admittedBy": "agent"}}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"conditions": []}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"phase": "Admitted"}),
+            "may not move a maintenance to Admitted",
+        ),
+    ] {
+        let said = refusal(
+            maintenances
+                .patch_status(
+                    &own,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await,
+        );
+        assert!(said.contains(expected), "{status}: {said}");
+    }
 
     // Evictions: the chart's webhook, served by a real coordinator (reached on loopback with
     // a certificate for 127.0.0.1 instead of through the Service, which a kwok pod cannot
