@@ -154,6 +154,19 @@ fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
     })
 }
 
+/// A DisruptionPolicy `<test id>-<name>` with `spec`, labelled for this test's cleanup.
+async fn create_policy(env: &TestEnv, name: &str, spec: serde_json::Value) -> anyhow::Result<()> {
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": format!("{}-{name}", env.id), "labels": {TEST_LABEL: env.id}},
+        "spec": spec,
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    Ok(())
+}
+
 /// A notification receiver answering 200 at `/hook`, and that URL.
 async fn hook_receiver() -> anyhow::Result<(nodeward_e2e::http::Endpoint, String)> {
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
@@ -235,20 +248,18 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     .await?;
     env.running_pods("batch", 1).await?;
     let history = history::watch(&env);
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": format!("{}-rolling", env.id), "labels": {TEST_LABEL: env.id}},
-        "spec": {
+    create_policy(
+        &env,
+        "rolling",
+        json!({
             "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
             "maxConcurrent": MAX_CONCURRENT,
             "autoReboot": true,
             "healthGate": {"for": "1s"},
             "rebootBlockers": {"podSelectors": [{"matchLabels": {BLOCKER_LABEL: "true"}}]},
-        },
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
+        }),
+    )
+    .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let (receiver, hook) = hook_receiver().await?;
     let started = Instant::now();
@@ -444,14 +455,12 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         )
         .await?;
     }
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": format!("{}-actions", env.id), "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2},
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
+    create_policy(
+        &env,
+        "actions",
+        json!({"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2}),
+    )
+    .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let (receiver, hook) = hook_receiver().await?;
     let power_off = Machine::start(&env, 0, &hook, false).await?;
@@ -543,17 +552,15 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
             }]}})),
         )
         .await?;
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": format!("{}-gate", env.id), "labels": {TEST_LABEL: env.id}},
-        "spec": {
+    create_policy(
+        &env,
+        "gate",
+        json!({
             "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
             "healthGate": {"for": "1s", "timeout": "3s", "problemTypes": ["E2EProblem"]},
-        },
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
+        }),
+    )
+    .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");

@@ -87,25 +87,14 @@ impl Logind {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(child.id());
         self.child = Some(child);
-        let address = self.bus.address.clone();
-        wait::eventually("logind on the private bus", Duration::from_secs(20), || {
-            let address = address.clone();
-            async move {
-                let connection = zbus::connection::Builder::address(address.as_str())?
-                    .build()
-                    .await?;
-                let dbus = zbus::fdo::DBusProxy::new(&connection).await?;
-                let name = zbus::names::BusName::try_from("org.freedesktop.login1")?;
-                Ok(dbus.name_has_owner(name).await?.then_some(()))
-            }
-        })
-        .await
-        .with_context(|| {
-            format!(
-                "logind log: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            )
-        })
+        wait_for_name(&self.bus.address, "org.freedesktop.login1")
+            .await
+            .with_context(|| {
+                format!(
+                    "logind log: {}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                )
+            })
     }
 
     /// Makes logind reload its configuration (SIGHUP, as `systemctl reload` does).
@@ -146,23 +135,7 @@ impl Logind {
             .spawn()
             .context("starting polkitd in a private mount namespace")?;
         self.polkit = Some(child);
-        let address = self.bus.address.clone();
-        wait::eventually(
-            "polkitd on the private bus",
-            Duration::from_secs(20),
-            || {
-                let address = address.clone();
-                async move {
-                    let connection = zbus::connection::Builder::address(address.as_str())?
-                        .build()
-                        .await?;
-                    let dbus = zbus::fdo::DBusProxy::new(&connection).await?;
-                    let name = zbus::names::BusName::try_from("org.freedesktop.PolicyKit1")?;
-                    Ok(dbus.name_has_owner(name).await?.then_some(()))
-                }
-            },
-        )
-        .await
+        wait_for_name(&self.bus.address, "org.freedesktop.PolicyKit1").await
     }
 
     /// Calls logind's `PowerOff(false)` as the unprivileged `uid` (through `busctl`); the
@@ -230,6 +203,21 @@ impl Logind {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+}
+
+/// Waits until `name` has an owner on the bus at `address`.
+async fn wait_for_name(address: &str, name: &'static str) -> anyhow::Result<()> {
+    wait::eventually(
+        &format!("{name} on the private bus"),
+        Duration::from_secs(20),
+        || async move {
+            let connection = zbus::connection::Builder::address(address)?.build().await?;
+            let dbus = zbus::fdo::DBusProxy::new(&connection).await?;
+            let name = zbus::names::BusName::try_from(name)?;
+            Ok(dbus.name_has_owner(name).await?.then_some(()))
+        },
+    )
+    .await
 }
 
 impl Drop for Logind {

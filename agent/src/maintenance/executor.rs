@@ -175,25 +175,14 @@ impl Executor {
                 Ok(())
             }
             Step::Complete => {
-                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
-                self.transition(
+                self.end(
                     m,
+                    &applied,
                     MaintenancePhase::Succeeded,
-                    "healthy after the reboot; untainted and uncordoned",
-                    |s| {
-                        s["finishedAt"] = json!(Time(Timestamp::now()));
-                    },
-                )
-                .await?;
-                self.event(
-                    m,
-                    EventType::Normal,
                     "Succeeded",
-                    "the node is back in service".into(),
+                    "healthy after the reboot, the node is back in service".into(),
                 )
-                .await;
-                self.notify(m, NoticeKind::Succeeded, "the node is back in service");
-                Ok(())
+                .await
             }
             Step::GateFailed => {
                 let why = match &gate {
@@ -203,24 +192,14 @@ impl Executor {
                 self.fail(m, &applied, "HealthGateFailed", why).await
             }
             Step::Cancel => {
-                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
-                self.transition(
+                self.end(
                     m,
+                    &applied,
                     MaintenancePhase::Cancelled,
-                    "deleted before the action; the node is restored",
-                    |s| {
-                        s["finishedAt"] = json!(Time(Timestamp::now()));
-                    },
+                    "Cancelled",
+                    "deleted before the action".into(),
                 )
                 .await?;
-                self.event(
-                    m,
-                    EventType::Normal,
-                    "Cancelled",
-                    "deleted before the action; taint and cordon undone".into(),
-                )
-                .await;
-                self.notify(m, NoticeKind::Cancelled, "deleted before the action");
                 self.finalizer(m, false).await
             }
             Step::Release => {
@@ -467,8 +446,7 @@ impl Executor {
         Ok(())
     }
 
-    /// Fails the maintenance: the node's taint and cordon undone, Failed with `why`, an Event
-    /// `reason` and a notification.
+    /// Fails the maintenance with `why` (Event `reason`): see [`Self::end`].
     async fn fail(
         &self,
         m: &NodeMaintenance,
@@ -476,18 +454,38 @@ impl Executor {
         reason: &str,
         why: String,
     ) -> Result<(), crate::Error> {
+        self.end(m, applied, MaintenancePhase::Failed, reason, why)
+            .await
+    }
+
+    /// Ends the maintenance in `phase` (Succeeded, Cancelled or Failed): the node's taint and
+    /// cordon undone, the phase with `why` and the finish time, an Event `reason` and a
+    /// notification.
+    async fn end(
+        &self,
+        m: &NodeMaintenance,
+        applied: &Applied,
+        phase: MaintenancePhase,
+        reason: &str,
+        why: String,
+    ) -> Result<(), crate::Error> {
         cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
         self.transition(
             m,
-            MaintenancePhase::Failed,
+            phase,
             &format!("{why}; the node's taint and cordon are undone"),
             |s| {
                 s["finishedAt"] = json!(Time(Timestamp::now()));
             },
         )
         .await?;
-        self.notify(m, NoticeKind::Failed, &why);
-        self.event(m, EventType::Warning, reason, why).await;
+        let (type_, kind) = match phase {
+            MaintenancePhase::Succeeded => (EventType::Normal, NoticeKind::Succeeded),
+            MaintenancePhase::Cancelled => (EventType::Normal, NoticeKind::Cancelled),
+            _ => (EventType::Warning, NoticeKind::Failed),
+        };
+        self.notify(m, kind, &why);
+        self.event(m, type_, reason, why).await;
         Ok(())
     }
 
