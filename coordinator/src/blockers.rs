@@ -9,18 +9,19 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
 use nodeward_api::{
-    MaintenancePhase, MaintenanceReason,
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     policy::{PrometheusBlocker, RebootBlockers},
 };
 use serde::Deserialize;
 
-use crate::round::{Objects, phase};
+use crate::round::phase;
 
 /// How long one Prometheus reply is reused: every pending node of every round asks the same.
 const PROMETHEUS_TTL: Duration = Duration::from_secs(10);
@@ -37,44 +38,59 @@ pub struct Lookup {
     pub blockers: RebootBlockers,
 }
 
-/// What to look up this round: for every node with a pending (not Remediation) maintenance,
-/// the blockers of every policy that selects it.
-pub fn wanted(objects: &Objects) -> Vec<Lookup> {
+/// What to look up: for every pending (not Remediation) maintenance among `maintenances`, the
+/// blockers of every policy that `selects` its node (`None`: a node not known, skipped).
+pub fn wanted(
+    maintenances: &[Arc<NodeMaintenance>],
+    policies: &[Arc<DisruptionPolicy>],
+    selects: impl Fn(&DisruptionPolicy, &str) -> Option<bool>,
+) -> Vec<Lookup> {
     let mut lookups = Vec::new();
-    for m in &objects.maintenances {
+    if policies.iter().all(|p| p.spec.reboot_blockers.is_none()) {
+        return lookups;
+    }
+    for m in maintenances {
         if phase(m) != MaintenancePhase::Pending
             || m.metadata.deletion_timestamp.is_some()
             || m.spec.reason == MaintenanceReason::Remediation
         {
             continue;
         }
-        let Some(node) = objects
-            .nodes
-            .iter()
-            .find(|n| n.name_any() == m.spec.node_name)
-        else {
-            continue;
-        };
-        for policy in &objects.policies {
+        for policy in policies {
             let Some(blockers) = &policy.spec.reboot_blockers else {
                 continue;
             };
-            // An invalid selector blocks the whole scope elsewhere (the policy is invalid).
-            let selects =
-                policy.spec.node_selector.as_ref().is_none_or(|s| {
-                    nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)
-                });
+            let Some(selected) = selects(policy, &m.spec.node_name) else {
+                break;
+            };
             let lookup = Lookup {
                 node: m.spec.node_name.clone(),
                 policy: policy.name_any(),
                 blockers: blockers.clone(),
             };
-            if selects && !lookups.contains(&lookup) {
+            if selected && !lookups.contains(&lookup) {
                 lookups.push(lookup);
             }
         }
     }
     lookups
+}
+
+/// [`wanted`]'s `selects` from the Nodes' labels (an invalid selector selects: the policy is
+/// invalid and blocks its whole scope elsewhere).
+pub fn by_labels(nodes: &[Arc<Node>]) -> impl Fn(&DisruptionPolicy, &str) -> Option<bool> + '_ {
+    move |policy, name| {
+        let node = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name))?;
+        Some(
+            policy
+                .spec
+                .node_selector
+                .as_ref()
+                .is_none_or(|s| nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)),
+        )
+    }
 }
 
 /// One alert of Prometheus' `GET /api/v1/alerts`.
@@ -306,14 +322,11 @@ async fn fetch_alerts(base: &str) -> Result<Vec<Alert>, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use k8s_openapi::api::core::v1::Node;
     use kube::api::ObjectMeta;
-    use nodeward_api::{DisruptionPolicy, NodeMaintenance};
     use serde_json::json;
 
     use super::*;
+    use crate::round::Objects;
 
     const REPLY: &str = r#"{"status":"success","data":{"alerts":[
         {"labels":{"alertname":"KubeNodeNotReady","severity":"warning"},"state":"firing","activeAt":"2026-11-21T10:00:00Z","value":"1e+00"},
@@ -433,7 +446,11 @@ mod tests {
             ],
             ..Objects::default()
         };
-        let lookups = wanted(&objects);
+        let lookups = wanted(
+            &objects.maintenances,
+            &objects.policies,
+            by_labels(&objects.nodes),
+        );
         assert_eq!(lookups.len(), 1, "{lookups:?}");
         assert_eq!(
             (lookups[0].node.as_str(), lookups[0].policy.as_str()),

@@ -3,6 +3,10 @@
 //! every change (and every `resync`, for windows and durations that pass with time) and
 //! carries the plan out: budget slots first, as conditional writes of each policy's status,
 //! then the maintenances they admit, denials, endings and remediation.
+//!
+//! When the only change is new pending maintenances, an admission-only round decides them
+//! against what the last full round left ([`round::admit_new`]): a burst of creations in a
+//! large cluster then costs a decision each, not a pass over every node each.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -40,14 +44,47 @@ use tokio::sync::{Notify, watch};
 use crate::{
     Error,
     blockers::{self, Lookups},
-    metrics::{Metrics, PolicyLabels, ReasonLabels},
-    round::{self, Gone, Memory, Objects, Plan},
+    metrics::{Metrics, PolicyLabels, ReasonLabels, RoundLabels},
+    round::{self, Gone, Memory, Objects, Plan, Standing},
 };
 
 /// A denial whose reason is unchanged is rewritten (new message) at most this often.
 const DENIAL_REFRESH: Duration = Duration::from_secs(30);
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
+
+/// What changed since the controller last looked: maintenances that appeared pending (an
+/// admission-only round can decide them) or anything else (a full round).
+#[derive(Default)]
+pub struct Changes {
+    notify: Notify,
+    seen: std::sync::Mutex<ChangeSet>,
+}
+
+#[derive(Default)]
+struct ChangeSet {
+    anything: bool,
+    new_pending: Vec<String>,
+}
+
+impl Changes {
+    pub fn anything(&self) {
+        self.update(|set| set.anything = true);
+    }
+
+    fn new_pending(&self, name: String) {
+        self.update(|set| set.new_pending.push(name));
+    }
+
+    fn update(&self, change: impl FnOnce(&mut ChangeSet)) {
+        change(&mut self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> ChangeSet {
+        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
 
 /// The four watched kinds.
 #[derive(Clone)]
@@ -66,7 +103,7 @@ impl Stores {
     /// `changed` (heartbeats do not: at 1,000 nodes they would run a round every few ms).
     pub fn watch(
         client: &Client,
-        changed: &Arc<Notify>,
+        changed: &Arc<Changes>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
         let own_writes = OwnWrites::default();
@@ -83,6 +120,7 @@ impl Stores {
                     }
                 },
                 relevance::node,
+                |_| false,
                 None,
             ),
             policies: reflect(
@@ -91,6 +129,7 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::any_change,
+                |_| false,
                 Some(own_writes.clone()),
             ),
             maintenances: reflect(
@@ -99,6 +138,10 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::any_change,
+                |m: &NodeMaintenance| {
+                    round::phase(m) == MaintenancePhase::Pending
+                        && m.metadata.deletion_timestamp.is_none()
+                },
                 Some(own_writes.clone()),
             ),
             reports: reflect(
@@ -107,6 +150,7 @@ impl Stores {
                 tasks,
                 |_| {},
                 relevance::report,
+                |_| false,
                 None,
             ),
         }
@@ -134,12 +178,15 @@ impl Stores {
     }
 }
 
+/// `new_pending`: whether a first sighting of an object is one an admission-only round can
+/// decide.
 fn reflect<K>(
     api: Api<K>,
-    changed: &Arc<Notify>,
+    changed: &Arc<Changes>,
     tasks: &mut tokio::task::JoinSet<()>,
     trim: fn(&mut K),
     relevance: fn(&K) -> u64,
+    new_pending: fn(&K) -> bool,
     own_writes: Option<OwnWrites>,
 ) -> Store<K>
 where
@@ -161,36 +208,34 @@ where
     // What each object looked like to decisions when last seen.
     let mut seen: HashMap<String, u64> = HashMap::new();
     tasks.spawn(stream.for_each(move |event| {
-        let wake = match &event {
+        match &event {
             Ok(watcher::Event::Apply(object)) => {
+                let name = object.name_any();
                 let digest = relevance(object);
-                let changed = seen.insert(object.name_any(), digest) != Some(digest);
+                let before = seen.insert(name.clone(), digest);
                 let ours = own_writes
                     .as_ref()
                     .zip(object.resource_version())
                     .is_some_and(|(own, version)| own.take(&version));
-                changed && !ours
+                if ours || before == Some(digest) {
+                } else if before.is_none() && new_pending(object) {
+                    changed.new_pending(name);
+                } else {
+                    changed.anything();
+                }
             }
             Ok(watcher::Event::Delete(object)) => {
                 seen.remove(&object.name_any());
-                true
+                changed.anything();
             }
-            Ok(watcher::Event::Init) => {
-                seen.clear();
-                false
-            }
+            Ok(watcher::Event::Init) => seen.clear(),
             Ok(watcher::Event::InitApply(object)) => {
                 seen.insert(object.name_any(), relevance(object));
-                false
             }
-            Ok(watcher::Event::InitDone) => true,
+            Ok(watcher::Event::InitDone) => changed.anything(),
             Err(e) => {
                 tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
-                false
             }
-        };
-        if wake {
-            changed.notify_one();
         }
         futures::future::ready(())
     }));
@@ -281,18 +326,27 @@ impl<K: Resource> Fresh<K> {
         );
     }
 
-    fn apply(&mut self, objects: &mut [Arc<K>]) {
-        let mut seen = BTreeSet::new();
+    /// Puts what was written in place of the versions it replaced. Records whose object
+    /// moved on are dropped; with `complete` (every object of the kind), so are the records
+    /// of objects absent.
+    fn apply(&mut self, objects: &mut [Arc<K>], complete: bool) {
+        let mut current = BTreeSet::new();
         for object in objects.iter_mut() {
             let name = object.name_any();
-            if let Some((before, written)) = self.written.get(&name)
-                && object.resource_version() == *before
-            {
-                *object = written.clone();
-                seen.insert(name);
+            match self.written.get(&name) {
+                Some((before, written)) if object.resource_version() == *before => {
+                    *object = written.clone();
+                    current.insert(name);
+                }
+                Some(_) => {
+                    self.written.remove(&name);
+                }
+                None => {}
             }
         }
-        self.written.retain(|name, _| seen.contains(name));
+        if complete {
+            self.written.retain(|name, _| current.contains(name));
+        }
     }
 }
 
@@ -308,6 +362,8 @@ pub struct Controller {
     remediated_at: HashMap<String, Instant>,
     own_writes: OwnWrites,
     blockers: Lookups,
+    /// What the last full round left, while everything it decided was written.
+    standing: Option<Standing>,
 }
 
 impl Controller {
@@ -330,6 +386,7 @@ impl Controller {
             remediated_at: HashMap::new(),
             own_writes: OwnWrites::default(),
             blockers: Lookups::new(client.clone()),
+            standing: None,
             client,
         }
     }
@@ -339,7 +396,7 @@ impl Controller {
     pub async fn run(
         mut self,
         stores: Stores,
-        changed: Arc<Notify>,
+        changed: Arc<Changes>,
         mut leader: watch::Receiver<bool>,
         resync: Duration,
         readiness: Arc<nodeward_runtime::server::Readiness>,
@@ -353,47 +410,69 @@ impl Controller {
         }
         readiness.set(true);
         tracing::info!("watches synced");
+        let mut last_full: Option<Instant> = None;
         loop {
-            tokio::select! {
-                _ = changed.notified() => {}
-                _ = tokio::time::sleep(resync) => {}
-                _ = leader.changed() => {}
+            let resync_at = last_full.map_or_else(Instant::now, |at| at + resync);
+            let leadership_changed = tokio::select! {
+                _ = changed.notify.notified() => false,
+                _ = tokio::time::sleep_until(resync_at.into()) => false,
+                _ = leader.changed() => true,
                 _ = stop.changed() => return,
-            }
+            };
             if !*leader.borrow() {
+                self.standing = None;
+                last_full = Some(Instant::now());
                 continue;
             }
+            let changes = changed.take();
+            let due = leadership_changed || last_full.is_none_or(|at| at.elapsed() >= resync);
+            if !due && !changes.anything {
+                // A wake whose change an earlier round already took.
+                if changes.new_pending.is_empty() {
+                    continue;
+                }
+                if self
+                    .admission_round(&stores, &changes.new_pending, &leader)
+                    .await
+                {
+                    continue;
+                }
+            }
             let confirm = self.round(&stores, &leader).await;
+            last_full = Some(Instant::now());
             if self.confirm_gone(confirm).await {
-                changed.notify_one();
+                changed.anything();
             }
         }
     }
 
     /// One round: decide, then write. Returns the missing objects to confirm gone.
     async fn round(&mut self, stores: &Stores, leader: &watch::Receiver<bool>) -> BTreeSet<Gone> {
+        self.standing = None;
         let mut objects = stores.objects();
-        self.fresh_policies.apply(&mut objects.policies);
-        self.fresh_maintenances.apply(&mut objects.maintenances);
-        let lookups = blockers::wanted(&objects);
+        self.fresh_policies.apply(&mut objects.policies, true);
+        self.fresh_maintenances
+            .apply(&mut objects.maintenances, true);
+        let lookups = blockers::wanted(
+            &objects.maintenances,
+            &objects.policies,
+            blockers::by_labels(&objects.nodes),
+        );
         if !lookups.is_empty() {
             objects.blockers = self.blockers.blocked(&lookups).await;
         }
         let started = Instant::now();
-        let plan = round::plan(&objects, &mut self.memory, Timestamp::now());
+        let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
         self.metrics
             .decision_seconds
+            .get_or_create(&RoundLabels { round: "full" })
             .observe(started.elapsed().as_secs_f64());
         self.export(&plan);
         if !*leader.borrow() {
             return BTreeSet::new();
         }
-        let failed = self.write_policies(&objects, &plan).await;
-        for admission in &plan.admit {
-            if admission.new_slots_in.iter().any(|p| failed.contains(p)) {
-                continue;
-            }
-            self.admit(&objects, admission).await;
+        if self.admit_all(&objects, &plan).await {
+            self.standing = Some(std::mem::take(&mut plan.standing));
         }
         for denial in &plan.deny {
             self.deny(&objects, denial).await;
@@ -421,6 +500,85 @@ impl Controller {
             self.remediate(&objects, request).await;
         }
         plan.confirm_gone
+    }
+
+    /// Decides maintenances that appeared pending since the last full round against what it
+    /// left, and writes the outcome. Returns false when the standing cannot decide them (then
+    /// a full round must).
+    async fn admission_round(
+        &mut self,
+        stores: &Stores,
+        names: &[String],
+        leader: &watch::Receiver<bool>,
+    ) -> bool {
+        let Some(mut standing) = self.standing.take() else {
+            return false;
+        };
+        let mut objects = Objects {
+            policies: stores.policies.state(),
+            maintenances: names
+                .iter()
+                .filter_map(|name| stores.maintenances.get(&reflector::ObjectRef::new(name)))
+                .collect(),
+            ..Objects::default()
+        };
+        self.fresh_policies.apply(&mut objects.policies, true);
+        self.fresh_maintenances
+            .apply(&mut objects.maintenances, false);
+        let lookups = blockers::wanted(&objects.maintenances, &objects.policies, |policy, node| {
+            standing.cluster.nodes.contains_key(node).then(|| {
+                let name = policy.name_any();
+                standing
+                    .cluster
+                    .policies
+                    .iter()
+                    .any(|p| p.name == name && p.matched.contains(node))
+            })
+        });
+        let blocked = if lookups.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.blockers.blocked(&lookups).await
+        };
+        let started = Instant::now();
+        let Some(plan) = round::admit_new(
+            &mut standing,
+            &objects.policies,
+            &objects.maintenances,
+            &blocked,
+            Timestamp::now(),
+        ) else {
+            return false;
+        };
+        self.metrics
+            .decision_seconds
+            .get_or_create(&RoundLabels { round: "admission" })
+            .observe(started.elapsed().as_secs_f64());
+        self.export(&plan);
+        if !*leader.borrow() {
+            return true;
+        }
+        if self.admit_all(&objects, &plan).await {
+            self.standing = Some(standing);
+        }
+        for denial in &plan.deny {
+            self.deny(&objects, denial).await;
+        }
+        true
+    }
+
+    /// Writes the plan's budget slots, then the admissions they hold. Returns whether all
+    /// were written (what the plan left standing is then what the cluster holds).
+    async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
+        let failed = self.write_policies(objects, plan).await;
+        let mut all = failed.is_empty();
+        for admission in &plan.admit {
+            if admission.new_slots_in.iter().any(|p| failed.contains(p)) {
+                continue;
+            }
+            all &= self.admit(objects, admission).await;
+        }
+        all
     }
 
     fn export(&self, plan: &Plan) {
@@ -524,9 +682,10 @@ impl Controller {
         }
     }
 
-    async fn admit(&mut self, objects: &Objects, admission: &round::Admission) {
+    /// Marks a maintenance Admitted; returns whether that was written.
+    async fn admit(&mut self, objects: &Objects, admission: &round::Admission) -> bool {
         let Some(current) = Self::maintenance(objects, &admission.maintenance) else {
-            return;
+            return false;
         };
         let now = Timestamp::now();
         let record = AdmissionRecord {
@@ -571,6 +730,7 @@ impl Controller {
             self.event(current.as_ref(), EventType::Normal, "Admitted", note)
                 .await;
         }
+        written
     }
 
     async fn deny(&mut self, objects: &Objects, denial: &round::Denial) {

@@ -3,7 +3,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Du
 use clap::{Parser, Subcommand};
 use nodeward_coordinator::{
     Error,
-    controller::{Controller, Stores},
+    controller::{Changes, Controller, Stores},
     election,
     metrics::Metrics,
     status, webhook,
@@ -12,7 +12,7 @@ use nodeward_runtime::{
     server::{self, Readiness},
     telemetry::{self, LogFormat},
 };
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 const USER_AGENT: &str = concat!("nodeward-coordinator/", env!("CARGO_PKG_VERSION"));
 
@@ -167,7 +167,7 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         tasks.spawn(serving);
     }
 
-    let changed = Arc::new(Notify::new());
+    let changed = Arc::new(Changes::default());
     let stores = Stores::watch(&client, &changed, &mut tasks);
 
     let (stop_tx, stop) = watch::channel(false);

@@ -19,6 +19,15 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// `full`: a round over every watched object; `admission`: one that decided only maintenances
+/// created since (see [`crate::round::admit_new`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoundLabels {
+    pub round: &'static str,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
 /// Every metric the coordinator exports.
 pub struct Metrics {
     registry: Registry,
@@ -28,8 +37,8 @@ pub struct Metrics {
     pub budget_used: Family<PolicyLabels, Gauge>,
     pub budget_max: Family<PolicyLabels, Gauge>,
     pub unhealthy: Family<PolicyLabels, Gauge>,
-    /// Time of one reconcile round's decisions (no API calls).
-    pub decision_seconds: Histogram,
+    /// Time of one reconcile round's decisions (no API calls), by kind of round.
+    pub decision_seconds: Histograms<RoundLabels>,
     /// From a maintenance's creation to its admission being written.
     pub admission_latency_seconds: Histogram,
     /// Conditional budget writes refused because another writer changed the policy first.
@@ -47,9 +56,9 @@ impl Metrics {
             budget_used: Family::default(),
             budget_max: Family::default(),
             unhealthy: Family::default(),
-            decision_seconds: Histogram::new([
-                0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
-            ]),
+            decision_seconds: Family::new_with_constructor(|| {
+                Histogram::new([0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0])
+            }),
             admission_latency_seconds: Histogram::new([
                 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0,
             ]),
@@ -89,7 +98,7 @@ impl Metrics {
         );
         registry.register(
             "decision_duration_seconds",
-            "Time to decide one reconcile round (without API calls)",
+            "Time to decide one reconcile round (without API calls), by round: full or admission",
             metrics.decision_seconds.clone(),
         );
         registry.register(

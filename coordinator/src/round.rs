@@ -90,6 +90,24 @@ pub struct Plan {
     pub confirm_gone: BTreeSet<Gone>,
     /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
     pub delete_nodes: Vec<(String, String)>,
+    /// What maintenances created after this round can be decided against.
+    pub standing: Standing,
+}
+
+/// The state a round decided on and left, for [`admit_new`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Standing {
+    /// The cluster as admission saw it, with this round's admissions.
+    pub cluster: Cluster,
+    /// Each policy as decided on.
+    pub policies: BTreeMap<String, PolicyMark>,
+}
+
+/// A policy's generation and the slots (maintenance uids) it holds after a round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyMark {
+    pub generation: Option<i64>,
+    pub slots: BTreeSet<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -285,6 +303,22 @@ fn view<'a>(policy: &'a DisruptionPolicy, nodes: &[Arc<Node>], now: Timestamp) -
             .map_err(|e| problems.push(e.to_string()))
             .ok()
     });
+    let window_open = window_open(policy, now, &mut problems);
+    PolicyView {
+        policy,
+        matched,
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        max_concurrent,
+        max_unhealthy,
+        window_open,
+        rules: rules(policy),
+        name,
+    }
+}
+
+/// Whether one of the policy's windows is open at `now` (true when it has none); windows that
+/// do not parse add to `problems`.
+fn window_open(policy: &DisruptionPolicy, now: Timestamp, problems: &mut Vec<String>) -> bool {
     let windows: Vec<Window> = policy
         .spec
         .windows
@@ -296,17 +330,7 @@ fn view<'a>(policy: &'a DisruptionPolicy, nodes: &[Arc<Node>], now: Timestamp) -
                 .ok()
         })
         .collect();
-    let window_open = policy.spec.windows.is_empty() || window::any_open(&windows, now);
-    PolicyView {
-        policy,
-        matched,
-        problem: (!problems.is_empty()).then(|| problems.join("; ")),
-        max_concurrent,
-        max_unhealthy,
-        window_open,
-        rules: rules(policy),
-        name,
-    }
+    policy.spec.windows.is_empty() || window::any_open(&windows, now)
 }
 
 fn slots(policy: &DisruptionPolicy) -> &[BudgetSlot] {
@@ -698,20 +722,14 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
             .policies
             .iter()
             .find(|s| s.name == p.name)
-            .map_or(0, |s| {
-                s.matched
-                    .iter()
-                    .filter(|n| {
-                        cluster.disrupted.contains(*n)
-                            || cluster.nodes.get(*n).is_some_and(|s| !s.ready)
-                    })
-                    .count()
-            });
+            .map_or(0, |s| cluster.in_use(s, None).len());
         plan.budget_use
             .insert(p.name.clone(), (in_use, p.max_concurrent));
+        // Acknowledgements matter only while paused (thousands of nodes otherwise).
         let agents: BTreeMap<String, Option<i64>> = p
             .matched
             .iter()
+            .filter(|_| p.policy.spec.paused)
             .filter_map(|n| {
                 let report = reports.get(n)?;
                 let ack = report.status.as_ref().and_then(|s| {
@@ -794,12 +812,126 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 .conditions
                 .retain(|c| c.type_ != policy_conditions::VALID);
         }
+        plan.standing.policies.insert(
+            p.name.clone(),
+            PolicyMark {
+                generation,
+                slots: status.slots.iter().map(|s| s.uid.clone()).collect(),
+            },
+        );
         if status != old {
             statuses.insert(p.name.clone(), status);
         }
     }
     plan.policy_status = statuses;
+    plan.standing.cluster = cluster;
     plan
+}
+
+/// Decides maintenances created since the round that left `standing`, oldest first, as that
+/// round would have: a burst of creations then costs a decision each instead of a round over
+/// the whole cluster each. Valid only while nothing else changed since (the controller runs a
+/// full round on any other change and every resync). Windows are looked at again at `now`;
+/// `blockers` holds the lookups for the new maintenances' nodes.
+///
+/// Returns `None` when `standing` cannot decide them: a node or policy it does not know, or a
+/// policy whose spec or slots differ from what it decided on (another writer came first).
+pub fn admit_new(
+    standing: &mut Standing,
+    policies: &[Arc<DisruptionPolicy>],
+    new: &[Arc<NodeMaintenance>],
+    blockers: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> Option<Plan> {
+    if policies.len() != standing.policies.len() {
+        return None;
+    }
+    let by_name: BTreeMap<String, &DisruptionPolicy> = policies
+        .iter()
+        .map(|p| (p.name_any(), p.as_ref()))
+        .collect();
+    for (name, mark) in &standing.policies {
+        let policy = by_name.get(name)?;
+        let slots: BTreeSet<String> = slots(policy).iter().map(|s| s.uid.clone()).collect();
+        if policy.metadata.generation != mark.generation || slots != mark.slots {
+            return None;
+        }
+    }
+    for state in &mut standing.cluster.policies {
+        let policy = by_name.get(&state.name)?;
+        state.window_open = window_open(policy, now, &mut Vec::new());
+    }
+
+    let mut pending: Vec<&NodeMaintenance> = new
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+        .collect();
+    pending.sort_by_key(|m| {
+        (
+            timestamp(m.metadata.creation_timestamp.as_ref()),
+            m.name_any(),
+        )
+    });
+    let mut plan = Plan::default();
+    for m in pending {
+        let (name, uid, node) = (m.name_any(), m.uid()?, m.spec.node_name.clone());
+        let state = standing.cluster.nodes.get_mut(&node)?;
+        if m.spec.reason != MaintenanceReason::Remediation {
+            state.blocker = blockers.get(&node).cloned();
+        }
+        let request = Pending {
+            maintenance: name.clone(),
+            node: node.clone(),
+            remediation: m.spec.reason == MaintenanceReason::Remediation,
+        };
+        match decide::decide(&standing.cluster, &request) {
+            Decision::Admit { policies: names } => {
+                standing.cluster.disrupted.insert(node.clone());
+                for policy in &names {
+                    let status = plan
+                        .policy_status
+                        .entry(policy.clone())
+                        .or_insert_with(|| by_name[policy].status.clone().unwrap_or_default());
+                    status.slots.push(BudgetSlot {
+                        maintenance: name.clone(),
+                        uid: uid.clone(),
+                        node_name: node.clone(),
+                        admitted_at: Time(now),
+                    });
+                    if let Some(mark) = standing.policies.get_mut(policy) {
+                        mark.slots.insert(uid.clone());
+                    }
+                }
+                plan.admit.push(Admission {
+                    maintenance: name,
+                    uid,
+                    new_slots_in: names.clone(),
+                    policies: names,
+                });
+            }
+            Decision::Deny { reason, message } => plan.deny.push(Denial {
+                maintenance: name,
+                reason,
+                message,
+            }),
+        }
+    }
+    for (name, status) in &mut plan.policy_status {
+        let state = standing.cluster.policies.iter().find(|p| p.name == *name)?;
+        status.in_maintenance = count(
+            standing
+                .cluster
+                .disrupted
+                .iter()
+                .filter(|n| state.matched.contains(*n))
+                .count(),
+        );
+        let in_use = standing.cluster.in_use(state, None).len();
+        plan.budget_use
+            .insert(name.clone(), (in_use, state.max_concurrent));
+    }
+    Some(plan)
 }
 
 fn count(n: usize) -> i32 {
@@ -948,6 +1080,164 @@ mod tests {
         assert_eq!(status.slots.len(), 2);
         assert_eq!((status.matched, status.in_maintenance), (5, 2));
         assert_eq!(plan.budget_use["pool"], (2, 2));
+    }
+
+    /// The objects after a round's writes went through (slots, then admissions).
+    fn written(mut objects: Objects, plan: &Plan) -> Objects {
+        for p in &mut objects.policies {
+            if let Some(status) = plan.policy_status.get(&p.name_any()) {
+                Arc::make_mut(p).status = Some(status.clone());
+            }
+        }
+        for m in &mut objects.maintenances {
+            if plan.admit.iter().any(|a| a.maintenance == m.name_any()) {
+                Arc::make_mut(m)
+                    .status
+                    .get_or_insert_with(Default::default)
+                    .phase = MaintenancePhase::Admitted;
+            }
+        }
+        objects
+    }
+
+    fn names<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<String> {
+        items.iter().map(|i| name(i).to_owned()).collect()
+    }
+
+    #[test]
+    fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
+        let mut objects = cluster(5);
+        objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+        let mut round = plan(&objects, &mut Memory::default(), t(200));
+        assert_eq!(names(&round.admit, |a| &a.maintenance), ["m0"]);
+        let mut objects = written(objects, &round);
+        let new: Vec<_> = (1..4)
+            .map(|i| maintenance(&format!("m{i}"), &format!("n{i}"), 300 - i, json!(null)))
+            .collect();
+
+        let fast = admit_new(
+            &mut round.standing,
+            &objects.policies,
+            &new,
+            &BTreeMap::new(),
+            t(400),
+        )
+        .expect("the standing decides");
+        objects.maintenances.extend(new);
+        let full = plan(&objects, &mut Memory::default(), t(400));
+        // The oldest new one (m3) takes the second slot; the others find the budget used.
+        assert_eq!(names(&fast.admit, |a| &a.maintenance), ["m3"]);
+        assert_eq!(fast.admit[0].new_slots_in, ["pool"]);
+        assert_eq!(
+            names(&fast.admit, |a| &a.maintenance),
+            names(&full.admit, |a| &a.maintenance)
+        );
+        assert_eq!(fast.deny, full.deny);
+        let status = &fast.policy_status["pool"];
+        assert_eq!(names(&status.slots, |s| &s.maintenance), ["m0", "m3"]);
+        assert_eq!(status.in_maintenance, 2);
+        assert_eq!(fast.budget_use["pool"], (2, 2));
+        assert!(round.standing.policies["pool"].slots.contains("uid-m3"));
+        // What it admitted counts against the next burst.
+        let next = admit_new(
+            &mut round.standing,
+            &written(objects, &fast).policies,
+            &[maintenance("m4", "n4", 500, json!(null))],
+            &BTreeMap::new(),
+            t(500),
+        )
+        .expect("the standing decides");
+        assert!(next.admit.is_empty());
+        assert_eq!(next.deny[0].reason, "BudgetExhausted");
+    }
+
+    #[test]
+    fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() {
+        let objects = cluster(3);
+        let round = plan(&objects, &mut Memory::default(), t(200));
+        let objects = written(objects, &round);
+        let new = [maintenance("m1", "n1", 300, json!(null))];
+        let decide = |policies: &[Arc<DisruptionPolicy>], new: &[Arc<NodeMaintenance>]| {
+            admit_new(
+                &mut round.standing.clone(),
+                policies,
+                new,
+                &BTreeMap::new(),
+                t(400),
+            )
+        };
+        assert!(decide(&objects.policies, &new).is_some());
+
+        // Another coordinator took a slot.
+        let mut taken = objects.policies.clone();
+        Arc::make_mut(&mut taken[0])
+            .status
+            .get_or_insert_with(Default::default)
+            .slots
+            .push(serde_json::from_value(slot("other", "n2")).expect("slot"));
+        assert!(decide(&taken, &new).is_none());
+        // The spec changed (e.g. paused).
+        let mut edited = objects.policies.clone();
+        Arc::make_mut(&mut edited[0]).metadata.generation = Some(4);
+        assert!(decide(&edited, &new).is_none());
+        // A node the round did not see, or a policy it did not know.
+        assert!(
+            decide(
+                &objects.policies,
+                &[maintenance("m9", "n9", 300, json!(null))]
+            )
+            .is_none()
+        );
+        let mut more = objects.policies.clone();
+        more.push(policy(json!({"maxConcurrent": 1}), json!({})));
+        Arc::make_mut(&mut more[1]).metadata.name = Some("other".into());
+        assert!(decide(&more, &new).is_none());
+    }
+
+    #[test]
+    fn the_standing_looks_at_windows_and_blockers_again() {
+        let mut objects = cluster(3);
+        objects.policies = vec![policy(
+            json!({"maxConcurrent": 2, "windows": [{"start": "08:00", "end": "09:00"}]}),
+            json!({}),
+        )];
+        // t(0) is 08:00 UTC: the window is open for the round, closed an hour later.
+        let round = plan(&objects, &mut Memory::default(), t(200));
+        let objects = written(objects, &round);
+        let new = [maintenance("m1", "n1", 300, json!(null))];
+        let open = admit_new(
+            &mut round.standing.clone(),
+            &objects.policies,
+            &new,
+            &BTreeMap::new(),
+            t(400),
+        )
+        .expect("decides");
+        assert_eq!(open.admit.len(), 1);
+        let closed = admit_new(
+            &mut round.standing.clone(),
+            &objects.policies,
+            &new,
+            &BTreeMap::new(),
+            t(4_000),
+        )
+        .expect("decides");
+        assert_eq!(closed.deny[0].reason, "OutsideWindow");
+        let blockers = BTreeMap::from([("n1".to_owned(), "pod ns/p".to_owned())]);
+        let blocked = admit_new(
+            &mut round.standing.clone(),
+            &objects.policies,
+            &new,
+            &blockers,
+            t(400),
+        )
+        .expect("decides");
+        assert_eq!(blocked.deny[0].reason, "Blocked");
+        assert!(
+            blocked.deny[0].message.contains("pod ns/p"),
+            "{:?}",
+            blocked.deny
+        );
     }
 
     #[test]

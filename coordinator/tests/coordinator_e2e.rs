@@ -231,6 +231,14 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
         .metric("nodeward_coordinator_admissions_total")
         .await?;
     assert!(admissions >= 50.0, "admissions metric {admissions}");
+    // The burst was decided by admission-only rounds (the budget above held with them).
+    let admission_rounds = coordinator
+        .metric("nodeward_coordinator_decision_duration_seconds_count{round=\"admission\"}")
+        .await?;
+    assert!(
+        admission_rounds >= 1.0,
+        "admission rounds {admission_rounds}"
+    );
     let p = Api::<DisruptionPolicy>::all(env.client.clone())
         .get(&policy)
         .await?;

@@ -315,13 +315,15 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(idle).await;
     let (rss_idle, peak_end, idle_after) = footprint(pid)?;
     let idle_millicores = (idle_after - idle_before) as f64 / tick / idle.as_secs_f64() * 1000.0;
-    let decisions = coordinator
-        .metric("nodeward_coordinator_decision_duration_seconds_sum")
-        .await?
-        / coordinator
-            .metric("nodeward_coordinator_decision_duration_seconds_count")
-            .await?
-            .max(1.0);
+    let mut rounds = Vec::new();
+    for kind in ["full", "admission"] {
+        let series = |what: &str| {
+            format!("nodeward_coordinator_decision_duration_seconds_{what}{{round=\"{kind}\"}}")
+        };
+        let count = coordinator.metric(&series("count")).await?;
+        let sum = coordinator.metric(&series("sum")).await?;
+        rounds.push((kind, count, sum / count.max(1.0)));
+    }
     watching.abort();
 
     let p50 = median(run_p50);
@@ -349,7 +351,12 @@ async fn main() -> anyhow::Result<()> {
         ms(w99),
         ms(p99.saturating_sub(w99))
     );
-    println!("mean decision time per round: {:.3} ms", decisions * 1000.0);
+    for (kind, count, mean) in rounds {
+        println!(
+            "{kind} rounds: {count:.0}, mean decision time {:.3} ms",
+            mean * 1000.0
+        );
+    }
 
     drop(coordinator);
     for report in reports.list(&ListParams::default()).await? {

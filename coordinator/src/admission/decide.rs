@@ -47,6 +47,28 @@ pub struct Cluster {
     pub disrupted: BTreeSet<String>,
 }
 
+impl Cluster {
+    /// The nodes of `policy` that count against its budget: disrupted, or NotReady (except
+    /// `except`, the node being decided, whose own NotReady is what its maintenance fixes).
+    pub fn in_use<'a>(
+        &'a self,
+        policy: &PolicyState,
+        except: Option<&str>,
+    ) -> BTreeSet<&'a String> {
+        // Disrupted and NotReady nodes are few; a policy can match thousands.
+        let not_ready = self
+            .nodes
+            .iter()
+            .filter(|(name, s)| !s.ready && Some(name.as_str()) != except)
+            .map(|(name, _)| name);
+        self.disrupted
+            .iter()
+            .chain(not_ready)
+            .filter(|n| policy.matched.contains(*n))
+            .collect()
+    }
+}
+
 /// A maintenance waiting for admission.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pending {
@@ -163,16 +185,7 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         }
     }
     for p in &policies {
-        let in_use: Vec<&String> = p
-            .matched
-            .iter()
-            .filter(|n| {
-                let disrupted = cluster.disrupted.contains(*n);
-                let not_ready =
-                    **n != pending.node && cluster.nodes.get(*n).is_some_and(|s| !s.ready);
-                disrupted || not_ready
-            })
-            .collect();
+        let in_use = cluster.in_use(p, Some(&pending.node));
         if in_use.len() >= p.max_concurrent {
             let count = in_use.len();
             let mut names: Vec<&str> = in_use.iter().take(5).map(|n| n.as_str()).collect();
