@@ -270,11 +270,20 @@ struct PolicyView<'a> {
     rules: Rules,
 }
 
-fn view<'a>(policy: &'a DisruptionPolicy, nodes: &[Arc<Node>], now: Timestamp) -> PolicyView<'a> {
+fn name_of<K: Resource>(object: &K) -> &str {
+    object.meta().name.as_deref().unwrap_or_default()
+}
+
+/// `nodes` by name: in order, so that the matched set is built without sorting.
+fn view<'a>(
+    policy: &'a DisruptionPolicy,
+    nodes: &BTreeMap<&str, &Node>,
+    now: Timestamp,
+) -> PolicyView<'a> {
     let name = policy.name_any();
     let mut problems = Vec::new();
     let matched: BTreeSet<String> = nodes
-        .iter()
+        .values()
         .filter(|n| match &policy.spec.node_selector {
             None => true,
             Some(selector) => {
@@ -340,21 +349,22 @@ fn slots(policy: &DisruptionPolicy) -> &[BudgetSlot] {
 /// Decides one round.
 pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let mut plan = Plan::default();
-    let nodes: BTreeMap<String, &Node> = objects
+    // Keyed by borrowed names: at thousands of nodes, copies of names are much of a round.
+    let nodes: BTreeMap<&str, &Node> = objects
         .nodes
         .iter()
-        .map(|n| (n.name_any(), n.as_ref()))
+        .map(|n| (name_of(n.as_ref()), n.as_ref()))
         .collect();
     for (name, node) in &nodes {
-        if is_ready(node) && !memory.seen_ready.contains(name) {
-            memory.seen_ready.insert(name.clone());
+        if is_ready(node) && !memory.seen_ready.contains(*name) {
+            memory.seen_ready.insert((*name).to_owned());
         }
     }
-    memory.seen_ready.retain(|n| nodes.contains_key(n));
-    let reports: BTreeMap<String, &NodeReport> = objects
+    memory.seen_ready.retain(|n| nodes.contains_key(n.as_str()));
+    let reports: BTreeMap<&str, &NodeReport> = objects
         .reports
         .iter()
-        .map(|r| (r.name_any(), r.as_ref()))
+        .map(|r| (name_of(r.as_ref()), r.as_ref()))
         .collect();
     let maintenances: BTreeMap<String, &NodeMaintenance> = objects
         .maintenances
@@ -364,7 +374,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let mut policies: Vec<PolicyView> = objects
         .policies
         .iter()
-        .map(|p| view(p, &objects.nodes, now))
+        .map(|p| view(p, &nodes, now))
         .collect();
     policies.sort_by(|a, b| a.name.cmp(&b.name));
 
@@ -372,7 +382,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let mut kept: BTreeMap<String, Vec<BudgetSlot>> = BTreeMap::new();
     memory.confirmed_gone.retain(|gone| match gone {
         Gone::Maintenance { name, .. } => !maintenances.contains_key(name),
-        Gone::Node(name) => !nodes.contains_key(name),
+        Gone::Node(name) => !nodes.contains_key(name.as_str()),
     });
     for p in &policies {
         let mut keep = Vec::new();
@@ -393,7 +403,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 }
             };
             let node = Gone::Node(slot.node_name.clone());
-            let node_exists = nodes.contains_key(&slot.node_name)
+            let node_exists = nodes.contains_key(slot.node_name.as_str())
                 || (!memory.confirmed_gone.contains(&node) && {
                     plan.confirm_gone.insert(node);
                     true
@@ -429,7 +439,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     for (index, p) in policies.iter().enumerate() {
         let only_readiness = p.rules.unhealthy.is_empty() && p.rules.heartbeat_timeout.is_none();
         for name in &p.matched {
-            let Some(node) = nodes.get(name) else {
+            let Some(node) = nodes.get(name.as_str()) else {
                 continue;
             };
             if only_readiness && is_ready(node) {
@@ -439,7 +449,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 created: timestamp(node.metadata.creation_timestamp.as_ref()),
                 conditions: node_conditions(node),
                 agent_heartbeat: reports
-                    .get(name)
+                    .get(name.as_str())
                     .and_then(|r| r.status.as_ref()?.heartbeat_time.as_ref())
                     .map(|t| t.0),
                 ever_ready: memory.seen_ready.contains(name) || was_ready_before(node),
@@ -460,7 +470,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     for (name, node) in &nodes {
         if !is_ready(node) {
             plan.unhealthy_nodes
-                .entry(name.clone())
+                .entry((*name).to_owned())
                 .or_insert_with(|| "not Ready".to_owned());
         }
     }
@@ -472,10 +482,10 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 let state = NodeState {
                     ready: is_ready(node),
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
-                    unhealthy: unhealthy_nodes.contains(name) || !is_ready(node),
-                    blocker: objects.blockers.get(name).cloned(),
+                    unhealthy: unhealthy_nodes.contains(*name) || !is_ready(node),
+                    blocker: objects.blockers.get(*name).cloned(),
                 };
-                (name.clone(), state)
+                ((*name).to_owned(), state)
             })
             .collect(),
         policies: policies
@@ -575,7 +585,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         let p = phase(m);
         if m.spec.action == MaintenanceAction::DeleteNode
             && p == MaintenancePhase::Acting
-            && nodes.contains_key(&m.spec.node_name)
+            && nodes.contains_key(m.spec.node_name.as_str())
         {
             plan.delete_nodes
                 .push((m.name_any(), m.spec.node_name.clone()));
@@ -583,7 +593,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         }
         if p.is_finished()
             || p == MaintenancePhase::Pending
-            || nodes.contains_key(&m.spec.node_name)
+            || nodes.contains_key(m.spec.node_name.as_str())
         {
             continue;
         }
@@ -619,16 +629,18 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         .collect();
     let mut requested: BTreeSet<String> = BTreeSet::new();
     let mut statuses = BTreeMap::new();
+    let not_ready: Vec<&String> = cluster
+        .nodes
+        .iter()
+        .filter(|(_, s)| !s.ready)
+        .map(|(name, _)| name)
+        .collect();
     for (index, p) in policies.iter().enumerate() {
-        let unhealthy: Vec<&String> = p
-            .matched
-            .iter()
-            .filter(|n| {
-                matches!(
-                    health.get(&(index, n.as_str())),
-                    Some(Health::Unhealthy(_) | Health::NeverReady(_))
-                )
-            })
+        // Only nodes that are not healthy have an entry.
+        let unhealthy: Vec<&str> = health
+            .range((index, "")..(index + 1, ""))
+            .filter(|(_, h)| matches!(h, Health::Unhealthy(_) | Health::NeverReady(_)))
+            .map(|((_, name), _)| *name)
             .collect();
         plan.unhealthy.insert(p.name.clone(), unhealthy.len());
         let remediation = p.policy.spec.remediation.as_ref();
@@ -644,13 +656,10 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         });
         let allowed = gate.as_ref().is_some_and(Result::is_ok);
         if let Some(r) = remediation {
-            for name in &p.matched {
-                let Some(h) = health.get(&(index, name.as_str())) else {
-                    continue;
-                };
+            for (&(_, name), h) in health.range((index, "")..(index + 1, "")) {
                 if let Health::NeverReady(message) = h {
                     plan.startup_timeouts.push(StartupTimeout {
-                        node: name.clone(),
+                        node: name.to_owned(),
                         policy: p.name.clone(),
                         message: message.clone(),
                         action: if allowed {
@@ -675,19 +684,19 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 let never_ready_remediate = matches!(h, Health::NeverReady(_))
                     && r.startup_action == StartupAction::Remediate;
                 if let Some(request) = escalation(p, r, name, h, &maintenances, now) {
-                    requested.insert(name.clone());
+                    requested.insert(name.to_owned());
                     plan.remediate.push(request);
                 } else if (matches!(h, Health::Unhealthy(_)) || never_ready_remediate)
-                    && !unfinished_on.contains(name.as_str())
+                    && !unfinished_on.contains(name)
                     && !cluster.disrupted.contains(name)
                 {
                     let (Health::Unhealthy(why) | Health::NeverReady(why)) = h else {
                         continue;
                     };
-                    requested.insert(name.clone());
+                    requested.insert(name.to_owned());
                     plan.remediate.push(RemediationRequest {
                         policy: p.name.clone(),
-                        node: name.clone(),
+                        node: name.to_owned(),
                         action: r.action,
                         message: format!("unhealthy under policy {}: {why}", p.name),
                         replaces: None,
@@ -702,17 +711,16 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         let mut status = DisruptionPolicyStatus {
             slots: kept.remove(&p.name).unwrap_or_default(),
             matched: count(p.matched.len()),
+            // NotReady and disrupted nodes are few; matched ones can be thousands.
             ready: count(
-                p.matched
-                    .iter()
-                    .filter(|n| cluster.nodes.get(*n).is_some_and(|s| s.ready))
-                    .count(),
+                p.matched.len() - not_ready.iter().filter(|n| p.matched.contains(**n)).count(),
             ),
             unhealthy: count(unhealthy.len()),
             in_maintenance: count(
-                p.matched
+                cluster
+                    .disrupted
                     .iter()
-                    .filter(|n| cluster.disrupted.contains(*n))
+                    .filter(|n| p.matched.contains(*n))
                     .count(),
             ),
             conditions: old.conditions.clone(),
@@ -731,7 +739,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
             .iter()
             .filter(|_| p.policy.spec.paused)
             .filter_map(|n| {
-                let report = reports.get(n)?;
+                let report = reports.get(n.as_str())?;
                 let ack = report.status.as_ref().and_then(|s| {
                     s.pause_acknowledgements
                         .iter()
