@@ -357,7 +357,8 @@ pub struct Controller {
     recorder: Recorder,
     memory: Memory,
     fresh_policies: Fresh<DisruptionPolicy>,
-    fresh_maintenances: Fresh<NodeMaintenance>,
+    /// Behind a lock: the admissions of one round are written concurrently.
+    fresh_maintenances: std::sync::Mutex<Fresh<NodeMaintenance>>,
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
     own_writes: OwnWrites,
@@ -381,7 +382,7 @@ impl Controller {
             recorder,
             memory: Memory::default(),
             fresh_policies: Fresh::new(),
-            fresh_maintenances: Fresh::new(),
+            fresh_maintenances: std::sync::Mutex::new(Fresh::new()),
             denied_at: HashMap::new(),
             remediated_at: HashMap::new(),
             own_writes: OwnWrites::default(),
@@ -451,7 +452,7 @@ impl Controller {
         self.standing = None;
         let mut objects = stores.objects();
         self.fresh_policies.apply(&mut objects.policies, true);
-        self.fresh_maintenances
+        self.fresh_maintenances()
             .apply(&mut objects.maintenances, true);
         let lookups = blockers::wanted(
             &objects.maintenances,
@@ -523,7 +524,7 @@ impl Controller {
             ..Objects::default()
         };
         self.fresh_policies.apply(&mut objects.policies, true);
-        self.fresh_maintenances
+        self.fresh_maintenances()
             .apply(&mut objects.maintenances, false);
         let lookups = blockers::wanted(&objects.maintenances, &objects.policies, |policy, node| {
             standing.cluster.nodes.contains_key(node).then(|| {
@@ -571,14 +572,15 @@ impl Controller {
     /// were written (what the plan left standing is then what the cluster holds).
     async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
         let failed = self.write_policies(objects, plan).await;
-        let mut all = failed.is_empty();
-        for admission in &plan.admit {
-            if admission.new_slots_in.iter().any(|p| failed.contains(p)) {
-                continue;
-            }
-            all &= self.admit(objects, admission).await;
-        }
-        all
+        // Each admission is its own object: written side by side once the slots stand.
+        let admitted = futures::future::join_all(
+            plan.admit
+                .iter()
+                .filter(|a| !a.new_slots_in.iter().any(|p| failed.contains(p)))
+                .map(|a| self.admit(objects, a)),
+        )
+        .await;
+        failed.is_empty() && admitted.len() == plan.admit.len() && admitted.iter().all(|ok| *ok)
     }
 
     fn export(&self, plan: &Plan) {
@@ -645,7 +647,7 @@ impl Controller {
     /// Replaces a maintenance's status with its resourceVersion as precondition; a conflict
     /// means someone changed it first, and the next round looks again.
     async fn write_maintenance(
-        &mut self,
+        &self,
         current: &NodeMaintenance,
         change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
     ) -> bool {
@@ -671,7 +673,7 @@ impl Controller {
         {
             Ok(written) => {
                 self.own_writes.record(written.resource_version());
-                self.fresh_maintenances.record(current, written);
+                self.fresh_maintenances().record(current, written);
                 true
             }
             Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
@@ -682,8 +684,14 @@ impl Controller {
         }
     }
 
+    fn fresh_maintenances(&self) -> std::sync::MutexGuard<'_, Fresh<NodeMaintenance>> {
+        self.fresh_maintenances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Marks a maintenance Admitted; returns whether that was written.
-    async fn admit(&mut self, objects: &Objects, admission: &round::Admission) -> bool {
+    async fn admit(&self, objects: &Objects, admission: &round::Admission) -> bool {
         let Some(current) = Self::maintenance(objects, &admission.maintenance) else {
             return false;
         };
