@@ -839,11 +839,12 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
 /// Decides maintenances created since the round that left `standing`, oldest first, as that
 /// round would have: a burst of creations then costs a decision each instead of a round over
 /// the whole cluster each. Valid only while nothing else changed since (the controller runs a
-/// full round on any other change and every resync). Windows are looked at again at `now`;
-/// `blockers` holds the lookups for the new maintenances' nodes.
+/// full round on any other change and every resync). `blockers` holds the lookups for the new
+/// maintenances' nodes.
 ///
-/// Returns `None` when `standing` cannot decide them: a node or policy it does not know, or a
-/// policy whose spec or slots differ from what it decided on (another writer came first).
+/// Returns `None` when `standing` cannot decide them: a node or policy it does not know, a
+/// policy whose spec or slots differ from what it decided on (another writer came first), or
+/// a window that opened or closed since.
 pub fn admit_new(
     standing: &mut Standing,
     policies: &[Arc<DisruptionPolicy>],
@@ -865,9 +866,13 @@ pub fn admit_new(
             return None;
         }
     }
-    for state in &mut standing.cluster.policies {
+    // A window that opened or closed since changes what older pending maintenances get:
+    // they go first, in a full round.
+    for state in &standing.cluster.policies {
         let policy = by_name.get(&state.name)?;
-        state.window_open = window_open(policy, now, &mut Vec::new());
+        if window_open(policy, now, &mut Vec::new()) != state.window_open {
+            return None;
+        }
     }
 
     let mut pending: Vec<&NodeMaintenance> = new
@@ -1222,15 +1227,15 @@ mod tests {
         )
         .expect("decides");
         assert_eq!(open.admit.len(), 1);
+        // Closed since: older pending maintenances may be affected, a full round decides.
         let closed = admit_new(
             &mut round.standing.clone(),
             &objects.policies,
             &new,
             &BTreeMap::new(),
             t(4_000),
-        )
-        .expect("decides");
-        assert_eq!(closed.deny[0].reason, "OutsideWindow");
+        );
+        assert!(closed.is_none());
         let blockers = BTreeMap::from([("n1".to_owned(), "pod ns/p".to_owned())]);
         let blocked = admit_new(
             &mut round.standing.clone(),
