@@ -64,7 +64,8 @@ pub struct Changes {
 #[derive(Default)]
 struct ChangeSet {
     anything: bool,
-    new_pending: Vec<String>,
+    /// Names, with when their watch event arrived.
+    new_pending: Vec<(String, Instant)>,
 }
 
 impl Changes {
@@ -73,7 +74,7 @@ impl Changes {
     }
 
     fn new_pending(&self, name: String) {
-        self.update(|set| set.new_pending.push(name));
+        self.update(|set| set.new_pending.push((name, Instant::now())));
     }
 
     fn update(&self, change: impl FnOnce(&mut ChangeSet)) {
@@ -365,6 +366,8 @@ pub struct Controller {
     blockers: Lookups,
     /// What the last full round left, while everything it decided was written.
     standing: Option<Standing>,
+    /// When each maintenance first seen pending arrived, until it is admitted or denied.
+    arrived: HashMap<String, Instant>,
 }
 
 impl Controller {
@@ -388,6 +391,7 @@ impl Controller {
             own_writes: OwnWrites::default(),
             blockers: Lookups::new(client.clone()),
             standing: None,
+            arrived: HashMap::new(),
             client,
         }
     }
@@ -426,16 +430,18 @@ impl Controller {
                 continue;
             }
             let changes = changed.take();
+            let mut names = Vec::new();
+            for (name, at) in changes.new_pending {
+                self.arrived.entry(name.clone()).or_insert(at);
+                names.push(name);
+            }
             let due = leadership_changed || last_full.is_none_or(|at| at.elapsed() >= resync);
             if !due && !changes.anything {
                 // A wake whose change an earlier round already took.
-                if changes.new_pending.is_empty() {
+                if names.is_empty() {
                     continue;
                 }
-                if self
-                    .admission_round(&stores, &changes.new_pending, &leader)
-                    .await
-                {
+                if self.admission_round(&stores, &names, &leader).await {
                     continue;
                 }
             }
@@ -454,6 +460,15 @@ impl Controller {
         self.fresh_policies.apply(&mut objects.policies, true);
         self.fresh_maintenances()
             .apply(&mut objects.maintenances, true);
+        if !self.arrived.is_empty() {
+            let pending: BTreeSet<String> = objects
+                .maintenances
+                .iter()
+                .filter(|m| round::phase(m) == MaintenancePhase::Pending)
+                .map(|m| m.name_any())
+                .collect();
+            self.arrived.retain(|name, _| pending.contains(name));
+        }
         let lookups = blockers::wanted(
             &objects.maintenances,
             &objects.policies,
@@ -571,7 +586,22 @@ impl Controller {
     /// Writes the plan's budget slots, then the admissions they hold. Returns whether all
     /// were written (what the plan left standing is then what the cluster holds).
     async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
+        let started = Instant::now();
         let failed = self.write_policies(objects, plan).await;
+        let slot_writes = started.elapsed();
+        // The coordinator's own share of each admission: from its watch event to its write,
+        // less the budget writes (API server time).
+        for admission in &plan.admit {
+            if let Some(arrived) = self.arrived.remove(&admission.maintenance) {
+                let own = arrived.elapsed().saturating_sub(slot_writes);
+                self.metrics
+                    .admission_coordinator_seconds
+                    .observe(own.as_secs_f64());
+            }
+        }
+        for denial in &plan.deny {
+            self.arrived.remove(&denial.maintenance);
+        }
         // Each admission is its own object: written side by side once the slots stand.
         let admitted = futures::future::join_all(
             plan.admit

@@ -41,6 +41,9 @@ pub struct Metrics {
     pub decision_seconds: Histograms<RoundLabels>,
     /// From a maintenance's creation to its admission being written.
     pub admission_latency_seconds: Histogram,
+    /// The coordinator's own share of an admission decided as soon as it arrived: from its
+    /// watch event to its admission write, less the budget writes before it.
+    pub admission_coordinator_seconds: Histogram,
     /// Conditional budget writes refused because another writer changed the policy first.
     pub slot_conflicts: Counter,
     pub remediations: Counter,
@@ -61,6 +64,9 @@ impl Metrics {
             }),
             admission_latency_seconds: Histogram::new([
                 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 30.0, 300.0,
+            ]),
+            admission_coordinator_seconds: Histogram::new([
+                0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
             ]),
             slot_conflicts: Counter::default(),
             remediations: Counter::default(),
@@ -105,6 +111,11 @@ impl Metrics {
             "admission_latency_seconds",
             "From a maintenance's creation to its admission",
             metrics.admission_latency_seconds.clone(),
+        );
+        registry.register(
+            "admission_coordinator_seconds",
+            "From a new maintenance's watch event to its admission write, less the budget writes (admitted at once)",
+            metrics.admission_coordinator_seconds.clone(),
         );
         registry.register(
             "slot_conflicts",

@@ -315,6 +315,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::time::sleep(idle).await;
     let (rss_idle, peak_end, idle_after) = footprint(pid)?;
     let idle_millicores = (idle_after - idle_before) as f64 / tick / idle.as_secs_f64() * 1000.0;
+    // The coordinator's own share of each admission (its histogram; exact at the bounds).
+    let own = "nodeward_coordinator_admission_coordinator_seconds";
+    let own_count = coordinator.metric(&format!("{own}_count")).await?;
+    let mut own_buckets = Vec::new();
+    for le in ["0.01", "0.025", "0.05", "0.1", "0.25"] {
+        let series = format!("{own}_bucket{{le=\"{le}\"}}");
+        own_buckets.push((le, coordinator.metric(&series).await?));
+    }
     let mut rounds = Vec::new();
     for kind in ["full", "admission"] {
         let series = |what: &str| {
@@ -350,6 +358,17 @@ async fn main() -> anyhow::Result<()> {
         ms(w50),
         ms(w99),
         ms(p99.saturating_sub(w99))
+    );
+    let within: Vec<String> = own_buckets
+        .iter()
+        .map(|(le, n)| {
+            let ms = le.parse::<f64>().unwrap_or_default() * 1000.0;
+            format!("{:.1}% <= {ms:.0} ms", n / own_count.max(1.0) * 100.0)
+        })
+        .collect();
+    println!(
+        "coordinator's own share of {own_count:.0} admissions (watch event to admission write, less the budget writes): {}",
+        within.join(", ")
     );
     for (kind, count, mean) in rounds {
         println!(
