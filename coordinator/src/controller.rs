@@ -218,10 +218,10 @@ where
                     .as_ref()
                     .zip(object.resource_version())
                     .is_some_and(|(own, version)| own.take(&version));
-                if ours || before == Some(digest) {
-                } else if before.is_none() && new_pending(object) {
+                let relevant = !ours && before != Some(digest);
+                if relevant && before.is_none() && new_pending(object) {
                     changed.new_pending(name);
-                } else {
+                } else if relevant {
                     changed.anything();
                 }
             }
