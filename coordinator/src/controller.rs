@@ -479,12 +479,7 @@ impl Controller {
         }
         let started = Instant::now();
         let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
-        self.metrics
-            .decision_seconds
-            .get_or_create(&RoundLabels { round: "full" })
-            .observe(started.elapsed().as_secs_f64());
-        self.export(&plan);
-        if !*leader.borrow() {
+        if !self.decided("full", started, &plan, leader) {
             return BTreeSet::new();
         }
         if self.admit_all(&objects, &plan).await {
@@ -566,12 +561,7 @@ impl Controller {
         ) else {
             return false;
         };
-        self.metrics
-            .decision_seconds
-            .get_or_create(&RoundLabels { round: "admission" })
-            .observe(started.elapsed().as_secs_f64());
-        self.export(&plan);
-        if !*leader.borrow() {
+        if !self.decided("admission", started, &plan, leader) {
             return true;
         }
         if self.admit_all(&objects, &plan).await {
@@ -611,6 +601,23 @@ impl Controller {
         )
         .await;
         failed.is_empty() && admitted.len() == plan.admit.len() && admitted.iter().all(|ok| *ok)
+    }
+
+    /// Records a round's decision time and exports its plan; returns whether this coordinator
+    /// still leads (only then is the plan written).
+    fn decided(
+        &self,
+        round: &'static str,
+        started: Instant,
+        plan: &Plan,
+        leader: &watch::Receiver<bool>,
+    ) -> bool {
+        self.metrics
+            .decision_seconds
+            .get_or_create(&RoundLabels { round })
+            .observe(started.elapsed().as_secs_f64());
+        self.export(plan);
+        *leader.borrow()
     }
 
     fn export(&self, plan: &Plan) {

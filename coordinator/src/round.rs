@@ -1218,33 +1218,21 @@ mod tests {
         let round = plan(&objects, &mut Memory::default(), t(200));
         let objects = written(objects, &round);
         let new = [maintenance("m1", "n1", 300, json!(null))];
-        let open = admit_new(
-            &mut round.standing.clone(),
-            &objects.policies,
-            &new,
-            &BTreeMap::new(),
-            t(400),
-        )
-        .expect("decides");
+        let decide = |blockers: &BTreeMap<String, String>, now: i64| {
+            admit_new(
+                &mut round.standing.clone(),
+                &objects.policies,
+                &new,
+                blockers,
+                t(now),
+            )
+        };
+        let open = decide(&BTreeMap::new(), 400).expect("decides");
         assert_eq!(open.admit.len(), 1);
         // Closed since: older pending maintenances may be affected, a full round decides.
-        let closed = admit_new(
-            &mut round.standing.clone(),
-            &objects.policies,
-            &new,
-            &BTreeMap::new(),
-            t(4_000),
-        );
-        assert!(closed.is_none());
+        assert!(decide(&BTreeMap::new(), 4_000).is_none());
         let blockers = BTreeMap::from([("n1".to_owned(), "pod ns/p".to_owned())]);
-        let blocked = admit_new(
-            &mut round.standing.clone(),
-            &objects.policies,
-            &new,
-            &blockers,
-            t(400),
-        )
-        .expect("decides");
+        let blocked = decide(&blockers, 400).expect("decides");
         assert_eq!(blocked.deny[0].reason, "Blocked");
         assert!(
             blocked.deny[0].message.contains("pod ns/p"),
