@@ -9,7 +9,7 @@
 //! large cluster then costs a decision each, not a pass over every node each.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -55,6 +55,9 @@ const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
 
 /// What changed since the controller last looked: maintenances that appeared pending (an
 /// admission-only round can decide them) or anything else (a full round).
+///
+/// It also tells the coordinator's own writes from others': a write's watch event can arrive
+/// before its response, so whichever of the two comes second cancels the wake.
 #[derive(Default)]
 pub struct Changes {
     notify: Notify,
@@ -63,9 +66,20 @@ pub struct Changes {
 
 #[derive(Default)]
 struct ChangeSet {
+    /// A change that needs a full round and that no own write can cancel.
     anything: bool,
+    /// resourceVersions of changes that need a full round unless they were own writes.
+    versions: HashSet<String>,
+    /// resourceVersions this coordinator wrote whose watch events have not come yet.
+    own: HashSet<String>,
     /// Names, with when their watch event arrived.
     new_pending: Vec<(String, Instant)>,
+}
+
+impl ChangeSet {
+    fn wants_full_round(&self) -> bool {
+        self.anything || !self.versions.is_empty()
+    }
 }
 
 impl Changes {
@@ -77,22 +91,60 @@ impl Changes {
         self.update(|set| set.new_pending.push((name, Instant::now())));
     }
 
+    /// A watched object changed in a way decisions read: a full round, unless `version` is
+    /// the coordinator's own write (recorded by [`Changes::own_write`], now or later).
+    /// Returns false for a known own write.
+    fn changed(&self, version: Option<String>) -> bool {
+        let mut set = self.lock();
+        match version {
+            Some(version) if set.own.remove(&version) => return false,
+            Some(version) => {
+                set.versions.insert(version);
+            }
+            None => set.anything = true,
+        }
+        drop(set);
+        self.notify.notify_one();
+        true
+    }
+
+    /// Records a resourceVersion this coordinator wrote: its watch event wakes no round (the
+    /// round that wrote it already decided on it).
+    fn own_write(&self, version: Option<String>) {
+        let Some(version) = version else { return };
+        let mut set = self.lock();
+        if !set.versions.remove(&version) {
+            // Events lost to a re-list never come back: keep the set bounded.
+            if set.own.len() > 10_000 {
+                set.own.clear();
+            }
+            set.own.insert(version);
+        }
+    }
+
     fn update(&self, change: impl FnOnce(&mut ChangeSet)) {
-        change(&mut self.seen.lock().unwrap_or_else(|e| e.into_inner()));
+        change(&mut self.lock());
         self.notify.notify_one();
     }
 
     fn take(&self) -> ChangeSet {
-        std::mem::take(&mut *self.seen.lock().unwrap_or_else(|e| e.into_inner()))
+        let mut set = self.lock();
+        ChangeSet {
+            anything: std::mem::take(&mut set.anything),
+            versions: std::mem::take(&mut set.versions),
+            own: HashSet::new(),
+            new_pending: std::mem::take(&mut set.new_pending),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChangeSet> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// The four watched kinds.
 #[derive(Clone)]
 pub struct Stores {
-    /// resourceVersions this coordinator wrote: their watch events wake no round (the round
-    /// that wrote them already decided on them).
-    own_writes: OwnWrites,
     pub nodes: Store<Node>,
     pub policies: Store<DisruptionPolicy>,
     pub maintenances: Store<NodeMaintenance>,
@@ -107,9 +159,7 @@ impl Stores {
         changed: &Arc<Changes>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
-        let own_writes = OwnWrites::default();
         Self {
-            own_writes: own_writes.clone(),
             nodes: reflect(
                 Api::all(client.clone()),
                 changed,
@@ -122,7 +172,7 @@ impl Stores {
                 },
                 relevance::node,
                 |_| false,
-                None,
+                false,
             ),
             policies: reflect(
                 Api::all(client.clone()),
@@ -131,7 +181,7 @@ impl Stores {
                 |_| {},
                 relevance::any_change,
                 |_| false,
-                Some(own_writes.clone()),
+                true,
             ),
             maintenances: reflect(
                 Api::all(client.clone()),
@@ -143,7 +193,7 @@ impl Stores {
                     round::phase(m) == MaintenancePhase::Pending
                         && m.metadata.deletion_timestamp.is_none()
                 },
-                Some(own_writes.clone()),
+                true,
             ),
             reports: reflect(
                 Api::all(client.clone()),
@@ -152,7 +202,7 @@ impl Stores {
                 |_| {},
                 relevance::report,
                 |_| false,
-                None,
+                false,
             ),
         }
     }
@@ -188,7 +238,7 @@ fn reflect<K>(
     trim: fn(&mut K),
     relevance: fn(&K) -> u64,
     new_pending: fn(&K) -> bool,
-    own_writes: Option<OwnWrites>,
+    own_writes: bool,
 ) -> Store<K>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -214,19 +264,21 @@ where
                 let name = object.name_any();
                 let digest = relevance(object);
                 let before = seen.insert(name.clone(), digest);
-                let ours = own_writes
-                    .as_ref()
-                    .zip(object.resource_version())
-                    .is_some_and(|(own, version)| own.take(&version));
-                let relevant = !ours && before != Some(digest);
-                if relevant && before.is_none() && new_pending(object) {
+                if before == Some(digest) {
+                    // Nothing decisions read changed.
+                } else if before.is_none() && new_pending(object) {
                     changed.new_pending(name);
-                } else if relevant {
-                    changed.anything();
+                } else {
+                    let version = object.resource_version().filter(|_| own_writes);
+                    if changed.changed(version) {
+                        tracing::debug!(%kind, %name, "change wakes a full round");
+                    }
                 }
             }
             Ok(watcher::Event::Delete(object)) => {
-                seen.remove(&object.name_any());
+                let name = object.name_any();
+                tracing::debug!(%kind, %name, "deletion wakes a full round");
+                seen.remove(&name);
                 changed.anything();
             }
             Ok(watcher::Event::Init) => seen.clear(),
@@ -287,26 +339,6 @@ mod relevance {
     }
 }
 
-/// The resourceVersions of this coordinator's own writes, until their watch event arrives.
-#[derive(Clone, Default)]
-struct OwnWrites(Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
-
-impl OwnWrites {
-    fn record(&self, version: Option<String>) {
-        if let (Ok(mut set), Some(version)) = (self.0.lock(), version) {
-            // Events lost to a re-list never come back: keep the set bounded.
-            if set.len() > 10_000 {
-                set.clear();
-            }
-            set.insert(version);
-        }
-    }
-
-    fn take(&self, version: &str) -> bool {
-        self.0.lock().is_ok_and(|mut set| set.remove(version))
-    }
-}
-
 /// Objects this coordinator wrote, used until the watch delivers them, so that the next round
 /// does not decide on the version it just replaced.
 struct Fresh<K> {
@@ -351,18 +383,30 @@ impl<K: Resource> Fresh<K> {
     }
 }
 
-pub struct Controller {
+/// What writing a maintenance's status needs. Cloned into the task that writes a round's
+/// admissions, so that the loop decides the next round meanwhile.
+#[derive(Clone)]
+struct Writer {
     client: Client,
     identity: String,
     metrics: Arc<Metrics>,
     recorder: Recorder,
+    /// Told of each write, so that its watch event wakes no round.
+    changed: Arc<Changes>,
+    /// Shared with the admission tasks.
+    fresh_maintenances: Arc<std::sync::Mutex<Fresh<NodeMaintenance>>>,
+}
+
+pub struct Controller {
+    client: Client,
+    metrics: Arc<Metrics>,
+    writer: Writer,
+    /// Admission writes of earlier rounds still under way (a full round waits for them).
+    writes: tokio::task::JoinSet<bool>,
     memory: Memory,
     fresh_policies: Fresh<DisruptionPolicy>,
-    /// Behind a lock: the admissions of one round are written concurrently.
-    fresh_maintenances: std::sync::Mutex<Fresh<NodeMaintenance>>,
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
-    own_writes: OwnWrites,
     blockers: Lookups,
     /// What the last full round left, while everything it decided was written.
     standing: Option<Standing>,
@@ -371,7 +415,12 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(client: Client, identity: String, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        client: Client,
+        identity: String,
+        metrics: Arc<Metrics>,
+        changed: Arc<Changes>,
+    ) -> Self {
         let recorder = Recorder::new(
             client.clone(),
             Reporter {
@@ -380,15 +429,20 @@ impl Controller {
             },
         );
         Self {
-            identity,
+            writer: Writer {
+                client: client.clone(),
+                identity,
+                metrics: metrics.clone(),
+                recorder,
+                changed,
+                fresh_maintenances: Arc::new(std::sync::Mutex::new(Fresh::new())),
+            },
             metrics,
-            recorder,
+            writes: tokio::task::JoinSet::new(),
             memory: Memory::default(),
             fresh_policies: Fresh::new(),
-            fresh_maintenances: std::sync::Mutex::new(Fresh::new()),
             denied_at: HashMap::new(),
             remediated_at: HashMap::new(),
-            own_writes: OwnWrites::default(),
             blockers: Lookups::new(client.clone()),
             standing: None,
             arrived: HashMap::new(),
@@ -401,13 +455,12 @@ impl Controller {
     pub async fn run(
         mut self,
         stores: Stores,
-        changed: Arc<Changes>,
         mut leader: watch::Receiver<bool>,
         resync: Duration,
         readiness: Arc<nodeward_runtime::server::Readiness>,
         mut stop: watch::Receiver<bool>,
     ) {
-        self.own_writes = stores.own_writes.clone();
+        let changed = self.writer.changed.clone();
         // The only waiter on the stores' readiness: kube-runtime wakes just one.
         tokio::select! {
             synced = stores.synced() => if !synced { return },
@@ -422,7 +475,7 @@ impl Controller {
                 _ = changed.notify.notified() => false,
                 _ = tokio::time::sleep_until(resync_at.into()) => false,
                 _ = leader.changed() => true,
-                _ = stop.changed() => return,
+                _ = stop.changed() => break,
             };
             if !*leader.borrow() {
                 self.standing = None;
@@ -430,13 +483,15 @@ impl Controller {
                 continue;
             }
             let changes = changed.take();
+            let full = changes.wants_full_round();
             let mut names = Vec::new();
             for (name, at) in changes.new_pending {
                 self.arrived.entry(name.clone()).or_insert(at);
                 names.push(name);
             }
             let due = leadership_changed || last_full.is_none_or(|at| at.elapsed() >= resync);
-            if !due && !changes.anything {
+            self.reap_writes();
+            if !due && !full {
                 // A wake whose change an earlier round already took.
                 if names.is_empty() {
                     continue;
@@ -451,14 +506,19 @@ impl Controller {
                 changed.anything();
             }
         }
+        // Admissions whose slots were written are finished before stopping; one cut short
+        // would be completed by the next leader, which sees the slot.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.settle_writes()).await;
     }
 
     /// One round: decide, then write. Returns the missing objects to confirm gone.
     async fn round(&mut self, stores: &Stores, leader: &watch::Receiver<bool>) -> BTreeSet<Gone> {
         self.standing = None;
+        self.settle_writes().await;
         let mut objects = stores.objects();
         self.fresh_policies.apply(&mut objects.policies, true);
-        self.fresh_maintenances()
+        self.writer
+            .fresh_maintenances()
             .apply(&mut objects.maintenances, true);
         if !self.arrived.is_empty() {
             let pending: BTreeSet<String> = objects
@@ -534,7 +594,8 @@ impl Controller {
             ..Objects::default()
         };
         self.fresh_policies.apply(&mut objects.policies, true);
-        self.fresh_maintenances()
+        self.writer
+            .fresh_maintenances()
             .apply(&mut objects.maintenances, false);
         let lookups = blockers::wanted(&objects.maintenances, &objects.policies, |policy, node| {
             standing.cluster.nodes.contains_key(node).then(|| {
@@ -573,8 +634,11 @@ impl Controller {
         true
     }
 
-    /// Writes the plan's budget slots, then the admissions they hold. Returns whether all
-    /// were written (what the plan left standing is then what the cluster holds).
+    /// Writes the plan's budget slots, then starts writing the admissions they hold (the
+    /// loop goes on meanwhile; a failed admission write wakes a full round). Returns whether
+    /// every slot stood and every admission is being written: what the plan left standing is
+    /// then what the cluster holds, or more (a failed admission write keeps its slot until
+    /// a full round looks), never less.
     async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
         let started = Instant::now();
         let failed = self.write_policies(objects, plan).await;
@@ -592,15 +656,51 @@ impl Controller {
         for denial in &plan.deny {
             self.arrived.remove(&denial.maintenance);
         }
-        // Each admission is its own object: written side by side once the slots stand.
-        let admitted = futures::future::join_all(
-            plan.admit
-                .iter()
-                .filter(|a| !a.new_slots_in.iter().any(|p| failed.contains(p)))
-                .map(|a| self.admit(objects, a)),
-        )
-        .await;
-        failed.is_empty() && admitted.len() == plan.admit.len() && admitted.iter().all(|ok| *ok)
+        let admissions: Vec<(Arc<NodeMaintenance>, round::Admission)> = plan
+            .admit
+            .iter()
+            .filter(|a| !a.new_slots_in.iter().any(|p| failed.contains(p)))
+            .filter_map(|a| {
+                Some((
+                    Self::maintenance(objects, &a.maintenance)?.clone(),
+                    a.clone(),
+                ))
+            })
+            .collect();
+        let complete = failed.is_empty() && admissions.len() == plan.admit.len();
+        if !admissions.is_empty() {
+            // Each admission is its own object: written side by side once the slots stand.
+            let writer = self.writer.clone();
+            let changed = self.writer.changed.clone();
+            self.writes.spawn(async move {
+                let written = futures::future::join_all(
+                    admissions
+                        .iter()
+                        .map(|(current, a)| writer.admit(current, a)),
+                )
+                .await;
+                let all = written.iter().all(|ok| *ok);
+                if !all {
+                    changed.anything();
+                }
+                all
+            });
+        }
+        complete
+    }
+
+    /// Collects admission writes that finished; a failed one ends the standing.
+    fn reap_writes(&mut self) {
+        while let Some(done) = self.writes.try_join_next() {
+            if !matches!(done, Ok(true)) {
+                self.standing = None;
+            }
+        }
+    }
+
+    /// Waits for every admission write under way, so that a full round decides on them.
+    async fn settle_writes(&mut self) {
+        while self.writes.join_next().await.is_some() {}
     }
 
     /// Records a round's decision time and exports its plan; returns whether this coordinator
@@ -660,7 +760,7 @@ impl Controller {
                 .await
             {
                 Ok(written) => {
-                    self.own_writes.record(written.resource_version());
+                    self.writer.changed.own_write(written.resource_version());
                     self.fresh_policies.record(current, written);
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -679,103 +779,6 @@ impl Controller {
 
     fn maintenance<'a>(objects: &'a Objects, name: &str) -> Option<&'a Arc<NodeMaintenance>> {
         objects.maintenances.iter().find(|m| m.name_any() == name)
-    }
-
-    /// Replaces a maintenance's status with its resourceVersion as precondition; a conflict
-    /// means someone changed it first, and the next round looks again.
-    async fn write_maintenance(
-        &self,
-        current: &NodeMaintenance,
-        change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
-    ) -> bool {
-        let name = current.name_any();
-        let mut updated = current.clone();
-        let status = updated.status.get_or_insert_with(Default::default);
-        if status.history.is_empty() {
-            status.history.push(PhaseTransition {
-                phase: MaintenancePhase::Pending,
-                time: current
-                    .metadata
-                    .creation_timestamp
-                    .clone()
-                    .unwrap_or(Time(Timestamp::now())),
-            });
-        }
-        change(status);
-        status.observed_generation = current.metadata.generation;
-        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        match api
-            .replace_status(&name, &PostParams::default(), &updated)
-            .await
-        {
-            Ok(written) => {
-                self.own_writes.record(written.resource_version());
-                self.fresh_maintenances().record(current, written);
-                true
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
-            Err(e) => {
-                tracing::warn!(error = %Error::kube("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
-                false
-            }
-        }
-    }
-
-    fn fresh_maintenances(&self) -> std::sync::MutexGuard<'_, Fresh<NodeMaintenance>> {
-        self.fresh_maintenances
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Marks a maintenance Admitted; returns whether that was written.
-    async fn admit(&self, objects: &Objects, admission: &round::Admission) -> bool {
-        let Some(current) = Self::maintenance(objects, &admission.maintenance) else {
-            return false;
-        };
-        let now = Timestamp::now();
-        let record = AdmissionRecord {
-            policies: admission.policies.clone(),
-            admitted_at: Time(now),
-            admitted_by: self.identity.clone(),
-        };
-        let message = if admission.policies.is_empty() {
-            "no DisruptionPolicy matches the node; admitted without limits".to_owned()
-        } else {
-            format!("holds a slot in policies {}", admission.policies.join(", "))
-        };
-        let generation = current.metadata.generation;
-        let note = message.clone();
-        let written = self
-            .write_maintenance(current, |status| {
-                status.phase = MaintenancePhase::Admitted;
-                status.history.push(PhaseTransition {
-                    phase: MaintenancePhase::Admitted,
-                    time: Time(now),
-                });
-                status.admission = Some(record);
-                status.message = Some(message.clone());
-                round::set_condition(
-                    &mut status.conditions,
-                    maintenance_conditions::ADMITTED,
-                    "True",
-                    "Admitted",
-                    message,
-                    generation,
-                    now,
-                );
-            })
-            .await;
-        if written {
-            self.metrics.admissions.inc();
-            if let Some(created) = current.metadata.creation_timestamp.as_ref() {
-                let latency = now.duration_since(created.0).as_secs_f64().max(0.0);
-                self.metrics.admission_latency_seconds.observe(latency);
-            }
-            tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
-            self.event(current.as_ref(), EventType::Normal, "Admitted", note)
-                .await;
-        }
-        written
     }
 
     async fn deny(&mut self, objects: &Objects, denial: &round::Denial) {
@@ -802,6 +805,7 @@ impl Controller {
         let now = Timestamp::now();
         let generation = current.metadata.generation;
         let written = self
+            .writer
             .write_maintenance(current, |status| {
                 status.phase = MaintenancePhase::Pending;
                 round::set_condition(
@@ -826,13 +830,14 @@ impl Controller {
                         reason: denial.reason.to_owned(),
                     })
                     .inc();
-                self.event(
-                    current.as_ref(),
-                    EventType::Normal,
-                    denial.reason,
-                    denial.message.clone(),
-                )
-                .await;
+                self.writer
+                    .event(
+                        current.as_ref(),
+                        EventType::Normal,
+                        denial.reason,
+                        denial.message.clone(),
+                    )
+                    .await;
             }
         }
     }
@@ -849,6 +854,7 @@ impl Controller {
         };
         let now = Timestamp::now();
         let written = self
+            .writer
             .write_maintenance(current, |status| {
                 status.phase = phase;
                 status.history.push(PhaseTransition {
@@ -866,13 +872,14 @@ impl Controller {
             } else {
                 EventType::Warning
             };
-            self.event(
-                current.as_ref(),
-                kind,
-                &format!("{phase:?}"),
-                message.to_owned(),
-            )
-            .await;
+            self.writer
+                .event(
+                    current.as_ref(),
+                    kind,
+                    &format!("{phase:?}"),
+                    message.to_owned(),
+                )
+                .await;
         }
     }
 
@@ -902,13 +909,14 @@ impl Controller {
             match applied {
                 Ok(node) => {
                     tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
-                    self.event(
-                        &node,
-                        EventType::Warning,
-                        "NodeStartupTimeout",
-                        format!("{} (policy {})", timeout.message, timeout.policy),
-                    )
-                    .await;
+                    self.writer
+                        .event(
+                            &node,
+                            EventType::Warning,
+                            "NodeStartupTimeout",
+                            format!("{} (policy {})", timeout.message, timeout.policy),
+                        )
+                        .await;
                 }
                 Err(e) => {
                     tracing::warn!(error = %Error::kube("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
@@ -975,13 +983,14 @@ impl Controller {
                     .insert(request.node.clone(), Instant::now());
                 self.metrics.remediations.inc();
                 tracing::warn!(node = %request.node, maintenance = %created.name_any(), action = ?request.action, message = %request.message, "remediation requested");
-                self.event(
-                    &created,
-                    EventType::Warning,
-                    "RemediationRequested",
-                    request.message.clone(),
-                )
-                .await;
+                self.writer
+                    .event(
+                        &created,
+                        EventType::Warning,
+                        "RemediationRequested",
+                        request.message.clone(),
+                    )
+                    .await;
             }
             Err(e) => {
                 tracing::warn!(error = %Error::kube("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
@@ -1013,6 +1022,102 @@ impl Controller {
             }
         }
         any
+    }
+}
+
+impl Writer {
+    /// Replaces a maintenance's status with its resourceVersion as precondition; a conflict
+    /// means someone changed it first, and the next round looks again.
+    async fn write_maintenance(
+        &self,
+        current: &NodeMaintenance,
+        change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
+    ) -> bool {
+        let name = current.name_any();
+        let mut updated = current.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        if status.history.is_empty() {
+            status.history.push(PhaseTransition {
+                phase: MaintenancePhase::Pending,
+                time: current
+                    .metadata
+                    .creation_timestamp
+                    .clone()
+                    .unwrap_or(Time(Timestamp::now())),
+            });
+        }
+        change(status);
+        status.observed_generation = current.metadata.generation;
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        match api
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                self.changed.own_write(written.resource_version());
+                self.fresh_maintenances().record(current, written);
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
+            Err(e) => {
+                tracing::warn!(error = %Error::kube("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
+                false
+            }
+        }
+    }
+
+    fn fresh_maintenances(&self) -> std::sync::MutexGuard<'_, Fresh<NodeMaintenance>> {
+        self.fresh_maintenances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a maintenance Admitted; returns whether that was written.
+    async fn admit(&self, current: &NodeMaintenance, admission: &round::Admission) -> bool {
+        let now = Timestamp::now();
+        let record = AdmissionRecord {
+            policies: admission.policies.clone(),
+            admitted_at: Time(now),
+            admitted_by: self.identity.clone(),
+        };
+        let message = if admission.policies.is_empty() {
+            "no DisruptionPolicy matches the node; admitted without limits".to_owned()
+        } else {
+            format!("holds a slot in policies {}", admission.policies.join(", "))
+        };
+        let generation = current.metadata.generation;
+        let note = message.clone();
+        let written = self
+            .write_maintenance(current, |status| {
+                status.phase = MaintenancePhase::Admitted;
+                status.history.push(PhaseTransition {
+                    phase: MaintenancePhase::Admitted,
+                    time: Time(now),
+                });
+                status.admission = Some(record);
+                status.message = Some(message.clone());
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::ADMITTED,
+                    "True",
+                    "Admitted",
+                    message,
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            self.metrics.admissions.inc();
+            if let Some(created) = current.metadata.creation_timestamp.as_ref() {
+                let latency = now.duration_since(created.0).as_secs_f64().max(0.0);
+                self.metrics.admission_latency_seconds.observe(latency);
+            }
+            tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
+            self.event(current, EventType::Normal, "Admitted", note)
+                .await;
+        }
+        written
     }
 
     /// Publishes an Event off the decision path: a round does not wait for it.
@@ -1071,4 +1176,48 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         reports: list(client).await?,
         blockers: BTreeMap::new(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_own_write_wakes_no_full_round_whichever_arrives_first() {
+        let changes = Changes::default();
+        // Response first, then the watch event.
+        changes.own_write(Some("10".into()));
+        assert!(!changes.changed(Some("10".into())));
+        assert!(!changes.take().wants_full_round());
+        // Watch event first, then the response cancels it.
+        assert!(changes.changed(Some("11".into())));
+        changes.own_write(Some("11".into()));
+        assert!(!changes.take().wants_full_round());
+    }
+
+    #[test]
+    fn other_writers_changes_and_deletions_wake_a_full_round() {
+        let changes = Changes::default();
+        changes.own_write(Some("10".into()));
+        assert!(changes.changed(Some("12".into())));
+        let taken = changes.take();
+        assert!(taken.wants_full_round());
+        // What was taken is gone; the own write not yet seen is still expected.
+        assert!(!changes.take().wants_full_round());
+        assert!(!changes.changed(Some("10".into())));
+        // A change without a resourceVersion (a deletion, a resync) cannot be cancelled.
+        changes.anything();
+        changes.own_write(Some("13".into()));
+        assert!(changes.take().wants_full_round());
+    }
+
+    #[test]
+    fn new_pending_maintenances_are_kept_apart_from_full_round_causes() {
+        let changes = Changes::default();
+        changes.new_pending("m1".into());
+        let taken = changes.take();
+        assert!(!taken.wants_full_round());
+        assert_eq!(taken.new_pending.len(), 1);
+        assert_eq!(taken.new_pending[0].0, "m1");
+    }
 }

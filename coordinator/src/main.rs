@@ -198,9 +198,8 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         });
         None
     };
-    let controller = Controller::new(client, identity.clone(), metrics);
-    let controlling =
-        tokio::spawn(controller.run(stores, changed, leader, run.resync, readiness, stop));
+    let controller = Controller::new(client, identity.clone(), metrics, changed);
+    let controlling = tokio::spawn(controller.run(stores, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
 
     let signal = nodeward_runtime::stop_signal().await?;

@@ -509,19 +509,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         disrupted: disrupted_by.keys().cloned().collect(),
     };
 
-    // Pending maintenances, oldest first.
-    let mut pending: Vec<&NodeMaintenance> = maintenances
-        .values()
-        .copied()
-        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
-        .collect();
-    pending.sort_by_key(|m| {
-        (
-            timestamp(m.metadata.creation_timestamp.as_ref()),
-            m.name_any(),
-        )
-    });
-    for m in pending {
+    for m in pending_oldest_first(maintenances.values().copied()) {
         let name = m.name_any();
         let uid = m.uid().unwrap_or_default();
         let node = m.spec.node_name.clone();
@@ -548,12 +536,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 for policy in &names {
                     let list = kept.entry(policy.clone()).or_default();
                     if !list.iter().any(|s| s.uid == uid) {
-                        list.push(BudgetSlot {
-                            maintenance: name.clone(),
-                            uid: uid.clone(),
-                            node_name: node.clone(),
-                            admitted_at: Time(now),
-                        });
+                        list.push(new_slot(m, &uid, now));
                         new_slots_in.push(policy.clone());
                     }
                 }
@@ -875,19 +858,8 @@ pub fn admit_new(
         }
     }
 
-    let mut pending: Vec<&NodeMaintenance> = new
-        .iter()
-        .map(AsRef::as_ref)
-        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
-        .collect();
-    pending.sort_by_key(|m| {
-        (
-            timestamp(m.metadata.creation_timestamp.as_ref()),
-            m.name_any(),
-        )
-    });
     let mut plan = Plan::default();
-    for m in pending {
+    for m in pending_oldest_first(new.iter().map(AsRef::as_ref)) {
         let (name, uid, node) = (m.name_any(), m.uid()?, m.spec.node_name.clone());
         let state = standing.cluster.nodes.get_mut(&node)?;
         if m.spec.reason != MaintenanceReason::Remediation {
@@ -906,12 +878,7 @@ pub fn admit_new(
                         .policy_status
                         .entry(policy.clone())
                         .or_insert_with(|| by_name[policy].status.clone().unwrap_or_default());
-                    status.slots.push(BudgetSlot {
-                        maintenance: name.clone(),
-                        uid: uid.clone(),
-                        node_name: node.clone(),
-                        admitted_at: Time(now),
-                    });
+                    status.slots.push(new_slot(m, &uid, now));
                     if let Some(mark) = standing.policies.get_mut(policy) {
                         mark.slots.insert(uid.clone());
                     }
@@ -945,6 +912,33 @@ pub fn admit_new(
             .insert(name.clone(), (in_use, state.max_concurrent));
     }
     Some(plan)
+}
+
+/// Pending maintenances not being deleted, oldest first (ties by name): the order admission
+/// goes in.
+fn pending_oldest_first<'a>(
+    maintenances: impl Iterator<Item = &'a NodeMaintenance>,
+) -> Vec<&'a NodeMaintenance> {
+    let mut pending: Vec<&NodeMaintenance> = maintenances
+        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+        .collect();
+    pending.sort_by_key(|m| {
+        (
+            timestamp(m.metadata.creation_timestamp.as_ref()),
+            m.name_any(),
+        )
+    });
+    pending
+}
+
+/// The budget slot admitting `m` takes.
+fn new_slot(m: &NodeMaintenance, uid: &str, now: Timestamp) -> BudgetSlot {
+    BudgetSlot {
+        maintenance: m.name_any(),
+        uid: uid.to_owned(),
+        node_name: m.spec.node_name.clone(),
+        admitted_at: Time(now),
+    }
 }
 
 fn count(n: usize) -> i32 {

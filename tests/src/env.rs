@@ -208,6 +208,56 @@ impl TestEnv {
         Ok(nodes)
     }
 
+    /// Creates `count` plain kwok nodes (named `node_name(0..count)`, 16 creations at a time)
+    /// for benchmarks and waits until every one is Ready, polling with one LIST.
+    pub async fn create_many_nodes(
+        &self,
+        count: usize,
+        ready_within: Duration,
+    ) -> anyhow::Result<()> {
+        use futures::{StreamExt, TryStreamExt};
+        futures::stream::iter(0..count)
+            .map(|index| async move {
+                let name = self.node_name(index);
+                let node: Node = serde_json::from_value(json!({"metadata": {
+                    "name": name,
+                    "labels": {TEST_LABEL: self.id, "kubernetes.io/hostname": name},
+                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                }}))?;
+                self.nodes()
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .with_context(|| format!("creating node {name}"))?;
+                anyhow::Ok(())
+            })
+            .buffer_unordered(16)
+            .try_collect::<Vec<()>>()
+            .await?;
+        // Listing thousands of nodes is not cheap: every 2 s, not every wait::eventually tick.
+        let selector = format!("{TEST_LABEL}={}", self.id);
+        let deadline = tokio::time::Instant::now() + ready_within;
+        loop {
+            let listed = self
+                .nodes()
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .context("listing the benchmark's nodes")?;
+            let ready = listed
+                .items
+                .iter()
+                .filter(|n| wait::condition_status(*n, "Ready").as_deref() == Some("True"))
+                .count();
+            if ready == count {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "only {ready} of {count} nodes Ready after {ready_within:?}"
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+
     /// A PriorityClass with `value`, shared by every test (the name derives from the value).
     pub async fn priority_class(&self, value: i32) -> anyhow::Result<String> {
         let name = format!("e2e-priority-{value}");

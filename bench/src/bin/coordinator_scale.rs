@@ -19,18 +19,13 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
-use nodeward_e2e::{
-    TestEnv, controlplane,
-    daemon::Daemon,
-    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
-};
+use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -110,25 +105,20 @@ async fn main() -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let env = TestEnv::new("bench-scale").await?;
     let client = env.client.clone();
-    let nodes: Api<Node> = Api::all(client.clone());
     let reports: Api<NodeReport> = Api::all(client.clone());
 
     let started = Instant::now();
+    env.create_many_nodes(args.nodes, Duration::from_secs(900))
+        .await?;
+    eprintln!(
+        "created {} nodes, all Ready after {:.1} s",
+        args.nodes,
+        started.elapsed().as_secs_f64()
+    );
     futures::stream::iter(0..args.nodes)
         .map(|i| {
-            let (nodes, reports, name, id) = (
-                nodes.clone(),
-                reports.clone(),
-                env.node_name(i),
-                env.id.clone(),
-            );
+            let (reports, name) = (reports.clone(), env.node_name(i));
             async move {
-                let node: Node = serde_json::from_value(json!({"metadata": {
-                    "name": name,
-                    "labels": {TEST_LABEL: id, "kubernetes.io/hostname": name},
-                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                }}))?;
-                nodes.create(&PostParams::default(), &node).await?;
                 let report: NodeReport = serde_json::from_value(json!({
                     "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
                     "metadata": {"name": name}, "spec": {"nodeName": name},
@@ -152,36 +142,7 @@ async fn main() -> anyhow::Result<()> {
         .buffer_unordered(16)
         .try_collect::<Vec<()>>()
         .await?;
-    eprintln!(
-        "created {} nodes and NodeReports in {:.1} s",
-        args.nodes,
-        started.elapsed().as_secs_f64()
-    );
     let selector = format!("{TEST_LABEL}={}", env.id);
-    let ready_started = Instant::now();
-    loop {
-        let listed = nodes.list(&ListParams::default().labels(&selector)).await?;
-        let ready = listed
-            .items
-            .iter()
-            .filter(|n| {
-                nodeward_e2e::wait::condition_status(*n, "Ready").as_deref() == Some("True")
-            })
-            .count();
-        if ready == args.nodes {
-            break;
-        }
-        anyhow::ensure!(
-            ready_started.elapsed() < Duration::from_secs(900),
-            "only {ready} of {} nodes Ready after 15 minutes",
-            args.nodes
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    eprintln!(
-        "all nodes Ready after {:.1} s",
-        ready_started.elapsed().as_secs_f64()
-    );
 
     let policy_name = format!("{}-all", env.id);
     let policy: DisruptionPolicy = serde_json::from_value(json!({

@@ -30,7 +30,7 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams, PostParams},
@@ -38,12 +38,7 @@ use kube::{
 };
 use nix::sys::signal::Signal;
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{
-    TestEnv, controlplane,
-    daemon::Daemon,
-    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
-    history,
-};
+use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -172,36 +167,8 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let env = TestEnv::new("bench-rollout").await?;
-    let nodes: Api<Node> = Api::all(env.client.clone());
-    futures::stream::iter(0..args.nodes)
-        .map(|i| {
-            let (nodes, name, id) = (nodes.clone(), env.node_name(i), env.id.clone());
-            async move {
-                let node: Node = serde_json::from_value(json!({"metadata": {
-                    "name": name, "labels": {TEST_LABEL: id},
-                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                }}))?;
-                nodes.create(&PostParams::default(), &node).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
+    env.create_many_nodes(args.nodes, Duration::from_secs(300))
         .await?;
-    nodeward_e2e::wait::eventually("every node Ready", Duration::from_secs(300), || async {
-        let listed = nodes
-            .list(&kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)))
-            .await?;
-        let ready = listed
-            .items
-            .iter()
-            .filter(|n| {
-                nodeward_e2e::wait::condition_status(*n, "Ready").as_deref() == Some("True")
-            })
-            .count();
-        Ok((ready == args.nodes).then_some(()))
-    })
-    .await?;
     let history = history::watch(&env);
     let policy: DisruptionPolicy = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
