@@ -56,30 +56,32 @@ const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
 /// What changed since the controller last looked: maintenances that appeared pending (an
 /// admission-only round can decide them) or anything else (a full round).
 ///
-/// It also tells the coordinator's own writes from others': a write's watch event can arrive
-/// before its response, so whichever of the two comes second cancels the wake.
+/// It also tells the coordinator's own writes from others', so that they wake nothing (the
+/// round that wrote them already decided on them). A write's watch event can arrive before
+/// its response: events for an object with a write under way wait until the write returns,
+/// and then only those with another resourceVersion count.
 #[derive(Default)]
 pub struct Changes {
     notify: Notify,
-    seen: std::sync::Mutex<ChangeSet>,
+    seen: std::sync::Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    changes: ChangeSet,
+    /// resourceVersions written whose watch events have not come yet.
+    unseen_writes: HashSet<String>,
+    /// Objects ("Kind/name") with writes under way: how many, and the resourceVersions of the
+    /// watch events seen for them meanwhile.
+    under_way: HashMap<String, (usize, Vec<String>)>,
 }
 
 #[derive(Default)]
 struct ChangeSet {
-    /// A change that needs a full round and that no own write can cancel.
+    /// Something a full round must look at.
     anything: bool,
-    /// resourceVersions of changes that need a full round unless they were own writes.
-    versions: HashSet<String>,
-    /// resourceVersions this coordinator wrote whose watch events have not come yet.
-    own: HashSet<String>,
     /// Names, with when their watch event arrived.
     new_pending: Vec<(String, Instant)>,
-}
-
-impl ChangeSet {
-    fn wants_full_round(&self) -> bool {
-        self.anything || !self.versions.is_empty()
-    }
 }
 
 impl Changes {
@@ -91,54 +93,105 @@ impl Changes {
         self.update(|set| set.new_pending.push((name, Instant::now())));
     }
 
-    /// A watched object changed in a way decisions read: a full round, unless `version` is
-    /// the coordinator's own write (recorded by [`Changes::own_write`], now or later).
-    /// Returns false for a known own write.
-    fn changed(&self, version: Option<String>) -> bool {
-        let mut set = self.lock();
-        match version {
-            Some(version) if set.own.remove(&version) => return false,
-            Some(version) => {
-                set.versions.insert(version);
+    /// An object of `kind` changed in a way decisions read. `version`: its resourceVersion
+    /// when the coordinator writes objects of that kind (it may be an own write). Returns
+    /// whether this wakes a full round now.
+    fn changed(&self, kind: &str, name: &str, version: Option<String>) -> bool {
+        let mut seen = self.lock();
+        if let Some(version) = version {
+            if seen.unseen_writes.remove(&version) {
+                return false;
             }
-            None => set.anything = true,
+            if let Some((_, meanwhile)) = seen.under_way.get_mut(&format!("{kind}/{name}")) {
+                meanwhile.push(version);
+                return false;
+            }
         }
-        drop(set);
+        seen.changes.anything = true;
+        drop(seen);
         self.notify.notify_one();
         true
     }
 
-    /// Records a resourceVersion this coordinator wrote: its watch event wakes no round (the
-    /// round that wrote it already decided on it).
-    fn own_write(&self, version: Option<String>) {
-        let Some(version) = version else { return };
-        let mut set = self.lock();
-        if !set.versions.remove(&version) {
-            // Events lost to a re-list never come back: keep the set bounded.
-            if set.own.len() > 10_000 {
-                set.own.clear();
+    /// Marks a write of `kind`/`name` under way until the returned guard is done or dropped.
+    fn writing(self: &Arc<Self>, kind: &str, name: &str) -> OwnWrite {
+        let key = format!("{kind}/{name}");
+        self.lock().under_way.entry(key.clone()).or_default().0 += 1;
+        OwnWrite {
+            changes: self.clone(),
+            key,
+            finished: false,
+        }
+    }
+
+    /// A write of `key` returned, with the resourceVersion it wrote (None: it failed).
+    fn finish(&self, key: &str, written: Option<String>) {
+        let mut guard = self.lock();
+        let seen = &mut *guard;
+        let Some((count, meanwhile)) = seen.under_way.get_mut(key) else {
+            return;
+        };
+        if let Some(version) = written {
+            if let Some(at) = meanwhile.iter().position(|v| *v == version) {
+                meanwhile.swap_remove(at);
+            } else {
+                // Events lost to a re-list never come back: keep the set bounded.
+                if seen.unseen_writes.len() > 10_000 {
+                    seen.unseen_writes.clear();
+                }
+                seen.unseen_writes.insert(version);
             }
-            set.own.insert(version);
+        }
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        let others = seen
+            .under_way
+            .remove(key)
+            .is_some_and(|(_, m)| !m.is_empty());
+        if others {
+            tracing::debug!(object = %key, "another writer's change wakes a full round");
+            seen.changes.anything = true;
+            drop(guard);
+            self.notify.notify_one();
         }
     }
 
     fn update(&self, change: impl FnOnce(&mut ChangeSet)) {
-        change(&mut self.lock());
+        change(&mut self.lock().changes);
         self.notify.notify_one();
     }
 
     fn take(&self) -> ChangeSet {
-        let mut set = self.lock();
-        ChangeSet {
-            anything: std::mem::take(&mut set.anything),
-            versions: std::mem::take(&mut set.versions),
-            own: HashSet::new(),
-            new_pending: std::mem::take(&mut set.new_pending),
-        }
+        std::mem::take(&mut self.lock().changes)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ChangeSet> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A write under way (see [`Changes::writing`]); dropped without [`OwnWrite::done`], the
+/// write counts as failed.
+struct OwnWrite {
+    changes: Arc<Changes>,
+    key: String,
+    finished: bool,
+}
+
+impl OwnWrite {
+    fn done(mut self, version: Option<String>) {
+        self.finished = true;
+        self.changes.finish(&self.key, version);
+    }
+}
+
+impl Drop for OwnWrite {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.changes.finish(&self.key, None);
+        }
     }
 }
 
@@ -270,7 +323,7 @@ where
                     changed.new_pending(name);
                 } else {
                     let version = object.resource_version().filter(|_| own_writes);
-                    if changed.changed(version) {
+                    if changed.changed(&kind, &name, version) {
                         tracing::debug!(%kind, %name, "change wakes a full round");
                     }
                 }
@@ -483,7 +536,6 @@ impl Controller {
                 continue;
             }
             let changes = changed.take();
-            let full = changes.wants_full_round();
             let mut names = Vec::new();
             for (name, at) in changes.new_pending {
                 self.arrived.entry(name.clone()).or_insert(at);
@@ -491,7 +543,7 @@ impl Controller {
             }
             let due = leadership_changed || last_full.is_none_or(|at| at.elapsed() >= resync);
             self.reap_writes();
-            if !due && !full {
+            if !due && !changes.anything {
                 // A wake whose change an earlier round already took.
                 if names.is_empty() {
                     continue;
@@ -755,12 +807,16 @@ impl Controller {
             };
             let mut updated = current.as_ref().clone();
             updated.status = Some(status.clone());
+            let write = self
+                .writer
+                .changed
+                .writing(&DisruptionPolicy::kind(&()), name);
             match api
                 .replace_status(name, &PostParams::default(), &updated)
                 .await
             {
                 Ok(written) => {
-                    self.writer.changed.own_write(written.resource_version());
+                    write.done(written.resource_version());
                     self.fresh_policies.record(current, written);
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -1049,12 +1105,13 @@ impl Writer {
         change(status);
         status.observed_generation = current.metadata.generation;
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let write = self.changed.writing(&NodeMaintenance::kind(&()), &name);
         match api
             .replace_status(&name, &PostParams::default(), &updated)
             .await
         {
             Ok(written) => {
-                self.changed.own_write(written.resource_version());
+                write.done(written.resource_version());
                 self.fresh_maintenances().record(current, written);
                 true
             }
@@ -1182,33 +1239,52 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn an_own_write_wakes_no_full_round_whichever_arrives_first() {
-        let changes = Changes::default();
-        // Response first, then the watch event.
-        changes.own_write(Some("10".into()));
-        assert!(!changes.changed(Some("10".into())));
-        assert!(!changes.take().wants_full_round());
-        // Watch event first, then the response cancels it.
-        assert!(changes.changed(Some("11".into())));
-        changes.own_write(Some("11".into()));
-        assert!(!changes.take().wants_full_round());
+    const KIND: &str = "NodeMaintenance";
+
+    fn full_round(changes: &Changes) -> bool {
+        changes.take().anything
     }
 
     #[test]
-    fn other_writers_changes_and_deletions_wake_a_full_round() {
-        let changes = Changes::default();
-        changes.own_write(Some("10".into()));
-        assert!(changes.changed(Some("12".into())));
-        let taken = changes.take();
-        assert!(taken.wants_full_round());
-        // What was taken is gone; the own write not yet seen is still expected.
-        assert!(!changes.take().wants_full_round());
-        assert!(!changes.changed(Some("10".into())));
-        // A change without a resourceVersion (a deletion, a resync) cannot be cancelled.
-        changes.anything();
-        changes.own_write(Some("13".into()));
-        assert!(changes.take().wants_full_round());
+    fn an_own_write_wakes_no_full_round_whichever_arrives_first() {
+        let changes = Arc::new(Changes::default());
+        // Response first, then the watch event.
+        changes.writing(KIND, "m").done(Some("10".into()));
+        assert!(!changes.changed(KIND, "m", Some("10".into())));
+        assert!(!full_round(&changes));
+        // Watch event first (it waits), then the response.
+        let write = changes.writing(KIND, "m");
+        assert!(!changes.changed(KIND, "m", Some("11".into())));
+        write.done(Some("11".into()));
+        assert!(!full_round(&changes));
+    }
+
+    #[test]
+    fn another_writers_change_during_an_own_write_wakes_a_full_round_once_it_returns() {
+        let changes = Arc::new(Changes::default());
+        let write = changes.writing(KIND, "m");
+        assert!(!changes.changed(KIND, "m", Some("11".into())));
+        assert!(!changes.changed(KIND, "m", Some("12".into())));
+        assert!(!full_round(&changes));
+        write.done(Some("12".into()));
+        assert!(full_round(&changes));
+        // A failed write (dropped guard): whatever came meanwhile was someone else's.
+        let write = changes.writing(KIND, "m");
+        assert!(!changes.changed(KIND, "m", Some("13".into())));
+        drop(write);
+        assert!(full_round(&changes));
+    }
+
+    #[test]
+    fn other_changes_and_deletions_wake_a_full_round() {
+        let changes = Arc::new(Changes::default());
+        let _write = changes.writing(KIND, "m");
+        // Another object, and a kind the coordinator does not write (no version).
+        assert!(changes.changed(KIND, "other", Some("20".into())));
+        assert!(full_round(&changes));
+        assert!(changes.changed("Node", "m", None));
+        assert!(full_round(&changes));
+        assert!(!full_round(&changes));
     }
 
     #[test]
@@ -1216,7 +1292,7 @@ mod tests {
         let changes = Changes::default();
         changes.new_pending("m1".into());
         let taken = changes.take();
-        assert!(!taken.wants_full_round());
+        assert!(!taken.anything);
         assert_eq!(taken.new_pending.len(), 1);
         assert_eq!(taken.new_pending[0].0, "m1");
     }
