@@ -94,6 +94,9 @@ new_cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsa
 keyUsage=digitalSignature,keyEncipherment"
 new_cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth
 keyUsage=digitalSignature,keyEncipherment"
+# kwok has its own user so that the audit log can leave out its heartbeats and lease renewals.
+new_cert kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth
+keyUsage=digitalSignature,keyEncipherment"
 openssl_quiet genrsa -out "$pki/sa.key" 2048
 openssl_quiet rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 
@@ -126,6 +129,7 @@ EOF
 kubeconfig "$state/admin.kubeconfig.tmp" admin admin
 kubeconfig "$state/controller-manager.kubeconfig" controller-manager controller-manager
 kubeconfig "$state/scheduler.kubeconfig" scheduler scheduler
+kubeconfig "$state/kwok.kubeconfig" kwok kwok
 
 wait_for() { # description, deadline seconds, pid, command...
   local what=$1 deadline=$(($(date +%s) + $2)) pid=$3
@@ -181,7 +185,7 @@ mv "$state/admin.kubeconfig.tmp" "$state/admin.kubeconfig"
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \
   --leader-elect=false --secure-port 0 \
-  --node-monitor-grace-period 20s --node-monitor-period 2s \
+  --node-monitor-grace-period 50s --node-monitor-period 2s \
   --concurrent-gc-syncs 5 \
   >"$logs/kube-controller-manager.log" 2>&1 &
 pids+=($!)
@@ -195,8 +199,9 @@ pids+=($!)
 
 # --- kwok --------------------------------------------------------------------------------------
 "$bin/kwok" \
-  --kubeconfig "$state/admin.kubeconfig" \
+  --kubeconfig "$state/kwok.kubeconfig" \
   --config "$here/kwok-stages.yaml" \
+  -v WARN \
   --manage-all-nodes=false \
   --manage-nodes-with-annotation-selector kwok.x-k8s.io/node=fake \
   --node-lease-duration-seconds 40 \
