@@ -283,7 +283,8 @@ impl Stores {
 }
 
 /// `new_pending`: whether a first sighting of an object is one an admission-only round can
-/// decide.
+/// decide. `own_writes`: whether the coordinator writes objects of this kind (its own writes
+/// then wake nothing).
 fn reflect<K>(
     api: Api<K>,
     changed: &Arc<Changes>,

@@ -408,13 +408,8 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
         .get(&cp)
         .await?;
     assert_eq!(phase(&m), MaintenancePhase::Pending);
-    let events = env.events_about(&cp, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("QuorumProtected")),
-        "an Event tells why: {events:?}"
-    );
+    // An Event tells why.
+    env.wait_event(&cp, "", "QuorumProtected").await?;
     env.cleanup().await
 }
 
@@ -565,13 +560,8 @@ async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::R
         n.is_none()
     })
     .await?;
-    let events = env.events_about(&name, "regarding.kind=Node").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("NodeStartupTimeout")),
-        "{events:?}"
-    );
+    env.wait_event(&name, "regarding.kind=Node", "NodeStartupTimeout")
+        .await?;
     drop(coordinator);
     env.cleanup().await
 }
@@ -879,12 +869,7 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     wait_admitted(&env, &second, TIMEOUT)
         .await
         .with_context(|| coordinator.output())?;
-    let events = env.events_about(&second, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("Blocked")),
-        "an Event tells why: {events:?}"
-    );
+    // An Event tells why.
+    env.wait_event(&second, "", "Blocked").await?;
     env.cleanup().await
 }

@@ -440,6 +440,27 @@ impl TestEnv {
             .items)
     }
 
+    /// Waits for an Event with `reason` about `name` (Events are published off the path of
+    /// what they tell of, so they can come after it).
+    pub async fn wait_event(
+        &self,
+        name: &str,
+        field_selector: &str,
+        reason: &str,
+    ) -> anyhow::Result<k8s_openapi::api::events::v1::Event> {
+        wait::eventually(
+            &format!("a {reason} Event about {name}"),
+            Duration::from_secs(30),
+            || async {
+                let events = self.events_about(name, field_selector).await?;
+                Ok(events
+                    .into_iter()
+                    .find(|e| e.reason.as_deref() == Some(reason)))
+            },
+        )
+        .await
+    }
+
     /// Deletes what this test created: its namespace (and so its workloads), its nodes, its
     /// DisruptionPolicies (labelled with the test) and the NodeMaintenances of its nodes.
     pub async fn cleanup(self) -> anyhow::Result<()> {
