@@ -58,12 +58,14 @@ trap stop_all EXIT
 trap 'exit 0' INT TERM
 
 taken_ports=" "
-free_port() { # VAR: set VAR to a loopback TCP port nobody listens on, not handed out before
+free_port() { # VAR: set VAR to a loopback TCP port no socket uses, not handed out before
   local port
   while :; do
-    port=$((20000 + RANDOM % 30000))
+    # Below Linux's ephemeral range (32768-60999): an outgoing connection cannot take the port
+    # between this check and the bind (it happened: etcd "bind: address already in use").
+    port=$((20000 + RANDOM % 12768))
     case $taken_ports in *" $port "*) continue ;; esac
-    if [ -z "$(ss -Htln "sport = :$port")" ]; then
+    if [ -z "$(ss -Htan "sport = :$port")" ]; then
       taken_ports+="$port "
       printf -v "$1" '%s' "$port"
       return
