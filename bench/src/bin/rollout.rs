@@ -100,11 +100,14 @@ fn simulate_agents(
                 tokio::spawn(async move {
                     tokio::time::sleep(takes).await;
                     let done = json!({"status": {"phase": "Succeeded", "finishedAt": jiff::Timestamp::now().to_string()}});
-                    if let Err(e) = api
+                    match api
                         .patch_status(&m.name_any(), &PatchParams::default(), &Patch::Merge(done))
                         .await
                     {
-                        eprintln!("finishing {}: {e}", m.name_any());
+                        // Deleted meanwhile (the bench's cleanup): nothing to finish.
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Ok(_) => {}
+                        Err(e) => eprintln!("finishing {}: {e}", m.name_any()),
                     }
                 });
             }
