@@ -33,7 +33,7 @@ use kube::{
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, NodeMaintenanceSpec,
     NodeReport,
-    conditions::{maintenance as maintenance_conditions, node as node_conditions},
+    conditions::{denial, maintenance as maintenance_conditions, node as node_conditions},
     labels::{COORDINATOR_FIELD_MANAGER, NODE_NAME_LABEL},
     maintenance::{AdmissionRecord, PhaseTransition},
     policy::StartupAction,
@@ -48,8 +48,21 @@ use crate::{
     round::{self, Gone, Memory, Objects, Plan, Standing},
 };
 
-/// A denial whose reason is unchanged is rewritten (new message) at most this often.
+/// A denial whose reason is unchanged and whose message follows the rollout's progress is
+/// rewritten (new message) at most this often.
 const DENIAL_REFRESH: Duration = Duration::from_secs(30);
+
+/// Whether a denial's message changes as the cluster moves on (which nodes hold slots, which
+/// are unhealthy or NotReady): with many maintenances waiting, rewriting each of them on every
+/// change would be a write storm, so those refresh every [`DENIAL_REFRESH`]. The others
+/// (blocked, paused, outside a window) change only when their cause does, and an operator
+/// should see that at once.
+fn message_follows_progress(reason: &str) -> bool {
+    matches!(
+        reason,
+        denial::BUDGET_EXHAUSTED | denial::TOO_MANY_UNHEALTHY | denial::QUORUM_PROTECTED
+    )
+}
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
 
@@ -856,7 +869,7 @@ impl Controller {
             .denied_at
             .get(&denial.maintenance)
             .is_some_and(|t| t.elapsed() < DENIAL_REFRESH);
-        if same_reason && recently {
+        if same_reason && recently && message_follows_progress(denial.reason) {
             return;
         }
         let now = Timestamp::now();
@@ -1286,6 +1299,20 @@ mod tests {
         assert!(changes.changed("Node", "m", None));
         assert!(full_round(&changes));
         assert!(!full_round(&changes));
+    }
+
+    #[test]
+    fn only_denials_whose_message_follows_progress_are_throttled() {
+        for reason in [
+            denial::BUDGET_EXHAUSTED,
+            denial::TOO_MANY_UNHEALTHY,
+            denial::QUORUM_PROTECTED,
+        ] {
+            assert!(message_follows_progress(reason), "{reason}");
+        }
+        for reason in [denial::BLOCKED, denial::PAUSED, denial::OUTSIDE_WINDOW] {
+            assert!(!message_follows_progress(reason), "{reason}");
+        }
     }
 
     #[test]
