@@ -79,10 +79,18 @@ pub fn wanted(
 /// [`wanted`]'s `selects` from the Nodes' labels (an invalid selector selects: the policy is
 /// invalid and blocks its whole scope elsewhere).
 pub fn by_labels(nodes: &[Arc<Node>]) -> impl Fn(&DisruptionPolicy, &str) -> Option<bool> + '_ {
+    // Asked once per pending maintenance and policy: an index, not a scan of every node each,
+    // built on the first question (most rounds have no blockers to look up).
+    let by_name = std::cell::OnceCell::new();
     move |policy, name| {
-        let node = nodes
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(name))?;
+        let node = by_name
+            .get_or_init(|| {
+                nodes
+                    .iter()
+                    .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
+                    .collect::<HashMap<&str, &Node>>()
+            })
+            .get(name)?;
         Some(
             policy
                 .spec

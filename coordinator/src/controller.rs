@@ -465,8 +465,7 @@ struct Writer {
 }
 
 pub struct Controller {
-    client: Client,
-    metrics: Arc<Metrics>,
+    /// The client, identity and metrics too.
     writer: Writer,
     /// Admission writes of earlier rounds still under way (a full round waits for them).
     writes: tokio::task::JoinSet<bool>,
@@ -496,24 +495,22 @@ impl Controller {
             },
         );
         Self {
+            blockers: Lookups::new(client.clone()),
             writer: Writer {
-                client: client.clone(),
+                client,
                 identity,
-                metrics: metrics.clone(),
+                metrics,
                 recorder,
                 changed,
                 fresh_maintenances: Arc::new(std::sync::Mutex::new(Fresh::new())),
             },
-            metrics,
             writes: tokio::task::JoinSet::new(),
             memory: Memory::default(),
             fresh_policies: Fresh::new(),
             denied_at: HashMap::new(),
             remediated_at: HashMap::new(),
-            blockers: Lookups::new(client.clone()),
             standing: None,
             arrived: HashMap::new(),
-            client,
         }
     }
 
@@ -619,7 +616,7 @@ impl Controller {
                 .await;
         }
         for (maintenance, node) in &plan.delete_nodes {
-            let nodes: Api<Node> = Api::all(self.client.clone());
+            let nodes: Api<Node> = Api::all(self.writer.client.clone());
             match nodes.delete(node, &DeleteParams::default()).await {
                 Ok(_) => {
                     tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
@@ -714,7 +711,8 @@ impl Controller {
         for admission in &plan.admit {
             if let Some(arrived) = self.arrived.remove(&admission.maintenance) {
                 let own = arrived.elapsed().saturating_sub(slot_writes);
-                self.metrics
+                self.writer
+                    .metrics
                     .admission_coordinator_seconds
                     .observe(own.as_secs_f64());
             }
@@ -778,7 +776,8 @@ impl Controller {
         plan: &Plan,
         leader: &watch::Receiver<bool>,
     ) -> bool {
-        self.metrics
+        self.writer
+            .metrics
             .decision_seconds
             .get_or_create(&RoundLabels { round })
             .observe(started.elapsed().as_secs_f64());
@@ -791,17 +790,20 @@ impl Controller {
             let labels = PolicyLabels {
                 policy: policy.clone(),
             };
-            self.metrics
+            self.writer
+                .metrics
                 .budget_used
                 .get_or_create(&labels)
                 .set(i64::try_from(*used).unwrap_or(i64::MAX));
-            self.metrics
+            self.writer
+                .metrics
                 .budget_max
                 .get_or_create(&labels)
                 .set(i64::try_from(*max).unwrap_or(i64::MAX));
         }
         for (policy, unhealthy) in &plan.unhealthy {
-            self.metrics
+            self.writer
+                .metrics
                 .unhealthy
                 .get_or_create(&PolicyLabels {
                     policy: policy.clone(),
@@ -813,7 +815,7 @@ impl Controller {
     /// Writes each changed policy status with the resourceVersion it was decided on. Returns
     /// the policies whose write failed (their new slots do not exist).
     async fn write_policies(&mut self, objects: &Objects, plan: &Plan) -> BTreeSet<String> {
-        let api: Api<DisruptionPolicy> = Api::all(self.client.clone());
+        let api: Api<DisruptionPolicy> = Api::all(self.writer.client.clone());
         let mut failed = BTreeSet::new();
         for (name, status) in &plan.policy_status {
             let Some(current) = objects.policies.iter().find(|p| p.name_any() == *name) else {
@@ -834,7 +836,7 @@ impl Controller {
                     self.fresh_policies.record(current, written);
                 }
                 Err(kube::Error::Api(e)) if e.code == 409 => {
-                    self.metrics.slot_conflicts.inc();
+                    self.writer.metrics.slot_conflicts.inc();
                     tracing::info!(policy = %name, "policy changed since it was read (another writer); deciding again");
                     failed.insert(name.clone());
                 }
@@ -894,7 +896,8 @@ impl Controller {
                 .insert(denial.maintenance.clone(), Instant::now());
             self.denied_at.retain(|_, t| t.elapsed() < DENIAL_REFRESH);
             if !same_reason {
-                self.metrics
+                self.writer
+                    .metrics
                     .denials
                     .get_or_create(&ReasonLabels {
                         reason: denial.reason.to_owned(),
@@ -954,7 +957,7 @@ impl Controller {
     }
 
     async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.writer.client.clone());
         if !timeout.reported {
             let condition = serde_json::json!({
                 "apiVersion": "v1",
@@ -1046,12 +1049,12 @@ impl Controller {
             .into_iter()
             .collect(),
         );
-        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
         match api.create(&PostParams::default(), &maintenance).await {
             Ok(created) => {
                 self.remediated_at
                     .insert(request.node.clone(), Instant::now());
-                self.metrics.remediations.inc();
+                self.writer.metrics.remediations.inc();
                 tracing::warn!(node = %request.node, maintenance = %created.name_any(), action = ?request.action, message = %request.message, "remediation requested");
                 self.writer
                     .event(
@@ -1075,14 +1078,14 @@ impl Controller {
         for gone in missing {
             let absent = match &gone {
                 Gone::Maintenance { name, uid } => {
-                    let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+                    let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
                     match api.get_opt(name).await {
                         Ok(found) => found.is_none_or(|m| m.uid().as_deref() != Some(uid)),
                         Err(_) => false,
                     }
                 }
                 Gone::Node(name) => {
-                    let api: Api<Node> = Api::all(self.client.clone());
+                    let api: Api<Node> = Api::all(self.writer.client.clone());
                     matches!(api.get_opt(name).await, Ok(None))
                 }
             };
