@@ -11,8 +11,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 duration=${1:-600}
 
-cargo build --profile agent -q -p nodeward-agent
-agent="${NODEWARD_AGENT_BINARY:-$root/target/agent/nodeward-agent}"
+cargo build --profile dist -q -p nodeward-agent
+agent="${NODEWARD_AGENT_BINARY:-$root/target/dist/nodeward-agent}"
 
 state=${NODEWARD_TEST_CONTROLPLANE:-}
 if [ -z "$state" ]; then

@@ -21,7 +21,7 @@ use nodeward_runtime::telemetry::{self, LogFormat};
 
 /// nodeward's node agent.
 #[derive(Parser)]
-#[command(name = "nodeward-agent", version, about)]
+#[command(name = "nodeward-agent", version = nodeward_runtime::VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -252,9 +252,7 @@ async fn run(
         mode,
         boot_id: boot_id.clone(),
     };
-    let readiness = Arc::new(Readiness::new(
-        "the first detection round has not been reported yet",
-    ));
+    let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
     let (bound, serving) = server::serve(listen, metrics.encoder(), readiness.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();

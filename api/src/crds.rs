@@ -7,7 +7,7 @@ use kube::CustomResourceExt;
 use crate::{DisruptionPolicy, NodeMaintenance, NodeReport};
 
 /// Where the chart keeps the generated CRDs, relative to the repository root.
-pub const CHART_CRD_DIR: &str = "charts/nodeward/crds";
+pub const CHART_CRD_DIR: &str = "charts/nodeward/files/crds";
 
 /// Every nodeward CRD.
 pub fn all() -> Vec<CustomResourceDefinition> {

@@ -1,7 +1,7 @@
 //! nodeward's Kubernetes API (group `nodeward.io`, version `v1alpha1`): the custom resources,
 //! and the names of the conditions, labels, annotations and taints nodeward uses.
 //!
-//! The CRD manifests in `charts/nodeward/crds/` are generated from these types by
+//! The CRD manifests in `charts/nodeward/files/crds/` are generated from these types by
 //! `cargo run -p nodeward-api --bin crdgen`; a test fails when they are out of date.
 
 // `#[kube(printcolumn(type_ = ...))]` repeats keys across columns by design.

@@ -29,7 +29,7 @@ fn committed_crds_match_the_types() {
     expected.sort();
     assert!(
         stale.is_empty() && on_disk == expected,
-        "charts/nodeward/crds is out of date (stale: {stale:?}, on disk: {on_disk:?}, expected: {expected:?}); \
+        "charts/nodeward/files/crds is out of date (stale: {stale:?}, on disk: {on_disk:?}, expected: {expected:?}); \
          run `cargo run -p nodeward-api --bin crdgen` and commit the result"
     );
 }

@@ -48,6 +48,9 @@ use crate::{
     round::{self, Gone, Memory, Objects, Plan, Standing},
 };
 
+/// The readiness gate the synced watches open: nothing is decided before.
+pub const SYNCED: &str = "the watches have not synced yet";
+
 /// A denial whose reason is unchanged and whose message follows the rollout's progress is
 /// rewritten (new message) at most this often.
 const DENIAL_REFRESH: Duration = Duration::from_secs(30);
@@ -530,7 +533,7 @@ impl Controller {
             synced = stores.synced() => if !synced { return },
             _ = stop.changed() => return,
         }
-        readiness.set(true);
+        readiness.pass(SYNCED);
         tracing::info!("watches synced");
         let mut last_full: Option<Instant> = None;
         loop {

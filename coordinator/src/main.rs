@@ -18,7 +18,7 @@ const USER_AGENT: &str = concat!("nodeward-coordinator/", env!("CARGO_PKG_VERSIO
 
 /// nodeward's coordinator: admits node disruptions under cluster-wide limits.
 #[derive(Parser)]
-#[command(name = "nodeward-coordinator", version, about)]
+#[command(name = "nodeward-coordinator", version = nodeward_runtime::VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -54,7 +54,7 @@ struct Run {
     /// Name of the leader election Lease.
     #[arg(long, default_value = "nodeward-coordinator")]
     lease_name: String,
-    /// Namespace of the leader election Lease.
+    /// The coordinator's namespace: its leader election Lease and webhook Secret are there.
     #[arg(long, env = "POD_NAMESPACE", default_value = "nodeward-system")]
     lease_namespace: String,
     /// Identity recorded as the Lease holder and in admissions (default: host name and a
@@ -74,11 +74,40 @@ struct Run {
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     resync: Duration,
     /// Serve the eviction admission webhook (HTTPS) on this address, e.g. 0.0.0.0:9443.
-    #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN", requires = "webhook_cert_dir")]
+    #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN")]
     webhook_listen: Option<SocketAddr>,
-    /// Directory with the webhook's tls.crt and tls.key.
+    /// Keep the webhook's certificate in this Secret (in the coordinator's namespace): issued,
+    /// renewed and its CA bundle written into --webhook-configuration by the coordinator.
+    #[arg(
+        long,
+        env = "NODEWARD_WEBHOOK_SECRET",
+        conflicts_with = "webhook_cert_dir"
+    )]
+    webhook_secret: Option<String>,
+    /// Or serve the tls.crt and tls.key in this directory (e.g. from cert-manager), reloaded
+    /// when they change.
     #[arg(long, env = "NODEWARD_WEBHOOK_CERT_DIR")]
     webhook_cert_dir: Option<PathBuf>,
+    /// The Service the API server calls the webhook through (its DNS names go into the
+    /// certificate).
+    #[arg(long, default_value = "nodeward-coordinator-webhook")]
+    webhook_service: String,
+    /// More DNS names for the certificate, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    webhook_extra_dns: Vec<String>,
+    /// The ValidatingWebhookConfiguration whose caBundle the coordinator keeps.
+    #[arg(long, default_value = "nodeward-agent-evictions")]
+    webhook_configuration: String,
+    /// The webhook in it.
+    #[arg(long, default_value = "evictions.agent.nodeward.io")]
+    webhook_name: String,
+    /// How long the webhook's CA is valid; a successor is trusted from a third of its life
+    /// left, and takes over at a sixth.
+    #[arg(long, default_value = "10y", value_parser = humantime::parse_duration)]
+    webhook_ca_validity: Duration,
+    /// How long a serving certificate is valid; renewed with a third of its life left.
+    #[arg(long, default_value = "90d", value_parser = humantime::parse_duration)]
+    webhook_cert_validity: Duration,
 }
 
 fn main() -> ExitCode {
@@ -139,6 +168,24 @@ fn validate(run: &Run) -> Result<(), String> {
     if run.resync.is_zero() {
         return Err("--resync must be more than 0s, e.g. 5s".to_owned());
     }
+    if run.webhook_listen.is_some()
+        && run.webhook_secret.is_none()
+        && run.webhook_cert_dir.is_none()
+    {
+        return Err(
+            "--webhook-listen needs a certificate: --webhook-secret NAME (the coordinator keeps one) or --webhook-cert-dir DIR".to_owned(),
+        );
+    }
+    if run.webhook_cert_validity < Duration::from_secs(10) {
+        return Err("--webhook-cert-validity must be at least 10s, e.g. 90d".to_owned());
+    }
+    if run.webhook_ca_validity < run.webhook_cert_validity * 3 {
+        return Err(format!(
+            "--webhook-ca-validity ({}) must be at least three times --webhook-cert-validity ({}), so that a serving certificate never outlives the CA's handover",
+            humantime::format_duration(run.webhook_ca_validity),
+            humantime::format_duration(run.webhook_cert_validity)
+        ));
+    }
     Ok(())
 }
 
@@ -153,13 +200,46 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     let client = nodeward_runtime::client::connect(run.kubeconfig.as_deref(), USER_AGENT).await?;
     let identity = run.identity.clone().unwrap_or_else(default_identity);
     let metrics = Arc::new(Metrics::new());
-    let readiness = Arc::new(Readiness::new("the watches have not synced yet"));
+    let readiness = Arc::new(Readiness::new(&[nodeward_coordinator::controller::SYNCED]));
     let (bound, serving) = server::serve(run.listen, metrics.encoder(), readiness.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
-    if let (Some(address), Some(dir)) = (run.webhook_listen, &run.webhook_cert_dir) {
-        let acceptor = webhook::tls(dir).map_err(Error::Webhook)?;
+    if let Some(address) = run.webhook_listen {
+        let serving = Arc::new(webhook::ServingCert::default());
+        readiness.close(webhook::CERTIFICATE_LOADED);
+        if let Some(secret) = &run.webhook_secret {
+            let mut dns_names = webhook::certificate::Wanted::service_names(
+                &run.webhook_service,
+                &run.lease_namespace,
+            );
+            dns_names.extend(run.webhook_extra_dns.iter().cloned());
+            tasks.spawn(
+                webhook::Keeper {
+                    client: client.clone(),
+                    namespace: run.lease_namespace.clone(),
+                    secret: secret.clone(),
+                    configuration: run.webhook_configuration.clone(),
+                    webhook: run.webhook_name.clone(),
+                    wanted: webhook::certificate::Wanted {
+                        dns_names,
+                        ca_lifetime: run.webhook_ca_validity,
+                        serving_lifetime: run.webhook_cert_validity,
+                    },
+                    serving: serving.clone(),
+                    readiness: readiness.clone(),
+                }
+                .run(),
+            );
+        } else if let Some(dir) = &run.webhook_cert_dir {
+            tasks.spawn(webhook::keeper::follow_files(
+                dir.clone(),
+                serving.clone(),
+                readiness.clone(),
+                Duration::from_secs(10),
+            ));
+        }
+        let acceptor = webhook::acceptor(serving).map_err(Error::Webhook)?;
         let (bound, serving) = webhook::serve(address, acceptor, client.clone())
             .await
             .map_err(Error::Webhook)?;

@@ -8,6 +8,17 @@ pub mod server;
 pub mod telemetry;
 pub mod watch;
 
+/// What `--version` prints: the version, the git revision and the target the binary was built
+/// for, e.g. `0.1.0 (revision 1a2b3c4d5e6f, x86_64-unknown-linux-musl)`.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("NODEWARD_REVISION"),
+    ", ",
+    env!("NODEWARD_TARGET"),
+    ")"
+);
+
 /// Failures of the shared plumbing, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -3,10 +3,7 @@
 use std::{
     convert::Infallible,
     net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
 use bytes::Bytes;
@@ -19,28 +16,47 @@ use tokio::net::TcpListener;
 
 use crate::Error;
 
-/// Whether the daemon is ready, and what `/readyz` says while it is not.
+/// Whether the daemon is ready: each gate given at the start must be passed. `/readyz` names
+/// the gates still closed.
 #[derive(Debug)]
 pub struct Readiness {
-    ready: AtomicBool,
-    waiting_for: &'static str,
+    closed: Mutex<Vec<&'static str>>,
 }
 
 impl Readiness {
-    /// `waiting_for` completes "not ready: ...", e.g. "the watches have not synced yet".
-    pub fn new(waiting_for: &'static str) -> Self {
+    /// Each gate completes "not ready: ...", e.g. "the watches have not synced yet".
+    pub fn new(gates: &[&'static str]) -> Self {
         Self {
-            ready: AtomicBool::new(false),
-            waiting_for,
+            closed: Mutex::new(gates.to_vec()),
         }
     }
 
-    pub fn set(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Relaxed);
+    /// Adds `gate` to what readiness waits for.
+    pub fn close(&self, gate: &'static str) {
+        if let Ok(mut closed) = self.closed.lock()
+            && !closed.contains(&gate)
+        {
+            closed.push(gate);
+        }
+    }
+
+    /// Opens `gate` (it no longer holds readiness back).
+    pub fn pass(&self, gate: &'static str) {
+        if let Ok(mut closed) = self.closed.lock() {
+            closed.retain(|g| *g != gate);
+        }
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.closed.lock().map(|c| c.is_empty()).unwrap_or(false)
+    }
+
+    /// What readiness waits for, `; `-separated.
+    pub fn waiting_for(&self) -> String {
+        self.closed
+            .lock()
+            .map(|c| c.join("; "))
+            .unwrap_or_else(|_| "a poisoned lock".to_owned())
     }
 }
 
@@ -88,7 +104,7 @@ fn route(path: &str, metrics: &Encode, readiness: &Readiness) -> Response<Full<B
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
-            format!("not ready: {}", readiness.waiting_for),
+            format!("not ready: {}", readiness.waiting_for()),
         ),
         "/metrics" => (
             StatusCode::OK,

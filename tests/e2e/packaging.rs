@@ -12,9 +12,11 @@ use std::{
 
 use anyhow::Context;
 use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
     authentication::v1::TokenRequest,
-    core::v1::{Node, Pod, ServiceAccount},
+    core::v1::{Node, Pod, Secret, ServiceAccount},
 };
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client, ResourceExt,
     api::{
@@ -22,10 +24,13 @@ use kube::{
     },
     discovery::{self, Scope},
 };
-use nodeward_api::NodeMaintenance;
+use nodeward_api::{DisruptionPolicy, NodeMaintenance};
 use nodeward_e2e::{
-    Identity, NodeSpec, PodOptions, TestEnv, controlplane::client_as, daemon::sibling_binary,
-    env::TEST_LABEL, wait,
+    Identity, NodeSpec, PodOptions, TestEnv,
+    controlplane::{client_as, write_kubeconfig},
+    daemon::sibling_binary,
+    env::TEST_LABEL,
+    wait,
 };
 use serde_json::{Value, json};
 
@@ -70,7 +75,8 @@ fn run(command: &mut Command) -> anyhow::Result<String> {
 }
 
 /// `helm template` with `values` files; the rendered documents.
-fn render(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<Vec<Value>> {
+/// `helm template` with `values` files: the rendered text.
+fn render_text(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<String> {
     let mut command = Command::new(helm()?);
     command.args(["template", release]).arg(chart()).args([
         "--namespace",
@@ -81,15 +87,24 @@ fn render(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<Ve
     for file in values {
         command.arg("--values").arg(file);
     }
-    let text = run(&mut command)?;
+    run(&mut command)
+}
+
+/// The documents of a rendered (or any multi-document) YAML text.
+fn documents(text: &str) -> anyhow::Result<Vec<Value>> {
     let mut documents = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(&text) {
+    for document in serde_yaml::Deserializer::from_str(text) {
         let value: Value = serde::Deserialize::deserialize(document)?;
         if !value.is_null() {
             documents.push(value);
         }
     }
     Ok(documents)
+}
+
+/// `helm template` with `values` files: the rendered documents.
+fn render(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<Vec<Value>> {
+    documents(&render_text(release, namespace, values)?)
 }
 
 fn kinds(documents: &[Value]) -> Vec<String> {
@@ -128,13 +143,15 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "ClusterRoleBinding",
         "ClusterRoleBinding",
         "ConfigMap",
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
+        "CustomResourceDefinition",
         "DaemonSet",
         "Deployment",
         "DisruptionPolicy",
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
-        "Secret",
         "Service",
         "Service",
         "Service",
@@ -334,39 +351,27 @@ fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     }
 }
 
-/// A coordinator serving only the eviction webhook: it never leads (the test holds its Lease
-/// for an hour), so it decides nothing about the cluster.
+/// The chart's coordinator serving the eviction webhook with the certificate it keeps itself,
+/// as the chart's coordinator service account. It never leads (the test holds its Lease for an
+/// hour), so it decides nothing about the cluster. The API server reaches it on loopback by the
+/// name `localhost` (a kwok pod serves nothing), which it adds to its certificate.
 struct EvictionWebhook {
     coordinator: nodeward_e2e::daemon::Daemon,
-    address: String,
-    ca_bundle: Value,
+    url: String,
+    release: String,
 }
 
 impl EvictionWebhook {
-    async fn start(env: &TestEnv, dir: &Path) -> anyhow::Result<Self> {
-        let certs = dir.join("webhook");
-        std::fs::create_dir_all(&certs)?;
-        run(Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=nodeward-e2e-webhook",
-                "-addext",
-                "subjectAltName=IP:127.0.0.1",
-            ])
-            .arg("-keyout")
-            .arg(certs.join("tls.key"))
-            .arg("-out")
-            .arg(certs.join("tls.crt")))?;
+    async fn start(
+        env: &TestEnv,
+        release: &str,
+        dir: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let lease_name = format!("{release}-nodeward-coordinator");
         let now = jiff::Timestamp::now().to_string();
         let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
-            "metadata": {"name": "e2e-held"},
+            "metadata": {"name": lease_name},
             "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now},
         }))?;
         Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
@@ -375,62 +380,132 @@ impl EvictionWebhook {
         )
         .create(&PostParams::default(), &lease)
         .await?;
-        let address = nodeward_e2e::daemon::free_address()?;
-        let coordinator = nodeward_e2e::daemon::coordinator(
-            env,
-            &[
-                "--lease-name",
-                "e2e-held",
-                "--lease-duration",
-                "1h",
-                "--renew-deadline",
-                "50m",
-                "--retry-period",
-                "1m",
-                "--webhook-listen",
-                &address,
-                "--webhook-cert-dir",
-                certs.to_str().context("certificate directory")?,
-            ],
+        let kubeconfig = dir.join("coordinator.kubeconfig");
+        write_kubeconfig(
+            Identity::Token(token(env, &lease_name, None).await?),
+            &kubeconfig,
         )?;
-        coordinator.wait_ready(Duration::from_secs(60)).await?;
-        let ca_bundle = serde_json::to_value(k8s_openapi::ByteString(std::fs::read(
-            certs.join("tls.crt"),
-        )?))?;
+        let address = nodeward_e2e::daemon::free_address()?;
+        let port = address.rsplit(':').next().context("a port")?;
+        let mut args = vec![
+            "--lease-name",
+            &lease_name,
+            "--lease-duration",
+            "1h",
+            "--renew-deadline",
+            "50m",
+            "--retry-period",
+            "1m",
+            "--webhook-listen",
+            &address,
+        ];
+        let secret = format!("--webhook-secret={release}-nodeward-coordinator-webhook-tls");
+        let service = format!("--webhook-service={release}-nodeward-coordinator-webhook");
+        let configuration = format!("--webhook-configuration={release}-nodeward-agent-evictions");
+        args.extend([
+            secret.as_str(),
+            service.as_str(),
+            configuration.as_str(),
+            "--webhook-extra-dns=localhost",
+        ]);
+        args.extend(extra);
+        let coordinator = nodeward_e2e::daemon::coordinator_as(env, &kubeconfig, &args)?;
+        coordinator
+            .wait_ready(Duration::from_secs(60))
+            .await
+            .with_context(|| coordinator.output())?;
         Ok(Self {
             coordinator,
-            address,
-            ca_bundle,
+            url: format!("https://localhost:{port}/validate/eviction"),
+            release: release.to_owned(),
         })
+    }
+
+    /// The chart's webhook configuration from `documents`, pointed at this coordinator by URL.
+    fn configuration(&self, documents: &[Value]) -> anyhow::Result<Value> {
+        let mut configuration = find(documents, "ValidatingWebhookConfiguration")?.clone();
+        configuration["webhooks"][0]["clientConfig"] = json!({"url": self.url});
+        Ok(configuration)
+    }
+
+    /// The webhook certificate Secret the coordinator keeps.
+    async fn secret(&self, env: &TestEnv) -> anyhow::Result<Option<Secret>> {
+        Ok(
+            Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+                .get_opt(&format!(
+                    "{}-nodeward-coordinator-webhook-tls",
+                    self.release
+                ))
+                .await?,
+        )
+    }
+
+    /// Waits until the webhook configuration trusts the coordinator's CA bundle; the bundle.
+    async fn wait_ca_bundle(&self, env: &TestEnv) -> anyhow::Result<Vec<u8>> {
+        let configurations: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+        let name = format!("{}-nodeward-agent-evictions", self.release);
+        wait::eventually(
+            "the coordinator to write the caBundle",
+            Duration::from_secs(30),
+            || async {
+                let Some(secret) = self.secret(env).await? else {
+                    return Ok(None);
+                };
+                let bundle = secret
+                    .data
+                    .unwrap_or_default()
+                    .remove("ca.crt")
+                    .map(|b| b.0);
+                let live = configurations
+                    .get(&name)
+                    .await?
+                    .webhooks
+                    .unwrap_or_default();
+                let published = live
+                    .first()
+                    .and_then(|w| w.client_config.ca_bundle.clone())
+                    .map(|b| b.0);
+                Ok((bundle.is_some() && bundle == published)
+                    .then_some(bundle)
+                    .flatten())
+            },
+        )
+        .await
+        .with_context(|| self.coordinator.output())
     }
 }
 
-#[tokio::test]
-async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Result<()> {
-    let env = TestEnv::new("chart").await?;
+/// Two kwok nodes for `env`, and the chart rendered (release = the test's id) to schedule on
+/// them only, with its default policy over them only, applied server-side; the documents.
+async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<Vec<Value>> {
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
         .await?;
-    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
-    // Scheduled on this test's nodes only, its policy over them only.
-    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(dir)?;
     let values = dir.join("values.yaml");
-    std::fs::write(
-        &values,
-        serde_yaml::to_string(&json!({
-            "agent": {"nodeSelector": {TEST_LABEL: env.id}},
-            "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
-            "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
-                "maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}}},
-        }))?,
-    )?;
+    std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(env))?)?;
     let documents = render(&env.id, &env.namespace, &[&values])?;
+    // The CRDs are every test's (installed once per run); only the upgrade test changes them.
+    let documents: Vec<Value> = documents
+        .into_iter()
+        .filter(|d| d["kind"] != "CustomResourceDefinition")
+        .collect();
     apply(&env.client, &documents).await?;
+    Ok(documents)
+}
 
-    let agent_account = format!("{}-nodeward-agent", env.id);
-    let coordinator_account = format!("{}-nodeward-coordinator", env.id);
-    let agent_pod = wait::eventually(
-        "the agent's pod on node A",
+fn own_nodes_values(env: &TestEnv) -> Value {
+    json!({
+        "agent": {"nodeSelector": {TEST_LABEL: env.id}},
+        "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
+        "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
+            "maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}}},
+    })
+}
+
+/// A client acting as the chart's agent on `node`: a token bound to its (kwok) pod there.
+async fn agent_on(env: &TestEnv, node: &str) -> anyhow::Result<Client> {
+    let pod = wait::eventually(
+        "the agent's pod on the node",
         Duration::from_secs(60),
         || async {
             let pods = env
@@ -438,16 +513,25 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
                 .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
                 .await?;
             Ok(pods.items.into_iter().find(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_a.as_str())
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
                     && p.metadata.uid.is_some()
             }))
         },
     )
     .await?;
-    let agent = client_as(Identity::Token(
-        token(&env, &agent_account, Some(&agent_pod)).await?,
-    ))
-    .await?;
+    let account = format!("{}-nodeward-agent", env.id);
+    client_as(Identity::Token(token(env, &account, Some(&pod)).await?)).await
+}
+
+#[tokio::test]
+async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Result<()> {
+    let env = TestEnv::new("chart").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+
+    let coordinator_account = format!("{}-nodeward-coordinator", env.id);
+    let agent = agent_on(&env, &node_a).await?;
     let nodes: Api<Node> = Api::all(agent.clone());
     let label = |value: &str| Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": value}}}));
 
@@ -574,16 +658,11 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         assert!(said.contains(expected), "{status}: {said}");
     }
 
-    // Evictions: the chart's webhook, served by a real coordinator (reached on loopback with
-    // a certificate for 127.0.0.1 instead of through the Service, which a kwok pod cannot
-    // serve).
-    let webhook = EvictionWebhook::start(&env, &dir).await?;
-    let mut configuration = find(&documents, "ValidatingWebhookConfiguration")?.clone();
-    configuration["webhooks"][0]["clientConfig"] = json!({
-        "url": format!("https://{}/validate/eviction", webhook.address),
-        "caBundle": webhook.ca_bundle,
-    });
-    apply(&env.client, &[configuration]).await?;
+    // Evictions: the chart's webhook, served by the chart's coordinator with the certificate it
+    // keeps itself.
+    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
+    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
+    webhook.wait_ca_bundle(&env).await?;
     env.replicaset("evict-a", &node_a, 1, &PodOptions::default())
         .await?;
     let evict_a = env.running_pods("evict-a", 1).await?.remove(0);
@@ -629,13 +708,337 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     );
     assert!(said.starts_with("403"), "{said}");
 
-    // The chart's cluster-wide objects go; the namespace takes the rest.
+    remove_chart(env, &documents).await
+}
+
+/// The chart's cluster-wide objects go (but the CRDs, which every test shares, as an uninstall
+/// keeps them); the namespace takes the rest.
+async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
     for document in documents
         .iter()
-        .filter(|d| d["metadata"]["namespace"].is_null())
+        .filter(|d| d["metadata"]["namespace"].is_null() && d["kind"] != "CustomResourceDefinition")
     {
         let (api, name) = dynamic_api(&env.client, document).await?;
         api.delete(&name, &DeleteParams::default()).await?;
+    }
+    env.cleanup().await
+}
+
+#[test]
+fn the_crds_the_chart_renders_are_the_ones_generated_from_the_types() -> anyhow::Result<()> {
+    let rendered = render("nodeward", "nodeward-system", &[])?;
+    let crds: Vec<&Value> = rendered
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    let generated = nodeward_api::crds::all();
+    assert_eq!(crds.len(), generated.len());
+    for crd in generated {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let ours = crds
+            .iter()
+            .find(|d| d["metadata"]["name"] == name.as_str())
+            .with_context(|| format!("{name} is not rendered"))?;
+        assert_eq!(
+            ours["spec"],
+            serde_json::to_value(&crd.spec)?,
+            "{name}: the rendered schema is the generated one"
+        );
+        assert_eq!(
+            ours["metadata"]["annotations"]["helm.sh/resource-policy"], "keep",
+            "{name}: kept on uninstall"
+        );
+    }
+    // Managed apart (GitOps applying files/crds/ first): not rendered.
+    let dir = std::env::temp_dir().join(format!("nodeward-crds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let values = dir.join("values.yaml");
+    std::fs::write(&values, "crds: {install: false}\n")?;
+    let without = render("nodeward", "nodeward-system", &[&values])?;
+    assert!(!kinds(&without).contains(&"CustomResourceDefinition".to_owned()));
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_restart()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("webhook-cert").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-webhook-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    // Two renders in a row are the same text, and neither holds certificate material: a
+    // GitOps tool re-rendering the chart changes nothing of the webhook's trust.
+    let values = dir.join("values.yaml");
+    std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(&env))?)?;
+    let first = render_text(&env.id, &env.namespace, &[&values])?;
+    let second = render_text(&env.id, &env.namespace, &[&values])?;
+    assert_eq!(first, second, "two renders differ");
+    assert!(
+        !first.contains("BEGIN CERTIFICATE") && !first.contains("caBundle:"),
+        "a render carries certificate material"
+    );
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let agent = agent_on(&env, &node_a).await?;
+
+    // Short lives, to see renewals and a CA handover within the test: a serving certificate
+    // every ~10 s, the CA's successor trusted at 30 s and taking over at 37.5 s.
+    let webhook = EvictionWebhook::start(
+        &env,
+        &env.id,
+        &dir,
+        &["--webhook-cert-validity=15s", "--webhook-ca-validity=45s"],
+    )
+    .await?;
+    let configuration = webhook.configuration(&documents)?;
+    apply(&env.client, std::slice::from_ref(&configuration)).await?;
+    webhook.wait_ca_bundle(&env).await?;
+    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
+        .await?;
+    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
+    let dry_run = kube::api::EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..Default::default()
+    };
+
+    let pid = webhook.coordinator.child.id();
+    let (mut serving, mut issuers, mut bundles) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    let started = std::time::Instant::now();
+    let mut checks = 0;
+    let mut reapplied = false;
+    while started.elapsed() < Duration::from_secs(55) {
+        // Every round: the webhook answers through a TLS chain the API server trusts.
+        pods.evict(&on_a.name_any(), &dry_run)
+            .await
+            .with_context(|| {
+                format!(
+                    "allowed eviction at {:?}\n{}",
+                    started.elapsed(),
+                    webhook.coordinator.output()
+                )
+            })?;
+        let said = refusal(pods.evict(&on_b.name_any(), &dry_run).await);
+        assert!(
+            said.contains("may evict only pods on its own node"),
+            "at {:?}: {said}\n{}",
+            started.elapsed(),
+            webhook.coordinator.output()
+        );
+        checks += 2;
+        if let Some(secret) = webhook.secret(&env).await? {
+            let data = secret.data.unwrap_or_default();
+            serving.extend(data.get("tls.crt").map(|b| b.0.clone()));
+            issuers.extend(data.get("issuer.crt").map(|b| b.0.clone()));
+            bundles.extend(data.get("ca.crt").map(|b| b.0.clone()));
+        }
+        // Half-way: the chart applied again as rendered (as Argo CD or Flux would); the
+        // caBundle the coordinator wrote stays.
+        if !reapplied && started.elapsed() > Duration::from_secs(20) {
+            let before = webhook.wait_ca_bundle(&env).await?;
+            let mut again = documents.clone();
+            for document in &mut again {
+                if document["kind"] == "ValidatingWebhookConfiguration" {
+                    *document = configuration.clone();
+                }
+            }
+            apply(&env.client, &again).await?;
+            let live: ValidatingWebhookConfiguration = Api::all(env.client.clone())
+                .get(&format!("{}-nodeward-agent-evictions", env.id))
+                .await?;
+            let after = live.webhooks.unwrap_or_default()[0]
+                .client_config
+                .ca_bundle
+                .clone()
+                .map(|b| b.0);
+            assert_eq!(
+                after.as_deref(),
+                Some(before.as_slice()),
+                "a re-apply kept the caBundle"
+            );
+            reapplied = true;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert!(
+        webhook.coordinator.child.id() == pid
+            && webhook
+                .coordinator
+                .output()
+                .matches("nodeward-coordinator running")
+                .count()
+                == 1,
+        "the coordinator was not restarted"
+    );
+    println!(
+        "{checks} evictions checked; {} serving certificates, {} CAs, {} trust bundles",
+        serving.len(),
+        issuers.len(),
+        bundles.len()
+    );
+    assert!(
+        serving.len() >= 4,
+        "serving certificates renewed: {}",
+        serving.len()
+    );
+    assert!(
+        issuers.len() >= 2,
+        "the CA was handed over: {}",
+        issuers.len()
+    );
+    drop(webhook);
+    remove_chart(env, &documents).await
+}
+
+#[tokio::test]
+async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> anyhow::Result<()> {
+    let env = TestEnv::new("helm-upgrade").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-upgrade-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();
+    let helm_in = |args: &[&str], chart_dir: Option<&Path>| -> anyhow::Result<String> {
+        let mut command = Command::new(helm()?);
+        command.args(args);
+        if let Some(chart_dir) = chart_dir {
+            command.arg(chart_dir);
+        }
+        command
+            .arg("--namespace")
+            .arg(&env.namespace)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig);
+        run(&mut command)
+    };
+    // Workloads and policies of the release stay off every node: this test is about the CRDs.
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        serde_yaml::to_string(&json!({
+            "agent": {"nodeSelector": {TEST_LABEL: "none"}},
+            "coordinator": {"nodeSelector": {TEST_LABEL: "none"}, "replicas": 1},
+            "defaultPolicy": {"enabled": false},
+        }))?,
+    )?;
+    let values_arg = values.to_str().context("values path")?;
+
+    // The CRDs exist already, as after an install of 0.1.0 (crds/ directory, never managed
+    // by Helm): the README's one-time step lets the release adopt them.
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for crd in nodeward_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {
+                "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                "annotations": {"meta.helm.sh/release-name": env.id, "meta.helm.sh/release-namespace": env.namespace},
+            }})),
+        )
+        .await?;
+    }
+    helm_in(
+        &["install", &env.id, "--values", values_arg],
+        Some(&chart()),
+    )?;
+
+    // As JSON (a typed DisruptionPolicy would drop the field the next version adds).
+    let policy = |name: &str, probe: Option<&str>| -> anyhow::Result<DynamicObject> {
+        let mut spec =
+            json!({"maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}});
+        if let Some(probe) = probe {
+            spec["upgradeProbe"] = json!(probe);
+        }
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}}, "spec": spec,
+        }))?)
+    };
+    let raw: Api<DynamicObject> = Api::all_with(
+        env.client.clone(),
+        &kube::api::ApiResource::erase::<DisruptionPolicy>(&()),
+    );
+    let kept = format!("{}-kept", env.id);
+    raw.create(&PostParams::default(), &policy(&kept, None)?)
+        .await?;
+    // A field the installed schema does not know is pruned.
+    let probe = format!("{}-probe", env.id);
+    raw.create(&PostParams::default(), &policy(&probe, Some("v1"))?)
+        .await?;
+    let stored = raw.get(&probe).await?;
+    assert!(
+        stored.data["spec"]["upgradeProbe"].is_null(),
+        "pruned before the upgrade: {:?}",
+        stored.data
+    );
+    raw.delete(&probe, &DeleteParams::default()).await?;
+
+    // A later chart version adds the field to its CRD, as a new release would.
+    let next = dir.join("nodeward");
+    run(Command::new("cp").arg("-r").arg(chart()).arg(&next))?;
+    let crd_file = next.join("files/crds/disruptionpolicies.nodeward.io.yaml");
+    let mut crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&crd_file)?)?;
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["upgradeProbe"] =
+        json!({"type": "string", "maxLength": 16, "description": "added by the next chart version"});
+    std::fs::write(&crd_file, serde_yaml::to_string(&crd)?)?;
+    let chart_file = next.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_file)?;
+    std::fs::write(
+        &chart_file,
+        text.replace("\nversion: 0.1.0\n", "\nversion: 0.2.0\n"),
+    )?;
+    let said = helm_in(&["upgrade", &env.id, "--values", values_arg], Some(&next))?;
+    assert!(said.contains("has been upgraded"), "{said}");
+
+    // The API server serves the new schema: the field is kept now.
+    wait::eventually(
+        "the upgraded schema to be served",
+        Duration::from_secs(30),
+        || async {
+            let _ = raw.delete(&probe, &DeleteParams::default()).await;
+            raw.create(&PostParams::default(), &policy(&probe, Some("v2"))?)
+                .await?;
+            let stored = raw.get(&probe).await?;
+            Ok((stored.data["spec"]["upgradeProbe"] == "v2").then_some(()))
+        },
+    )
+    .await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let survived = policies.get(&kept).await?;
+    assert_eq!(
+        survived.spec.max_concurrent,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1)
+    );
+
+    // Uninstalled: the CRDs and every object of theirs stay.
+    helm_in(&["uninstall", &env.id], None)?;
+    for crd in nodeward_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        assert!(crds.get_opt(&name).await?.is_some(), "{name} was kept");
+    }
+    policies.get(&kept).await?;
+
+    // Back to the generated CRDs for the tests that share them.
+    for crd in nodeward_api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let mut restored = crd.clone();
+        let live = crds.get(&name).await?;
+        restored.metadata.resource_version = live.metadata.resource_version;
+        restored.metadata.labels = None;
+        restored.metadata.annotations = None;
+        crds.replace(&name, &PostParams::default(), &restored)
+            .await?;
+    }
+    for name in [&kept, &probe] {
+        let _ = policies.delete(name, &DeleteParams::default()).await;
     }
     env.cleanup().await
 }

@@ -116,8 +116,8 @@ pub async fn admin_client() -> anyhow::Result<kube::Client> {
     client_as(Identity::Admin).await
 }
 
-/// A client of the shared control plane acting as `identity`.
-pub async fn client_as(identity: Identity) -> anyhow::Result<kube::Client> {
+/// The shared control plane's kubeconfig, acting as `identity`.
+pub fn kubeconfig_as(identity: Identity) -> anyhow::Result<kube::config::Kubeconfig> {
     let cp = shared();
     let mut kubeconfig = kube::config::Kubeconfig::read_from(&cp.kubeconfig)
         .with_context(|| format!("reading {}", cp.kubeconfig.display()))?;
@@ -139,6 +139,19 @@ pub async fn client_as(identity: Identity) -> anyhow::Result<kube::Client> {
             auth.impersonate_groups = (!groups.is_empty()).then_some(groups);
         }
     }
+    Ok(kubeconfig)
+}
+
+/// Writes a kubeconfig acting as `identity` to `path`, for a daemon (`--kubeconfig`).
+pub fn write_kubeconfig(identity: Identity, path: &Path) -> anyhow::Result<()> {
+    let kubeconfig = kubeconfig_as(identity)?;
+    fs::write(path, serde_yaml::to_string(&kubeconfig)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// A client of the shared control plane acting as `identity`.
+pub async fn client_as(identity: Identity) -> anyhow::Result<kube::Client> {
+    let kubeconfig = kubeconfig_as(identity)?;
     let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),

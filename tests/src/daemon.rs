@@ -51,7 +51,6 @@ pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
         .sum())
 }
 
-/// A running daemon, killed when dropped.
 /// A binary of another crate of the workspace, built next to the running test binary by
 /// `cargo test --workspace` (`CARGO_BIN_EXE_*` names only the test's own crate's binaries).
 pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
@@ -71,6 +70,15 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
 /// The workspace's coordinator, electing its leader in the test's namespace and deciding
 /// every second (`--resync 1s`), with `extra` arguments.
 pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {
+    coordinator_as(env, &crate::controlplane::shared().kubeconfig, extra)
+}
+
+/// As [`coordinator`], with the identity of `kubeconfig`.
+pub fn coordinator_as(
+    env: &crate::TestEnv,
+    kubeconfig: &std::path::Path,
+    extra: &[&str],
+) -> anyhow::Result<Daemon> {
     let mut args: Vec<String> = vec![
         "run".into(),
         "--lease-namespace".into(),
@@ -78,10 +86,7 @@ pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemo
         "--resync".into(),
         "1s".into(),
         "--kubeconfig".into(),
-        crate::controlplane::shared()
-            .kubeconfig
-            .display()
-            .to_string(),
+        kubeconfig.display().to_string(),
     ];
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     Daemon::start(
@@ -91,6 +96,7 @@ pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemo
     )
 }
 
+/// A running daemon, killed when dropped.
 pub struct Daemon {
     pub child: Child,
     pub listen: String,
@@ -141,12 +147,34 @@ impl Daemon {
         metric(&self.listen, series).await
     }
 
-    /// Waits until `/readyz` answers 200.
+    /// Whether the process has exited (it is a zombie until waited for, or gone).
+    pub fn has_exited(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .map(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+            .unwrap_or(true)
+    }
+
+    /// Waits until `/readyz` answers 200; fails at once if the daemon exits.
     pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
-        wait::eventually("the daemon to be ready", timeout, || async {
-            Ok((self.get("/readyz").await.map(|r| r.0).unwrap_or(0) == 200).then_some(()))
-        })
-        .await
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.get("/readyz").await.map(|r| r.0).unwrap_or(0) == 200 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                !self.has_exited(),
+                "the daemon exited before it was ready; its output:\n{}",
+                self.output()
+            );
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the daemon was not ready within {timeout:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     pub fn signal(&self, signal: nix::sys::signal::Signal) -> anyhow::Result<()> {

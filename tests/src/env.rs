@@ -514,8 +514,17 @@ fn sanitize(test: &str) -> String {
     name.trim_matches('-').to_owned()
 }
 
-/// Applies nodeward's CRDs (idempotent) and waits until the API server serves them.
+/// Applies nodeward's CRDs and waits until the API server serves them, once per test process:
+/// a test that changes them (the chart upgrade) is not undone by another test starting.
 pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_try_init(|| apply_crds(client))
+        .await
+        .map(|_| ())
+}
+
+async fn apply_crds(client: &Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in nodeward_api::crds::all() {
         let name = crd.name_any();

@@ -52,6 +52,9 @@ pub struct Identity {
     pub boot_id: Option<String>,
 }
 
+/// The readiness gate the first written NodeReport opens.
+pub const FIRST_REPORT: &str = "the first detection round has not been reported yet";
+
 pub struct Reporter {
     client: Client,
     identity: Identity,
@@ -160,7 +163,7 @@ impl Reporter {
                 match result {
                     Ok(()) => {
                         report_due = false;
-                        self.readiness.set(true);
+                        self.readiness.pass(FIRST_REPORT);
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");

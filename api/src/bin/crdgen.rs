@@ -1,4 +1,4 @@
-//! Writes the CRD manifests into the Helm chart (`charts/nodeward/crds/`), replacing what is
+//! Writes the CRD manifests into the Helm chart (`charts/nodeward/files/crds/`, which the chart templates), replacing what is
 //! there. Run from anywhere: `cargo run -p nodeward-api --bin crdgen`.
 
 use std::{fs, path::PathBuf, process::ExitCode};

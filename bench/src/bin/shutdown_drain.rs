@@ -5,7 +5,7 @@
 //! group waits for its pods' 1 s grace: 5 s); and the agent's peak RSS. Real systemd-logind
 //! on a private bus, real control plane, the shipped agent build.
 //!
-//!   cargo build --profile agent -p nodeward-agent
+//!   cargo build --profile dist -p nodeward-agent
 //!   cargo build --release -p nodeward-bench
 //!   target/release/shutdown-drain --runs 5 --pods-per-group 20
 //!
@@ -26,8 +26,8 @@ struct Args {
     /// Pods in each of the 5 priority groups (10: 50 pods; 20: 100 pods).
     #[arg(long, default_value_t = 10)]
     pods_per_group: usize,
-    /// The agent binary (the shipped build: `cargo build --profile agent -p nodeward-agent`).
-    #[arg(long, default_value = "target/agent/nodeward-agent")]
+    /// The agent binary (the shipped build: `cargo build --profile dist -p nodeward-agent`).
+    #[arg(long, default_value = "target/dist/nodeward-agent")]
     agent: String,
 }
 

@@ -47,6 +47,23 @@ app.kubernetes.io/component: coordinator
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodeward.agent.name" .) -}}
 {{- end -}}
 
+{{/* The eviction webhook's Service, certificate Secret, configuration and webhook name. */}}
+{{- define "nodeward.webhook.service" -}}
+{{- printf "%s-webhook" (include "nodeward.coordinator.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.webhook.secret" -}}
+{{- printf "%s-webhook-tls" (include "nodeward.coordinator.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.webhook.configuration" -}}
+{{- printf "%s-evictions" (include "nodeward.agent.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "nodeward.webhook.name" -}}
+evictions.agent.nodeward.io
+{{- end -}}
+
 {{- define "nodeward.image" -}}
 {{- printf "%s:%s" .image.repository (default .chart.AppVersion .image.tag) -}}
 {{- end -}}

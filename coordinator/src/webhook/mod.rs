@@ -5,9 +5,14 @@
 //! coordinator replica answers, leader or not.
 //!
 //! The decision is a pure function of the request and the pod's node; serving is HTTPS with
-//! the certificate in `--webhook-cert-dir` (`tls.crt`, `tls.key`).
+//! the certificate the coordinator keeps itself ([`keeper`]) or one from files
+//! (`--webhook-cert-dir`), reloaded when it changes.
 
-use std::{convert::Infallible, net::SocketAddr, path::Path, sync::Arc};
+use std::{
+    convert::Infallible,
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -17,7 +22,19 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use serde_json::{Value, json};
-use tokio_rustls::{TlsAcceptor, rustls};
+use tokio_rustls::{
+    TlsAcceptor,
+    rustls::{
+        self,
+        server::{ClientHello, ResolvesServerCert},
+        sign::CertifiedKey,
+    },
+};
+
+pub mod certificate;
+pub mod keeper;
+
+pub use self::keeper::{CERTIFICATE_LOADED, Keeper};
 
 /// The claim a pod-bound service-account token carries: the pod's node.
 pub const NODE_CLAIM: &str = "authentication.kubernetes.io/node-name";
@@ -93,26 +110,60 @@ pub fn response(uid: &str, verdict: &Result<(), String>) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": answer})
 }
 
-/// Reads `tls.crt` and `tls.key` from `dir`; the error names the file.
-pub fn tls(dir: &Path) -> Result<TlsAcceptor, String> {
-    let cert_file = dir.join("tls.crt");
-    let key_file = dir.join("tls.key");
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_file)
-        .and_then(|certs| certs.collect())
-        .map_err(|e| format!("reading certificates from {}: {e}", cert_file.display()))?;
-    if certs.is_empty() {
-        return Err(format!("{} holds no certificate", cert_file.display()));
+/// The certificate handshakes are answered with; replaced at any time (renewal, a changed
+/// Secret or file) without a restart. Until one is loaded, handshakes fail.
+#[derive(Debug, Default)]
+pub struct ServingCert {
+    current: RwLock<Option<Arc<CertifiedKey>>>,
+}
+
+impl ServingCert {
+    /// Loads a PEM certificate chain and key; `Ok(true)` when it differs from the one served.
+    pub fn load(&self, cert_pem: &str, key_pem: &str) -> Result<bool, String> {
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("reading the serving certificate: {e}"))?;
+        if chain.is_empty() {
+            return Err("the serving certificate holds no certificate".to_owned());
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| format!("reading the serving key: {e}"))?;
+        let provider = rustls::crypto::ring::default_provider();
+        let certified = CertifiedKey::from_der(chain, key, &provider)
+            .map_err(|e| format!("the serving certificate and key do not make a pair: {e}"))?;
+        let mut current = self
+            .current
+            .write()
+            .map_err(|_| "the serving certificate lock is poisoned".to_owned())?;
+        let changed = current.as_ref().is_none_or(|c| c.cert != certified.cert);
+        if changed {
+            *current = Some(Arc::new(certified));
+        }
+        Ok(changed)
     }
-    let key = PrivateKeyDer::from_pem_file(&key_file)
-        .map_err(|e| format!("reading the private key from {}: {e}", key_file.display()))?;
+
+    /// The certificate served now (its chain), if any.
+    pub fn chain(&self) -> Option<Vec<CertificateDer<'static>>> {
+        self.current.read().ok()?.as_ref().map(|c| c.cert.clone())
+    }
+}
+
+impl ResolvesServerCert for ServingCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current.read().ok()?.clone()
+    }
+}
+
+/// TLS that answers with whatever `serving` holds at each handshake.
+pub fn acceptor(serving: Arc<ServingCert>) -> Result<TlsAcceptor, String> {
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
     .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(|e| format!("the certificate in {}: {e}", dir.display()))?;
+    .with_cert_resolver(serving);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
