@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs a Rust tool from crates.io once per machine and version (`cargo install --locked`,
+# cached), and prints the binary's path.
+#
+#   tests/tools/cargo-tool.sh cargo-deny        # the version pinned below
+set -euo pipefail
+declare -A pinned=(
+  [cargo-deny]=0.20.2      # ./tests/run: licenses, bans, sources
+  [cargo-cyclonedx]=0.5.9  # dist/release: the SBOM
+)
+name=${1:?usage: cargo-tool.sh NAME}
+version=${pinned[$name]:?no version pinned for $name}
+root=${NODEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeward}/tools/$name-$version
+if [ ! -x "$root/bin/$name" ]; then
+  echo "building $name $version from crates.io (once per machine)" >&2
+  cargo install --quiet --locked --root "$root.tmp" "$name@$version" >&2
+  rm -rf "$root" && mv "$root.tmp" "$root"
+fi
+echo "$root/bin/$name"
