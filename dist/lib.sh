@@ -84,9 +84,13 @@ dist_ensure_zigbuild() {
   if [ ! -x "$dir/bin/cargo-zigbuild" ] || [ ! -x "$dir/ziglang/zig" ]; then
     command -v python3 >/dev/null || dist_die "python3 is needed to install cargo-zigbuild and zig from PyPI"
     dist_log "installing cargo-zigbuild $CARGO_ZIGBUILD_VERSION and zig $ZIG_VERSION from PyPI"
+    python3 -m pip --version >/dev/null 2>&1 || dist_ensure_packages pip3=python3-pip
+    local pip=(python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location
+      --target "$dir.tmp" "cargo-zigbuild==$CARGO_ZIGBUILD_VERSION" "ziglang==$ZIG_VERSION")
     rm -rf "$dir.tmp"
-    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-      --target "$dir.tmp" "cargo-zigbuild==$CARGO_ZIGBUILD_VERSION" "ziglang==$ZIG_VERSION" >&2
+    # A distribution's own Python refuses installs unless told (PEP 668); --target stays apart
+    # from its packages.
+    "${pip[@]}" >&2 || { rm -rf "$dir.tmp" && "${pip[@]}" --break-system-packages >&2; }
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
   fi
   export PATH="$dir/bin:$dir/ziglang:$PATH"
