@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd,
-# kwok) from their Go modules at the versions pinned in versions.env, once per machine: the
+# kwok) and the node lab's node components (kubelet, kube-proxy) from their Go modules at the versions pinned in versions.env, once per machine: the
 # binaries are cached in a directory keyed by those versions. Prints that directory on stdout; progress goes to
 # stderr.
 #
@@ -16,7 +16,7 @@ arch=$(go env GOOS)-$(go env GOARCH)
 key="k8s-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}_${arch}"
 cache_root=${NODEWARD_TESTBIN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeward/testbin}
 bin="$cache_root/$key"
-binaries=(kube-apiserver kube-controller-manager kube-scheduler etcd kwok)
+binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy etcd kwok)
 
 log() { printf '[controlplane/build] %s\n' "$*" >&2; }
 
@@ -51,7 +51,7 @@ wrapper() { # dir, module path, then go.mod body
 started=$(date +%s)
 
 # --- Kubernetes: map every k8s.io/* staging module to its published v0.x.y twin -----------
-log "building kube-apiserver, kube-controller-manager and kube-scheduler ${KUBERNETES_VERSION}"
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and kube-proxy ${KUBERNETES_VERSION}"
 k8s_mod_file=$(cd "$work" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@${KUBERNETES_VERSION}" |
   sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
 staging_version="v0.${KUBERNETES_VERSION#v1.}"
@@ -68,11 +68,14 @@ version_pkg=k8s.io/component-base/version
 ldflags="-s -w -X ${version_pkg}.gitVersion=${KUBERNETES_VERSION} -X ${version_pkg}.gitMajor=1 -X ${version_pkg}.gitMinor=${minor} -X ${version_pkg}.gitTreeState=clean"
 (
   cd "$work/kubernetes"
-  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n)\n' >tools.go
+  printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "k8s.io/kubernetes/cmd/kube-apiserver"\n\t_ "k8s.io/kubernetes/cmd/kube-controller-manager"\n\t_ "k8s.io/kubernetes/cmd/kube-scheduler"\n\t_ "k8s.io/kubernetes/cmd/kubelet"\n\t_ "k8s.io/kubernetes/cmd/kube-proxy"\n)\n' >tools.go
   go mod tidy >&2
+  # One build: the five share most of their packages. Static (no cgo), as the kubelet and
+  # kube-proxy run inside the node lab's VMs.
   go build -trimpath -ldflags "$ldflags" -o "$staging/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler >&2
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy >&2
 )
 
 # --- etcd ----------------------------------------------------------------------------------

@@ -86,8 +86,9 @@ new_cert() { # name, subject, extensions (for the CSR's signing)
 rm -rf "$pki" && mkdir -p "$pki"
 openssl_quiet req -x509 -new -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -subj "/CN=nodeward-test-ca" \
   -days 30 -sha256 -out "$pki/ca.crt"
+# 10.0.2.100: where the node lab's VMs reach it (tests/nodelab/start.sh).
 new_cert apiserver "/CN=kube-apiserver" \
-  "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+  "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:10.0.2.100,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth
 keyUsage=digitalSignature,keyEncipherment"
 new_cert admin "/O=system:masters/CN=nodeward-test-admin" "extendedKeyUsage=clientAuth
@@ -155,6 +156,8 @@ pids+=($!)
 wait_for etcd 30 "${pids[-1]}" curl -fsS "http://127.0.0.1:$etcd_port/health"
 
 # --- kube-apiserver ----------------------------------------------------------------------------
+# Aggregator routing: webhooks behind a Service are called at an endpoint's address (the node
+# lab's pod subnets are routed from this machine; there is no kube-proxy here).
 "$bin/kube-apiserver" \
   --etcd-servers "http://127.0.0.1:$etcd_port" \
   --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
@@ -169,6 +172,7 @@ wait_for etcd 30 "${pids[-1]}" curl -fsS "http://127.0.0.1:$etcd_port/health"
   --allow-privileged=true \
   --profiling=false \
   --endpoint-reconciler-type none \
+  --enable-aggregator-routing=true \
   --audit-policy-file "$here/audit-policy.yaml" \
   --audit-log-path "$logs/audit.log" --audit-log-format json --audit-log-mode blocking \
   >"$logs/kube-apiserver.log" 2>&1 &
@@ -182,7 +186,7 @@ mv "$state/admin.kubeconfig.tmp" "$state/admin.kubeconfig"
 # --- kube-controller-manager -------------------------------------------------------------------
 "$bin/kube-controller-manager" \
   --kubeconfig "$state/controller-manager.kubeconfig" \
-  --controllers disruption-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller \
+  --controllers disruption-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,node-lifecycle-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,root-ca-certificate-publisher-controller,endpoints-controller,endpointslice-controller,job-controller \
   --use-service-account-credentials \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \

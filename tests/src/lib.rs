@@ -7,6 +7,7 @@ pub mod env;
 pub mod history;
 pub mod http;
 pub mod logind;
+pub mod nodelab;
 pub mod proxy;
 pub mod systemd;
 pub mod wait;

@@ -1,0 +1,435 @@
+//! The node lab: real Debian VMs (systemd as PID 1, containerd, a real kubelet) joined to the
+//! shared control plane (`tests/nodelab/start.sh`).
+//!
+//! `./tests/run` starts it once and exports `NODEWARD_TEST_NODELAB` (its state directory);
+//! without it, the first test that asks starts one with the shared control plane, which stops
+//! when this process exits. Commands run in a VM through the QEMU guest agent (no network
+//! needed); each VM has a serial console logged in as root (`STATE/NODE/console.sock`).
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::{Arc, Mutex as StdMutex, OnceLock},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, anyhow, bail};
+use base64::Engine;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use serde_json::{Value, json};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::UnixStream,
+    sync::Mutex,
+};
+
+use crate::{controlplane, wait};
+
+/// Environment variable naming the state directory of an already running node lab.
+pub const STATE_ENV: &str = "NODEWARD_TEST_NODELAB";
+
+/// The running lab: its VMs by name.
+#[derive(Debug)]
+pub struct NodeLab {
+    pub state_dir: PathBuf,
+    pub nodes: Vec<String>,
+}
+
+/// The lab shared by every test of this process (started if none runs).
+pub fn shared() -> &'static NodeLab {
+    static SHARED: OnceLock<Result<NodeLab, String>> = OnceLock::new();
+    match SHARED.get_or_init(|| attach_or_start().map_err(|e| format!("{e:#}"))) {
+        Ok(lab) => lab,
+        Err(e) => panic!("the node lab is not available: {e}"),
+    }
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn attach_or_start() -> anyhow::Result<NodeLab> {
+    let cp = controlplane::shared();
+    let (state_dir, mut child) = match std::env::var(STATE_ENV) {
+        Ok(dir) => (PathBuf::from(dir), None),
+        Err(_) => {
+            let dir = repo_root()
+                .join("target")
+                .join(format!("e2e-nodelab-{}", std::process::id()));
+            std::fs::create_dir_all(&dir)?;
+            let log = std::fs::File::create(dir.join("start.log"))?;
+            let child = Command::new(repo_root().join("tests/nodelab/start.sh"))
+                .arg(&dir)
+                .arg("--controlplane")
+                .arg(&cp.state_dir)
+                .arg("--parent-pid")
+                .arg(std::process::id().to_string())
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting tests/nodelab/start.sh")?;
+            (dir, Some(child))
+        }
+    };
+    // Building the node image and booting under software emulation take minutes.
+    let deadline = Instant::now() + Duration::from_secs(25 * 60);
+    while !state_dir.join("ready").exists() {
+        if let Some(child) = child.as_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            bail!(
+                "tests/nodelab/start.sh exited with {status}; its log:\n{}",
+                std::fs::read_to_string(state_dir.join("start.log")).unwrap_or_default()
+            );
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the node lab in {} was not ready in time",
+                state_dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let env = std::fs::read_to_string(state_dir.join("env"))?;
+    let nodes = env
+        .lines()
+        .find_map(|l| l.strip_prefix("NODEWARD_NODELAB_NODES="))
+        .map(|v| {
+            v.trim_matches('"')
+                .split_whitespace()
+                .map(String::from)
+                .collect()
+        })
+        .context("NODEWARD_NODELAB_NODES in the lab's env")?;
+    // Keep the lab this process started until it exits (start.sh watches our pid).
+    std::mem::forget(child);
+    Ok(NodeLab { state_dir, nodes })
+}
+
+impl NodeLab {
+    pub fn vm(&self, name: &str) -> Vm {
+        Vm {
+            name: name.to_owned(),
+            dir: self.state_dir.join(name),
+        }
+    }
+
+    pub fn vms(&self) -> Vec<Vm> {
+        self.nodes.iter().map(|n| self.vm(n)).collect()
+    }
+}
+
+/// What a command in a VM did.
+#[derive(Clone, Debug)]
+pub struct Output {
+    pub code: i64,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// One of the lab's VMs.
+#[derive(Clone, Debug)]
+pub struct Vm {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+/// The guest agent's socket takes one client at a time: one connection per VM per process.
+fn agent_lock(dir: &Path) -> Arc<Mutex<Option<GuestAgent>>> {
+    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, Arc<Mutex<Option<GuestAgent>>>>>> =
+        OnceLock::new();
+    let locks = LOCKS.get_or_init(Default::default);
+    let mut locks = locks.lock().unwrap_or_else(|p| p.into_inner());
+    locks.entry(dir.to_owned()).or_default().clone()
+}
+
+/// A connection to the QEMU guest agent (JSON lines over the VM's virtio-serial port).
+struct GuestAgent {
+    lines: tokio::io::Lines<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    writer: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl GuestAgent {
+    /// Connects and synchronises: the agent may be starting, or answering a request a
+    /// timed-out caller abandoned.
+    async fn connect(socket: &Path, timeout: Duration) -> anyhow::Result<Self> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        let (read, writer) = stream.into_split();
+        let mut agent = Self {
+            lines: BufReader::new(read).lines(),
+            writer,
+        };
+        let id: u32 = rand_id();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            agent
+                .send(&json!({"execute": "guest-sync", "arguments": {"id": id}}))
+                .await?;
+            let attempt = tokio::time::Instant::now() + Duration::from_secs(3);
+            while let Ok(Ok(Some(line))) =
+                tokio::time::timeout_at(attempt, agent.lines.next_line()).await
+            {
+                if serde_json::from_str::<Value>(&line).is_ok_and(|v| v["return"] == json!(id)) {
+                    return Ok(agent);
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!("the guest agent at {} does not answer", socket.display());
+            }
+        }
+    }
+
+    async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(message)?;
+        line.push(b'\n');
+        self.writer.write_all(&line).await?;
+        Ok(())
+    }
+
+    async fn call(&mut self, message: Value, timeout: Duration) -> anyhow::Result<Value> {
+        self.send(&message).await?;
+        let line = tokio::time::timeout(timeout, self.lines.next_line())
+            .await
+            .map_err(|_| anyhow!("the guest agent did not answer {}", message["execute"]))??
+            .context("the guest agent closed the connection")?;
+        let reply: Value = serde_json::from_str(&line)?;
+        if let Some(error) = reply.get("error") {
+            bail!("guest agent {}: {error}", message["execute"]);
+        }
+        Ok(reply["return"].clone())
+    }
+}
+
+fn rand_id() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(7);
+    nanos ^ std::process::id()
+}
+
+impl Vm {
+    fn socket(&self) -> PathBuf {
+        self.dir.join("qga.sock")
+    }
+
+    /// Runs `script` with `/bin/sh -c` as root in the VM; waits up to `timeout` for it to end
+    /// (and up to `timeout` for the guest agent to answer, e.g. while the VM boots).
+    pub async fn exec_with(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
+        let lock = agent_lock(&self.dir);
+        let mut slot = lock.lock().await;
+        let result = async {
+            if slot.is_none() {
+                *slot = Some(GuestAgent::connect(&self.socket(), timeout).await?);
+            }
+            let agent = slot.as_mut().context("connected")?;
+            let started = agent
+                .call(
+                    json!({"execute": "guest-exec", "arguments": {
+                        "path": "/bin/sh", "arg": ["-c", script], "capture-output": true}}),
+                    Duration::from_secs(30),
+                )
+                .await?;
+            let pid = started["pid"]
+                .as_i64()
+                .context("guest-exec returned no pid")?;
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let status = agent
+                    .call(
+                        json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
+                        Duration::from_secs(30),
+                    )
+                    .await?;
+                if status["exited"] == true {
+                    let text = |field: &str| {
+                        status[field]
+                            .as_str()
+                            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                            .map(|b| String::from_utf8_lossy(&b).into_owned())
+                            .unwrap_or_default()
+                    };
+                    return Ok(Output {
+                        code: status["exitcode"].as_i64().unwrap_or(-1),
+                        stdout: text("out-data"),
+                        stderr: text("err-data"),
+                    });
+                }
+                if tokio::time::Instant::now() > deadline {
+                    bail!("{script:?} did not end within {timeout:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+        .await;
+        if result.is_err() {
+            // The connection may be mid-answer; the next call connects and syncs anew.
+            *slot = None;
+        }
+        result.with_context(|| format!("running {script:?} in {}", self.name))
+    }
+
+    /// Runs `script` (60 s at most).
+    pub async fn exec(&self, script: &str) -> anyhow::Result<Output> {
+        self.exec_with(script, Duration::from_secs(60)).await
+    }
+
+    /// Runs `script`, which must succeed; its standard output.
+    pub async fn run(&self, script: &str) -> anyhow::Result<String> {
+        let output = self.exec(script).await?;
+        anyhow::ensure!(
+            output.code == 0,
+            "{script:?} in {} exited {}: {}{}",
+            self.name,
+            output.code,
+            output.stdout,
+            output.stderr
+        );
+        Ok(output.stdout)
+    }
+
+    /// The kernel's boot id.
+    pub async fn boot_id(&self) -> anyhow::Result<String> {
+        Ok(self
+            .run("cat /proc/sys/kernel/random/boot_id")
+            .await?
+            .trim()
+            .to_owned())
+    }
+
+    /// Waits until the VM runs with a boot id other than `previous`; the new one.
+    pub async fn wait_rebooted(&self, previous: &str, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(id) = self
+                .exec_with(
+                    "cat /proc/sys/kernel/random/boot_id",
+                    Duration::from_secs(10),
+                )
+                .await
+                .map(|o| o.stdout.trim().to_owned())
+                && !id.is_empty()
+                && id != previous
+            {
+                return Ok(id);
+            }
+            if tokio::time::Instant::now() > deadline {
+                bail!(
+                    "{} did not come back with a new boot id within {timeout:?}; its console:\n{}",
+                    self.name,
+                    self.console_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    /// Powers a VM that powered itself off on again.
+    pub fn power_on(&self) -> anyhow::Result<()> {
+        std::fs::write(self.dir.join("power-on"), b"")?;
+        Ok(())
+    }
+
+    /// The times (seconds since the epoch) the VM was started and powered off, in order.
+    pub fn power_log(&self) -> Vec<(u64, String)> {
+        std::fs::read_to_string(self.dir.join("power.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (time, what) = l.split_once(' ')?;
+                Some((time.parse().ok()?, what.to_owned()))
+            })
+            .collect()
+    }
+
+    /// Waits until the VM's Node is Ready.
+    pub async fn wait_node_ready(
+        &self,
+        client: &kube::Client,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        wait::until(&nodes, &self.name, "the node to be Ready", timeout, |n| {
+            wait::node_condition(n, "Ready").is_some_and(|(status, _)| status == "True")
+        })
+        .await
+        .with_context(|| format!("{}'s console:\n{}", self.name, self.console_tail(30)))?;
+        Ok(())
+    }
+
+    /// The last `lines` lines of the serial console.
+    pub fn console_tail(&self, lines: usize) -> String {
+        let text = std::fs::read(self.dir.join("console.log")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&text);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The journal of `units` since this boot, for failure messages.
+    pub async fn journal(&self, units: &[&str], lines: usize) -> String {
+        let selectors: String = units.iter().map(|u| format!(" -u {u}")).collect();
+        match self
+            .exec(&format!(
+                "journalctl -b --no-pager -o short-precise{selectors} | tail -n {lines}"
+            ))
+            .await
+        {
+            Ok(output) => output.stdout,
+            Err(e) => format!("(no journal: {e:#})"),
+        }
+    }
+
+    /// Writes `contents` to `path` in the VM, through the guest agent's file calls.
+    pub async fn write_file(&self, path: &str, contents: &[u8]) -> anyhow::Result<()> {
+        let lock = agent_lock(&self.dir);
+        let mut slot = lock.lock().await;
+        let result = async {
+            if slot.is_none() {
+                *slot = Some(GuestAgent::connect(&self.socket(), Duration::from_secs(60)).await?);
+            }
+            let agent = slot.as_mut().context("connected")?;
+            let call = Duration::from_secs(30);
+            let handle = agent
+                .call(
+                    json!({"execute": "guest-file-open", "arguments": {"path": path, "mode": "w"}}),
+                    call,
+                )
+                .await?;
+            for chunk in contents.chunks(48 * 1024) {
+                let encoded = base64::engine::general_purpose::STANDARD.encode(chunk);
+                agent
+                    .call(
+                        json!({"execute": "guest-file-write", "arguments": {"handle": handle, "buf-b64": encoded}}),
+                        call,
+                    )
+                    .await?;
+            }
+            agent
+                .call(
+                    json!({"execute": "guest-file-close", "arguments": {"handle": handle}}),
+                    call,
+                )
+                .await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if result.is_err() {
+            *slot = None;
+        }
+        result.with_context(|| format!("writing {path} in {}", self.name))
+    }
+
+    /// The VM's address on the lab network.
+    pub fn lab_ip(&self) -> anyhow::Result<String> {
+        let env = std::fs::read_to_string(self.dir.join("config/node.env"))?;
+        env.lines()
+            .find_map(|l| l.strip_prefix("LAB_IP="))
+            .map(String::from)
+            .context("LAB_IP in node.env")
+    }
+}
