@@ -69,11 +69,13 @@ pub struct ShutdownGuardConfig {
     /// at least this (see `writeDropIn`).
     #[serde(deserialize_with = "duration")]
     pub budget: Duration,
-    /// The lock is released this long before the budget (or logind's delay) ends.
-    #[serde(deserialize_with = "duration")]
-    pub safety_margin: Duration,
+    /// The lock is released this long before the budget (or logind's delay) ends; unset, a
+    /// twentieth of the drain's time, from 1s to 5s (`shutdown::guard::margin`).
+    #[serde(deserialize_with = "optional_duration")]
+    pub safety_margin: Option<Duration>,
     /// Write a `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget, and reload
-    /// logind, when its delay is shorter.
+    /// logind, when its delay is shorter (on by default: logind's own default, 5s, leaves a
+    /// drain almost nothing).
     pub write_drop_in: bool,
     /// Where the drop-in goes.
     pub drop_in_dir: PathBuf,
@@ -90,8 +92,8 @@ impl Default for ShutdownGuardConfig {
         Self {
             enabled: true,
             budget: Duration::from_secs(120),
-            safety_margin: Duration::from_secs(5),
-            write_drop_in: false,
+            safety_margin: None,
+            write_drop_in: true,
             drop_in_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
             drain_plan: None,
             reboot_gate: false,
@@ -516,6 +518,12 @@ fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::E
         .map_err(serde::de::Error::custom)
 }
 
+fn optional_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    duration(deserializer).map(Some)
+}
+
 impl Config {
     /// Reads `path`, or [`DEFAULT_PATH`] when none is given and it exists; the defaults when
     /// neither.
@@ -563,10 +571,12 @@ impl Config {
             return Err("reporting.heartbeatInterval: must be at least 1s, e.g. 60s".to_owned());
         }
         let guard = &self.shutdown_guard;
-        if guard.safety_margin >= guard.budget {
+        if let Some(margin) = guard.safety_margin
+            && margin >= guard.budget
+        {
             return Err(format!(
-                "shutdownGuard.safetyMargin: {}s leaves nothing of the {}s budget; use less than shutdownGuard.budget, e.g. 5s",
-                guard.safety_margin.as_secs(),
+                "shutdownGuard.safetyMargin: {}s leaves nothing of the {}s budget; use less than shutdownGuard.budget, e.g. 5s, or leave it out (a twentieth of the drain's time, 1s to 5s)",
+                margin.as_secs(),
                 guard.budget.as_secs()
             ));
         }

@@ -9,7 +9,7 @@ use zbus::{proxy, proxy::CacheProperties, zvariant::OwnedObjectPath};
 )]
 trait Manager {
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    fn reload_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reload_or_restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
 }
 
 #[proxy(
@@ -84,8 +84,10 @@ pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
     })
 }
 
-/// Asks systemd to reload `unit` (as `systemctl reload` does).
-pub async fn reload_unit(unit: &str) -> Result<(), String> {
+/// Asks systemd to reload `unit`, or to restart it where it cannot reload (as `systemctl
+/// reload-or-restart` does): logind reloads its configuration since systemd 254, and is
+/// restarted on older ones.
+pub async fn reload_or_restart_unit(unit: &str) -> Result<(), String> {
     let connection = zbus::Connection::system()
         .await
         .map_err(|e| format!("connecting to the system bus: {e}"))?;
@@ -93,7 +95,7 @@ pub async fn reload_unit(unit: &str) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     manager
-        .reload_unit(unit, "replace")
+        .reload_or_restart_unit(unit, "replace")
         .await
         .map(|_| ())
         .map_err(|e| format!("asking systemd to reload {unit}: {e}"))

@@ -437,6 +437,12 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
             .as_ref()
             .map(|d| d.as_str().to_owned())
     };
+    // The kubelet's drop-in (graceful node shutdown) asks for less: ours sorts after it.
+    std::fs::write(
+        logind.conf_dir.join("99-kubelet.conf"),
+        "[Login]\nInhibitDelayMaxSec=10\n",
+    )?;
+    logind.reload()?;
     {
         let agent = agent(&env, &node, &logind, &guard)?;
         wait::until(
@@ -448,14 +454,18 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
         )
         .await
         .with_context(|| agent.output())?;
-        let written = std::fs::read_to_string(logind.conf_dir.join("60-nodeward.conf"))?;
+        let written = std::fs::read_to_string(
+            logind
+                .conf_dir
+                .join(nodeward_agent::shutdown::dropin::FILE_NAME),
+        )?;
         assert!(written.contains("InhibitDelayMaxSec=40"), "{written}");
         let reloaded = logind.systemd.reloaded.lock().expect("reloaded").clone();
         assert_eq!(reloaded, ["systemd-logind.service"]);
     }
     // An admin's drop-in sorting after ours wins: the agent plans with it and says so.
     std::fs::write(
-        logind.conf_dir.join("90-admin.conf"),
+        logind.conf_dir.join("zzz-admin.conf"),
         "[Login]\nInhibitDelayMaxSec=12\n",
     )?;
     logind.reload()?;
@@ -481,7 +491,7 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
     );
     assert_eq!(
         inhibitor.overriding_drop_ins,
-        ["90-admin.conf (InhibitDelayMaxSec=12)"]
+        ["zzz-admin.conf (InhibitDelayMaxSec=12)"]
     );
     assert!(
         inhibitor

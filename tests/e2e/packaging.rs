@@ -196,25 +196,28 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
             "/etc/systemd/logind.conf.d"
         ]
     );
-    let mounts = &pod["containers"][0]["volumeMounts"];
-    assert!(
-        mounts
+    // The drop-in directory is writable (writeDropIn is on by default: a stock node's 5 s
+    // leaves a drain nothing), read-only when it is turned off.
+    let logind_conf_read_only = |pod: &Value| {
+        pod["containers"][0]["volumeMounts"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|m| m["name"] == "logind-conf" && m["readOnly"] == true),
-        "logind.conf.d read-only unless writeDropIn: {mounts}"
-    );
+            .find(|m| m["name"] == "logind-conf")
+            .map(|m| m["readOnly"] == true)
+    };
+    assert_eq!(logind_conf_read_only(pod), Some(false));
     assert!(pod["containers"][0]["resources"]["limits"]["memory"].is_string());
-    // With writeDropIn the drop-in directory becomes writable.
-    let all_pod = &find(&all, "DaemonSet")?["spec"]["template"]["spec"];
-    assert!(
-        all_pod["containers"][0]["volumeMounts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|m| m["name"] == "logind-conf" && m["readOnly"] == false)
-    );
+    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let no_drop_in = dir.join("no-drop-in.yaml");
+    std::fs::write(
+        &no_drop_in,
+        "agent: {shutdownGuard: {writeDropIn: false}}\n",
+    )?;
+    let without = render("nodeward", "nodeward-system", &[&no_drop_in])?;
+    let without_pod = &find(&without, "DaemonSet")?["spec"]["template"]["spec"];
+    assert_eq!(logind_conf_read_only(without_pod), Some(true));
 
     // The coordinator: two replicas on different nodes, non-root, read-only root.
     let deployment = find(&defaults, "Deployment")?;
@@ -235,8 +238,6 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
     );
 
     // The agent accepts the configuration the chart renders for it (exit 2 = invalid).
-    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
     for (name, documents) in [("default", &defaults), ("all-on", &all)] {
         let config = find(documents, "ConfigMap")?["data"]["agent.yaml"]
             .as_str()
@@ -281,7 +282,7 @@ fn the_systemd_unit_verifies() -> anyhow::Result<()> {
         "systemd-analyze has something to say about the unit: {said}"
     );
     let dropin =
-        std::fs::read_to_string(repo_root().join("systemd/logind.conf.d/60-nodeward.conf"))?;
+        std::fs::read_to_string(repo_root().join("systemd/logind.conf.d/zz-nodeward.conf"))?;
     assert!(
         dropin.contains("[Login]\nInhibitDelayMaxSec=120\n"),
         "{dropin}"

@@ -137,10 +137,12 @@ pub struct Vm {
     pub dir: PathBuf,
 }
 
+/// A VM's guest agent connection, made on first use.
+type AgentSlot = Arc<Mutex<Option<GuestAgent>>>;
+
 /// The guest agent's socket takes one client at a time: one connection per VM per process.
-fn agent_lock(dir: &Path) -> Arc<Mutex<Option<GuestAgent>>> {
-    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, Arc<Mutex<Option<GuestAgent>>>>>> =
-        OnceLock::new();
+fn agent_lock(dir: &Path) -> AgentSlot {
+    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, AgentSlot>>> = OnceLock::new();
     let locks = LOCKS.get_or_init(Default::default);
     let mut locks = locks.lock().unwrap_or_else(|p| p.into_inner());
     locks.entry(dir.to_owned()).or_default().clone()

@@ -127,9 +127,10 @@ pub struct Systemd {
     /// Every `StartUnit(name, mode)` received, in order, with when.
     pub started: Arc<Mutex<Vec<(String, String)>>>,
     pub started_at: Arc<Mutex<Vec<Instant>>>,
-    /// Every `ReloadUnit(name, mode)` received.
+    /// Every `ReloadOrRestartUnit(name, mode)` received.
     pub reloaded: Arc<Mutex<Vec<String>>>,
-    /// Process that `ReloadUnit` sends SIGHUP to (logind reloads its configuration on it).
+    /// Process that `ReloadOrRestartUnit` sends SIGHUP to (logind reloads its configuration on
+    /// it).
     pub reload_pid: Arc<Mutex<Option<u32>>>,
     /// When set, `StartUnit` fails (logind then cancels the shutdown it prepared).
     pub fail_start: Arc<std::sync::atomic::AtomicBool>,
@@ -258,7 +259,11 @@ impl Manager {
 
     async fn subscribe(&self) {}
 
-    async fn reload_unit(&self, name: &str, _mode: &str) -> fdo::Result<OwnedObjectPath> {
+    async fn reload_or_restart_unit(
+        &self,
+        name: &str,
+        _mode: &str,
+    ) -> fdo::Result<OwnedObjectPath> {
         self.0
             .reloaded
             .lock()

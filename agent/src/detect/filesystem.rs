@@ -1,5 +1,10 @@
-//! Read-only filesystems: every configured path that exists must sit on a mount that is
-//! mounted read-write (a disk error makes ext4 and xfs remount read-only).
+//! Read-only filesystems: every configured path that exists must sit on a filesystem that is
+//! read-write (a disk error makes ext4 and xfs remount read-only).
+//!
+//! Only the filesystem's own (super block) options count, not a mount's: a read-only view of a
+//! writable filesystem is not a problem of the node. systemd's `ProtectSystem=strict` (host
+//! mode's unit) remounts every path read-only for the agent alone, a container's read-only
+//! bind mounts do the same; the filesystem under them is still writable.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +20,7 @@ const MOUNTINFO: &str = "/proc/self/mountinfo";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
     pub mount_point: PathBuf,
+    /// The filesystem is read-only (its super options say `ro`), whatever this mount says.
     pub read_only: bool,
     pub source: String,
 }
@@ -27,12 +33,10 @@ pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
             let (before, after) = line.split_once(" - ")?;
             let fields: Vec<&str> = before.split(' ').collect();
             let after: Vec<&str> = after.split(' ').collect();
-            let mount_options = fields.get(5)?;
             let super_options = after.get(2).copied().unwrap_or("");
-            let read_only = |options: &str| options.split(',').any(|o| o == "ro");
             Some(Mount {
                 mount_point: PathBuf::from(unescape(fields.get(4)?)),
-                read_only: read_only(mount_options) || read_only(super_options),
+                read_only: super_options.split(',').any(|o| o == "ro"),
                 source: after.get(1).map(|s| unescape(s)).unwrap_or_default(),
             })
         })
@@ -157,15 +161,18 @@ mod tests {
 30 22 8:2 / /var/lib/kubelet rw,relatime shared:2 - ext4 /dev/sdb1 ro,errors=remount-ro
 31 22 8:3 / /mnt/with\\040space ro,relatime - xfs /dev/sdc1 ro
 32 22 0:5 / /var/lib/kubelet/pods rw,relatime - tmpfs tmpfs rw
+40 22 8:4 / /var/log ro,nosuid,nodev,relatime - ext4 /dev/sdd1 rw,errors=remount-ro
 ";
 
     #[test]
     fn parses_mount_points_sources_and_read_only_options() {
         let mounts = parse_mountinfo(MOUNTINFO_TEXT);
-        assert_eq!(mounts.len(), 4);
+        assert_eq!(mounts.len(), 5);
         assert_eq!(mounts[2].mount_point, PathBuf::from("/mnt/with space"));
         assert!(mounts[1].read_only, "read-only in the super options counts");
         assert!(!mounts[0].read_only);
+        // ProtectSystem=strict's view: the mount is read-only, the filesystem is not.
+        assert!(!mounts[4].read_only, "a read-only view of a writable filesystem");
         assert_eq!(mounts[1].source, "/dev/sdb1");
     }
 

@@ -47,12 +47,25 @@ const FIELD_MANAGER: &str = "nodeward-agent-shutdown";
 const WHO: &str = "nodeward";
 const WHY: &str = "draining the node's pods before it goes down";
 
+/// The safety margin of a drain that may take up to `window`: the configured one, or a
+/// twentieth of the window from 1s to 5s (4s of drain in logind's default 5s, 115s in 120s).
+pub fn margin(configured: Option<Duration>, window: Duration) -> Duration {
+    configured
+        .unwrap_or_else(|| (window / 20).clamp(Duration::from_secs(1), Duration::from_secs(5)))
+}
+
+/// How long a drain gets: the budget or logind's delay, whichever is shorter, less the margin.
+pub fn drain_window(budget: Duration, delay: Duration, configured: Option<Duration>) -> Duration {
+    let window = budget.min(delay);
+    window.saturating_sub(margin(configured, window))
+}
+
 #[derive(Clone, Debug)]
 pub struct Settings {
     /// How long a drain before shutdown may take (the lock is released by then).
     pub budget: Duration,
-    /// Released this long before the budget (or logind's delay) runs out.
-    pub margin: Duration,
+    /// Released this long before the budget (or logind's delay) runs out; `None`: [`margin`].
+    pub margin: Option<Duration>,
     /// Where to write the `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget
     /// (none: do not write one).
     pub drop_in_dir: Option<PathBuf>,
@@ -325,12 +338,15 @@ impl Guard {
         };
         let mut delay = read().await?;
         let budget = self.settings.budget;
+        let found = dropin::read_all(&self.settings.drop_in_scan);
         if delay < budget
             && let Some(dir) = &self.settings.drop_in_dir
         {
-            match dropin::ensure(dir, budget) {
+            match dropin::ensure(dir, dropin::wanted_delay(budget, &found)) {
                 Ok(_) => {
-                    if let Err(e) = crate::systemd::reload_unit("systemd-logind.service").await {
+                    if let Err(e) =
+                        crate::systemd::reload_or_restart_unit("systemd-logind.service").await
+                    {
                         tracing::warn!(error = %e, "reloading logind after writing the drop-in");
                     }
                     // logind reloads asynchronously; give it a moment to answer with the new value.
@@ -353,7 +369,7 @@ impl Guard {
                 "logind's InhibitDelayMaxSec is {}s, below the {}s budget: drains get {}s{}",
                 delay.as_secs(),
                 budget.as_secs(),
-                delay.saturating_sub(self.settings.margin).as_secs(),
+                drain_window(budget, delay, self.settings.margin).as_secs(),
                 if overriding.is_empty() {
                     String::new()
                 } else {
@@ -379,11 +395,7 @@ impl Guard {
             .shutdown
             .clone()
             .filter(|s| s.boot_id == self.boot_id && s.phase == ShutdownPhase::Draining);
-        let window = self
-            .settings
-            .budget
-            .min(delay)
-            .saturating_sub(self.settings.margin);
+        let window = drain_window(self.settings.budget, delay, self.settings.margin);
         let (deadline, started_at) = match &resumed {
             Some(record) => (record.deadline.0, record.started_at.clone()),
             None => (now.checked_add(window).unwrap_or(now), Time(now)),
@@ -698,5 +710,26 @@ async fn follow_admissions(
         if maintenances.changes.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_margin_scales_with_the_drains_time() {
+        let s = Duration::from_secs;
+        // logind's default delay: the drain gets 4s, not 0s.
+        assert_eq!(drain_window(s(120), s(5), None), s(4));
+        assert_eq!(drain_window(s(120), s(120), None), s(115));
+        assert_eq!(
+            drain_window(s(30), s(120), None),
+            Duration::from_millis(28_500)
+        );
+        assert_eq!(drain_window(s(600), s(600), None), s(595));
+        // A configured margin is taken as it is.
+        assert_eq!(drain_window(s(120), s(5), Some(s(5))), Duration::ZERO);
+        assert_eq!(drain_window(s(15), s(120), Some(s(2))), s(13));
     }
 }

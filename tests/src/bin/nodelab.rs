@@ -20,7 +20,10 @@ async fn main() -> ExitCode {
         name: args[1].clone(),
         dir: PathBuf::from(&args[0]).join(&args[1]),
     };
-    match vm.exec_with(&args[2..].join(" "), Duration::from_secs(600)).await {
+    match vm
+        .exec_with(&args[2..].join(" "), Duration::from_secs(600))
+        .await
+    {
         Ok(output) => {
             print!("{}", output.stdout);
             eprint!("{}", output.stderr);
