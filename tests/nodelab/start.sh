@@ -194,7 +194,7 @@ curl -fsS -o /dev/null --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pk
 
 # --- the VMs ----------------------------------------------------------------------------------
 # KVM is present on these machines but a KVM guest did not progress: software emulation.
-accel=tcg
+accel=tcg,thread=multi
 run_vm() { # index: runs the VM, powers it on again when asked, until the lab stops
   local i=$1 name="lab$1" dir="$state/lab$1"
   local mac_n
@@ -202,7 +202,7 @@ run_vm() { # index: runs the VM, powers it on again when asked, until the lab st
   while [ ! -e "$state/stopping" ]; do
     rm -f "$dir/power-on"
     echo "$(date +%s) start" >>"$dir/power.log"
-    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -m 1536 -smp 1 \
+    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -m 1536 -smp 2 \
       -nographic -no-user-config -nodefaults \
       -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
       -append "root=/dev/vda rw console=ttyS0 loglevel=4 systemd.show_status=auto" \

@@ -34,15 +34,28 @@ fn phase(m: &NodeMaintenance) -> MaintenancePhase {
 /// Starts watching the maintenances of this test's nodes (whoever created them) and the
 /// policies labelled with this test's id.
 pub fn watch(env: &TestEnv) -> Arc<Mutex<History>> {
-    let history = Arc::new(Mutex::new(History::default()));
-    let selector = format!("{TEST_LABEL}={}", env.id);
     let prefix = format!("{}-", env.id);
-    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    watch_where(
+        &env.client,
+        move |m| m.spec.node_name.starts_with(&prefix),
+        &format!("{TEST_LABEL}={}", env.id),
+    )
+}
+
+/// Starts watching the maintenances `ours` takes and the policies matching `policy_selector`
+/// (a label selector; empty: every policy).
+pub fn watch_where(
+    client: &kube::Client,
+    ours: impl Fn(&NodeMaintenance) -> bool + Send + 'static,
+    policy_selector: &str,
+) -> Arc<Mutex<History>> {
+    let history = Arc::new(Mutex::new(History::default()));
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let recorded = history.clone();
     tokio::spawn(
         watcher(maintenances, watcher::Config::default()).for_each(move |event| {
             if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                && m.spec.node_name.starts_with(&prefix)
+                && ours(&m)
             {
                 let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
                 let p = phase(&m);
@@ -64,17 +77,19 @@ pub fn watch(env: &TestEnv) -> Arc<Mutex<History>> {
             futures::future::ready(())
         }),
     );
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let policies: Api<DisruptionPolicy> = Api::all(client.clone());
     let recorded = history.clone();
-    tokio::spawn(
-        watcher(policies, watcher::Config::default().labels(&selector)).for_each(move |event| {
-            if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
-                let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
-                let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                h.max_slots = h.max_slots.max(slots);
-            }
-            futures::future::ready(())
-        }),
-    );
+    let mut config = watcher::Config::default();
+    if !policy_selector.is_empty() {
+        config = config.labels(policy_selector);
+    }
+    tokio::spawn(watcher(policies, config).for_each(move |event| {
+        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
+            let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
+            let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+            h.max_slots = h.max_slots.max(slots);
+        }
+        futures::future::ready(())
+    }));
     history
 }

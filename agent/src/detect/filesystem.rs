@@ -172,7 +172,10 @@ mod tests {
         assert!(mounts[1].read_only, "read-only in the super options counts");
         assert!(!mounts[0].read_only);
         // ProtectSystem=strict's view: the mount is read-only, the filesystem is not.
-        assert!(!mounts[4].read_only, "a read-only view of a writable filesystem");
+        assert!(
+            !mounts[4].read_only,
+            "a read-only view of a writable filesystem"
+        );
         assert_eq!(mounts[1].source, "/dev/sdb1");
     }
 

@@ -1,0 +1,156 @@
+//! The chart as users install it, on real nodes: the agent DaemonSet pod Ready on every VM with
+//! no false findings, its logind lock real, the eviction webhook reached through its Service.
+
+use std::time::Duration;
+
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    authentication::v1::TokenRequest,
+    core::v1::{Node, Pod, ServiceAccount},
+};
+use kube::{
+    Api, ResourceExt,
+    api::{EvictParams, PostParams},
+};
+use nodeward_api::report::AgentMode;
+use nodeward_e2e::{Identity, controlplane::client_as, wait};
+use serde_json::json;
+
+use crate::support::{self, Lab, NAMESPACE, RELEASE};
+
+/// Node conditions a healthy real node must not have: each was seen wrongly set by simulated
+/// tests' blind spots (ProtectSystem's read-only view, an unreachable kubelet, no route).
+const PROBLEM_TYPES: [&str; 5] = [
+    "NetworkProblem",
+    "KubeletProblem",
+    "ReadonlyFilesystem",
+    "PeerConnectivityProblem",
+    "RebootRequired",
+];
+
+#[tokio::test]
+async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() -> anyhow::Result<()>
+{
+    let lab = Lab::get().await?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    for vm in lab.lab.vms() {
+        // The NodeReport: DaemonSet mode, a fresh heartbeat, no problem among the findings.
+        let report = wait::eventually(
+            &format!("{}'s report with every detector's finding", vm.name),
+            Duration::from_secs(180),
+            || async {
+                let report = lab.report(&vm.name).await?;
+                let status = report.status.clone().unwrap_or_default();
+                let settled = status.findings.len() >= 6
+                    && status.findings.iter().all(|f| f.status != "Unknown");
+                Ok(settled.then_some(report))
+            },
+        )
+        .await?;
+        let status = report.status.unwrap_or_default();
+        assert_eq!(status.mode, Some(AgentMode::DaemonSet), "{}", vm.name);
+        let problems: Vec<String> = status
+            .findings
+            .iter()
+            .filter(|f| f.status == "True")
+            .map(|f| format!("{} {} {}: {}", f.detector, f.type_, f.reason, f.message))
+            .collect();
+        assert!(problems.is_empty(), "{}: {problems:?}", vm.name);
+        let node = nodes.get(&vm.name).await?;
+        for type_ in PROBLEM_TYPES {
+            let condition = wait::node_condition(Some(&node), type_);
+            assert_eq!(
+                condition.as_ref().map(|(status, _)| status.as_str()),
+                Some("False"),
+                "{} {type_}: {condition:?}",
+                vm.name
+            );
+        }
+        // The logind lock is real, and the drain has the budget it was given: the agent wrote
+        // its drop-in (a stock node's InhibitDelayMaxSec is 5 s).
+        let locks = vm
+            .run("systemd-inhibit --list --no-pager --no-legend")
+            .await?;
+        assert!(
+            locks
+                .lines()
+                .any(|l| l.contains("nodeward") && l.contains("shutdown") && l.contains("delay")),
+            "{}: {locks}",
+            vm.name
+        );
+        let inhibitor = status.inhibitor.unwrap_or_default();
+        assert!(inhibitor.delay_held, "{}", vm.name);
+        assert_eq!(
+            inhibitor
+                .inhibit_delay_max
+                .map(|d| d.as_str().to_owned())
+                .as_deref(),
+            Some("120s")
+        );
+        let delay = vm
+            .run("busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec")
+            .await?;
+        assert_eq!(delay.trim(), "t 120000000", "{}", vm.name);
+    }
+
+    // Evictions go through the coordinator's webhook, reached by the API server through the
+    // chart's Service (the coordinator issued its certificate and wrote the caBundle).
+    let configurations: Api<ValidatingWebhookConfiguration> = Api::all(lab.client.clone());
+    let configuration = configurations
+        .get(&format!("{RELEASE}-agent-evictions"))
+        .await?;
+    let webhook = &configuration.webhooks.unwrap_or_default()[0];
+    assert!(
+        webhook.client_config.service.is_some(),
+        "by Service, not URL"
+    );
+    assert!(
+        webhook.client_config.ca_bundle.is_some(),
+        "the coordinator wrote the caBundle"
+    );
+    let namespace = lab.namespace("lab-chart").await?;
+    let (one, two) = (&lab.lab.nodes[0], &lab.lab.nodes[1]);
+    lab.apply(support::term_recorder(&namespace, "on-one", one, 1, None))
+        .await?;
+    lab.apply(support::term_recorder(&namespace, "on-two", two, 1, None))
+        .await?;
+    let on_one = lab.running(&namespace, "app=on-one", 1).await?.remove(0);
+    let on_two = lab.running(&namespace, "app=on-two", 1).await?.remove(0);
+    let agent_pod = support::agent_pod(&lab.client, one).await?;
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {
+        "audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": agent_pod.name_any(), "uid": agent_pod.uid()},
+    }}))?;
+    let token = Api::<ServiceAccount>::namespaced(lab.client.clone(), NAMESPACE)
+        .create_subresource::<TokenRequest, TokenRequest>(
+            "token",
+            &format!("{RELEASE}-agent"),
+            &PostParams::default(),
+            &request,
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .unwrap_or_default();
+    let as_agent: Api<Pod> = Api::namespaced(client_as(Identity::Token(token)).await?, &namespace);
+    let dry_run = EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..Default::default()
+    };
+    as_agent.evict(&on_one.name_any(), &dry_run).await?;
+    match as_agent.evict(&on_two.name_any(), &dry_run).await {
+        Err(kube::Error::Api(status)) => assert!(
+            status.message.contains(&format!(
+                "may evict only pods on its own node; {namespace}/{} runs on {two}",
+                on_two.name_any()
+            )),
+            "{}",
+            status.message
+        ),
+        other => anyhow::bail!("an eviction on another node was not refused: {other:?}"),
+    }
+    lab.delete_namespace(&namespace).await
+}

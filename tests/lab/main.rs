@@ -1,0 +1,8 @@
+//! End-to-end tests on real nodes: the node lab's VMs (systemd as PID 1, containerd, a real
+//! kubelet) joined to the shared control plane. `./tests/run` boots the lab before the tests;
+//! run alone, the first test starts one (minutes under software emulation).
+
+mod chart;
+mod rolling;
+mod shutdown;
+mod support;

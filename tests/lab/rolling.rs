@@ -1,0 +1,150 @@
+//! A rolling reboot by NodeMaintenance across the lab's VMs at the chart's default
+//! `maxConcurrent: 1`: each VM really reboots, never two at once, the health gate waits for the
+//! real kubelet's Ready, and all of them succeed.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, PostParams},
+};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use nodeward_e2e::{history, wait};
+use serde_json::json;
+
+use crate::support::{Lab, REBOOT};
+
+#[tokio::test]
+async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -> anyhow::Result<()>
+{
+    let lab = Lab::get().await?;
+    let names: Vec<String> = lab.lab.nodes.iter().map(|n| format!("roll-{n}")).collect();
+    let ours = names.clone();
+    let history = history::watch_where(&lab.client, move |m| ours.contains(&m.name_any()), "");
+    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
+    let mut before = Vec::new();
+    for vm in lab.lab.vms() {
+        before.push(vm.boot_id().await?);
+    }
+    let started = Instant::now();
+    for (node, name) in lab.lab.nodes.iter().zip(&names) {
+        if maintenances.get_opt(name).await?.is_some() {
+            maintenances.delete(name, &DeleteParams::default()).await?;
+            wait::until(
+                &maintenances,
+                name,
+                "an earlier run's maintenance gone",
+                REBOOT,
+                |m| m.is_none(),
+            )
+            .await?;
+        }
+        let maintenance: NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodelab"},
+        }))?;
+        maintenances
+            .create(&PostParams::default(), &maintenance)
+            .await?;
+    }
+    let per_node_limit = REBOOT * (names.len() as u32);
+    let mut finished = Vec::new();
+    for name in &names {
+        let done = wait::until(
+            &maintenances,
+            name,
+            "the maintenance to succeed",
+            per_node_limit,
+            |m| {
+                m.and_then(|m| m.status.as_ref())
+                    .is_some_and(|s| s.phase.is_finished())
+            },
+        )
+        .await?
+        .context("maintenance")?;
+        let status = done.status.clone().unwrap_or_default();
+        assert_eq!(
+            status.phase,
+            MaintenancePhase::Succeeded,
+            "{name}: {:?}",
+            status.message
+        );
+        finished.push(done);
+    }
+    let wall = started.elapsed();
+
+    // Each VM really rebooted: a new boot id, and it has been up only since.
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let mut per_node = Vec::new();
+    for ((vm, boot), done) in lab.lab.vms().iter().zip(&before).zip(&finished) {
+        let now = vm.boot_id().await?;
+        assert_ne!(&now, boot, "{} did not reboot", vm.name);
+        let uptime: f64 = vm.run("cut -d' ' -f1 /proc/uptime").await?.trim().parse()?;
+        assert!(
+            uptime < wall.as_secs_f64(),
+            "{} up {uptime} s, longer than the rollout",
+            vm.name
+        );
+        let status = done.status.clone().unwrap_or_default();
+        assert_eq!(
+            status.boot_id.as_deref(),
+            Some(now.as_str()),
+            "{}: the boot it verified",
+            vm.name
+        );
+        // The health gate waited for the real kubelet: Succeeded after the node became Ready
+        // again on its new boot.
+        let node = nodes.get(&vm.name).await?;
+        let ready_since = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.last_transition_time)
+            .context("Ready's transition time")?;
+        let at = |phase: MaintenancePhase| {
+            status
+                .history
+                .iter()
+                .find(|h| h.phase == phase)
+                .map(|h| h.time.0)
+        };
+        let admitted = at(MaintenancePhase::Admitted).context("admitted")?;
+        let succeeded = at(MaintenancePhase::Succeeded).context("succeeded")?;
+        assert!(
+            succeeded >= ready_since.0,
+            "{}: Succeeded before the node was Ready again",
+            vm.name
+        );
+        assert!(
+            at(MaintenancePhase::Verifying).is_some(),
+            "{}: verified after the boot",
+            vm.name
+        );
+        per_node.push(succeeded.duration_since(admitted).as_secs_f64());
+    }
+
+    // Never two disrupted at once, in everything the API server showed.
+    let seen = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        seen.max_active, 1,
+        "more than one maintenance admitted at once"
+    );
+    per_node.sort_by(f64::total_cmp);
+    let median = per_node[per_node.len() / 2];
+    let ideal = median * per_node.len() as f64;
+    println!(
+        "rolling reboot of {} VMs: {:.0} s wall, per node (Admitted -> Succeeded) {per_node:.0?} s, ideal {ideal:.0} s, ratio {:.2}",
+        per_node.len(),
+        wall.as_secs_f64(),
+        wall.as_secs_f64() / ideal
+    );
+    for name in &names {
+        maintenances.delete(name, &DeleteParams::default()).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! What the node-lab tests share: the lab, the chart installed once as users install it, one
+//! test at a time, workloads of busybox pods that record when they got SIGTERM.
+
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use anyhow::Context;
+use k8s_openapi::api::{
+    apps::v1::{DaemonSet, Deployment},
+    core::v1::{Namespace, Node, Pod},
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use nodeward_api::NodeReport;
+use nodeward_e2e::{
+    controlplane,
+    nodelab::{self, NodeLab, Vm},
+    wait,
+};
+use serde_json::{Value, json};
+
+/// The chart's release and namespace in the lab.
+pub const RELEASE: &str = "nodeward";
+pub const NAMESPACE: &str = "nodeward-system";
+/// The busybox image the lab builds (imported into every node; nothing is pulled).
+pub const BUSYBOX: &str = "nodeward.test/busybox:1";
+/// Where workload pods write the SIGTERMs they get (a host path on their node).
+pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
+
+/// A node's boot takes about a minute and a half under emulation; a drain up to two minutes.
+pub const REBOOT: Duration = Duration::from_secs(600);
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Lab tests change real nodes (reboots, a stopped kubelet, firewall rules): one at a time,
+/// and each starts from a settled lab.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE_AT_A_TIME.lock().await
+}
+
+pub struct Lab {
+    pub lab: &'static NodeLab,
+    pub client: Client,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Lab {
+    /// The lab, this test's turn on it, the chart installed, every node Ready with a Ready agent.
+    pub async fn get() -> anyhow::Result<Self> {
+        let turn = exclusive().await;
+        let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
+        let client = controlplane::admin_client().await?;
+        install_chart(&client).await?;
+        let this = Self {
+            lab,
+            client,
+            _turn: turn,
+        };
+        this.settled().await?;
+        Ok(this)
+    }
+
+    pub fn vm(&self, name: &str) -> Vm {
+        self.lab.vm(name)
+    }
+
+    /// Every node Ready and schedulable, every agent pod Ready.
+    pub async fn settled(&self) -> anyhow::Result<()> {
+        for vm in self.lab.vms() {
+            vm.wait_node_ready(&self.client, REBOOT).await?;
+        }
+        let daemonsets: Api<DaemonSet> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let name = format!("{RELEASE}-agent");
+        let nodes = self.lab.nodes.len() as i32;
+        wait::until(&daemonsets, &name, "every agent Ready", REBOOT, |ds| {
+            ds.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                s.number_ready == nodes && s.updated_number_scheduled == Some(nodes)
+            })
+        })
+        .await?;
+        let nodes_api: Api<Node> = Api::all(self.client.clone());
+        for name in &self.lab.nodes {
+            wait::until(&nodes_api, name, "the node schedulable", REBOOT, |n| {
+                n.is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {
+        Ok(Api::<NodeReport>::all(self.client.clone())
+            .get(node)
+            .await?)
+    }
+
+    /// A namespace of this test's (deleted first if an earlier run left it).
+    pub async fn namespace(&self, name: &str) -> anyhow::Result<String> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        if namespaces.get_opt(name).await?.is_some() {
+            namespaces.delete(name, &DeleteParams::default()).await?;
+            wait::until(
+                &namespaces,
+                name,
+                "the old namespace gone",
+                Duration::from_secs(120),
+                |n| n.is_none(),
+            )
+            .await?;
+        }
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+            )
+            .await?;
+        Ok(name.to_owned())
+    }
+
+    pub async fn delete_namespace(&self, name: &str) -> anyhow::Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let _ = namespaces.delete(name, &DeleteParams::default()).await;
+        Ok(())
+    }
+
+    /// Applies `manifest` (any kind) server-side.
+    pub async fn apply(&self, manifest: Value) -> anyhow::Result<()> {
+        let api_version = manifest["apiVersion"].as_str().context("apiVersion")?;
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let kind = manifest["kind"].as_str().context("kind")?;
+        let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+        let (resource, capabilities) = kube::discovery::pinned_kind(&self.client, &gvk).await?;
+        let name = manifest["metadata"]["name"]
+            .as_str()
+            .context("name")?
+            .to_owned();
+        let api: Api<kube::api::DynamicObject> = match (
+            capabilities.scope,
+            manifest["metadata"]["namespace"].as_str(),
+        ) {
+            (kube::discovery::Scope::Namespaced, Some(ns)) => {
+                Api::namespaced_with(self.client.clone(), ns, &resource)
+            }
+            _ => Api::all_with(self.client.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("nodeward-lab").force(),
+            &Patch::Apply(&manifest),
+        )
+        .await
+        .with_context(|| format!("applying {kind} {name}"))?;
+        Ok(())
+    }
+
+    /// Pods of `namespace` matching `labels`, once `count` of them run Ready.
+    pub async fn running(
+        &self,
+        namespace: &str,
+        labels: &str,
+        count: usize,
+    ) -> anyhow::Result<Vec<Pod>> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        wait::eventually(
+            &format!("{count} pods {labels} Ready"),
+            Duration::from_secs(300),
+            || async {
+                let list = pods.list(&ListParams::default().labels(labels)).await?;
+                let ready: Vec<Pod> = list
+                    .items
+                    .into_iter()
+                    .filter(|p| wait::condition_status(p, "Ready").as_deref() == Some("True"))
+                    .collect();
+                Ok((ready.len() >= count).then_some(ready))
+            },
+        )
+        .await
+    }
+}
+
+/// A Deployment of `replicas` busybox pods on `node` with `priority_class`, each writing
+/// "<uptime> <pod> TERM" to the node's TERM log when it gets SIGTERM.
+pub fn term_recorder(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    replicas: i32,
+    priority_class: Option<&str>,
+) -> Value {
+    let mut spec = pod_spec(node, name);
+    if let Some(class) = priority_class {
+        spec["priorityClassName"] = json!(class);
+    }
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
+    })
+}
+
+/// A DaemonSet of the same recorder, on `node` only.
+pub fn term_recorder_daemonset(namespace: &str, name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec(node, name)},
+        },
+    })
+}
+
+fn pod_spec(node: &str, group: &str) -> Value {
+    // `sleep & wait` so that the trap runs as soon as the signal comes.
+    let script = format!(
+        "trap 'echo $(cut -d\" \" -f1 /proc/uptime) $HOSTNAME {group} TERM >> /log/term; exit 0' TERM; \
+         while :; do sleep 1 & wait $!; done"
+    );
+    json!({
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{
+            "name": "busybox", "image": BUSYBOX, "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "sh", "-c", script],
+            "volumeMounts": [{"name": "log", "mountPath": "/log"}],
+            "resources": {"requests": {"cpu": "1m", "memory": "4Mi"}},
+        }],
+        "volumes": [{"name": "log", "hostPath": {"path": TERM_LOG_DIR, "type": "DirectoryOrCreate"}}],
+    })
+}
+
+/// The TERM log of a node: (uptime seconds, pod, group), in the order they were written.
+pub async fn term_log(vm: &Vm) -> anyhow::Result<Vec<(f64, String, String)>> {
+    let text = vm
+        .exec(&format!("cat {TERM_LOG_DIR}/term 2>/dev/null"))
+        .await?
+        .stdout;
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let uptime = words.next()?.parse().ok()?;
+            let pod = words.next()?.to_owned();
+            let group = words.next()?.to_owned();
+            Some((uptime, pod, group))
+        })
+        .collect())
+}
+
+/// Clears a node's TERM log.
+pub async fn clear_term_log(vm: &Vm) -> anyhow::Result<()> {
+    vm.run(&format!(
+        "mkdir -p {TERM_LOG_DIR} && : > {TERM_LOG_DIR}/term"
+    ))
+    .await?;
+    Ok(())
+}
+
+/// helm, built from its Go module by `tests/tools/helm.sh`.
+pub fn helm() -> anyhow::Result<Command> {
+    let output = Command::new(repo_root().join("tests/tools/helm.sh")).output()?;
+    anyhow::ensure!(output.status.success(), "tests/tools/helm.sh failed");
+    let mut command = Command::new(String::from_utf8(output.stdout)?.trim());
+    command
+        .arg("--kubeconfig")
+        .arg(&controlplane::shared().kubeconfig);
+    Ok(command)
+}
+
+pub fn run(command: &mut Command) -> anyhow::Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("running {command:?}"))?;
+    anyhow::ensure!(
+        output.status.success(),
+        "{command:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// The chart as users install it, with its default values, once per test process: the images
+/// were imported into every node's containerd under the names the chart uses.
+async fn install_chart(client: &Client) -> anyhow::Result<()> {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_try_init(|| async {
+            let releases = run(helm()?.args(["list", "--namespace", NAMESPACE, "--short"]))?;
+            if !releases.lines().any(|r| r == RELEASE) {
+                run(helm()?
+                    .args(["install", RELEASE])
+                    .arg(repo_root().join("charts/nodeward"))
+                    .args(["--namespace", NAMESPACE, "--create-namespace"]))?;
+            }
+            let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
+            wait::until(
+                &deployments,
+                &format!("{RELEASE}-coordinator"),
+                "both coordinator replicas Ready",
+                REBOOT,
+                |d| {
+                    d.and_then(|d| d.status.as_ref())
+                        .is_some_and(|s| s.ready_replicas == Some(2))
+                },
+            )
+            .await?;
+            anyhow::Ok(())
+        })
+        .await?;
+    Ok(())
+}
+
+/// The agent pod on `node`.
+pub async fn agent_pod(client: &Client, node: &str) -> anyhow::Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(
+            &ListParams::default()
+                .labels("app.kubernetes.io/component=agent")
+                .fields(&format!("spec.nodeName={node}")),
+        )
+        .await?;
+    list.items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .with_context(|| format!("no agent pod on {node}"))
+}
