@@ -9,17 +9,11 @@ use std::{
 };
 
 use anyhow::Context;
+use nodeward_e2e::repo_root;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 const MIB: u64 = 1024 * 1024;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
 
 fn images_dir() -> PathBuf {
     repo_root().join("target/images")

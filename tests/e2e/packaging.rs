@@ -4,11 +4,7 @@
 //! ValidatingAdmissionPolicy; the coordinator's identity without what it does not need;
 //! `systemd-analyze verify` on the unit.
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::Context;
 use k8s_openapi::api::{
@@ -30,51 +26,14 @@ use nodeward_e2e::{
     controlplane::{client_as, write_kubeconfig},
     daemon::sibling_binary,
     env::TEST_LABEL,
-    wait,
+    helm::{adopt_crds, binary as helm, chart, run},
+    repo_root, wait,
 };
 use serde_json::{Value, json};
 
 /// The Kubernetes version the chart is rendered for (the test control plane's).
 const KUBE_VERSION: &str = "1.34.4";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-fn chart() -> PathBuf {
-    repo_root().join("charts/nodeward")
-}
-
-/// helm, built from its Go module by `tests/tools/helm.sh` (cached per version).
-fn helm() -> anyhow::Result<PathBuf> {
-    let output = Command::new(repo_root().join("tests/tools/helm.sh"))
-        .output()
-        .context("running tests/tools/helm.sh")?;
-    anyhow::ensure!(
-        output.status.success(),
-        "tests/tools/helm.sh failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(PathBuf::from(String::from_utf8(output.stdout)?.trim()))
-}
-
-fn run(command: &mut Command) -> anyhow::Result<String> {
-    let output = command
-        .output()
-        .with_context(|| format!("running {command:?}"))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "{command:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
-}
-
-/// `helm template` with `values` files; the rendered documents.
 /// `helm template` with `values` files: the rendered text.
 fn render_text(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<String> {
     let mut command = Command::new(helm()?);
@@ -933,19 +892,8 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
 
     // The CRDs exist already, as after an install of 0.1.0 (crds/ directory, never managed
     // by Helm): the README's one-time step lets the release adopt them.
+    adopt_crds(&env.client, &env.id, &env.namespace).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    for crd in nodeward_api::crds::all() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {
-                "labels": {"app.kubernetes.io/managed-by": "Helm"},
-                "annotations": {"meta.helm.sh/release-name": env.id, "meta.helm.sh/release-namespace": env.namespace},
-            }})),
-        )
-        .await?;
-    }
     helm_in(
         &["install", &env.id, "--values", values_arg],
         Some(&chart()),

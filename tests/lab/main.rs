@@ -3,6 +3,8 @@
 //! run alone, the first test starts one (minutes under software emulation).
 
 mod chart;
+mod kubelet;
+mod network;
 mod rolling;
 mod shutdown;
 mod support;

@@ -121,7 +121,12 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
 
     // The drain, as the pods saw it: low, then mid, then high (the blocked pod held that group
     // until the stage's deadline), then the DaemonSet stage.
-    let log = support::term_log(&vm).await?;
+    let groups = ["low", "mid", "high", "blocked", "daemon"];
+    let log: Vec<_> = support::term_log(&vm)
+        .await?
+        .into_iter()
+        .filter(|(_, _, group)| groups.contains(&group.as_str()))
+        .collect();
     let (_, mid_started) = after(&log, "low", "mid")?;
     let (_, high_started) = after(&log, "mid", "high")?;
     let (_, daemon_evicted) = after(&log, "high", "daemon")?;

@@ -1,7 +1,7 @@
 //! What the node-lab tests share: the lab, the chart installed once as users install it, one
 //! test at a time, workloads of busybox pods that record when they got SIGTERM.
 
-use std::{path::PathBuf, process::Command, time::Duration};
+use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::{
@@ -9,12 +9,13 @@ use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
 };
 use kube::{
-    Api, Client,
+    Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use nodeward_api::NodeReport;
+use nodeward_api::{NodeReport, report::Finding};
 use nodeward_e2e::{
     controlplane,
+    helm::{self, run},
     nodelab::{self, NodeLab, Vm},
     wait,
 };
@@ -28,12 +29,13 @@ pub const BUSYBOX: &str = "nodeward.test/busybox:1";
 /// Where workload pods write the SIGTERMs they get (a host path on their node).
 pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
 
+/// Marks the namespaces lab tests create (deleted before the next test starts).
+pub const TEST_NAMESPACE_LABEL: &str = "nodelab.nodeward.io/test";
+/// The nftables table tests add rules to in a guest (deleted before the next test starts).
+pub const FIREWALL_TABLE: &str = "nodelab_test";
+
 /// A node's boot takes about a minute and a half under emulation; a drain up to two minutes.
 pub const REBOOT: Duration = Duration::from_secs(600);
-
-pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// Lab tests change real nodes (reboots, a stopped kubelet, firewall rules): one at a time,
 /// and each starts from a settled lab.
@@ -49,7 +51,8 @@ pub struct Lab {
 }
 
 impl Lab {
-    /// The lab, this test's turn on it, the chart installed, every node Ready with a Ready agent.
+    /// The lab, this test's turn on it, the chart installed, what an earlier test that failed
+    /// may have left undone, every node Ready with a Ready agent.
     pub async fn get() -> anyhow::Result<Self> {
         let turn = exclusive().await;
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
@@ -60,8 +63,31 @@ impl Lab {
             client,
             _turn: turn,
         };
+        this.reset().await?;
         this.settled().await?;
         Ok(this)
+    }
+
+    /// Undoes what a test changes on the nodes (a test that failed half-way leaves it): the
+    /// kubelet running, no test firewall table, no test namespace.
+    async fn reset(&self) -> anyhow::Result<()> {
+        for vm in self.lab.vms() {
+            vm.run_when_up(
+                &format!(
+                    "systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)"
+                ),
+                REBOOT,
+            )
+            .await?;
+        }
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let left = namespaces
+            .list(&ListParams::default().labels(&format!("{TEST_NAMESPACE_LABEL}=true")))
+            .await?;
+        for namespace in left.items {
+            self.delete_namespace(&namespace.name_any()).await?;
+        }
+        Ok(())
     }
 
     pub fn vm(&self, name: &str) -> Vm {
@@ -98,6 +124,34 @@ impl Lab {
             .await?)
     }
 
+    /// The finding of `detector` in `node`'s NodeReport once `accept` takes it (a detector's
+    /// default interval is 30 s and a problem must hold 60 s: minutes, not seconds).
+    pub async fn finding(
+        &self,
+        node: &str,
+        detector: &str,
+        what: &str,
+        accept: impl Fn(&Finding) -> bool,
+    ) -> anyhow::Result<Finding> {
+        let last = std::sync::Mutex::new(None);
+        let found = wait::eventually(
+            &format!("{node}'s {detector} finding: {what}"),
+            Duration::from_secs(300),
+            || async {
+                let status = self.report(node).await?.status.unwrap_or_default();
+                let finding = status.findings.into_iter().find(|f| f.detector == detector);
+                let accepted = finding.as_ref().is_some_and(&accept);
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = finding.clone();
+                Ok(finding.filter(|_| accepted))
+            },
+        )
+        .await;
+        found.with_context(|| {
+            let last = last.lock().unwrap_or_else(|p| p.into_inner());
+            format!("the last one seen: {last:?}")
+        })
+    }
+
     /// A namespace of this test's (deleted first if an earlier run left it).
     pub async fn namespace(&self, name: &str) -> anyhow::Result<String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
@@ -115,15 +169,27 @@ impl Lab {
         namespaces
             .create(
                 &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+                &serde_json::from_value(
+                    json!({"metadata": {"name": name, "labels": {TEST_NAMESPACE_LABEL: "true"}}}),
+                )?,
             )
             .await?;
         Ok(name.to_owned())
     }
 
+    /// Deletes a test's namespace and waits until it is gone: its pods' SIGTERMs are then in
+    /// the TERM logs before the next test clears them.
     pub async fn delete_namespace(&self, name: &str) -> anyhow::Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let _ = namespaces.delete(name, &DeleteParams::default()).await;
+        wait::until(
+            &namespaces,
+            name,
+            "the namespace gone",
+            Duration::from_secs(300),
+            |n| n.is_none(),
+        )
+        .await?;
         Ok(())
     }
 
@@ -264,42 +330,30 @@ pub async fn clear_term_log(vm: &Vm) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// helm, built from its Go module by `tests/tools/helm.sh`.
-pub fn helm() -> anyhow::Result<Command> {
-    let output = Command::new(repo_root().join("tests/tools/helm.sh")).output()?;
-    anyhow::ensure!(output.status.success(), "tests/tools/helm.sh failed");
-    let mut command = Command::new(String::from_utf8(output.stdout)?.trim());
-    command
-        .arg("--kubeconfig")
-        .arg(&controlplane::shared().kubeconfig);
-    Ok(command)
-}
+/// The agent's kubelet and peer detectors run every 5 s and report what held 10 s (their
+/// defaults: 30 s and 60 s), so that a test sees a finding come and go in seconds; everything
+/// else is the chart's default.
+const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
+    "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
+    "peers":{"interval":"5s","timeout":"5s","for":"10s"}}}"#;
 
-pub fn run(command: &mut Command) -> anyhow::Result<String> {
-    let output = command
-        .output()
-        .with_context(|| format!("running {command:?}"))?;
-    anyhow::ensure!(
-        output.status.success(),
-        "{command:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8(output.stdout)?)
-}
-
-/// The chart as users install it, with its default values, once per test process: the images
-/// were imported into every node's containerd under the names the chart uses.
+/// The chart as users install it, once per test process (default values but for
+/// [`FAST_DETECTORS`]): the images were imported into every node's containerd under the names
+/// the chart uses.
 async fn install_chart(client: &Client) -> anyhow::Result<()> {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED
         .get_or_try_init(|| async {
-            let releases = run(helm()?.args(["list", "--namespace", NAMESPACE, "--short"]))?;
+            let releases =
+                run(helm::command()?.args(["list", "--namespace", NAMESPACE, "--short"]))?;
             if !releases.lines().any(|r| r == RELEASE) {
-                run(helm()?
+                // Earlier tests on this control plane left the CRDs (they are kept on uninstall).
+                helm::adopt_crds(client, RELEASE, NAMESPACE).await?;
+                run(helm::command()?
                     .args(["install", RELEASE])
-                    .arg(repo_root().join("charts/nodeward"))
-                    .args(["--namespace", NAMESPACE, "--create-namespace"]))?;
+                    .arg(helm::chart())
+                    .args(["--namespace", NAMESPACE, "--create-namespace"])
+                    .args(["--set-json", FAST_DETECTORS]))?;
             }
             let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
             wait::until(

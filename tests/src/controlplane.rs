@@ -34,10 +34,6 @@ pub fn shared() -> &'static ControlPlane {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn attach_or_start() -> anyhow::Result<ControlPlane> {
     if let Ok(dir) = std::env::var(STATE_ENV) {
         let state_dir = PathBuf::from(dir);
@@ -47,14 +43,14 @@ fn attach_or_start() -> anyhow::Result<ControlPlane> {
             state_dir,
         });
     }
-    let state_dir = repo_root()
+    let state_dir = crate::repo_root()
         .join("target")
         .join(format!("e2e-controlplane-{}", std::process::id()));
     fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
     let log_path = state_dir.join("start.log");
     let log =
         fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let mut child = Command::new(repo_root().join("tests/controlplane/start.sh"))
+    let mut child = Command::new(crate::repo_root().join("tests/controlplane/start.sh"))
         .arg(&state_dir)
         .arg("--parent-pid")
         .arg(std::process::id().to_string())

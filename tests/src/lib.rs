@@ -4,6 +4,7 @@
 pub mod controlplane;
 pub mod daemon;
 pub mod env;
+pub mod helm;
 pub mod history;
 pub mod http;
 pub mod logind;
@@ -14,3 +15,11 @@ pub mod wait;
 
 pub use controlplane::Identity;
 pub use env::{NodeSpec, PodOptions, Role, TestEnv};
+
+/// The repository this test library was built from.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}

@@ -46,21 +46,17 @@ pub fn shared() -> &'static NodeLab {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn attach_or_start() -> anyhow::Result<NodeLab> {
     let cp = controlplane::shared();
     let (state_dir, mut child) = match std::env::var(STATE_ENV) {
         Ok(dir) => (PathBuf::from(dir), None),
         Err(_) => {
-            let dir = repo_root()
+            let dir = crate::repo_root()
                 .join("target")
                 .join(format!("e2e-nodelab-{}", std::process::id()));
             std::fs::create_dir_all(&dir)?;
             let log = std::fs::File::create(dir.join("start.log"))?;
-            let child = Command::new(repo_root().join("tests/nodelab/start.sh"))
+            let child = Command::new(crate::repo_root().join("tests/nodelab/start.sh"))
                 .arg(&dir)
                 .arg("--controlplane")
                 .arg(&cp.state_dir)
@@ -82,6 +78,14 @@ fn attach_or_start() -> anyhow::Result<NodeLab> {
         {
             bail!(
                 "tests/nodelab/start.sh exited with {status}; its log:\n{}",
+                std::fs::read_to_string(state_dir.join("start.log")).unwrap_or_default()
+            );
+        }
+        // A lab started by ./tests/run: start.sh marks that it stopped.
+        if state_dir.join("stopping").exists() {
+            bail!(
+                "the node lab in {} stopped before it was ready; its log:\n{}",
+                state_dir.display(),
                 std::fs::read_to_string(state_dir.join("start.log")).unwrap_or_default()
             );
         }
@@ -137,12 +141,13 @@ pub struct Vm {
     pub dir: PathBuf,
 }
 
-/// A VM's guest agent connection, made on first use.
-type AgentSlot = Arc<Mutex<Option<GuestAgent>>>;
+/// The guest agent's socket takes one client at a time: one call per VM at a time in this
+/// process. Each call connects anew: a connection belongs to the Tokio runtime it was made
+/// in, and every test has its own.
+type AgentTurn = Arc<Mutex<()>>;
 
-/// The guest agent's socket takes one client at a time: one connection per VM per process.
-fn agent_lock(dir: &Path) -> AgentSlot {
-    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, AgentSlot>>> = OnceLock::new();
+fn agent_lock(dir: &Path) -> AgentTurn {
+    static LOCKS: OnceLock<StdMutex<HashMap<PathBuf, AgentTurn>>> = OnceLock::new();
     let locks = LOCKS.get_or_init(Default::default);
     let mut locks = locks.lock().unwrap_or_else(|p| p.into_inner());
     locks.entry(dir.to_owned()).or_default().clone()
@@ -224,12 +229,9 @@ impl Vm {
     /// (and up to `timeout` for the guest agent to answer, e.g. while the VM boots).
     pub async fn exec_with(&self, script: &str, timeout: Duration) -> anyhow::Result<Output> {
         let lock = agent_lock(&self.dir);
-        let mut slot = lock.lock().await;
+        let _turn = lock.lock().await;
         let result = async {
-            if slot.is_none() {
-                *slot = Some(GuestAgent::connect(&self.socket(), timeout).await?);
-            }
-            let agent = slot.as_mut().context("connected")?;
+            let mut agent = GuestAgent::connect(&self.socket(), timeout).await?;
             let started = agent
                 .call(
                     json!({"execute": "guest-exec", "arguments": {
@@ -269,10 +271,6 @@ impl Vm {
             }
         }
         .await;
-        if result.is_err() {
-            // The connection may be mid-answer; the next call connects and syncs anew.
-            *slot = None;
-        }
         result.with_context(|| format!("running {script:?} in {}", self.name))
     }
 
@@ -302,6 +300,31 @@ impl Vm {
             .await?
             .trim()
             .to_owned())
+    }
+
+    /// Runs `script` once the VM answers (it may be booting): retried until `timeout`.
+    pub async fn run_when_up(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match self.exec_with(script, Duration::from_secs(30)).await {
+                Ok(output) if output.code == 0 => return Ok(output.stdout),
+                Ok(output) => bail!(
+                    "{script:?} in {} exited {}: {}{}",
+                    self.name,
+                    output.code,
+                    output.stdout,
+                    output.stderr
+                ),
+                Err(e) if tokio::time::Instant::now() > deadline => {
+                    return Err(e.context(format!(
+                        "{} did not answer within {timeout:?}; its console:\n{}",
+                        self.name,
+                        self.console_tail(40)
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
     }
 
     /// Waits until the VM runs with a boot id other than `previous`; the new one.
@@ -389,12 +412,9 @@ impl Vm {
     /// Writes `contents` to `path` in the VM, through the guest agent's file calls.
     pub async fn write_file(&self, path: &str, contents: &[u8]) -> anyhow::Result<()> {
         let lock = agent_lock(&self.dir);
-        let mut slot = lock.lock().await;
+        let _turn = lock.lock().await;
         let result = async {
-            if slot.is_none() {
-                *slot = Some(GuestAgent::connect(&self.socket(), Duration::from_secs(60)).await?);
-            }
-            let agent = slot.as_mut().context("connected")?;
+            let mut agent = GuestAgent::connect(&self.socket(), Duration::from_secs(60)).await?;
             let call = Duration::from_secs(30);
             let handle = agent
                 .call(
@@ -420,9 +440,6 @@ impl Vm {
             anyhow::Ok(())
         }
         .await;
-        if result.is_err() {
-            *slot = None;
-        }
         result.with_context(|| format!("writing {path} in {}", self.name))
     }
 

@@ -1,0 +1,68 @@
+//! The network for real: a guest whose firewall drops UDP to the peer port (as a missing
+//! security-group rule would) is found out by its own peer probes over the lab's L2, while
+//! TCP and ICMP still work; its peers, which still reach the other node, blame nobody.
+
+use crate::support::{FIREWALL_TABLE, Lab};
+
+#[tokio::test]
+async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_goes()
+-> anyhow::Result<()> {
+    let lab = Lab::get().await?;
+    let blocked = lab.lab.nodes[0].clone();
+    let vm = lab.vm(&blocked);
+    for node in &lab.lab.nodes {
+        let finding = lab
+            .finding(node, "peers", "both peers answered every protocol", |f| {
+                f.message.contains("tcp 2/2, udp 2/2, icmp 2/2")
+            })
+            .await?;
+        assert_eq!(finding.reason, "PeersReachable", "{node}");
+    }
+
+    // UDP to and from the peer port (the agent's probe listener), both ways.
+    vm.run(&format!(
+        "nft add table inet {FIREWALL_TABLE} && \
+         nft add chain inet {FIREWALL_TABLE} in '{{ type filter hook input priority -10; }}' && \
+         nft add chain inet {FIREWALL_TABLE} out '{{ type filter hook output priority -10; }}' && \
+         nft add rule inet {FIREWALL_TABLE} in udp dport 9471 drop && \
+         nft add rule inet {FIREWALL_TABLE} out udp dport 9471 drop"
+    ))
+    .await?;
+    let found = lab
+        .finding(&blocked, "peers", "UDPBlocked", |f| {
+            f.reason == "UDPBlocked"
+        })
+        .await?;
+    assert_eq!(
+        (found.type_.as_str(), found.status.as_str()),
+        ("PeerConnectivityProblem", "True")
+    );
+    assert!(
+        found.message.contains("udp 0/2") && found.message.contains("tcp 2/2"),
+        "{}",
+        found.message
+    );
+    // The others reach one peer of two over UDP: one unreachable peer is not their problem.
+    for node in lab.lab.nodes.iter().filter(|n| **n != blocked) {
+        let report = lab.report(node).await?.status.unwrap_or_default();
+        let peers = report
+            .findings
+            .iter()
+            .find(|f| f.detector == "peers")
+            .cloned();
+        assert!(
+            peers.as_ref().is_some_and(|f| f.status == "False"),
+            "{node}: {peers:?}"
+        );
+    }
+
+    vm.run(&format!("nft delete table inet {FIREWALL_TABLE}"))
+        .await?;
+    let cleared = lab
+        .finding(&blocked, "peers", "reachable again", |f| {
+            f.status == "False"
+        })
+        .await?;
+    assert_eq!(cleared.reason, "PeersReachable", "{}", cleared.message);
+    Ok(())
+}
