@@ -14,7 +14,7 @@ use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{history, wait};
 use serde_json::json;
 
-use crate::support::{Lab, REBOOT};
+use crate::support::{Lab, REBOOT, TEST_LABEL};
 
 #[tokio::test]
 async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -> anyhow::Result<()>
@@ -30,20 +30,9 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
     }
     let started = Instant::now();
     for (node, name) in lab.lab.nodes.iter().zip(&names) {
-        if maintenances.get_opt(name).await?.is_some() {
-            maintenances.delete(name, &DeleteParams::default()).await?;
-            wait::until(
-                &maintenances,
-                name,
-                "an earlier run's maintenance gone",
-                REBOOT,
-                |m| m.is_none(),
-            )
-            .await?;
-        }
         let maintenance: NodeMaintenance = serde_json::from_value(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name},
+            "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
             "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodelab"},
         }))?;
         maintenances

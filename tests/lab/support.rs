@@ -12,7 +12,7 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use nodeward_api::{NodeReport, report::Finding};
+use nodeward_api::{NodeMaintenance, NodeReport, report::Finding};
 use nodeward_e2e::{
     controlplane,
     helm::{self, run},
@@ -29,8 +29,9 @@ pub const BUSYBOX: &str = "nodeward.test/busybox:1";
 /// Where workload pods write the SIGTERMs they get (a host path on their node).
 pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
 
-/// Marks the namespaces lab tests create (deleted before the next test starts).
-pub const TEST_NAMESPACE_LABEL: &str = "nodelab.nodeward.io/test";
+/// Marks the namespaces and maintenances lab tests create (deleted before the next test
+/// starts).
+pub const TEST_LABEL: &str = "nodelab.nodeward.io/test";
 /// The nftables table tests add rules to in a guest (deleted before the next test starts).
 pub const FIREWALL_TABLE: &str = "nodelab_test";
 
@@ -68,9 +69,21 @@ impl Lab {
         Ok(this)
     }
 
-    /// Undoes what a test changes on the nodes (a test that failed half-way leaves it): the
-    /// kubelet running, no test firewall table, no test namespace.
+    /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running,
+    /// no test firewall table, no test maintenance or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
+        let maintenances: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let left = maintenances
+            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
+            .await?;
+        for maintenance in left.items {
+            let name = maintenance.name_any();
+            maintenances.delete(&name, &DeleteParams::default()).await?;
+            wait::until(&maintenances, &name, "the maintenance gone", REBOOT, |m| {
+                m.is_none()
+            })
+            .await?;
+        }
         for vm in self.lab.vms() {
             vm.run_when_up(
                 &format!(
@@ -82,7 +95,7 @@ impl Lab {
         }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
-            .list(&ListParams::default().labels(&format!("{TEST_NAMESPACE_LABEL}=true")))
+            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
             .await?;
         for namespace in left.items {
             self.delete_namespace(&namespace.name_any()).await?;
@@ -124,8 +137,8 @@ impl Lab {
             .await?)
     }
 
-    /// The finding of `detector` in `node`'s NodeReport once `accept` takes it (a detector's
-    /// default interval is 30 s and a problem must hold 60 s: minutes, not seconds).
+    /// The finding of `detector` in `node`'s NodeReport once `accept` takes it (the lab's
+    /// kubelet and peer detectors run every 5 s, the others every 30 s or more).
     pub async fn finding(
         &self,
         node: &str,
@@ -170,7 +183,7 @@ impl Lab {
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(
-                    json!({"metadata": {"name": name, "labels": {TEST_NAMESPACE_LABEL: "true"}}}),
+                    json!({"metadata": {"name": name, "labels": {TEST_LABEL: "true"}}}),
                 )?,
             )
             .await?;

@@ -20,8 +20,8 @@
 # STATE_DIR/env names the nodes; STATE_DIR/NODE/ holds qga.sock (QEMU guest agent), qmp.sock,
 # console.sock and console.log (the serial console, logged in as root). A VM that powers off
 # stays off until STATE_DIR/NODE/power-on is created. STATE_DIR/ready appears once every node
-# is Ready. Runs until SIGTERM/SIGINT or until PID exits; then stops the VMs and removes the
-# network.
+# is Ready. Runs until SIGTERM/SIGINT or until PID exits; then stops the VMs, removes the
+# network and deletes the Nodes.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,6 +69,7 @@ table=nodeward_lab
 
 # --- cleanup: VMs, taps, bridge, routes, firewall ------------------------------------------
 vm_pids=()
+names=()
 teardown_network() {
   local i
   for ((i = 1; i <= nodes; i++)); do
@@ -90,6 +91,11 @@ stop_all() {
     wait 2>/dev/null || true
   fi
   teardown_network
+  # Their Nodes go too: a NotReady node left behind would count in later tests' policies.
+  for name in "${names[@]}"; do
+    curl -fsS -o /dev/null --max-time 10 --cacert "$pki/ca.crt" --cert "$pki/admin.crt" \
+      --key "$pki/admin.key" -X DELETE "$NODEWARD_API_SERVER/api/v1/nodes/$name" 2>/dev/null || true
+  done
   exit "$status"
 }
 trap stop_all EXIT
@@ -141,7 +147,6 @@ current-context: nodeward-test
 EOF
 }
 
-names=()
 images_dir="$root_dir/target/images"
 for ((i = 1; i <= nodes; i++)); do
   name="lab$i"
