@@ -705,6 +705,9 @@ impl Config {
                     pattern.condition
                 ));
             }
+            if let Some(condition) = pattern.condition.as_deref() {
+                not_owned_by_others(&format!("{place}.condition"), condition)?;
+            }
             if pattern.condition.is_some() && pattern.clear_after.is_zero() {
                 return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
             }
@@ -725,6 +728,7 @@ impl Config {
                     ));
                 }
             }
+            not_owned_by_others(&format!("{place}.condition"), &check.condition)?;
             if check.command.first().is_none_or(String::is_empty) {
                 return Err(format!(
                     "{place}.command: give the program and its arguments, e.g. [\"/usr/local/bin/check-ntp\"]"
@@ -806,6 +810,18 @@ impl Config {
         self.validate()?;
         Ok(self)
     }
+}
+
+/// A condition type the kubelet, the network plugin or the coordinator owns is not the agent's
+/// to write (and the chart's admission policy would refuse it).
+fn not_owned_by_others(place: &str, condition: &str) -> Result<(), String> {
+    if nodeward_api::conditions::node::OWNED_BY_OTHERS.contains(&condition) {
+        return Err(format!(
+            "{place}: {condition:?} is written by the kubelet, the network plugin or the coordinator; \
+             name the agent's own condition, e.g. NTPProblem"
+        ));
+    }
+    Ok(())
 }
 
 fn is_camel_case(value: &str) -> bool {
@@ -970,6 +986,11 @@ detectors:
         assert!(err.starts_with("detectors.custom[1].condition"), "{err}");
         let err = Config::parse(&check("b", "BProblem", "[]")).expect_err("no command");
         assert!(err.starts_with("detectors.custom[1].command"), "{err}");
+        let err = Config::parse(&check("b", "Ready", "[/bin/true]")).expect_err("the kubelet's");
+        assert!(
+            err.starts_with("detectors.custom[1].condition: \"Ready\" is written by the kubelet"),
+            "{err}"
+        );
         assert!(Config::parse(&check("b", "BProblem", "[/bin/false, -x]")).is_ok());
     }
 

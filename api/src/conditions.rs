@@ -23,6 +23,26 @@ pub mod node {
     /// Written by the coordinator: the node never became Ready within a policy's
     /// `nodeStartupTimeout`.
     pub const STARTUP_TIMED_OUT: &str = "StartupTimedOut";
+    /// The condition types the agent's own detectors write on its Node (the chart's admission
+    /// policy lets the agent write these and those its configuration adds, no other).
+    pub const WRITTEN_BY_AGENT: &[&str] = &[
+        NETWORK_PROBLEM,
+        PEER_CONNECTIVITY_PROBLEM,
+        SECURITY_GROUP_PROBLEM,
+        KUBELET_PROBLEM,
+        REBOOT_REQUIRED,
+        READONLY_FILESYSTEM,
+    ];
+    /// Condition types others own (the kubelet, the network plugin, the coordinator), which a
+    /// custom check or kernel-log pattern may not take.
+    pub const OWNED_BY_OTHERS: &[&str] = &[
+        "Ready",
+        "MemoryPressure",
+        "DiskPressure",
+        "PIDPressure",
+        "NetworkUnavailable",
+        STARTUP_TIMED_OUT,
+    ];
 }
 
 /// NodeMaintenance condition types.

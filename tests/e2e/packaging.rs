@@ -20,7 +20,10 @@ use kube::{
     },
     discovery::{self, Scope},
 };
-use nodeward_api::{DisruptionPolicy, NodeMaintenance};
+use nodeward_api::{
+    DisruptionPolicy, NodeMaintenance,
+    labels::{AGENT_LABEL, CORDONED_BY_ANNOTATION},
+};
 use nodeward_e2e::{
     Identity, NodeSpec, PodOptions, TestEnv,
     controlplane::{client_as, write_kubeconfig},
@@ -455,7 +458,8 @@ async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<V
 
 fn own_nodes_values(env: &TestEnv) -> Value {
     json!({
-        "agent": {"nodeSelector": {TEST_LABEL: env.id}},
+        "agent": {"nodeSelector": {TEST_LABEL: env.id}, "config": {"detectors": {"custom": [
+            {"name": "ntp", "condition": "NTPProblem", "reason": "ClockSkew", "command": ["/bin/true"]}]}}},
         "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
         "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
             "maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}}},
@@ -495,9 +499,14 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     let nodes: Api<Node> = Api::all(agent.clone());
     let label = |value: &str| Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": value}}}));
 
-    // Its own Node: yes. Another: refused by the policy (once the API server has loaded it).
+    // Its own Node (nodeward's label): yes. Another: refused by the policy (once the API server
+    // has loaded it).
     nodes
-        .patch(&node_a, &PatchParams::default(), &label("a"))
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
+        )
         .await?;
     let message = wait::eventually(
         "the policy to refuse node B",
@@ -550,7 +559,7 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             "spec": {"nodeName": node, "reason": "Reboot", "action": action},
         }))?)
     };
-    let own = format!("{node_a}-reboot");
+    let own = format!("{node_a}-reboot-e2e00001");
     maintenances
         .create(
             &PostParams::default(),
@@ -603,8 +612,9 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         ),
         (
             json!({"phase": "Admitted"}),
-            "may not move a maintenance to Admitted",
+            "from Draining to Admitted: only the coordinator admits",
         ),
+        (json!({"phase": "Succeeded"}), "from Draining to Succeeded"),
     ] {
         let said = refusal(
             maintenances
@@ -617,6 +627,28 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         );
         assert!(said.contains(expected), "{status}: {said}");
     }
+
+    // Then on along the lifecycle, and no way back out of a finished phase.
+    for phase in ["Acting", "Verifying", "Succeeded"] {
+        maintenances
+            .patch_status(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+            .with_context(|| format!("moving {own} to {phase}"))?;
+    }
+    let said = refusal(
+        maintenances
+            .patch_status(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+            )
+            .await,
+    );
+    assert!(said.contains("from Succeeded to Failed"), "{said}");
 
     // Evictions: the chart's webhook, served by the chart's coordinator with the certificate it
     // keeps itself.
@@ -671,6 +703,288 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     remove_chart(env, &documents).await
 }
 
+/// Attacks by one node's agent identity (a token read from the agent's pod on that node) on its
+/// own Node, and the writes the agent itself makes, through the chart's admission policy.
+#[tokio::test]
+async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Result<()> {
+    let env = TestEnv::new("ownnode").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-ownnode-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let node = env.node_name(0);
+    let agent = agent_on(&env, &node).await?;
+    let as_agent: Api<Node> = Api::all(agent.clone());
+    let as_admin: Api<Node> = Api::all(env.client.clone());
+    let merge = |patch: Value| Patch::Merge(patch);
+    let params = PatchParams::default();
+
+    // Escalations: a control-plane or node-restriction label (workloads pinned there would come
+    // to this node), dropping a label an admin set, another annotation.
+    let said = wait::eventually(
+        "the policy to refuse a control-plane label",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(
+                as_agent
+                    .patch(
+                        &node,
+                        &params,
+                        &merge(json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})),
+                    )
+                    .await,
+            );
+            Ok(said.contains("may change only").then_some(said))
+        },
+    )
+    .await?;
+    assert!(
+        said.starts_with("403")
+            && said.contains(&format!(
+                "nodeward-agent on node {node} may change only the nodeward.io/agent label of its Node"
+            )),
+        "{said}"
+    );
+    for (attack, patch, expected) in [
+        (
+            "a node-restriction label",
+            json!({"metadata": {"labels": {"node-restriction.kubernetes.io/pool": "gpu"}}}),
+            "only the nodeward.io/agent label",
+        ),
+        (
+            "an admin's label removed",
+            json!({"metadata": {"labels": {TEST_LABEL: null}}}),
+            "only the nodeward.io/agent label",
+        ),
+        (
+            "another annotation",
+            json!({"metadata": {"annotations": {"example.com/owner": "me"}}}),
+            "only the nodeward.io/cordoned-by annotation",
+        ),
+        (
+            "a cordon without its record",
+            json!({"spec": {"unschedulable": true}}),
+            "may cordon its Node only recording it",
+        ),
+        (
+            "a record without the cordon",
+            json!({"metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/x"}}}),
+            "may cordon its Node only recording it",
+        ),
+    ] {
+        let said = refusal(as_agent.patch(&node, &params, &merge(patch)).await);
+        assert!(
+            said.starts_with("403") && said.contains(expected),
+            "{attack}: {said}"
+        );
+    }
+
+    // What the agent does: cordon with its record and a nodeward taint, then undo both.
+    as_agent
+        .patch(
+            &node,
+            &params,
+            &merge(json!({
+                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/x"}},
+                "spec": {"unschedulable": true,
+                         "taints": [{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]},
+            })),
+        )
+        .await
+        .context("cordoning with the record")?;
+    as_agent
+        .patch(
+            &node,
+            &params,
+            &merge(json!({
+                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: null}},
+                "spec": {"unschedulable": null, "taints": null},
+            })),
+        )
+        .await
+        .context("undoing its cordon")?;
+
+    // An admin's cordon and dedicated taint are not the agent's to lift, in one step or two.
+    as_admin
+        .patch(
+            &node,
+            &params,
+            &merge(json!({"spec": {"unschedulable": true,
+                "taints": [{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}})),
+        )
+        .await?;
+    for (attack, patch, expected) in [
+        (
+            "lifting the admin's cordon",
+            json!({"spec": {"unschedulable": null}}),
+            "uncordon it only where that record says it cordoned it",
+        ),
+        (
+            "claiming the admin's cordon",
+            json!({"metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/x"}}}),
+            "may cordon its Node only recording it",
+        ),
+        (
+            "dropping the dedicated taint",
+            json!({"spec": {"taints": [{"key": "nodeward.io/shutdown", "effect": "NoSchedule"}]}}),
+            "may change only nodeward.io/ taints",
+        ),
+    ] {
+        let said = refusal(as_agent.patch(&node, &params, &merge(patch)).await);
+        assert!(
+            said.starts_with("403") && said.contains(expected),
+            "{attack}: {said}"
+        );
+    }
+    let kept = as_admin.get(&node).await?;
+    let spec = kept.spec.unwrap_or_default();
+    assert_eq!(spec.unschedulable, Some(true), "the admin's cordon stays");
+    assert!(
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "dedicated"),
+        "the dedicated taint stays"
+    );
+
+    // Status: its own condition types (the detectors' and the configured custom check's), never
+    // the kubelet's Ready nor anything else there.
+    let condition = |type_: &str, status: &str| {
+        json!({"type": type_, "status": status, "reason": "E2E", "message": "e2e",
+               "lastHeartbeatTime": "2026-11-23T10:00:00Z", "lastTransitionTime": "2026-11-23T10:00:00Z"})
+    };
+    let apply = PatchParams::apply("nodeward-agent").force();
+    for type_ in ["KubeletProblem", "NTPProblem"] {
+        as_agent
+            .patch_status(
+                &node,
+                &apply,
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
+                    "status": {"conditions": [condition(type_, "False")]}})),
+            )
+            .await
+            .with_context(|| format!("writing its own condition {type_}"))?;
+    }
+    for (attack, status) in [
+        (
+            "the kubelet's Ready",
+            json!({"conditions": [condition("Ready", "False")]}),
+        ),
+        (
+            "another component's condition",
+            json!({"conditions": [condition("KernelDeadlock", "True")]}),
+        ),
+        ("its capacity", json!({"capacity": {"pods": "1000"}})),
+    ] {
+        let said = refusal(
+            as_agent
+                .patch_status(
+                    &node,
+                    &apply,
+                    &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": status})),
+                )
+                .await,
+        );
+        assert!(
+            said.starts_with("403")
+                && said.contains("may change only the conditions it writes (NetworkProblem,")
+                && said.contains("NTPProblem)"),
+            "{attack}: {said}"
+        );
+    }
+    as_admin
+        .patch(
+            &node,
+            &params,
+            &merge(json!({"spec": {"unschedulable": null, "taints": null}})),
+        )
+        .await?;
+    remove_chart(env, &documents).await
+}
+
+/// What an agent may create: a plain reboot of its own node under the pinned name.
+#[tokio::test]
+async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow::Result<()> {
+    let env = TestEnv::new("asks").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-asks-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let node = env.node_name(0);
+    let agent = agent_on(&env, &node).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(agent);
+    let maintenance = |name: &str, extra: Value| -> anyhow::Result<NodeMaintenance> {
+        let mut spec = json!({"nodeName": node, "reason": "Reboot", "action": "Reboot"});
+        if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
+            spec.extend(extra);
+        }
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+            "spec": spec,
+        }))?)
+    };
+    let said = wait::eventually(
+        "the policy to refuse a free name",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(
+                maintenances
+                    .create(&PostParams::default(), &maintenance("anything", json!({}))?)
+                    .await,
+            );
+            Ok(said.contains("may create only").then_some(said))
+        },
+    )
+    .await?;
+    assert!(
+        said.starts_with("403") && said.contains(&format!("may create only {node}-reboot-BOOTID")),
+        "{said}"
+    );
+    let pinned = format!("{node}-reboot-0a1b2c3d");
+    for (attack, name, extra, expected) in [
+        (
+            "a drain plan of its own",
+            pinned.as_str(),
+            json!({"drainPlan": {"stages": [{"name": "all", "timeout": "1s"}]}}),
+            "without a drainPlan",
+        ),
+        (
+            "a remediation, which skips the blockers",
+            pinned.as_str(),
+            json!({"reason": "Remediation"}),
+            "may ask only for Reboot maintenances",
+        ),
+    ] {
+        let said = refusal(
+            maintenances
+                .create(&PostParams::default(), &maintenance(name, extra)?)
+                .await,
+        );
+        assert!(
+            said.starts_with("403") && said.contains(expected),
+            "{attack}: {said}"
+        );
+    }
+    maintenances
+        .create(&PostParams::default(), &maintenance(&pinned, json!({}))?)
+        .await
+        .context("the pinned name")?;
+    // Pending is the coordinator's to leave: not to Draining, Acting or Succeeded.
+    for phase in ["Admitted", "Draining", "Acting", "Succeeded"] {
+        let said = refusal(
+            maintenances
+                .patch_status(
+                    &pinned,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"phase": phase}})),
+                )
+                .await,
+        );
+        assert!(
+            said.starts_with("403") && said.contains(&format!("from Pending to {phase}")),
+            "{phase}: {said}"
+        );
+    }
+    remove_chart(env, &documents).await
+}
+
 /// The chart's cluster-wide objects go (but the CRDs, which every test shares, as an uninstall
 /// keeps them); the namespace takes the rest.
 async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
@@ -682,6 +996,38 @@ async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
         api.delete(&name, &DeleteParams::default()).await?;
     }
     env.cleanup().await
+}
+
+#[test]
+fn the_admission_policy_lets_the_agent_write_its_detectors_conditions_and_the_configured_ones()
+-> anyhow::Result<()> {
+    let allowed = |documents: &[Value]| -> anyhow::Result<Vec<String>> {
+        let policy = find(documents, "ValidatingAdmissionPolicy")?;
+        let variable = policy["spec"]["variables"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "agentConditions"))
+            .context("the agentConditions variable")?;
+        let expression = variable["expression"].as_str().context("its expression")?;
+        Ok(serde_json::from_str(expression)?)
+    };
+    let defaults = render("nodeward", "nodeward-system", &[])?;
+    assert_eq!(
+        allowed(&defaults)?,
+        nodeward_api::conditions::node::WRITTEN_BY_AGENT
+    );
+    let dir = std::env::temp_dir().join(format!("nodeward-conditions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        "agent:\n  config:\n    detectors:\n      custom:\n      - {name: ntp, condition: NTPProblem, reason: Skew, command: [/bin/true]}\n      kernelLog:\n        patterns:\n        - {reason: Hung, regex: hung, condition: KernelDeadlock}\n        - {reason: Oops, regex: oops}\n",
+    )?;
+    let configured = render("nodeward", "nodeward-system", &[&values])?;
+    std::fs::remove_dir_all(&dir)?;
+    let mut expected: Vec<&str> = nodeward_api::conditions::node::WRITTEN_BY_AGENT.to_vec();
+    expected.extend(["NTPProblem", "KernelDeadlock"]);
+    assert_eq!(allowed(&configured)?, expected);
+    Ok(())
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! run alone, the first test starts one (minutes under software emulation).
 
 mod chart;
+mod host;
 mod kubelet;
 mod network;
 mod rolling;

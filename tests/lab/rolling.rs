@@ -1,6 +1,6 @@
 //! A rolling reboot by NodeMaintenance across the lab's VMs at the chart's default
-//! `maxConcurrent: 1`: each VM really reboots, never two at once, the health gate waits for the
-//! real kubelet's Ready, and all of them succeed.
+//! `maxConcurrent: 1`, one of them with its agent in host mode: each VM really reboots, never
+//! two at once, the health gate waits for the real kubelet's Ready, and all of them succeed.
 
 use std::time::Instant;
 
@@ -10,7 +10,7 @@ use kube::{
     Api, ResourceExt,
     api::{DeleteParams, PostParams},
 };
-use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{history, wait};
 use serde_json::json;
 
@@ -20,6 +20,10 @@ use crate::support::{Lab, REBOOT, TEST_LABEL};
 async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -> anyhow::Result<()>
 {
     let lab = Lab::get().await?;
+    // A mixed fleet: the last VM's agent runs in host mode (with its reboot gate), the others'
+    // as the chart's DaemonSet pods.
+    let host_mode = lab.lab.vms().pop().context("a VM")?;
+    lab.host_mode(&host_mode).await?;
     let names: Vec<String> = lab.lab.nodes.iter().map(|n| format!("roll-{n}")).collect();
     let ours = names.clone();
     let history = history::watch_where(&lab.client, move |m| ours.contains(&m.name_any()), "");
@@ -116,6 +120,18 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
         );
         per_node.push(succeeded.duration_since(admitted).as_secs_f64());
     }
+
+    let report = lab
+        .report(&host_mode.name)
+        .await?
+        .status
+        .unwrap_or_default();
+    assert_eq!(
+        report.mode,
+        Some(AgentMode::Host),
+        "{} was rebooted by its host-mode agent",
+        host_mode.name
+    );
 
     // Never two disrupted at once, in everything the API server showed.
     let seen = history.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -6,13 +6,17 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
-    core::v1::{Namespace, Node, Pod},
+    authentication::v1::TokenRequest,
+    core::v1::{Namespace, Node, Pod, ServiceAccount},
 };
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
-use nodeward_api::{NodeMaintenance, NodeReport, report::Finding};
+use nodeward_api::{
+    NodeMaintenance, NodeReport,
+    report::{AgentMode, Finding, NodeReportStatus},
+};
 use nodeward_e2e::{
     controlplane,
     helm::{self, run},
@@ -32,6 +36,16 @@ pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
 /// Marks the namespaces and maintenances lab tests create (deleted before the next test
 /// starts).
 pub const TEST_LABEL: &str = "nodelab.nodeward.io/test";
+/// Marks a node whose agent runs in host mode (the chart's agent is kept off it).
+pub const HOST_MODE_LABEL: &str = "nodelab.nodeward.io/host-mode";
+/// A host-mode agent's `/etc/nodeward/agent.yaml`: the lab's fast kubelet and peer detectors
+/// (as [`FAST_DETECTORS`]) and the reboot gate on.
+pub const HOST_AGENT_CONFIG: &str = "detectors:
+  kubelet: {interval: 5s, timeout: 5s, for: 10s}
+  peers: {interval: 5s, timeout: 5s, for: 10s}
+shutdownGuard:
+  rebootGate: true
+";
 /// The nftables table tests add rules to in a guest (deleted before the next test starts).
 pub const FIREWALL_TABLE: &str = "nodelab_test";
 
@@ -70,7 +84,7 @@ impl Lab {
     }
 
     /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running,
-    /// no test firewall table, no test maintenance or namespace.
+    /// no test firewall table, no host-mode agent, no test maintenance or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
         let maintenances: Api<NodeMaintenance> = Api::all(self.client.clone());
         let left = maintenances
@@ -84,14 +98,28 @@ impl Lab {
             })
             .await?;
         }
+        let nodes: Api<Node> = Api::all(self.client.clone());
         for vm in self.lab.vms() {
             vm.run_when_up(
                 &format!(
-                    "systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)"
+                    "systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
+                    if [ -e /etc/systemd/system/nodeward-agent.service ]; then
+                      systemctl disable --now nodeward-agent.service
+                      rm -rf /etc/systemd/system/nodeward-agent.service /usr/local/bin/nodeward-agent \
+                        /etc/nodeward /etc/polkit-1/rules.d/50-ops-reboot.rules
+                      systemctl daemon-reload
+                    fi"
                 ),
                 REBOOT,
             )
             .await?;
+            nodes
+                .patch(
+                    &vm.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: null}}})),
+                )
+                .await?;
         }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
@@ -129,6 +157,94 @@ impl Lab {
             .await?;
         }
         Ok(())
+    }
+
+    /// Runs `vm`'s agent in host mode, as the README installs it: the chart's agent pod leaves
+    /// the node (its affinity excludes [`HOST_MODE_LABEL`]), then the static binary from the
+    /// agent image, the shipped unit, a kubeconfig with a token of the agent's service account
+    /// bound to the Node, and [`HOST_AGENT_CONFIG`]; enabled and started. Returns the report
+    /// status once the host-mode agent has every detector's finding.
+    pub async fn host_mode(&self, vm: &Vm) -> anyhow::Result<NodeReportStatus> {
+        let node = vm.name.clone();
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        nodes
+            .patch(
+                &node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: "true"}}})),
+            )
+            .await?;
+        wait::eventually(
+            &format!("the chart's agent pod gone from {node}"),
+            REBOOT,
+            || async { Ok(agent_pod(&self.client, &node).await.is_err().then_some(())) },
+        )
+        .await?;
+
+        // The token names the node for the admission policy and dies with the Node.
+        let uid = nodes.get(&node).await?.uid().context("the Node's uid")?;
+        let request: TokenRequest = serde_json::from_value(json!({"spec": {
+            "audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 86400,
+            "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
+        }}))?;
+        let token = Api::<ServiceAccount>::namespaced(self.client.clone(), NAMESPACE)
+            .create_subresource::<TokenRequest, TokenRequest>(
+                "token",
+                &format!("{RELEASE}-agent"),
+                &PostParams::default(),
+                &request,
+            )
+            .await?
+            .status
+            .map(|s| s.token)
+            .context("a token")?;
+        let server = vm
+            .run("sed -n 's/^ *server: //p' /etc/kubernetes/kubelet.kubeconfig")
+            .await?;
+        let kubeconfig = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: /etc/kubernetes/pki/ca.crt\nusers:\n- name: agent\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: agent}}\ncurrent-context: lab\n",
+            server.trim()
+        );
+        let unit = std::fs::read(nodeward_e2e::repo_root().join("systemd/nodeward-agent.service"))?;
+        vm.run("install -d -m 0700 /etc/nodeward").await?;
+        vm.write_file("/etc/systemd/system/nodeward-agent.service", &unit)
+            .await?;
+        vm.write_file("/etc/nodeward/kubeconfig", kubeconfig.as_bytes())
+            .await?;
+        vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
+            .await?;
+        vm.run(
+            "set -e
+            chmod 0600 /etc/nodeward/kubeconfig
+            ref=$(ctr -n k8s.io images ls -q | grep '/nodeward-agent:' | head -n1)
+            mkdir -p /run/nodelab-agent-image
+            ctr -n k8s.io images mount \"$ref\" /run/nodelab-agent-image >/dev/null
+            install -m 0755 /run/nodelab-agent-image/nodeward-agent /usr/local/bin/nodeward-agent
+            ctr -n k8s.io images unmount /run/nodelab-agent-image >/dev/null
+            systemctl daemon-reload
+            systemctl enable --now nodeward-agent.service",
+        )
+        .await?;
+
+        let settled = wait::eventually(
+            &format!("{node}'s report from its host-mode agent"),
+            Duration::from_secs(300),
+            || async {
+                let status = self.report(&node).await?.status.unwrap_or_default();
+                let settled = status.mode == Some(AgentMode::Host)
+                    && status.findings.iter().any(|f| f.detector == "filesystem")
+                    && status.findings.iter().all(|f| f.status != "Unknown");
+                Ok(settled.then_some(status))
+            },
+        )
+        .await;
+        match settled {
+            Ok(status) => Ok(status),
+            Err(e) => {
+                let journal = vm.journal(&["nodeward-agent"], 60).await;
+                Err(e.context(format!("the agent's journal:\n{journal}")))
+            }
+        }
     }
 
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {
@@ -350,6 +466,11 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"}}}"#;
 
+/// The chart's agent stays off a node whose agent a test runs in host mode.
+const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
+    "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
+    {"matchExpressions":[{"key":"nodelab.nodeward.io/host-mode","operator":"DoesNotExist"}]}]}}}"#;
+
 /// The chart as users install it, once per test process (default values but for
 /// [`FAST_DETECTORS`]): the images were imported into every node's containerd under the names
 /// the chart uses.
@@ -366,7 +487,8 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
                     .args(["install", RELEASE])
                     .arg(helm::chart())
                     .args(["--namespace", NAMESPACE, "--create-namespace"])
-                    .args(["--set-json", FAST_DETECTORS]))?;
+                    .args(["--set-json", FAST_DETECTORS])
+                    .args(["--set-json", NOT_ON_HOST_MODE_NODES]))?;
             }
             let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
             wait::until(

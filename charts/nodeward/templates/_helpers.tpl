@@ -67,3 +67,19 @@ evictions.agent.nodeward.io
 {{- define "nodeward.image" -}}
 {{- printf "%s:%s" .image.repository (default .chart.AppVersion .image.tag) -}}
 {{- end -}}
+
+{{/*
+The Node condition types the agent writes, as a YAML list: its detectors' (nodeward_api's
+conditions::node::WRITTEN_BY_AGENT) and those the agent.config of these values adds.
+*/}}
+{{- define "nodeward.agent.conditionTypes" -}}
+{{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" }}
+{{- $detectors := (.Values.agent.config | default dict).detectors | default dict }}
+{{- range ($detectors.custom | default list) }}
+{{- $types = append $types .condition }}
+{{- end }}
+{{- range (($detectors.kernelLog | default dict).patterns | default list) }}
+{{- if .condition }}{{ $types = append $types .condition }}{{ end }}
+{{- end }}
+{{- $types | uniq | toYaml }}
+{{- end }}
