@@ -717,25 +717,40 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
     let merge = |patch: Value| Patch::Merge(patch);
     let params = PatchParams::default();
 
-    // Escalations: a control-plane or node-restriction label (workloads pinned there would come
-    // to this node), dropping a label an admin set, another annotation.
-    let said = wait::eventually(
-        "the policy to refuse a control-plane label",
+    // The policy in force (the API server loads it within seconds): another node is refused.
+    let other = env.node_name(1);
+    wait::eventually(
+        "the policy to refuse another node",
         Duration::from_secs(30),
         || async {
             let said = refusal(
                 as_agent
                     .patch(
-                        &node,
+                        &other,
                         &params,
-                        &merge(json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}})),
+                        &merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
                     )
                     .await,
             );
-            Ok(said.contains("may change only").then_some(said))
+            Ok(said.contains("may change only its own Node").then_some(()))
         },
     )
     .await?;
+
+    // Escalations: a control-plane or node-restriction label (workloads pinned there would come
+    // to this node), dropping a label an admin set, another annotation, a cordon or its record
+    // alone.
+    let said = refusal(
+        as_agent
+            .patch(
+                &node,
+                &params,
+                &merge(
+                    json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+                ),
+            )
+            .await,
+    );
     assert!(
         said.starts_with("403")
             && said.contains(&format!(
@@ -790,17 +805,28 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
         )
         .await
         .context("cordoning with the record")?;
-    as_agent
-        .patch(
-            &node,
-            &params,
-            &merge(json!({
-                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: null}},
-                "spec": {"unschedulable": null, "taints": null},
-            })),
-        )
-        .await
-        .context("undoing its cordon")?;
+    // Undone as the agent does (read, change, replace at that resourceVersion): its own taint
+    // only; the node controller's node.kubernetes.io/unschedulable is not the agent's.
+    let mut attempts = 0;
+    loop {
+        let mut current = as_agent.get(&node).await?;
+        if let Some(annotations) = current.metadata.annotations.as_mut() {
+            annotations.remove(CORDONED_BY_ANNOTATION);
+        }
+        let spec = current.spec.get_or_insert_with(Default::default);
+        spec.unschedulable = None;
+        if let Some(taints) = spec.taints.as_mut() {
+            taints.retain(|t| t.key != "nodeward.io/maintenance");
+        }
+        match as_agent
+            .replace(&node, &PostParams::default(), &current)
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
+            Err(e) => return Err(anyhow::Error::from(e).context("undoing its cordon")),
+        }
+    }
 
     // An admin's cordon and dedicated taint are not the agent's to lift, in one step or two.
     as_admin
