@@ -703,15 +703,22 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     remove_chart(env, &documents).await
 }
 
+/// The chart applied on two nodes of a new test environment, and a client acting as the agent
+/// on the first: the environment, the chart's documents, that node, the client.
+async fn chart_and_agent(prefix: &str) -> anyhow::Result<(TestEnv, Vec<Value>, String, Client)> {
+    let env = TestEnv::new(prefix).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-{prefix}-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let node = env.node_name(0);
+    let agent = agent_on(&env, &node).await?;
+    Ok((env, documents, node, agent))
+}
+
 /// Attacks by one node's agent identity (a token read from the agent's pod on that node) on its
 /// own Node, and the writes the agent itself makes, through the chart's admission policy.
 #[tokio::test]
 async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Result<()> {
-    let env = TestEnv::new("ownnode").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-ownnode-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
-    let node = env.node_name(0);
-    let agent = agent_on(&env, &node).await?;
+    let (env, documents, node, agent) = chart_and_agent("ownnode").await?;
     let as_agent: Api<Node> = Api::all(agent.clone());
     let as_admin: Api<Node> = Api::all(env.client.clone());
     let merge = |patch: Value| Patch::Merge(patch);
@@ -929,11 +936,7 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
 /// What an agent may create: a plain reboot of its own node under the pinned name.
 #[tokio::test]
 async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow::Result<()> {
-    let env = TestEnv::new("asks").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-asks-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
-    let node = env.node_name(0);
-    let agent = agent_on(&env, &node).await?;
+    let (env, documents, node, agent) = chart_and_agent("asks").await?;
     let maintenances: Api<NodeMaintenance> = Api::all(agent);
     let maintenance = |name: &str, extra: Value| -> anyhow::Result<NodeMaintenance> {
         let mut spec = json!({"nodeName": node, "reason": "Reboot", "action": "Reboot"});

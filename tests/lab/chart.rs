@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
-    authentication::v1::TokenRequest,
-    core::v1::{Node, Pod, ServiceAccount},
+    core::v1::{Node, Pod},
 };
 use kube::{
     Api, ResourceExt,
@@ -16,7 +15,7 @@ use nodeward_api::report::AgentMode;
 use nodeward_e2e::{Identity, controlplane::client_as, wait};
 use serde_json::json;
 
-use crate::support::{self, Lab, NAMESPACE, RELEASE};
+use crate::support::{self, Lab, RELEASE};
 
 /// The conditions the chart's agent writes on a real node, each of which a healthy node must
 /// have False (the filesystem and kernel-log detectors are off in a pod: host mode runs them).
@@ -48,12 +47,7 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         .await?;
         let status = report.status.unwrap_or_default();
         assert_eq!(status.mode, Some(AgentMode::DaemonSet), "{}", vm.name);
-        let problems: Vec<String> = status
-            .findings
-            .iter()
-            .filter(|f| f.status == "True")
-            .map(|f| format!("{} {} {}: {}", f.detector, f.type_, f.reason, f.message))
-            .collect();
+        let problems = support::problems(&status.findings);
         assert!(problems.is_empty(), "{}: {problems:?}", vm.name);
         let node = nodes.get(&vm.name).await?;
         for type_ in PROBLEM_TYPES {
@@ -116,21 +110,12 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
     let on_one = lab.running(&namespace, "app=on-one", 1).await?.remove(0);
     let on_two = lab.running(&namespace, "app=on-two", 1).await?.remove(0);
     let agent_pod = support::agent_pod(&lab.client, one).await?;
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {
-        "audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600,
-        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": agent_pod.name_any(), "uid": agent_pod.uid()},
-    }}))?;
-    let token = Api::<ServiceAccount>::namespaced(lab.client.clone(), NAMESPACE)
-        .create_subresource::<TokenRequest, TokenRequest>(
-            "token",
-            &format!("{RELEASE}-agent"),
-            &PostParams::default(),
-            &request,
-        )
-        .await?
-        .status
-        .map(|s| s.token)
-        .unwrap_or_default();
+    let token = support::agent_token(
+        &lab.client,
+        json!({"apiVersion": "v1", "kind": "Pod", "name": agent_pod.name_any(), "uid": agent_pod.uid()}),
+        600,
+    )
+    .await?;
     let as_agent: Api<Pod> = Api::namespaced(client_as(Identity::Token(token)).await?, &namespace);
     let dry_run = EvictParams {
         post_options: PostParams {

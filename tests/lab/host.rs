@@ -16,7 +16,7 @@ use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::wait;
 use serde_json::json;
 
-use crate::support::{Lab, REBOOT, TEST_LABEL};
+use crate::support::{self, Lab, REBOOT, TEST_LABEL};
 
 /// A user polkit lets reboot the machine (with others logged in), but not past an inhibitor.
 const OPERATOR_RULE: &str = r#"polkit.addRule(function(action, subject) {
@@ -68,12 +68,7 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
 
     // Host mode as the README installs it, with the reboot gate on.
     let report = lab.host_mode(&vm).await?;
-    let problems: Vec<String> = report
-        .findings
-        .iter()
-        .filter(|f| f.status == "True")
-        .map(|f| format!("{} {} {}: {}", f.detector, f.type_, f.reason, f.message))
-        .collect();
+    let problems = support::problems(&report.findings);
     assert!(problems.is_empty(), "{node}: {problems:?}");
     for detector in [
         "filesystem",

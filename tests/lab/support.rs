@@ -183,21 +183,12 @@ impl Lab {
 
         // The token names the node for the admission policy and dies with the Node.
         let uid = nodes.get(&node).await?.uid().context("the Node's uid")?;
-        let request: TokenRequest = serde_json::from_value(json!({"spec": {
-            "audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 86400,
-            "boundObjectRef": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid},
-        }}))?;
-        let token = Api::<ServiceAccount>::namespaced(self.client.clone(), NAMESPACE)
-            .create_subresource::<TokenRequest, TokenRequest>(
-                "token",
-                &format!("{RELEASE}-agent"),
-                &PostParams::default(),
-                &request,
-            )
-            .await?
-            .status
-            .map(|s| s.token)
-            .context("a token")?;
+        let token = agent_token(
+            &self.client,
+            json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}),
+            86400,
+        )
+        .await?;
         let server = vm
             .run("sed -n 's/^ *server: //p' /etc/kubernetes/kubelet.kubeconfig")
             .await?;
@@ -506,6 +497,35 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
         })
         .await?;
     Ok(())
+}
+
+/// A token of the chart's agent service account bound to `object` (a reference with apiVersion,
+/// kind, name and uid): what the agent on that object's node holds.
+pub async fn agent_token(client: &Client, object: Value, seconds: i64) -> anyhow::Result<String> {
+    let request: TokenRequest = serde_json::from_value(json!({"spec": {
+        "audiences": ["https://kubernetes.default.svc"], "expirationSeconds": seconds,
+        "boundObjectRef": object,
+    }}))?;
+    Api::<ServiceAccount>::namespaced(client.clone(), NAMESPACE)
+        .create_subresource::<TokenRequest, TokenRequest>(
+            "token",
+            &format!("{RELEASE}-agent"),
+            &PostParams::default(),
+            &request,
+        )
+        .await?
+        .status
+        .map(|s| s.token)
+        .context("a token for the agent's service account")
+}
+
+/// The findings that say a problem, one line each.
+pub fn problems(findings: &[Finding]) -> Vec<String> {
+    findings
+        .iter()
+        .filter(|f| f.status == "True")
+        .map(|f| format!("{} {} {}: {}", f.detector, f.type_, f.reason, f.message))
+        .collect()
 }
 
 /// The agent pod on `node`.
