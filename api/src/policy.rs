@@ -168,6 +168,21 @@ pub struct RebootBlockers {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub pod_selectors: Vec<LabelSelector>,
+    /// Only pods in these namespaces block (with `namespaceSelector`: in both). Unset, pods in
+    /// every namespace do, so anyone who may label a pod on a node can hold its reboot: scope
+    /// the selectors to the namespaces you trust.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(min = 1, max = 63),
+            regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+        )
+    )]
+    pub namespaces: Vec<String>,
+    /// Only pods in namespaces whose labels match this block (with `namespaces`: in both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
     /// Firing Prometheus alerts that block every reboot in scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prometheus: Option<PrometheusBlocker>,

@@ -8,12 +8,12 @@
 //! disruption is never admitted on a check that could not be made.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
@@ -98,6 +98,23 @@ pub fn by_labels(nodes: &[Arc<Node>]) -> impl Fn(&DisruptionPolicy, &str) -> Opt
                 .as_ref()
                 .is_none_or(|s| nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)),
         )
+    }
+}
+
+/// The namespaces whose pods may block: those `listed` (all when none are) that the namespace
+/// selector `selected` (all when it is not set). `None`: every namespace.
+pub fn in_scope(listed: &[String], selected: Option<BTreeSet<String>>) -> Option<BTreeSet<String>> {
+    match (listed.is_empty(), selected) {
+        (true, None) => None,
+        (false, None) => Some(listed.iter().cloned().collect()),
+        (true, Some(selected)) => Some(selected),
+        (false, Some(selected)) => Some(
+            listed
+                .iter()
+                .filter(|n| selected.contains(*n))
+                .cloned()
+                .collect(),
+        ),
     }
 }
 
@@ -230,6 +247,19 @@ impl Lookups {
     }
 
     async fn why_blocked(&mut self, lookup: &Lookup) -> Option<String> {
+        let scope = if lookup.blockers.pod_selectors.is_empty() {
+            None
+        } else {
+            match self.namespace_scope(&lookup.blockers).await {
+                Ok(scope) => scope,
+                Err(e) => {
+                    return Some(format!(
+                        "cannot check rebootBlockers.namespaceSelector of policy {}: {e}",
+                        lookup.policy
+                    ));
+                }
+            }
+        };
         for (index, selector) in lookup.blockers.pod_selectors.iter().enumerate() {
             let field = format!(
                 "rebootBlockers.podSelectors[{index}] of policy {}",
@@ -239,7 +269,9 @@ impl Lookups {
             let found = match self.pods.get(&key) {
                 Some((_, found)) => found.clone(),
                 None => {
-                    let found = self.blocking_pod(&lookup.node, selector).await;
+                    let found = self
+                        .blocking_pod(&lookup.node, selector, scope.as_ref())
+                        .await;
                     self.pods.insert(key, (Instant::now(), found.clone()));
                     found
                 }
@@ -281,27 +313,55 @@ impl Lookups {
         }
     }
 
-    /// The first running pod on `node` that matches `selector`, as namespace/name.
+    /// The namespaces whose pods may block under `blockers` (`None`: every namespace).
+    async fn namespace_scope(
+        &self,
+        blockers: &RebootBlockers,
+    ) -> Result<Option<BTreeSet<String>>, String> {
+        let Some(selector) = &blockers.namespace_selector else {
+            return Ok(in_scope(&blockers.namespaces, None));
+        };
+        let selector = Selector::try_from(selector.clone()).map_err(|e| e.to_string())?;
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let params = ListParams::default().labels_from(&selector);
+        let selected =
+            match tokio::time::timeout(LOOKUP_TIMEOUT, namespaces.list_metadata(&params)).await {
+                Err(_) => {
+                    return Err(format!(
+                        "listing namespaces timed out after {LOOKUP_TIMEOUT:?}"
+                    ));
+                }
+                Ok(Err(e)) => return Err(format!("listing namespaces: {e}")),
+                Ok(Ok(list)) => list.items.iter().map(|n| n.name_any()).collect(),
+            };
+        Ok(in_scope(&blockers.namespaces, Some(selected)))
+    }
+
+    /// The first running pod on `node` that matches `selector` in a namespace of `scope`, as
+    /// namespace/name.
     async fn blocking_pod(
         &self,
         node: &str,
         selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+        scope: Option<&BTreeSet<String>>,
     ) -> Result<Option<String>, String> {
         let selector = Selector::try_from(selector.clone()).map_err(|e| e.to_string())?;
+        // Every match on the node (a handful), since some may be out of scope.
         let params = ListParams::default()
             .fields(&format!(
                 "spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed"
             ))
-            .labels_from(&selector)
-            .limit(1);
+            .labels_from(&selector);
         let pods: Api<Pod> = Api::all(self.client.clone());
         match tokio::time::timeout(LOOKUP_TIMEOUT, pods.list_metadata(&params)).await {
             Err(_) => Err(format!("listing pods timed out after {LOOKUP_TIMEOUT:?}")),
             Ok(Err(e)) => Err(format!("listing pods: {e}")),
             Ok(Ok(list)) => Ok(list
                 .items
-                .first()
-                .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))),
+                .iter()
+                .map(|p| (p.namespace().unwrap_or_default(), p.name_any()))
+                .find(|(namespace, _)| scope.is_none_or(|s| s.contains(namespace)))
+                .map(|(namespace, name)| format!("{namespace}/{name}"))),
         }
     }
 }
@@ -335,6 +395,25 @@ mod tests {
 
     use super::*;
     use crate::round::Objects;
+
+    #[test]
+    fn pods_block_in_the_listed_namespaces_that_the_selector_also_takes() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        let listed = vec!["ops".to_owned(), "batch".to_owned()];
+        assert_eq!(in_scope(&[], None), None, "unscoped: every namespace");
+        assert_eq!(in_scope(&listed, None), Some(set(&["ops", "batch"])));
+        assert_eq!(in_scope(&[], Some(set(&["ops"]))), Some(set(&["ops"])));
+        assert_eq!(
+            in_scope(&listed, Some(set(&["ops", "tenant-a"]))),
+            Some(set(&["ops"])),
+            "both must take it"
+        );
+        assert_eq!(
+            in_scope(&[], Some(set(&[]))),
+            Some(set(&[])),
+            "a selector matching nothing"
+        );
+    }
 
     const REPLY: &str = r#"{"status":"success","data":{"alerts":[
         {"labels":{"alertname":"KubeNodeNotReady","severity":"warning"},"state":"firing","activeAt":"2026-11-21T10:00:00Z","value":"1e+00"},

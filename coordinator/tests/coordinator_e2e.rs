@@ -768,6 +768,65 @@ fn alerts(list: &[(&str, &str)]) -> String {
 /// Prometheus itself does not run here): a firing alert blocks the policy's scope, an
 /// ignored or pending one does not, an unreachable Prometheus blocks; a pod matching a
 /// blocking selector holds its node back until it is gone.
+/// A tenant who may create pods cannot hold reboots by labelling one like a blocker: blockers
+/// scoped to trusted namespaces ignore pods elsewhere.
+#[tokio::test]
+async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("tenant").await?;
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
+        .await?;
+    let trusted = format!("{}-trusted", env.id);
+    let policy = create_policy(
+        &env,
+        "tenant",
+        json!({"maxConcurrent": 2, "rebootBlockers": {
+            "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+            "namespaceSelector": {"matchLabels": {"e2e.nodeward.io/trusted": trusted}},
+        }}),
+    )
+    .await?;
+    let labels = BTreeMap::from([("e2e-blocks-reboot".to_owned(), "true".to_owned())]);
+    let options = nodeward_e2e::PodOptions {
+        labels,
+        ..Default::default()
+    };
+    // The tenant's pod (the test namespace is not trusted) on the first node.
+    env.replicaset("tenant", &env.node_name(0), 1, &options)
+        .await?;
+    env.running_pods("tenant", 1).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    wait_admitted(&env, &first, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+
+    // The same pod in a trusted namespace blocks the second node, and is named.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    namespaces
+        .patch(
+            &env.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"e2e.nodeward.io/trusted": trusted}}})),
+        )
+        .await?;
+    env.replicaset("batch", &env.node_name(1), 1, &options)
+        .await?;
+    let pod = env.running_pods("batch", 1).await?.remove(0);
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    let message = wait_denied(&env, &second, "Blocked").await?;
+    assert!(
+        message.contains(&format!(
+            "pod {}/{} matches rebootBlockers.podSelectors[0] of policy {policy}",
+            env.namespace,
+            pod.name_any()
+        )),
+        "{message}"
+    );
+    env.cleanup().await
+}
+
 #[tokio::test]
 async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
