@@ -242,14 +242,19 @@ NODEWARD_NODELAB_IMAGE=$image
 EOF
 
 # --- wait for every node to be Ready -----------------------------------------------------------
-node_ready() {
-  curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
-    "$NODEWARD_API_SERVER/api/v1/nodes/$1" 2>/dev/null | tr -d ' \n' |
-    grep -q '"type":"Ready","status":"True"'
+# Ready, and reporting its address on the lab network (a node whose lab NIC came up
+# unconfigured is Ready too, but no peer or pod on another node can reach it).
+node_ready() { # name, lab address
+  local node
+  node=$(curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+    "$NODEWARD_API_SERVER/api/v1/nodes/$1" 2>/dev/null | tr -d ' \n')
+  grep -q '"type":"Ready","status":"True"' <<<"$node" &&
+    grep -q "\"address\":\"$2\"" <<<"$node"
 }
-deadline=$(($(date +%s) + ${NODEWARD_NODELAB_BOOT_TIMEOUT:-900}))
-for name in "${names[@]}"; do
-  until node_ready "$name"; do
+deadline=$(($(date +%s) + ${NODEWARD_NODELAB_BOOT_TIMEOUT:-1800}))
+for ((i = 1; i <= nodes; i++)); do
+  name="lab$i"
+  until node_ready "$name" "$lab_net.$((10 + i))"; do
     if [ "$(date +%s)" -gt "$deadline" ]; then
       log "$name is not Ready in time; the end of its console:"
       tail -n 40 "$state/$name/console.log" >&2 || true
