@@ -83,9 +83,9 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
         );
         let status = done.status.clone().unwrap_or_default();
         assert_eq!(
-            status.boot_id.as_deref(),
-            Some(now.as_str()),
-            "{}: the boot it verified",
+            status.boot_id.as_ref(),
+            Some(boot),
+            "{}: the boot it rebooted from",
             vm.name
         );
         // The health gate waited for the real kubelet: Succeeded after the node became Ready

@@ -223,7 +223,9 @@ impl Lab {
             || async {
                 let status = self.report(&node).await?.status.unwrap_or_default();
                 let settled = status.mode == Some(AgentMode::Host)
-                    && status.findings.iter().any(|f| f.detector == "filesystem")
+                    && ["filesystem", "kubelet", "peers", "apiserver"]
+                        .iter()
+                        .all(|d| status.findings.iter().any(|f| f.detector == *d))
                     && status.findings.iter().all(|f| f.status != "Unknown");
                 Ok(settled.then_some(status))
             },
@@ -351,19 +353,15 @@ impl Lab {
         count: usize,
     ) -> anyhow::Result<Vec<Pod>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        wait::eventually(
-            &format!("{count} pods {labels} Ready"),
-            Duration::from_secs(300),
-            || async {
-                let list = pods.list(&ListParams::default().labels(labels)).await?;
-                let ready: Vec<Pod> = list
-                    .items
-                    .into_iter()
-                    .filter(|p| wait::condition_status(p, "Ready").as_deref() == Some("True"))
-                    .collect();
-                Ok((ready.len() >= count).then_some(ready))
-            },
-        )
+        wait::eventually(&format!("{count} pods {labels} Ready"), REBOOT, || async {
+            let list = pods.list(&ListParams::default().labels(labels)).await?;
+            let ready: Vec<Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| wait::condition_status(p, "Ready").as_deref() == Some("True"))
+                .collect();
+            Ok((ready.len() >= count).then_some(ready))
+        })
         .await
     }
 }

@@ -198,9 +198,9 @@ curl -fsS -o /dev/null --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pk
     "$NODEWARD_API_SERVER/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
 # --- the VMs ----------------------------------------------------------------------------------
-# KVM is present on these machines but a KVM guest did not progress: software emulation. One
-# vCPU each: three VMs share two cores, and a second vCPU made boots slower (a guest spinning on
-# a lock whose holder the host has not scheduled), 314 s against 248 s for the lab to be Ready.
+# KVM is present on these machines but a KVM guest did not progress: software emulation. Two
+# vCPUs each: with one the lab booted faster (248 s against 314 s) but a node then took over
+# five minutes to start a handful of pods.
 accel=tcg,thread=multi
 run_vm() { # index: runs the VM, powers it on again when asked, until the lab stops
   local i=$1 name="lab$1" dir="$state/lab$1"
@@ -209,7 +209,7 @@ run_vm() { # index: runs the VM, powers it on again when asked, until the lab st
   while [ ! -e "$state/stopping" ]; do
     rm -f "$dir/power-on"
     echo "$(date +%s) start" >>"$dir/power.log"
-    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -m 1536 -smp 1 \
+    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -m 1536 -smp 2 \
       -nographic -no-user-config -nodefaults \
       -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
       -append "root=/dev/vda rw console=ttyS0 loglevel=4 systemd.show_status=auto" \

@@ -231,17 +231,25 @@ impl Vm {
         let lock = agent_lock(&self.dir);
         let _turn = lock.lock().await;
         let result = async {
-            let mut agent = GuestAgent::connect(&self.socket(), timeout).await?;
-            let started = agent
-                .call(
-                    json!({"execute": "guest-exec", "arguments": {
-                        "path": "/bin/sh", "arg": ["-c", script], "capture-output": true}}),
-                    Duration::from_secs(30),
-                )
-                .await?;
-            let pid = started["pid"]
-                .as_i64()
-                .context("guest-exec returned no pid")?;
+            // A busy guest's agent now and then answers guest-exec without a pid (seen under
+            // software emulation with one vCPU): a fresh connection and a second try do.
+            let mut attempt = 0;
+            let (mut agent, pid) = loop {
+                attempt += 1;
+                let mut agent = GuestAgent::connect(&self.socket(), timeout).await?;
+                let started = agent
+                    .call(
+                        json!({"execute": "guest-exec", "arguments": {
+                            "path": "/bin/sh", "arg": ["-c", script], "capture-output": true}}),
+                        Duration::from_secs(30),
+                    )
+                    .await?;
+                match started["pid"].as_i64() {
+                    Some(pid) => break (agent, pid),
+                    None if attempt < 3 => tokio::time::sleep(Duration::from_secs(1)).await,
+                    None => anyhow::bail!("guest-exec returned no pid: {started}"),
+                }
+            };
             let deadline = tokio::time::Instant::now() + timeout;
             loop {
                 let status = agent
