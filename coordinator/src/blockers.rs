@@ -247,19 +247,7 @@ impl Lookups {
     }
 
     async fn why_blocked(&mut self, lookup: &Lookup) -> Option<String> {
-        let scope = if lookup.blockers.pod_selectors.is_empty() {
-            None
-        } else {
-            match self.namespace_scope(&lookup.blockers).await {
-                Ok(scope) => scope,
-                Err(e) => {
-                    return Some(format!(
-                        "cannot check rebootBlockers.namespaceSelector of policy {}: {e}",
-                        lookup.policy
-                    ));
-                }
-            }
-        };
+        let mut scope = None;
         for (index, selector) in lookup.blockers.pod_selectors.iter().enumerate() {
             let field = format!(
                 "rebootBlockers.podSelectors[{index}] of policy {}",
@@ -269,9 +257,22 @@ impl Lookups {
             let found = match self.pods.get(&key) {
                 Some((_, found)) => found.clone(),
                 None => {
-                    let found = self
-                        .blocking_pod(&lookup.node, selector, scope.as_ref())
-                        .await;
+                    // Looked up with the pods (never reused across lookups: a namespace that
+                    // just became trusted must count at once), and only when they are.
+                    if scope.is_none() {
+                        scope = Some(self.namespace_scope(&lookup.blockers).await);
+                    }
+                    let namespaces = match &scope {
+                        Some(Ok(namespaces)) => namespaces.as_ref(),
+                        None => None,
+                        Some(Err(e)) => {
+                            return Some(format!(
+                                "cannot check rebootBlockers.namespaceSelector of policy {}: {e}",
+                                lookup.policy
+                            ));
+                        }
+                    };
+                    let found = self.blocking_pod(&lookup.node, selector, namespaces).await;
                     self.pods.insert(key, (Instant::now(), found.clone()));
                     found
                 }

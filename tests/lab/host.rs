@@ -8,15 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api,
-    api::{DeleteParams, PostParams},
-};
+use kube::{Api, api::DeleteParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::wait;
-use serde_json::json;
 
-use crate::support::{self, Lab, REBOOT, TEST_LABEL};
+use crate::support::{self, Lab, REBOOT};
 
 /// A user polkit lets reboot the machine (with others logged in), but not past an inhibitor.
 const OPERATOR_RULE: &str = r#"polkit.addRule(function(action, subject) {
@@ -95,15 +91,8 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
     );
 
     // The gate: a block lock while nothing is admitted; the operator's reboot is refused.
-    let locks = vm
-        .run("systemd-inhibit --list --no-pager --no-legend")
-        .await?;
-    assert!(
-        locks
-            .lines()
-            .any(|l| l.contains("nodeward") && l.contains("block")),
-        "{locks}"
-    );
+    let locks = support::nodeward_locks(&vm).await?;
+    assert!(locks.iter().any(|l| l.contains("block")), "{locks:?}");
     let can = vm.run(OPS_CAN_REBOOT).await?;
     assert_eq!(can.trim(), "s \"no\"", "the gate leaves ops no reboot");
     let boot = vm.boot_id().await?;
@@ -118,13 +107,7 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
     // and the node is back in service.
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let name = format!("{node}-host-mode-drain");
-    let maintenance: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly", "requestedBy": "nodelab"},
-    }))?;
-    maintenances
-        .create(&PostParams::default(), &maintenance)
+    lab.create_maintenance(&name, &node, "Manual", "DrainOnly")
         .await?;
     wait::until(&maintenances, &name, "drained (Acting)", REBOOT, |m| {
         m.and_then(|m| m.status.as_ref())

@@ -6,15 +6,11 @@ use std::time::Instant;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, ResourceExt,
-    api::{DeleteParams, PostParams},
-};
+use kube::{Api, ResourceExt, api::DeleteParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{history, wait};
-use serde_json::json;
 
-use crate::support::{Lab, REBOOT, TEST_LABEL};
+use crate::support::{Lab, REBOOT};
 
 #[tokio::test]
 async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -> anyhow::Result<()>
@@ -34,13 +30,7 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
     }
     let started = Instant::now();
     for (node, name) in lab.lab.nodes.iter().zip(&names) {
-        let maintenance: NodeMaintenance = serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
-            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodelab"},
-        }))?;
-        maintenances
-            .create(&PostParams::default(), &maintenance)
+        lab.create_maintenance(name, node, "Reboot", "Reboot")
             .await?;
     }
     let per_node_limit = REBOOT * (names.len() as u32);

@@ -240,6 +240,27 @@ impl Lab {
         }
     }
 
+    /// Creates the maintenance `name` of `node` (labelled as a test's, so that the next test's
+    /// reset removes it), as an operator asking for `reason` and `action`.
+    pub async fn create_maintenance(
+        &self,
+        name: &str,
+        node: &str,
+        reason: &str,
+        action: &str,
+    ) -> anyhow::Result<()> {
+        let maintenance: NodeMaintenance = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
+            "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "nodelab"},
+        }))?;
+        Api::<NodeMaintenance>::all(self.client.clone())
+            .create(&PostParams::default(), &maintenance)
+            .await
+            .with_context(|| format!("creating maintenance {name}"))?;
+        Ok(())
+    }
+
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {
         Ok(Api::<NodeReport>::all(self.client.clone())
             .get(node)
@@ -495,6 +516,19 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
         })
         .await?;
     Ok(())
+}
+
+/// nodeward's logind inhibitor locks in `vm`, one `systemd-inhibit --list` line each (who, uid,
+/// user, pid, command, what, why, mode).
+pub async fn nodeward_locks(vm: &Vm) -> anyhow::Result<Vec<String>> {
+    let listed = vm
+        .run("systemd-inhibit --list --no-pager --no-legend")
+        .await?;
+    Ok(listed
+        .lines()
+        .filter(|l| l.contains("nodeward"))
+        .map(str::to_owned)
+        .collect())
 }
 
 /// A token of the chart's agent service account bound to `object` (a reference with apiVersion,
