@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod notify;
 pub mod pause;
 pub mod peers;
+pub mod reaper;
 pub mod report;
 pub mod runner;
 pub mod shutdown;

@@ -17,7 +17,10 @@ use nodeward_agent::{
     server::{self, Readiness},
 };
 use nodeward_api::report::AgentMode;
-use nodeward_runtime::telemetry::{self, LogFormat};
+use nodeward_runtime::{
+    listener::Limits,
+    telemetry::{self, LogFormat},
+};
 
 /// nodeward's node agent.
 #[derive(Parser)]
@@ -253,10 +256,22 @@ async fn run(
         boot_id: boot_id.clone(),
     };
     let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
-    let (bound, serving) = server::serve(listen, metrics.encoder(), readiness.clone()).await?;
+    let (bound, serving) = server::serve(
+        listen,
+        metrics.encoder(),
+        readiness.clone(),
+        Limits::default(),
+    )
+    .await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
+    if nodeward_agent::reaper::receives_orphans() {
+        // PID 1 of its container: what checks leave behind is re-parented to the agent.
+        tasks.spawn(nodeward_agent::reaper::reap(
+            std::time::Duration::from_secs(10),
+        ));
+    }
     let cluster = Cluster {
         client: client.clone(),
         node_name: node_name.clone(),

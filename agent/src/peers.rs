@@ -19,6 +19,7 @@ use tokio::{
 
 use crate::{Error, backoff::Backoff};
 use nodeward_api::labels::{AGENT_FIELD_MANAGER, AGENT_LABEL};
+use nodeward_runtime::listener::{self, Limits};
 
 /// The probe protocols.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
@@ -64,14 +65,8 @@ pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
         }
     };
     Ok(async move {
-        let tcp_loop = async {
-            loop {
-                let Ok((stream, _)) = tcp.accept().await else {
-                    continue;
-                };
-                tokio::spawn(answer_tcp(stream));
-            }
-        };
+        // Each probe connection gets 5 s to send its line (answer_tcp).
+        let tcp_loop = listener::accept(tcp, Limits::default(), |stream, _| answer_tcp(stream));
         let udp_loop = async {
             let mut buffer = [0u8; MAX_PROBE];
             loop {

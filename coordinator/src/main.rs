@@ -9,6 +9,7 @@ use nodeward_coordinator::{
     status, webhook,
 };
 use nodeward_runtime::{
+    listener::Limits,
     server::{self, Readiness},
     telemetry::{self, LogFormat},
 };
@@ -201,7 +202,13 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     let identity = run.identity.clone().unwrap_or_else(default_identity);
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::new(&[nodeward_coordinator::controller::SYNCED]));
-    let (bound, serving) = server::serve(run.listen, metrics.encoder(), readiness.clone()).await?;
+    let (bound, serving) = server::serve(
+        run.listen,
+        metrics.encoder(),
+        readiness.clone(),
+        Limits::default(),
+    )
+    .await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(serving);
@@ -240,7 +247,7 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
             ));
         }
         let acceptor = webhook::acceptor(serving).map_err(Error::Webhook)?;
-        let (bound, serving) = webhook::serve(address, acceptor, client.clone())
+        let (bound, serving) = webhook::serve(address, acceptor, client.clone(), Limits::default())
             .await
             .map_err(Error::Webhook)?;
         tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");

@@ -1,9 +1,10 @@
 //! What nodeward's daemons (agent and coordinator) share: the API client setup, the
-//! `/healthz` `/readyz` `/metrics` server, logging, backoff with jitter, and the stop signal.
+//! `/healthz` `/readyz` `/metrics` server and the limits of every listener, logging, backoff with jitter, and the stop signal.
 
 pub mod backoff;
 pub mod client;
 pub mod http;
+pub mod listener;
 pub mod server;
 pub mod telemetry;
 pub mod watch;

@@ -14,7 +14,10 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::Error;
+use crate::{
+    Error,
+    listener::{self, Limits},
+};
 
 /// Whether the daemon is ready: each gate given at the start must be passed. `/readyz` names
 /// the gates still closed.
@@ -63,12 +66,13 @@ impl Readiness {
 /// Renders the metrics in the OpenMetrics text format.
 pub type Encode = Arc<dyn Fn() -> String + Send + Sync>;
 
-/// Binds `address` and serves until the task is dropped. Returns the bound address (useful
-/// with port 0).
+/// Binds `address` and serves until the task is dropped, within `limits`. Returns the bound
+/// address (useful with port 0).
 pub async fn serve(
     address: SocketAddr,
     metrics: Encode,
     readiness: Arc<Readiness>,
+    limits: Limits,
 ) -> Result<(SocketAddr, impl Future<Output = ()>), Error> {
     let listener = TcpListener::bind(address)
         .await
@@ -76,24 +80,19 @@ pub async fn serve(
     let bound = listener
         .local_addr()
         .map_err(|e| Error::Serve(e.to_string()))?;
-    let serving = async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let metrics = metrics.clone();
-            let readiness = readiness.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |request: Request<Incoming>| {
-                    let response = route(request.uri().path(), &metrics, &readiness);
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
+    let http = limits.http1();
+    let serving = listener::accept(listener, limits, move |stream, _| {
+        let metrics = metrics.clone();
+        let readiness = readiness.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let response = route(request.uri().path(), &metrics, &readiness);
+            async move { Ok::<_, Infallible>(response) }
+        });
+        let connection = http.serve_connection(TokioIo::new(stream), service);
+        async move {
+            let _ = connection.await;
         }
-    };
+    });
     Ok((bound, serving))
 }
 

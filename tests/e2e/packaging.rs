@@ -30,7 +30,9 @@ use nodeward_e2e::{
     daemon::sibling_binary,
     env::TEST_LABEL,
     helm::{adopt_crds, binary as helm, chart, run},
-    repo_root, wait,
+    repo_root,
+    siege::Siege,
+    wait,
 };
 use serde_json::{Value, json};
 
@@ -1134,13 +1136,7 @@ async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_re
     let on_a = env.running_pods("on-a", 1).await?.remove(0);
     let on_b = env.running_pods("on-b", 1).await?.remove(0);
     let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
-    let dry_run = kube::api::EvictParams {
-        post_options: PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        },
-        ..Default::default()
-    };
+    let dry_run = dry_run_eviction();
 
     let pid = webhook.coordinator.child.id();
     let (mut serving, mut issuers, mut bundles) = (
@@ -1232,6 +1228,131 @@ async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_re
     );
     drop(webhook);
     remove_chart(env, &documents).await
+}
+
+/// Connections a neighbour opens and never finishes: per listener, those over the limits on
+/// connections from one address are closed at once, the rest when their deadline passes.
+const SIEGE: usize = 1000;
+/// `Limits::default()`: connections held at once from one address, and the deadline for a
+/// request's headers and for a TLS handshake.
+const HELD_PER_ADDRESS: usize = 64;
+const DEADLINE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_thousand_stalled_connections_exhaust_neither_the_webhook_nor_the_health_port()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("siege").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-siege-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let agent = agent_on(&env, &node_a).await?;
+    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
+    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
+    webhook.wait_ca_bundle(&env).await?;
+    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
+        .await?;
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
+    let dry_run = dry_run_eviction();
+    // The webhook answers (it refuses the agent on A a pod on B) before the siege.
+    let refused = || async { refusal(pods.evict(&on_b.name_any(), &dry_run).await) };
+    let said = wait::eventually("the webhook to answer", Duration::from_secs(30), || async {
+        let said = refused().await;
+        Ok(said.contains("may evict only pods").then_some(said))
+    })
+    .await
+    .with_context(|| webhook.coordinator.output())?;
+    assert!(said.contains(&node_b), "{said}");
+
+    let pid = webhook.coordinator.child.id();
+    let rss_before = rss_kib(pid)?;
+    let neighbour: std::net::IpAddr = [127, 0, 0, 2].into();
+    let webhook_port: std::net::SocketAddr = webhook
+        .url
+        .trim_start_matches("https://localhost:")
+        .split('/')
+        .next()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .context("the webhook's port")?
+        .parse()?;
+    let health_port: std::net::SocketAddr = webhook.coordinator.listen.parse()?;
+    // Nothing at all on the webhook port (a TLS handshake that never starts); half a request's
+    // headers on the health port.
+    let on_webhook = Siege::start(neighbour, webhook_port, SIEGE, b"").await?;
+    let on_health =
+        Siege::start(neighbour, health_port, SIEGE, b"GET /healthz HTTP/1.1\r\n").await?;
+    for (name, siege) in [("webhook", &on_webhook), ("health", &on_health)] {
+        let held = siege
+            .until_held_at_most(HELD_PER_ADDRESS, Duration::from_secs(5))
+            .await
+            .with_context(|| format!("the {name} port"))?;
+        let early = siege
+            .closed()
+            .into_iter()
+            .filter(|d| *d < DEADLINE / 2)
+            .count();
+        assert!(
+            early >= SIEGE - HELD_PER_ADDRESS,
+            "the {name} port closed only {early} of the {SIEGE} connections over its limits at once"
+        );
+        println!("{name} port: {held} of {SIEGE} stalled connections held, {early} closed at once");
+    }
+    let rss_held = rss_kib(pid)?;
+
+    // While the neighbour holds its share: the API server's call to the webhook and a probe of
+    // /healthz from another address are answered.
+    let said = refused().await;
+    assert!(
+        said.contains("may evict only pods"),
+        "during the siege the webhook said: {said}"
+    );
+    let (status, _) = webhook.coordinator.get("/healthz").await?;
+    assert_eq!(status, 200, "/healthz during the siege");
+
+    // Then the deadlines close what the neighbour held, on both ports.
+    for (name, siege) in [("webhook", &on_webhook), ("health", &on_health)] {
+        siege
+            .until_held_at_most(0, DEADLINE * 3)
+            .await
+            .with_context(|| format!("the {name} port's deadline"))?;
+        let last = siege.closed().into_iter().max().unwrap_or_default();
+        assert!(
+            last >= DEADLINE.mul_f64(0.9),
+            "the {name} port closed its last stalled connection after {last:?}, before its {DEADLINE:?} deadline"
+        );
+    }
+    let grown = rss_held.saturating_sub(rss_before);
+    println!(
+        "coordinator memory: {rss_before} KiB before, {rss_held} KiB holding {} connections (+{grown} KiB)",
+        2 * HELD_PER_ADDRESS
+    );
+    assert!(
+        grown < 32 * 1024,
+        "the coordinator grew {grown} KiB holding the siege"
+    );
+    drop(webhook);
+    remove_chart(env, &documents).await
+}
+
+/// An eviction the API server checks (the webhook included) but does not carry out.
+fn dry_run_eviction() -> kube::api::EvictParams {
+    kube::api::EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// A process's resident memory, from /proc.
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")
 }
 
 #[tokio::test]

@@ -1,9 +1,14 @@
 //! What the node-lab tests share: the lab, the chart installed once as users install it, one
 //! test at a time, workloads of busybox pods that record when they got SIGTERM.
 
-use std::time::Duration;
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
+use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
     authentication::v1::TokenRequest,
@@ -12,6 +17,7 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    runtime::watcher,
 };
 use nodeward_api::{
     NodeMaintenance, NodeReport,
@@ -467,6 +473,57 @@ pub async fn clear_term_log(vm: &Vm) -> anyhow::Result<()> {
     ))
     .await?;
     Ok(())
+}
+
+/// A pod's way out as the API server showed it, on the test's clock: when it was asked to go
+/// (an eviction or deletion set its deletionTimestamp, or removed it outright) and when it had
+/// stopped (the kubelet reported it Succeeded or Failed, or it was removed: what a drain
+/// waits for).
+#[derive(Clone, Debug)]
+pub struct Departure {
+    /// The pod's `app` label: its workload.
+    pub group: String,
+    pub asked: Option<Instant>,
+    pub stopped: Option<Instant>,
+}
+
+/// Starts watching the pods of `namespace`; what it saw, by pod name. Unlike the pods' own
+/// SIGTERM log this times what the drain did, not how long the kubelet took to act on it.
+pub fn watch_departures(
+    client: &Client,
+    namespace: &str,
+) -> Arc<Mutex<BTreeMap<String, Departure>>> {
+    let seen: Arc<Mutex<BTreeMap<String, Departure>>> = Arc::default();
+    let recorded = seen.clone();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    tokio::spawn(
+        watcher(pods, watcher::Config::default()).for_each(move |event| {
+            let (pod, deleted) = match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                Ok(watcher::Event::Delete(p)) => (p, true),
+                _ => return futures::future::ready(()),
+            };
+            let now = Instant::now();
+            let terminal = matches!(
+                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            );
+            let mut seen = recorded.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = seen.entry(pod.name_any()).or_insert_with(|| Departure {
+                group: pod.labels().get("app").cloned().unwrap_or_default(),
+                asked: None,
+                stopped: None,
+            });
+            if deleted || pod.metadata.deletion_timestamp.is_some() {
+                entry.asked.get_or_insert(now);
+            }
+            if deleted || terminal {
+                entry.stopped.get_or_insert(now);
+            }
+            futures::future::ready(())
+        }),
+    );
+    seen
 }
 
 /// The agent's kubelet and peer detectors run every 5 s and report what held 10 s (their

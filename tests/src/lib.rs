@@ -10,6 +10,7 @@ pub mod http;
 pub mod logind;
 pub mod nodelab;
 pub mod proxy;
+pub mod siege;
 pub mod systemd;
 pub mod wait;
 

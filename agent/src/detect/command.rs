@@ -1,7 +1,9 @@
-//! Running a configured program for a check. The child is killed when the check is dropped
-//! (its timeout expired), so a hung program never outlives its check.
+//! Running a configured program for a check (see [`crate::reaper`]: its whole process group
+//! is killed when it ends or when its check times out, so a hung program, or one it started,
+//! never outlives its check).
 
-use std::process::Stdio;
+/// What a check's output is read into: a finding uses its first line.
+const KEEP: usize = 64 * 1024;
 
 /// How a program ended and the first line it printed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,13 +17,7 @@ pub struct Outcome {
 /// Runs `argv` to completion.
 pub async fn run(argv: &[String]) -> Result<Outcome, String> {
     let (program, args) = argv.split_first().ok_or("no program configured")?;
-    let output = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+    let output = crate::reaper::run(program, args, KEEP).await?;
     let first = |bytes: &[u8]| {
         String::from_utf8_lossy(bytes)
             .lines()
@@ -87,6 +83,83 @@ mod tests {
             .await
             .expect_err("missing");
         assert!(err.starts_with("cannot run /nonexistent/check"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_output_is_read_but_not_kept() {
+        // 64 MiB on stdout: read to the end (the program is not blocked), 64 KiB kept.
+        let out = run(&argv(&[
+            "/bin/sh",
+            "-c",
+            "echo first; head -c 67108864 /dev/zero; exit 4",
+        ]))
+        .await
+        .expect("ran");
+        assert_eq!((out.code, out.first_line.as_str()), (Some(4), "first"));
+    }
+
+    /// Waits until `pid` has exited (gone, or a zombie awaiting its parent).
+    async fn exited(pid: i32) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+                Err(_) => return true,
+                Ok(stat)
+                    if stat
+                        .rsplit(')')
+                        .next()
+                        .is_some_and(|s| s.trim_start().starts_with('Z')) =>
+                {
+                    return true;
+                }
+                Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+            }
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn what_a_check_leaves_running_dies_with_it() {
+        let out = run(&argv(&[
+            "/bin/sh",
+            "-c",
+            "sleep 60 >/dev/null 2>&1 & echo $!",
+        ]))
+        .await
+        .expect("ran");
+        let pid: i32 = out.first_line.parse().expect("the background job's pid");
+        assert!(
+            exited(pid).await,
+            "the check's background job {pid} outlived it"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_check_takes_its_children_along() {
+        let file = std::env::temp_dir().join(format!("nodeward-child-{}", std::process::id()));
+        let _ = std::fs::remove_file(&file);
+        let script = format!("sleep 60 & echo $! > {}; wait", file.display());
+        let script = argv(&["/bin/sh", "-c", &script]);
+        let mut running = Box::pin(run(&script));
+        // Once the check has started its child, it is abandoned, as its timeout does.
+        let started = async {
+            loop {
+                if let Some(pid) = std::fs::read_to_string(&file)
+                    .ok()
+                    .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    return pid;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        };
+        let pid = tokio::select! {
+            ended = &mut running => panic!("the check ended: {ended:?}"),
+            pid = tokio::time::timeout(std::time::Duration::from_secs(10), started) => pid.expect("the child started"),
+        };
+        drop(running);
+        let _ = std::fs::remove_file(&file);
+        assert!(exited(pid).await, "a timed-out check's child {pid} went on");
     }
 
     #[test]

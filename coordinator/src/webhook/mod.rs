@@ -20,6 +20,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::serv
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
+use nodeward_runtime::listener::{self, Limits};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use serde_json::{Value, json};
 use tokio_rustls::{
@@ -168,63 +169,73 @@ pub fn acceptor(serving: Arc<ServingCert>) -> Result<TlsAcceptor, String> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Binds `address` and returns the bound address and the serving future.
+/// Binds `address` and returns the bound address and the serving future, within `limits`:
+/// the TLS handshake, each request's headers and each whole request have their deadlines.
 pub async fn serve(
     address: SocketAddr,
     acceptor: TlsAcceptor,
     client: Client,
+    limits: Limits,
 ) -> Result<(SocketAddr, impl Future<Output = ()>), String> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|e| format!("binding the webhook to {address}: {e}"))?;
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
-    let serving = async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a webhook connection");
-                    continue;
-                }
-            };
-            let acceptor = acceptor.clone();
-            let client = client.clone();
-            tokio::spawn(async move {
-                let stream = match acceptor.accept(stream).await {
-                    Ok(stream) => stream,
-                    Err(e) => {
+    let http = limits.http1();
+    let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
+    let serving = listener::accept(listener, limits, move |stream, peer| {
+        let acceptor = acceptor.clone();
+        let client = client.clone();
+        let http = http.clone();
+        async move {
+            let stream =
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
                         tracing::debug!(%peer, error = %e, "webhook TLS handshake failed");
                         return;
                     }
+                    Err(_) => {
+                        tracing::debug!(%peer, "webhook TLS handshake timed out");
+                        return;
+                    }
                 };
-                let service = service_fn(move |request| handle(request, client.clone()));
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "webhook connection ended");
+            let service = service_fn(move |request| {
+                let answer = handle(request, client.clone());
+                async move {
+                    Ok::<_, Infallible>(
+                        tokio::time::timeout(request_timeout, answer)
+                            .await
+                            .unwrap_or_else(|_| {
+                                reply(
+                                    StatusCode::REQUEST_TIMEOUT,
+                                    json!({"error": "the request took too long"}).to_string(),
+                                )
+                            }),
+                    )
                 }
             });
+            if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
+                tracing::debug!(%peer, error = %e, "webhook connection ended");
+            }
         }
-    };
+    });
     Ok((bound, serving))
 }
 
-async fn handle(
-    request: Request<Incoming>,
-    client: Client,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let reply = |status: StatusCode, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            "content-type",
-            hyper::header::HeaderValue::from_static("application/json"),
-        );
-        response
-    };
+fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+async fn handle(request: Request<Incoming>, client: Client) -> Response<Full<Bytes>> {
     if request.method() != Method::POST || request.uri().path() != EVICTION_PATH {
-        return Ok(reply(StatusCode::NOT_FOUND, "{}".to_owned()));
+        return reply(StatusCode::NOT_FOUND, "{}".to_owned());
     }
     let body = match Limited::new(request.into_body(), MAX_REVIEW)
         .collect()
@@ -232,10 +243,10 @@ async fn handle(
     {
         Ok(body) => body.to_bytes(),
         Err(e) => {
-            return Ok(reply(
+            return reply(
                 StatusCode::BAD_REQUEST,
                 json!({"error": e.to_string()}).to_string(),
-            ));
+            );
         }
     };
     let eviction = match serde_json::from_slice::<Value>(&body)
@@ -245,10 +256,7 @@ async fn handle(
         Ok(eviction) => eviction,
         Err(e) => {
             tracing::warn!(error = %e, "a webhook request that is not an AdmissionReview");
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                json!({"error": e}).to_string(),
-            ));
+            return reply(StatusCode::BAD_REQUEST, json!({"error": e}).to_string());
         }
     };
     let pods: Api<Pod> = Api::namespaced(client, &eviction.namespace);
@@ -268,10 +276,10 @@ async fn handle(
     if let Err(why) = &verdict {
         tracing::warn!(user = %eviction.user, pod = %format!("{}/{}", eviction.namespace, eviction.pod), %why, "eviction refused");
     }
-    Ok(reply(
+    reply(
         StatusCode::OK,
         response(&eviction.uid, &verdict).to_string(),
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -1,0 +1,226 @@
+//! Accepting connections so that no client can exhaust a listener: a cap on connections held at
+//! once and on those from one address, a deadline for each request's headers (which also
+//! closes idle keep-alive connections) and for the TLS handshake, a cap on header size, and
+//! accept errors (out of descriptors) backed off instead of spun on.
+//!
+//! Both daemons serve `/healthz` on a port that neighbours on the node's network can reach
+//! (the agent runs with the host network), and the coordinator serves the eviction webhook that
+//! every drain in the cluster goes through: one client holding thousands of half-open
+//! connections must not take them down.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioTimer;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::backoff::Backoff;
+
+/// How much one listener gives its clients.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections held at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
+    /// Connections held at once from one IP address (one node, one pod, one neighbour).
+    pub max_per_address: usize,
+    /// From the connection (or the end of the last response) to the end of a request's
+    /// headers; an idle keep-alive connection is closed after it too.
+    pub header_timeout: Duration,
+    /// From the connection to the end of the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// From the headers to the response, the body included (a body sent byte by byte).
+    pub request_timeout: Duration,
+    /// Request line and headers, in bytes.
+    pub max_header_bytes: usize,
+}
+
+impl Default for Limits {
+    /// A kubelet probe, a Prometheus scrape and the API server's webhook calls need a few
+    /// connections each and send their headers in one packet.
+    fn default() -> Self {
+        Self {
+            max_connections: 512,
+            max_per_address: 64,
+            header_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            max_header_bytes: 16 * 1024,
+        }
+    }
+}
+
+impl Limits {
+    /// An HTTP/1 connection builder that applies these limits.
+    pub fn http1(&self) -> hyper::server::conn::http1::Builder {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout)
+            // hyper's read buffer holds the headers; 8 KiB is its smallest.
+            .max_buf_size(self.max_header_bytes.max(8192));
+        builder
+    }
+}
+
+/// Who holds connections now: the pure bookkeeping behind [`Limits::max_connections`] and
+/// [`Limits::max_per_address`].
+#[derive(Debug, Default)]
+pub struct Connections {
+    total: usize,
+    by_address: HashMap<IpAddr, usize>,
+}
+
+impl Connections {
+    /// Counts a new connection from `address` if the limits allow it.
+    pub fn admit(&mut self, address: IpAddr, limits: &Limits) -> bool {
+        let from_address = self.by_address.get(&address).copied().unwrap_or(0);
+        if self.total >= limits.max_connections || from_address >= limits.max_per_address {
+            return false;
+        }
+        self.total += 1;
+        self.by_address.insert(address, from_address + 1);
+        true
+    }
+
+    /// Forgets a connection [`Connections::admit`] counted.
+    pub fn release(&mut self, address: IpAddr) {
+        let Some(n) = self.by_address.get_mut(&address) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            self.by_address.remove(&address);
+        }
+        self.total -= 1;
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
+
+/// A listener's connections, shared with the tasks serving them.
+#[derive(Clone, Debug, Default)]
+struct Held(Arc<Mutex<Connections>>);
+
+impl Held {
+    /// Connections held now.
+    fn count(&self) -> usize {
+        self.0.lock().map(|c| c.total()).unwrap_or(0)
+    }
+
+    fn admit(&self, address: IpAddr, limits: &Limits) -> Option<Slot> {
+        let mut connections = self.0.lock().ok()?;
+        connections.admit(address, limits).then(|| Slot {
+            held: self.clone(),
+            address,
+        })
+    }
+}
+
+/// One admitted connection; dropping it frees its place.
+struct Slot {
+    held: Held,
+    address: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut connections) = self.held.0.lock() {
+            connections.release(self.address);
+        }
+    }
+}
+
+/// Accepts connections until the future is dropped and hands each admitted one to `serve` on
+/// its own task. Connections over the limits are closed at once; accept errors back off.
+pub async fn accept<F, Fut>(listener: TcpListener, limits: Limits, serve: F)
+where
+    F: Fn(TcpStream, SocketAddr) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let held = Held::default();
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_secs(1));
+    let mut refused: u64 = 0;
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
+                backoff.reset();
+                accepted
+            }
+            Err(e) => {
+                // EMFILE and the like: spinning would burn a core and starve the rest.
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "accepting a connection");
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+        };
+        let Some(slot) = held.admit(peer.ip(), &limits) else {
+            refused += 1;
+            // One line per power of two: a flood is visible without flooding the log.
+            if refused.is_power_of_two() {
+                tracing::warn!(%peer, refused, held = held.count(), "connection over the limits closed");
+            }
+            drop(stream);
+            continue;
+        };
+        let serving = serve(stream, peer);
+        tokio::spawn(async move {
+            serving.await;
+            drop(slot);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(total: usize, per_address: usize) -> Limits {
+        Limits {
+            max_connections: total,
+            max_per_address: per_address,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn one_address_gets_no_more_than_its_share() {
+        let (one, two): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        let limits = limits(10, 3);
+        let mut c = Connections::default();
+        let admitted = (0..5).filter(|_| c.admit(one, &limits)).count();
+        assert_eq!(admitted, 3);
+        assert!(c.admit(two, &limits), "another address still gets in");
+        c.release(one);
+        assert!(c.admit(one, &limits), "a freed place is given again");
+        assert_eq!(c.total(), 4);
+    }
+
+    #[test]
+    fn the_total_caps_many_addresses() {
+        let limits = limits(4, 3);
+        let mut c = Connections::default();
+        let admitted = (1..=10u8)
+            .filter(|i| c.admit([10, 0, 0, *i].into(), &limits))
+            .count();
+        assert_eq!(admitted, 4);
+        for i in 1..=4u8 {
+            c.release([10, 0, 0, i].into());
+        }
+        assert_eq!(c.total(), 0);
+        assert!(c.by_address.is_empty(), "released addresses are forgotten");
+    }
+
+    #[test]
+    fn releasing_what_was_never_admitted_changes_nothing() {
+        let mut c = Connections::default();
+        c.release([10, 0, 0, 1].into());
+        assert_eq!(c.total(), 0);
+    }
+}
