@@ -239,11 +239,12 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
         admission_rounds >= 1.0,
         "admission rounds {admission_rounds}"
     );
-    // The first three were admitted as soon as they arrived: their own share is measured.
+    // The first was admitted as soon as it arrived: its own share is measured. (The next two
+    // may arrive while a round is under way, on a busy machine, and then share the next one.)
     let measured = coordinator
         .metric("nodeward_coordinator_admission_coordinator_seconds_count")
         .await?;
-    assert!(measured >= 3.0, "admissions measured {measured}");
+    assert!(measured >= 1.0, "admissions measured {measured}");
     let p = Api::<DisruptionPolicy>::all(env.client.clone())
         .get(&policy)
         .await?;

@@ -78,6 +78,7 @@ impl Lab {
         let turn = exclusive().await;
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
         let client = controlplane::admin_client().await?;
+        remove_stray_nodes(&client, &lab.nodes).await?;
         install_chart(&client).await?;
         let this = Self {
             lab,
@@ -537,6 +538,24 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
     "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
     {"matchExpressions":[{"key":"nodelab.nodeward.io/host-mode","operator":"DoesNotExist"}]}]}}}"#;
+
+/// Deletes the Nodes that are not the lab's: the crate tests share this control plane and run
+/// first, and one that failed may have left its kwok nodes, which the chart's DaemonSet, its
+/// coordinators (kwok fakes their pods Running, serving nothing) and its default policy would
+/// take in.
+async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes.list(&ListParams::default()).await?.items {
+        let name = node.name_any();
+        if !lab_nodes.contains(&name) {
+            nodes
+                .delete(&name, &DeleteParams::default())
+                .await
+                .with_context(|| format!("deleting the stray node {name}"))?;
+        }
+    }
+    Ok(())
+}
 
 /// The chart as users install it, once per test process (default values but for
 /// [`FAST_DETECTORS`]): the images were imported into every node's containerd under the names
