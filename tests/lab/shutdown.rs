@@ -147,11 +147,12 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         lines.sort();
         lines.join("; ")
     };
+    // The evicted pod, not its replacement (Pending: the node is cordoned).
     let low_stopped = seen
         .values()
-        .find(|d| d.group == "low")
+        .find(|d| d.group == "low" && d.asked.is_some())
         .and_then(|d| d.stopped)
-        .with_context(|| format!("the low pod never stopped: {timeline}"))?;
+        .with_context(|| format!("the evicted low pod never stopped: {timeline}"))?;
     let high_asked = asked("high")
         .into_iter()
         .min()
