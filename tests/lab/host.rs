@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, api::DeleteParams};
+use kube::Api;
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::wait;
 
@@ -119,8 +119,7 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
         Ok((can.trim() == "s \"yes\"").then_some(()))
     })
     .await?;
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "released", REBOOT, |m| m.is_none()).await?;
+    wait::deleted(&maintenances, &name, REBOOT).await?;
     wait::eventually("the gate to close", Duration::from_secs(60), || async {
         let can = vm.run(OPS_CAN_REBOOT).await?;
         Ok((can.trim() == "s \"no\"").then_some(()))

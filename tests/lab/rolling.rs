@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, ResourceExt, api::DeleteParams};
+use kube::{Api, ResourceExt};
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{history, wait};
 
@@ -139,7 +139,7 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
         wall.as_secs_f64() / ideal
     );
     for name in &names {
-        maintenances.delete(name, &DeleteParams::default()).await?;
+        wait::deleted(&maintenances, name, REBOOT).await?;
     }
     Ok(())
 }

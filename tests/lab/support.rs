@@ -98,12 +98,7 @@ impl Lab {
             .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
             .await?;
         for maintenance in left.items {
-            let name = maintenance.name_any();
-            maintenances.delete(&name, &DeleteParams::default()).await?;
-            wait::until(&maintenances, &name, "the maintenance gone", REBOOT, |m| {
-                m.is_none()
-            })
-            .await?;
+            wait::deleted(&maintenances, &maintenance.name_any(), REBOOT).await?;
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
         for vm in self.lab.vms() {
@@ -305,17 +300,7 @@ impl Lab {
     /// A namespace of this test's (deleted first if an earlier run left it).
     pub async fn namespace(&self, name: &str) -> anyhow::Result<String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        if namespaces.get_opt(name).await?.is_some() {
-            namespaces.delete(name, &DeleteParams::default()).await?;
-            wait::until(
-                &namespaces,
-                name,
-                "the old namespace gone",
-                Duration::from_secs(120),
-                |n| n.is_none(),
-            )
-            .await?;
-        }
+        wait::deleted(&namespaces, name, Duration::from_secs(300)).await?;
         namespaces
             .create(
                 &PostParams::default(),
@@ -331,16 +316,7 @@ impl Lab {
     /// the TERM logs before the next test clears them.
     pub async fn delete_namespace(&self, name: &str) -> anyhow::Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        let _ = namespaces.delete(name, &DeleteParams::default()).await;
-        wait::until(
-            &namespaces,
-            name,
-            "the namespace gone",
-            Duration::from_secs(300),
-            |n| n.is_none(),
-        )
-        .await?;
-        Ok(())
+        wait::deleted(&namespaces, name, Duration::from_secs(300)).await
     }
 
     /// Applies `manifest` (any kind) server-side.

@@ -24,6 +24,21 @@ where
         .with_context(|| format!("watching {name} for {what}"))
 }
 
+/// Deletes the object `name` and waits until it is gone. Already gone, or deleted by someone
+/// else between a list and this call, is fine: what is asked for is that it no longer exists.
+pub async fn deleted<K>(api: &Api<K>, name: &str, timeout: Duration) -> anyhow::Result<()>
+where
+    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    match api.delete(name, &kube::api::DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("deleting {name}")),
+    }
+    until(api, name, "it gone", timeout, |o| o.is_none()).await?;
+    Ok(())
+}
+
 /// Polls `probe` until it returns `Some`, or fails after `timeout`; for states no single
 /// object's watch shows.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> anyhow::Result<T>
