@@ -23,11 +23,8 @@ pub fn acknowledgements(
     let mut acks: Vec<PauseAcknowledgement> = policies
         .iter()
         .filter(|p| p.spec.paused)
-        .filter(|p| {
-            p.spec.node_selector.as_ref().is_none_or(|selector| {
-                nodeward_api::selector::matches(selector, labels).unwrap_or(true)
-            })
-        })
+        // An unreadable selector pauses: stopping too much is the safe side.
+        .filter(|p| p.selects(labels).unwrap_or(true))
         .map(|p| PauseAcknowledgement {
             policy: p.name_any(),
             observed_generation: p.metadata.generation.unwrap_or(0),
@@ -37,19 +34,16 @@ pub fn acknowledgements(
     acks
 }
 
-/// Follows the policies and this node's labels, publishing the pauses that apply whenever
-/// they change. Runs until the task is dropped.
 /// Whether a policy selecting this node sets `autoReboot` (an unreadable selector does not:
 /// rebooting too much is the unsafe side).
 pub fn auto_reboot(
     policies: &[Arc<DisruptionPolicy>],
     labels: &std::collections::BTreeMap<String, String>,
 ) -> bool {
-    policies.iter().filter(|p| p.spec.auto_reboot).any(|p| {
-        p.spec.node_selector.as_ref().is_none_or(|selector| {
-            nodeward_api::selector::matches(selector, labels).unwrap_or(false)
-        })
-    })
+    policies
+        .iter()
+        .filter(|p| p.spec.auto_reboot)
+        .any(|p| p.selects(labels).unwrap_or(false))
 }
 
 /// Follows the policies and this node's labels, publishing the pauses that apply and

@@ -114,10 +114,6 @@ async fn named_drain_only(env: &TestEnv, node: &str, name: &str) -> anyhow::Resu
     Ok(name)
 }
 
-fn phase(m: Option<&NodeMaintenance>) -> Option<MaintenancePhase> {
-    m.map(|m| m.status.as_ref().map(|s| s.phase).unwrap_or_default())
-}
-
 fn node_state(node: &Node) -> (bool, bool) {
     let spec = node.spec.clone().unwrap_or_default();
     (
@@ -155,7 +151,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(&maintenances, &name, "Acting (drained)", TIMEOUT, |m| {
-        phase(m) == Some(MaintenancePhase::Acting)
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
     })
     .await
     .with_context(|| cluster.agent.output())?
@@ -266,7 +262,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(&maintenances, &name, "Acting", TIMEOUT, |m| {
-        phase(m) == Some(MaintenancePhase::Acting)
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
     })
     .await
     .with_context(|| cluster.agent.output())?
@@ -303,7 +299,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
         "blocked while Draining",
         TIMEOUT,
         |m| {
-            phase(m) == Some(MaintenancePhase::Draining)
+            m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Draining)
                 && m.and_then(|m| m.status.as_ref())
                     .is_some_and(|s| !s.blocking_pods.is_empty())
         },
@@ -351,7 +347,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
 
     let name = drain_only(&env, &node).await?;
     let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
-        phase(m) == Some(MaintenancePhase::Failed)
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
     })
     .await
     .with_context(|| cluster.agent.output())?
@@ -389,7 +385,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
         .await?;
     let forced = named_drain_only(&env, &node, &format!("{node}-forced")).await?;
     let m = wait::until(&maintenances, &forced, "Acting (forced)", TIMEOUT, |m| {
-        phase(m) == Some(MaintenancePhase::Acting)
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
     })
     .await
     .with_context(|| cluster.agent.output())?
@@ -453,7 +449,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     maintenances.create(&PostParams::default(), &m).await?;
     let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
-        phase(m) == Some(MaintenancePhase::Failed)
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
     })
     .await
     .with_context(|| cluster.agent.output())?

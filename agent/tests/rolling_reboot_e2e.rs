@@ -143,10 +143,6 @@ impl Machine {
     }
 }
 
-fn phase(m: &NodeMaintenance) -> MaintenancePhase {
-    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
-
 fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
     m.status.as_ref()?.conditions.iter().find_map(|c| {
         (c.type_ == "Admitted" && c.status == "False")
@@ -287,7 +283,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
             .collect();
         let succeeded = |i: usize| {
             mine.iter().any(|m| {
-                m.spec.node_name == env.node_name(i) && phase(m) == MaintenancePhase::Succeeded
+                m.spec.node_name == env.node_name(i) && m.phase() == MaintenancePhase::Succeeded
             })
         };
         if !unblocked && (0..NODES).filter(|i| *i != BLOCKED).all(succeeded) {
@@ -297,7 +293,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
                 .find(|m| m.spec.node_name == env.node_name(BLOCKED))
                 .context("the blocked node asked for its reboot")?;
             assert_eq!(
-                phase(held),
+                held.phase(),
                 MaintenancePhase::Pending,
                 "held back by its pod"
             );
@@ -320,7 +316,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
                     format!(
                         "{} {:?} {:?}",
                         m.name_any(),
-                        phase(m),
+                        m.phase(),
                         m.status.as_ref().and_then(|s| s.message.clone())
                     )
                 })
@@ -434,7 +430,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
 
 async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
     nodeward_e2e::wait::until(api, name, "Succeeded", Duration::from_secs(60), |m| {
-        m.is_some_and(|m| phase(m) == MaintenancePhase::Succeeded)
+        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
     })
     .await?
     .context("the maintenance disappeared")
@@ -582,7 +578,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
         &name,
         "Failed",
         Duration::from_secs(60),
-        |m| m.is_some_and(|m| phase(m) == MaintenancePhase::Failed),
+        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Failed),
     )
     .await
     .with_context(|| machine.output())?

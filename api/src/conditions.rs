@@ -1,6 +1,22 @@
 //! Condition types and reasons: on Nodes (written by the agent, `True` means a problem), on
 //! NodeMaintenances and on DisruptionPolicies.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+/// Sets `condition` in `conditions` (one per type, sorted by type), keeping the transition
+/// time of the one it replaces while the status stays the same.
+pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition) {
+    if let Some(old) = conditions
+        .iter()
+        .find(|c| c.type_ == condition.type_ && c.status == condition.status)
+    {
+        condition.last_transition_time = old.last_transition_time.clone();
+    }
+    conditions.retain(|c| c.type_ != condition.type_);
+    conditions.push(condition);
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
 /// Node condition types, one per problem the agent detects.
 pub mod node {
     pub const NETWORK_PROBLEM: &str = "NetworkProblem";
@@ -72,4 +88,41 @@ pub mod denial {
     pub const QUORUM_PROTECTED: &str = "QuorumProtected";
     pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
     pub const BLOCKED: &str = "Blocked";
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+
+    use super::*;
+
+    fn condition(type_: &str, status: &str, second: i64) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "Test".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::from_second(second).expect("a valid time")),
+        }
+    }
+
+    #[test]
+    fn setting_a_condition_keeps_its_transition_time_until_the_status_changes() {
+        let mut conditions = vec![condition("B", "True", 1)];
+        set(&mut conditions, condition("A", "False", 2));
+        set(&mut conditions, condition("B", "True", 3));
+        assert_eq!(conditions.len(), 2);
+        assert_eq!(conditions[0].type_, "A", "sorted by type");
+        assert_eq!(
+            conditions[1].last_transition_time,
+            condition("B", "True", 1).last_transition_time
+        );
+        set(&mut conditions, condition("B", "False", 4));
+        assert_eq!(conditions[1].status, "False");
+        assert_eq!(
+            conditions[1].last_transition_time,
+            condition("B", "False", 4).last_transition_time
+        );
+    }
 }

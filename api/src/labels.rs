@@ -22,6 +22,12 @@ pub const AGENT_LABEL: &str = "nodeward.io/agent";
 /// Label on NodeReports and NodeMaintenances naming the node they are about, for selectors.
 pub const NODE_NAME_LABEL: &str = "nodeward.io/node";
 
+/// The labels of an object about `node`: [`NODE_NAME_LABEL`] with its name, or none when the
+/// name is longer than a label value may be (63): a truncated one could name another node.
+pub fn naming_node(node: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    (node.len() <= 63).then(|| [(NODE_NAME_LABEL.to_owned(), node.to_owned())].into())
+}
+
 /// Finalizer that keeps a NodeMaintenance until its node's cordon and taint are undone.
 pub const MAINTENANCE_FINALIZER: &str = "nodeward.io/maintenance";
 

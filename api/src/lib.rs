@@ -13,6 +13,7 @@ pub mod drain;
 mod duration;
 pub mod labels;
 pub mod maintenance;
+pub mod node;
 pub mod policy;
 pub mod report;
 pub mod selector;
@@ -21,7 +22,7 @@ pub use drain::{DrainPlan, DrainStage, OnTimeout, PodRule, PodType, PriorityRang
 pub use duration::{DURATION_PATTERN, Duration, InvalidDuration};
 pub use maintenance::{
     MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance, NodeMaintenanceSpec,
-    NodeMaintenanceStatus,
+    NodeMaintenanceStatus, StatusPatch,
 };
 pub use policy::{
     DisruptionPolicy, DisruptionPolicySpec, DisruptionPolicyStatus, MaintenanceWindow,

@@ -126,6 +126,180 @@ impl MaintenancePhase {
     pub fn is_finished(self) -> bool {
         matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
     }
+
+    /// Whether a maintenance in this phase holds its node disrupted (and a budget slot).
+    pub fn is_active(self) -> bool {
+        matches!(
+            self,
+            Self::Admitted | Self::Draining | Self::Acting | Self::Verifying
+        )
+    }
+}
+
+/// The most phase transitions a status keeps (the CRD's `maxItems` for `history`): the oldest
+/// go first.
+pub const HISTORY_LIMIT: usize = 16;
+
+impl NodeMaintenance {
+    /// A maintenance of `node` as nodeward's own parts ask for one, labelled with the node's
+    /// name for selectors ([`crate::labels::naming_node`]).
+    pub fn request(
+        name: &str,
+        node: &str,
+        reason: MaintenanceReason,
+        action: MaintenanceAction,
+        requested_by: &str,
+        message: String,
+    ) -> Self {
+        let mut maintenance = Self::new(
+            name,
+            NodeMaintenanceSpec {
+                node_name: node.to_owned(),
+                reason,
+                action,
+                requested_by: Some(requested_by.to_owned()),
+                message: Some(message),
+                drain_plan: None,
+            },
+        );
+        maintenance.metadata.labels = crate::labels::naming_node(node);
+        maintenance
+    }
+
+    /// Its phase (Pending until a status says otherwise).
+    pub fn phase(&self) -> MaintenancePhase {
+        self.status.as_ref().map(|s| s.phase).unwrap_or_default()
+    }
+
+    /// Whether it holds its node disrupted: see [`MaintenancePhase::is_active`].
+    pub fn is_active(&self) -> bool {
+        self.phase().is_active()
+    }
+
+    /// The policies whose slots it holds (none before admission).
+    pub fn admitted_policies(&self) -> &[String] {
+        self.status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref())
+            .map_or(&[], |a| a.policies.as_slice())
+    }
+
+    /// When it last entered `phase`, as its history tells.
+    pub fn entered(&self, phase: MaintenancePhase) -> Option<&Time> {
+        let history = &self.status.as_ref()?.history;
+        history
+            .iter()
+            .rev()
+            .find(|h| h.phase == phase)
+            .map(|h| &h.time)
+    }
+}
+
+impl NodeMaintenanceStatus {
+    /// Moves to `phase` at `now`, recording it in the history (capped at [`HISTORY_LIMIT`]).
+    pub fn enter(&mut self, phase: MaintenancePhase, now: Time) {
+        self.phase = phase;
+        self.history = entered(&self.history, phase, now);
+    }
+}
+
+/// `history` with `phase` entered at `now` appended, capped at [`HISTORY_LIMIT`].
+fn entered(
+    history: &[PhaseTransition],
+    phase: MaintenancePhase,
+    now: Time,
+) -> Vec<PhaseTransition> {
+    let keep = history.len().saturating_sub(HISTORY_LIMIT - 1);
+    let mut history = history[keep..].to_vec();
+    history.push(PhaseTransition { phase, time: now });
+    history
+}
+
+/// A merge patch of a NodeMaintenance's status that writes only the fields set, for the
+/// agent, which shares the status with the coordinator (the coordinator's admission record
+/// and `Admitted` condition stay as they are).
+#[derive(Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusPatch {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<MaintenancePhase>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<Vec<PhaseTransition>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_total: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_remaining: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocking_pods: Option<Vec<BlockingPod>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cordoned_by_nodeward: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// A merge patch replaces the whole list: set through [`StatusPatch::condition`], which
+    /// keeps the others.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+/// The most blocking pods a status lists (the CRD's `maxItems`).
+pub const BLOCKING_PODS_LIMIT: usize = 64;
+
+impl StatusPatch {
+    /// Moves `current` to `phase` at `now` with `message`.
+    pub fn enter(
+        current: &NodeMaintenance,
+        phase: MaintenancePhase,
+        message: &str,
+        now: Time,
+    ) -> Self {
+        let history = current
+            .status
+            .as_ref()
+            .map(|s| s.history.as_slice())
+            .unwrap_or_default();
+        Self {
+            phase: Some(phase),
+            history: Some(entered(history, phase, now)),
+            message: Some(message.to_owned()),
+            ..Self::default()
+        }
+    }
+
+    /// A drain's progress: pods in all, still there, and those blocking (the first
+    /// [`BLOCKING_PODS_LIMIT`]).
+    pub fn progress(total: usize, remaining: usize, blocking: &[BlockingPod]) -> Self {
+        let count = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
+        Self {
+            pods_total: count(total),
+            pods_remaining: count(remaining),
+            blocking_pods: Some(blocking.iter().take(BLOCKING_PODS_LIMIT).cloned().collect()),
+            ..Self::default()
+        }
+    }
+
+    /// Sets `condition` on `current`'s conditions, keeping the others and, while its status
+    /// stays the same, its transition time.
+    pub fn condition(mut self, current: &NodeMaintenance, condition: Condition) -> Self {
+        let mut conditions = current
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        crate::conditions::set(&mut conditions, condition);
+        self.conditions = Some(conditions);
+        self
+    }
+
+    /// The body of the merge patch.
+    pub fn to_patch(&self) -> serde_json::Value {
+        serde_json::json!({ "status": self })
+    }
 }
 
 /// Observed state of a NodeMaintenance.
@@ -136,7 +310,7 @@ pub struct NodeMaintenanceStatus {
     pub phase: MaintenancePhase,
     /// Every phase entered, in order, with its time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = HISTORY_LIMIT))]
     pub history: Vec<PhaseTransition>,
     /// Which policies' budget slots the coordinator took, when, and as which leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,7 +323,7 @@ pub struct NodeMaintenanceStatus {
     pub pods_remaining: Option<i32>,
     /// Pods the drain cannot evict right now, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(length(max = BLOCKING_PODS_LIMIT))]
     pub blocking_pods: Vec<BlockingPod>,
     /// The node's boot id when the action started; a different one after means it rebooted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,7 +377,134 @@ pub struct BlockingPod {
 
 #[cfg(test)]
 mod tests {
+    use kube::ResourceExt;
+
     use super::*;
+
+    fn at(seconds: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(seconds).expect("a valid time"))
+    }
+
+    #[test]
+    fn entering_a_phase_records_it_and_keeps_only_the_last_sixteen() {
+        let mut status = NodeMaintenanceStatus::default();
+        for second in 0..20 {
+            status.enter(MaintenancePhase::Draining, at(second));
+        }
+        status.enter(MaintenancePhase::Acting, at(20));
+        assert_eq!(status.phase, MaintenancePhase::Acting);
+        assert_eq!(status.history.len(), HISTORY_LIMIT);
+        assert_eq!(status.history[0].time, at(5), "the oldest go first");
+        assert_eq!(
+            status.history[HISTORY_LIMIT - 1].phase,
+            MaintenancePhase::Acting
+        );
+    }
+
+    #[test]
+    fn a_status_patch_enters_the_phase_from_the_current_history_and_writes_nothing_else() {
+        let mut m = NodeMaintenance::request(
+            "m",
+            "node-a",
+            MaintenanceReason::Manual,
+            MaintenanceAction::Reboot,
+            "test",
+            "why".into(),
+        );
+        let mut status = NodeMaintenanceStatus::default();
+        status.enter(MaintenancePhase::Admitted, at(1));
+        m.status = Some(status);
+        let patch =
+            StatusPatch::enter(&m, MaintenancePhase::Draining, "draining", at(2)).to_patch();
+        assert_eq!(
+            patch,
+            serde_json::json!({"status": {
+                "phase": "Draining",
+                "history": [
+                    {"phase": "Admitted", "time": "1970-01-01T00:00:01Z"},
+                    {"phase": "Draining", "time": "1970-01-01T00:00:02Z"},
+                ],
+                "message": "draining",
+            }})
+        );
+    }
+
+    #[test]
+    fn a_status_patch_condition_keeps_the_others() {
+        let mut m = NodeMaintenance::request(
+            "m",
+            "node-a",
+            MaintenanceReason::Manual,
+            MaintenanceAction::Reboot,
+            "test",
+            "why".into(),
+        );
+        let admitted = condition("Admitted", "True", at(1));
+        m.status = Some(NodeMaintenanceStatus {
+            conditions: vec![admitted.clone()],
+            ..Default::default()
+        });
+        let patch = StatusPatch::default().condition(&m, condition("Drained", "True", at(2)));
+        let types: Vec<&str> = patch
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| c.type_.as_str())
+            .collect();
+        assert_eq!(types, ["Admitted", "Drained"]);
+    }
+
+    fn condition(type_: &str, status: &str, time: Time) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: "Test".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: time,
+        }
+    }
+
+    #[test]
+    fn a_requested_maintenance_is_labelled_with_its_node_unless_the_name_cannot_be_a_label() {
+        let short = NodeMaintenance::request(
+            "m",
+            "node-a",
+            MaintenanceReason::Reboot,
+            MaintenanceAction::Reboot,
+            "nodeward-agent",
+            "why".into(),
+        );
+        assert_eq!(
+            short
+                .labels()
+                .get(crate::labels::NODE_NAME_LABEL)
+                .map(String::as_str),
+            Some("node-a")
+        );
+        let long_name = format!("{}.example.com", "n".repeat(60));
+        let long = NodeMaintenance::request(
+            "m",
+            &long_name,
+            MaintenanceReason::Reboot,
+            MaintenanceAction::Reboot,
+            "nodeward-agent",
+            "why".into(),
+        );
+        assert!(long.labels().get(crate::labels::NODE_NAME_LABEL).is_none());
+        assert_eq!(long.spec.node_name, long_name);
+    }
+
+    #[test]
+    fn only_admitted_to_verifying_are_active() {
+        use MaintenancePhase::*;
+        for phase in [Admitted, Draining, Acting, Verifying] {
+            assert!(phase.is_active(), "{phase:?}");
+        }
+        for phase in [Pending, Succeeded, Failed, Cancelled] {
+            assert!(!phase.is_active(), "{phase:?}");
+        }
+    }
 
     #[test]
     fn only_terminal_phases_are_finished() {

@@ -92,6 +92,20 @@ pub struct DisruptionPolicySpec {
     pub allow_sole_control_plane: bool,
 }
 
+impl DisruptionPolicy {
+    /// Whether its `nodeSelector` selects a node with `labels` (absent or empty: every node).
+    /// A selector that cannot be evaluated is an error: each caller decides which way is safe.
+    pub fn selects(
+        &self,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<bool, crate::selector::InvalidSelector> {
+        match &self.spec.node_selector {
+            None => Ok(true),
+            Some(selector) => crate::selector::matches(selector, labels),
+        }
+    }
+}
+
 fn default_max_concurrent() -> IntOrString {
     IntOrString::Int(1)
 }
@@ -365,5 +379,29 @@ mod tests {
         let back = serde_json::to_value(&spec).expect("serialize");
         assert_eq!(back["windows"][0]["timeZone"], "Europe/Berlin");
         assert_eq!(back["remediation"]["unhealthyConditions"][0]["for"], "5m");
+    }
+
+    #[test]
+    fn a_policy_without_a_selector_selects_every_node_and_a_broken_one_is_an_error() {
+        let policy = |selector: serde_json::Value| -> DisruptionPolicy {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                "metadata": {"name": "p"}, "spec": {"nodeSelector": selector},
+            }))
+            .expect("a policy")
+        };
+        let labels = [("pool".to_owned(), "a".to_owned())].into();
+        assert_eq!(policy(serde_json::Value::Null).selects(&labels), Ok(true));
+        assert_eq!(policy(serde_json::json!({})).selects(&labels), Ok(true));
+        assert_eq!(
+            policy(serde_json::json!({"matchLabels": {"pool": "a"}})).selects(&labels),
+            Ok(true)
+        );
+        assert_eq!(
+            policy(serde_json::json!({"matchLabels": {"pool": "b"}})).selects(&labels),
+            Ok(false)
+        );
+        let broken = serde_json::json!({"matchExpressions": [{"key": "pool", "operator": "Near"}]});
+        assert!(policy(broken).selects(&labels).is_err());
     }
 }

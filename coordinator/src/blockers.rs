@@ -21,8 +21,6 @@ use nodeward_api::{
 };
 use serde::Deserialize;
 
-use crate::round::phase;
-
 /// How long one Prometheus reply is reused: every pending node of every round asks the same.
 const PROMETHEUS_TTL: Duration = Duration::from_secs(10);
 /// How long a pod lookup of one node is reused (rounds can follow each other closely).
@@ -50,7 +48,7 @@ pub fn wanted(
         return lookups;
     }
     for m in maintenances {
-        if phase(m) != MaintenancePhase::Pending
+        if m.phase() != MaintenancePhase::Pending
             || m.metadata.deletion_timestamp.is_some()
             || m.spec.reason == MaintenanceReason::Remediation
         {
@@ -91,13 +89,7 @@ pub fn by_labels(nodes: &[Arc<Node>]) -> impl Fn(&DisruptionPolicy, &str) -> Opt
                     .collect::<HashMap<&str, &Node>>()
             })
             .get(name)?;
-        Some(
-            policy
-                .spec
-                .node_selector
-                .as_ref()
-                .is_none_or(|s| nodeward_api::selector::matches(s, node.labels()).unwrap_or(true)),
-        )
+        Some(policy.selects(node.labels()).unwrap_or(true))
     }
 }
 

@@ -31,10 +31,9 @@ use kube::{
     },
 };
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, NodeMaintenanceSpec,
-    NodeReport,
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, NodeReport,
     conditions::{denial, maintenance as maintenance_conditions, node as node_conditions},
-    labels::{COORDINATOR_FIELD_MANAGER, NODE_NAME_LABEL},
+    labels::COORDINATOR_FIELD_MANAGER,
     maintenance::{AdmissionRecord, PhaseTransition},
     policy::StartupAction,
 };
@@ -259,7 +258,7 @@ impl Stores {
                 |_| {},
                 relevance::any_change,
                 |m: &NodeMaintenance| {
-                    round::phase(m) == MaintenancePhase::Pending
+                    m.phase() == MaintenancePhase::Pending
                         && m.metadata.deletion_timestamp.is_none()
                 },
                 true,
@@ -590,7 +589,7 @@ impl Controller {
             let pending: BTreeSet<String> = objects
                 .maintenances
                 .iter()
-                .filter(|m| round::phase(m) == MaintenancePhase::Pending)
+                .filter(|m| m.phase() == MaintenancePhase::Pending)
                 .map(|m| m.name_any())
                 .collect();
             self.arrived.retain(|name, _| pending.contains(name));
@@ -932,11 +931,7 @@ impl Controller {
         let written = self
             .writer
             .write_maintenance(current, |status| {
-                status.phase = phase;
-                status.history.push(PhaseTransition {
-                    phase,
-                    time: Time(now),
-                });
+                status.enter(phase, Time(now));
                 status.finished_at = Some(Time(now));
                 status.message = Some(message.to_owned());
             })
@@ -1030,28 +1025,17 @@ impl Controller {
             )
             .await;
         }
-        let mut maintenance = NodeMaintenance::new(
+        let mut maintenance = NodeMaintenance::request(
             "",
-            NodeMaintenanceSpec {
-                node_name: request.node.clone(),
-                reason: MaintenanceReason::Remediation,
-                action: request.action,
-                requested_by: Some(COORDINATOR_FIELD_MANAGER.to_owned()),
-                message: Some(request.message.clone()),
-                drain_plan: None,
-            },
+            &request.node,
+            MaintenanceReason::Remediation,
+            request.action,
+            COORDINATOR_FIELD_MANAGER,
+            request.message.clone(),
         );
         maintenance.metadata.name = None;
         maintenance.metadata.generate_name =
             Some(format!("remediation-{}-", truncate(&request.node, 40)));
-        maintenance.metadata.labels = Some(
-            [(
-                NODE_NAME_LABEL.to_owned(),
-                truncate(&request.node, 63).to_owned(),
-            )]
-            .into_iter()
-            .collect(),
-        );
         let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
         match api.create(&PostParams::default(), &maintenance).await {
             Ok(created) => {
@@ -1166,11 +1150,7 @@ impl Writer {
         let note = message.clone();
         let written = self
             .write_maintenance(current, |status| {
-                status.phase = MaintenancePhase::Admitted;
-                status.history.push(PhaseTransition {
-                    phase: MaintenancePhase::Admitted,
-                    time: Time(now),
-                });
+                status.enter(MaintenancePhase::Admitted, Time(now));
                 status.admission = Some(record);
                 status.message = Some(message.clone());
                 round::set_condition(

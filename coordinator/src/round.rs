@@ -19,6 +19,7 @@ use nodeward_api::{
     MaintenanceReason, NodeMaintenance, NodeReport,
     conditions::{node as node_conditions, policy as policy_conditions},
     labels::CONTROL_PLANE_ROLE_LABEL,
+    node::is_ready,
     policy::{BudgetSlot, Remediation, StartupAction},
 };
 
@@ -154,16 +155,6 @@ pub struct StartupTimeout {
     pub reported: bool,
 }
 
-/// Phases in which a maintenance holds its node disrupted.
-pub fn is_active(phase: MaintenancePhase) -> bool {
-    use MaintenancePhase::*;
-    matches!(phase, Admitted | Draining | Acting | Verifying)
-}
-
-pub fn phase(m: &NodeMaintenance) -> MaintenancePhase {
-    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
-
 fn timestamp(time: Option<&Time>) -> Timestamp {
     time.map_or(Timestamp::UNIX_EPOCH, |t| t.0)
 }
@@ -179,13 +170,6 @@ fn node_conditions(node: &Node) -> Vec<ObservedCondition> {
             since: c.last_transition_time.as_ref().map_or(created, |t| t.0),
         })
         .collect()
-}
-
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .iter()
-        .flat_map(|s| s.conditions.iter().flatten())
-        .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
 /// Whether a node that is not Ready now was Ready before, as far as its Ready condition tells:
@@ -240,20 +224,17 @@ pub fn set_condition(
     generation: Option<i64>,
     now: Timestamp,
 ) {
-    let transition = conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map_or(Time(now), |c| c.last_transition_time.clone());
-    conditions.retain(|c| c.type_ != type_);
-    conditions.push(Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        message,
-        observed_generation: generation,
-        last_transition_time: transition,
-    });
-    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+    nodeward_api::conditions::set(
+        conditions,
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: Time(now),
+        },
+    );
 }
 
 /// A policy as this round sees it.
@@ -284,16 +265,13 @@ fn view<'a>(
     let mut problems = Vec::new();
     let matched: BTreeSet<String> = nodes
         .values()
-        .filter(|n| match &policy.spec.node_selector {
-            None => true,
-            Some(selector) => {
-                nodeward_api::selector::matches(selector, n.labels()).unwrap_or_else(|e| {
-                    if problems.is_empty() {
-                        problems.push(format!("nodeSelector.{e}"));
-                    }
-                    true
-                })
-            }
+        .filter(|n| {
+            policy.selects(n.labels()).unwrap_or_else(|e| {
+                if problems.is_empty() {
+                    problems.push(format!("nodeSelector.{e}"));
+                }
+                true
+            })
         })
         .map(|n| n.name_any())
         .collect();
@@ -392,7 +370,9 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
                 uid: slot.uid.clone(),
             };
             let maintenance_holds = match maintenances.get(&slot.maintenance) {
-                Some(m) if m.uid().as_deref() == Some(slot.uid.as_str()) => !phase(m).is_finished(),
+                Some(m) if m.uid().as_deref() == Some(slot.uid.as_str()) => {
+                    !m.phase().is_finished()
+                }
                 // A re-created object of the same name does not inherit the slot.
                 Some(_) => false,
                 None => {
@@ -418,7 +398,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     // Which maintenances (by uid) hold each node disrupted.
     let mut disrupted_by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for m in maintenances.values() {
-        if is_active(phase(m)) {
+        if m.is_active() {
             disrupted_by
                 .entry(m.spec.node_name.clone())
                 .or_default()
@@ -565,7 +545,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
 
     // Maintenances whose node is gone end (a DeleteNode maintenance that got there succeeded).
     for m in maintenances.values() {
-        let p = phase(m);
+        let p = m.phase();
         if m.spec.action == MaintenanceAction::DeleteNode
             && p == MaintenancePhase::Acting
             && nodes.contains_key(m.spec.node_name.as_str())
@@ -607,7 +587,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     // Remediation and startup timeouts, policy by policy.
     let unfinished_on: BTreeSet<&str> = maintenances
         .values()
-        .filter(|m| !phase(m).is_finished())
+        .filter(|m| !m.phase().is_finished())
         .map(|m| m.spec.node_name.as_str())
         .collect();
     let mut requested: BTreeSet<String> = BTreeSet::new();
@@ -737,7 +717,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
             .filter(|m| p.matched.contains(&m.spec.node_name))
             .filter(|m| {
                 matches!(
-                    phase(m),
+                    m.phase(),
                     MaintenancePhase::Draining | MaintenancePhase::Acting
                 )
             })
@@ -920,7 +900,7 @@ fn pending_oldest_first<'a>(
     maintenances: impl Iterator<Item = &'a NodeMaintenance>,
 ) -> Vec<&'a NodeMaintenance> {
     let mut pending: Vec<&NodeMaintenance> = maintenances
-        .filter(|m| phase(m) == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+        .filter(|m| m.phase() == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
         .collect();
     pending.sort_by_key(|m| {
         (
@@ -997,7 +977,7 @@ fn escalation(
             after.as_secs(),
             m.name_any()
         ),
-        replaces: (!phase(m).is_finished()).then(|| m.name_any()),
+        replaces: (!m.phase().is_finished()).then(|| m.name_any()),
     })
 }
 

@@ -96,10 +96,6 @@ async fn create_maintenance(env: &TestEnv, node: &str) -> anyhow::Result<String>
     Ok(name)
 }
 
-fn phase(m: &NodeMaintenance) -> MaintenancePhase {
-    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
-
 fn admitted_condition(m: &NodeMaintenance) -> Option<(String, String, String)> {
     m.status.as_ref()?.conditions.iter().find_map(|c| {
         (c.type_ == "Admitted").then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
@@ -113,7 +109,7 @@ async fn wait_admitted(
 ) -> anyhow::Result<NodeMaintenance> {
     let api: Api<NodeMaintenance> = Api::all(env.client.clone());
     wait::until(&api, name, "Admitted", timeout, |m| {
-        m.is_some_and(|m| phase(m) != MaintenancePhase::Pending)
+        m.is_some_and(|m| m.phase() != MaintenancePhase::Pending)
     })
     .await?
     .context("the maintenance disappeared")
@@ -167,11 +163,11 @@ async fn finish_admitted(
         let mut unfinished = 0;
         for m in &listed.items {
             let name = m.name_any();
-            if !names.contains(&name) || phase(m).is_finished() {
+            if !names.contains(&name) || m.phase().is_finished() {
                 continue;
             }
             unfinished += 1;
-            if phase(m) == MaintenancePhase::Admitted {
+            if m.phase() == MaintenancePhase::Admitted {
                 let since = *admitted_at.entry(name.clone()).or_insert_with(Instant::now);
                 if since.elapsed() >= hold {
                     finish(env, &name).await?;
@@ -408,7 +404,7 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
     let m = Api::<NodeMaintenance>::all(env.client.clone())
         .get(&cp)
         .await?;
-    assert_eq!(phase(&m), MaintenancePhase::Pending);
+    assert_eq!(m.phase(), MaintenancePhase::Pending);
     // An Event tells why.
     env.wait_event(&cp, "", "QuorumProtected").await?;
     env.cleanup().await
@@ -586,7 +582,7 @@ async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
     wait_admitted(&env, &second, TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(&maintenances, &first, "Cancelled", TIMEOUT, |m| {
-        m.is_some_and(|m| phase(m) == MaintenancePhase::Cancelled)
+        m.is_some_and(|m| m.phase() == MaintenancePhase::Cancelled)
     })
     .await?
     .context("maintenance")?;
@@ -922,7 +918,7 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
         ]),
     );
     wait_admitted(&env, &first, TIMEOUT).await?;
-    assert_eq!(phase(&api.get(&second).await?), MaintenancePhase::Pending);
+    assert_eq!(api.get(&second).await?.phase(), MaintenancePhase::Pending);
     Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(env.client.clone(), &env.namespace)
         .delete("batch", &DeleteParams::foreground())
         .await?;

@@ -27,10 +27,6 @@ pub struct History {
     pub phases: BTreeMap<String, BTreeMap<MaintenancePhase, Instant>>,
 }
 
-fn phase(m: &NodeMaintenance) -> MaintenancePhase {
-    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
-
 /// Starts watching the maintenances of this test's nodes (whoever created them) and the
 /// policies labelled with this test's id.
 pub fn watch(env: &TestEnv) -> Arc<Mutex<History>> {
@@ -58,7 +54,7 @@ pub fn watch_where(
                 && ours(&m)
             {
                 let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                let p = phase(&m);
+                let p = m.phase();
                 h.phases
                     .entry(m.name_any())
                     .or_default()

@@ -11,7 +11,7 @@ use std::{
 use jiff::Timestamp;
 use k8s_openapi::{
     api::core::v1::{Node, ObjectReference},
-    apimachinery::pkg::apis::meta::v1::Time,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -22,7 +22,7 @@ use kube::{
     },
 };
 use nodeward_api::{
-    DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance,
+    DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
     labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     policy::DrainTimeoutAction,
 };
@@ -131,8 +131,8 @@ impl Executor {
                     MaintenancePhase::Draining,
                     "tainted and cordoned; draining",
                     |s| {
-                        s["cordonedByNodeward"] = json!(done.cordoned);
-                        s["startedAt"] = json!(Time(Timestamp::now()));
+                        s.cordoned_by_nodeward = Some(done.cordoned);
+                        s.started_at = Some(Time(Timestamp::now()));
                     },
                 )
                 .await?;
@@ -370,24 +370,17 @@ impl Executor {
         };
         let force_used = failure.is_some();
         let boot = self.boot_id.clone();
-        // A merge patch replaces the whole list: keep the others (Admitted is the coordinator's).
-        let mut conditions: Vec<serde_json::Value> = m
-            .status
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default()
-            .iter()
-            .filter(|c| c.type_ != nodeward_api::conditions::maintenance::DRAINED)
-            .filter_map(|c| serde_json::to_value(c).ok())
-            .collect();
-        conditions.push(json!({
-            "type": nodeward_api::conditions::maintenance::DRAINED, "status": "True",
-            "reason": if force_used { "Forced" } else { "Drained" }, "message": drained,
-            "lastTransitionTime": Time(Timestamp::now()),
-        }));
+        let condition = Condition {
+            type_: nodeward_api::conditions::maintenance::DRAINED.to_owned(),
+            status: "True".to_owned(),
+            reason: if force_used { "Forced" } else { "Drained" }.to_owned(),
+            message: drained,
+            observed_generation: m.metadata.generation,
+            last_transition_time: Time(Timestamp::now()),
+        };
         self.transition(m, MaintenancePhase::Acting, message, |s| {
-            s["bootId"] = json!(boot);
-            s["conditions"] = json!(conditions);
+            s.boot_id = Some(boot);
+            *s = std::mem::take(s).condition(m, condition);
         })
         .await?;
         self.event(m, EventType::Normal, "Drained", message.to_owned())
@@ -420,7 +413,7 @@ impl Executor {
         if m.spec.action == MaintenanceAction::PowerOff {
             // Nothing runs after the power-off: this is the last word.
             self.transition(m, MaintenancePhase::Succeeded, "powering off", |s| {
-                s["finishedAt"] = json!(Time(Timestamp::now()));
+                s.finished_at = Some(Time(Timestamp::now()));
             })
             .await?;
         }
@@ -475,7 +468,7 @@ impl Executor {
             phase,
             &format!("{why}; the node's taint and cordon are undone"),
             |s| {
-                s["finishedAt"] = json!(Time(Timestamp::now()));
+                s.finished_at = Some(Time(Timestamp::now()));
             },
         )
         .await?;
@@ -527,11 +520,8 @@ impl Executor {
             .get(&self.node)
             .await
             .map_err(|e| crate::Error::kube("reading", format!("node {}", self.node), e))?;
-        let conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
-        let ready = conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        let problems: Vec<String> = conditions
+        let ready = nodeward_api::node::is_ready(&node);
+        let problems: Vec<String> = nodeward_api::node::conditions(&node)
             .iter()
             .filter(|c| {
                 c.status == "True"
@@ -551,16 +541,7 @@ impl Executor {
         } else if healthy_since.is_none() {
             *healthy_since = Some(now);
         }
-        let verifying_since = m
-            .status
-            .as_ref()
-            .and_then(|s| {
-                s.history
-                    .iter()
-                    .rev()
-                    .find(|h| h.phase == MaintenancePhase::Verifying)
-            })
-            .map_or(now, |h| h.time.0);
+        let verifying_since = m.entered(MaintenancePhase::Verifying).map_or(now, |t| t.0);
         Ok(lifecycle::judge(
             ready,
             &problems,
@@ -572,10 +553,7 @@ impl Executor {
     }
 
     async fn progress(&self, m: &NodeMaintenance, p: &Progress) {
-        let patch = json!({"status": {
-            "podsTotal": p.total, "podsRemaining": p.remaining,
-            "blockingPods": p.blocking.iter().take(64).collect::<Vec<_>>(),
-        }});
+        let patch = StatusPatch::progress(p.total, p.remaining, &p.blocking).to_patch();
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         if let Err(e) = api
             .patch_status(
@@ -596,25 +574,15 @@ impl Executor {
         m: &NodeMaintenance,
         phase: MaintenancePhase,
         message: &str,
-        extra: impl FnOnce(&mut serde_json::Value),
+        extra: impl FnOnce(&mut StatusPatch),
     ) -> Result<(), crate::Error> {
-        let mut history = m
-            .status
-            .as_ref()
-            .map(|s| s.history.clone())
-            .unwrap_or_default();
-        history.push(nodeward_api::maintenance::PhaseTransition {
-            phase,
-            time: Time(Timestamp::now()),
-        });
-        let start = history.len().saturating_sub(16);
-        let mut status = json!({"phase": phase, "history": history[start..], "message": message});
-        extra(&mut status);
+        let mut patch = StatusPatch::enter(m, phase, message, Time(Timestamp::now()));
+        extra(&mut patch);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         api.patch_status(
             &m.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(&json!({"status": status})),
+            &Patch::Merge(&patch.to_patch()),
         )
         .await
         .map_err(|e| {

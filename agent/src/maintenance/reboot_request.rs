@@ -5,9 +5,8 @@
 
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::{
-    MaintenanceAction, MaintenanceReason, NodeMaintenance, NodeMaintenanceSpec,
-    conditions::node::REBOOT_REQUIRED,
-    labels::{AGENT_FIELD_MANAGER, NODE_NAME_LABEL},
+    MaintenanceAction, MaintenanceReason, NodeMaintenance, conditions::node::REBOOT_REQUIRED,
+    labels::AGENT_FIELD_MANAGER,
 };
 use tokio::sync::watch;
 
@@ -60,20 +59,14 @@ pub async fn run(
 }
 
 async fn request(client: &Client, node: &str, name: &str) -> bool {
-    let mut maintenance = NodeMaintenance::new(
+    let maintenance = NodeMaintenance::request(
         name,
-        NodeMaintenanceSpec {
-            node_name: node.to_owned(),
-            reason: MaintenanceReason::Reboot,
-            action: MaintenanceAction::Reboot,
-            requested_by: Some(AGENT_FIELD_MANAGER.to_owned()),
-            message: Some("the node reports RebootRequired".to_owned()),
-            drain_plan: None,
-        },
+        node,
+        MaintenanceReason::Reboot,
+        MaintenanceAction::Reboot,
+        AGENT_FIELD_MANAGER,
+        "the node reports RebootRequired".to_owned(),
     );
-    if node.len() <= 63 {
-        maintenance.metadata.labels = Some([(NODE_NAME_LABEL.to_owned(), node.to_owned())].into());
-    }
     match Api::<NodeMaintenance>::all(client.clone())
         .create(&PostParams::default(), &maintenance)
         .await

@@ -6,7 +6,7 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
-use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use nodeward_api::NodeMaintenance;
 use tokio::sync::watch;
 
 /// The store and a counter that moves on every watch event (every reader sees each change).
@@ -45,14 +45,5 @@ pub fn start(
 
 /// Whether one of `maintenances` is admitted and not finished.
 pub fn any_admitted(maintenances: &[std::sync::Arc<NodeMaintenance>]) -> bool {
-    maintenances.iter().any(|m| {
-        let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
-        matches!(
-            phase,
-            MaintenancePhase::Admitted
-                | MaintenancePhase::Draining
-                | MaintenancePhase::Acting
-                | MaintenancePhase::Verifying
-        )
-    })
+    maintenances.iter().any(|m| m.is_active())
 }

@@ -450,12 +450,6 @@ pub fn new_report(node: &str) -> NodeReport {
             node_name: node.to_owned(),
         },
     );
-    report.metadata.labels = Some(
-        [(
-            nodeward_api::labels::NODE_NAME_LABEL.to_owned(),
-            node.to_owned(),
-        )]
-        .into(),
-    );
+    report.metadata.labels = nodeward_api::labels::naming_node(node);
     report
 }

@@ -161,13 +161,12 @@ impl Guard {
         let nodes: Api<Node> = Api::all(client.clone());
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
         loop {
-            let ready = nodes.get_opt(&node).await.ok().flatten().is_some_and(|n| {
-                n.status
-                    .and_then(|s| s.conditions)
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c.type_ == "Ready" && c.status == "True")
-            });
+            let ready = nodes
+                .get_opt(&node)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|n| nodeward_api::node::is_ready(&n));
             if ready
                 && cordon::undo(&client, &node, SHUTDOWN_TAINT, &applied)
                     .await

@@ -63,10 +63,6 @@ struct Args {
     coordinator: PathBuf,
 }
 
-fn phase(m: &NodeMaintenance) -> MaintenancePhase {
-    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
-}
-
 /// The simulated agents: every maintenance of this run seen Admitted is Succeeded `reboot`
 /// later (spread over 0.5x to 1.5x of it with `spread`, so that slots free one by one).
 /// Records when each was seen admitted.
@@ -82,7 +78,7 @@ fn simulate_agents(
     tokio::spawn(
         watcher(api, watcher::Config::default().labels(&selector)).for_each(move |event| {
             if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                && phase(&m) == MaintenancePhase::Admitted
+                && m.phase() == MaintenancePhase::Admitted
                 && taken.lock().is_ok_and(|mut t| t.insert(m.name_any()))
             {
                 if let Ok(mut a) = admitted.lock() {
@@ -249,7 +245,7 @@ async fn pace(
                     .iter()
                     .filter(|m| {
                         m.name_any().ends_with(&format!("-r{run}"))
-                            && phase(m) == MaintenancePhase::Succeeded
+                            && m.phase() == MaintenancePhase::Succeeded
                     })
                     .count();
                 Ok((done == args.nodes).then_some(()))
@@ -322,7 +318,7 @@ async fn failover(
                         let open = listed
                             .items
                             .iter()
-                            .any(|m| &m.spec.node_name == node && !phase(m).is_finished());
+                            .any(|m| &m.spec.node_name == node && !m.phase().is_finished());
                         if !open {
                             let n = round.entry(node.clone()).or_default();
                             *n += 1;
