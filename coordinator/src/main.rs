@@ -302,7 +302,7 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
 
 async fn print_status(kubeconfig: Option<PathBuf>) -> Result<(), Error> {
     let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), USER_AGENT).await?;
-    let objects = nodeward_coordinator::controller::list_all(&client).await?;
+    let objects = nodeward_coordinator::status::list_all(&client).await?;
     print!("{}", status::render(&objects, jiff::Timestamp::now()));
     Ok(())
 }

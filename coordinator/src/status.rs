@@ -1,12 +1,16 @@
 //! `nodeward-coordinator status`: policies with their budget use, maintenances with their
 //! phase, and unhealthy nodes, as one round of the coordinator would see them now.
 
-use std::fmt::Write;
+use std::{collections::BTreeMap, fmt::Write, sync::Arc};
 
 use jiff::Timestamp;
-use kube::ResourceExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
-use crate::round::{self, Memory, Objects};
+use crate::{
+    Error,
+    round::{self, Memory, Objects},
+};
 
 /// Renders the report. `now` is injected for tests.
 pub fn render(objects: &Objects, now: Timestamp) -> String {
@@ -129,4 +133,26 @@ fn table<const N: usize>(out: &mut String, rows: &[[String; N]]) {
         out.push_str(line.trim_end());
         out.push('\n');
     }
+}
+
+/// Lists every watched kind once (for `status`).
+pub async fn list_all(client: &Client) -> Result<Objects, Error> {
+    async fn list<K>(client: &Client) -> Result<Vec<Arc<K>>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(client.clone());
+        let listed = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| Error::kube("listing", K::plural(&()).into_owned(), e))?;
+        Ok(listed.items.into_iter().map(Arc::new).collect())
+    }
+    Ok(Objects {
+        nodes: list(client).await?,
+        policies: list(client).await?,
+        maintenances: list(client).await?,
+        reports: list(client).await?,
+        blockers: BTreeMap::new(),
+    })
 }

@@ -208,20 +208,6 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     }
 }
 
-/// Decides `pending` in order (oldest first); each admission counts against the ones after.
-pub fn plan(cluster: &mut Cluster, pending: &[Pending]) -> Vec<(String, Decision)> {
-    pending
-        .iter()
-        .map(|p| {
-            let decision = decide(cluster, p);
-            if matches!(decision, Decision::Admit { .. }) {
-                cluster.disrupted.insert(p.node.clone());
-            }
-            (p.maintenance.clone(), decision)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,30 +270,6 @@ mod tests {
             Decision::Admit { .. } => "Admit",
             Decision::Deny { reason, .. } => reason,
         }
-    }
-
-    #[test]
-    fn oldest_first_up_to_the_budget() {
-        let mut c = cluster(5, 0);
-        let all: Vec<Pending> = (0..5).map(|i| pending(&format!("w{i}"))).collect();
-        let decisions = plan(&mut c, &all);
-        let reasons: Vec<&str> = decisions.iter().map(|(_, d)| reason(d)).collect();
-        assert_eq!(
-            reasons,
-            [
-                "Admit",
-                "Admit",
-                "BudgetExhausted",
-                "BudgetExhausted",
-                "BudgetExhausted"
-            ]
-        );
-        assert_eq!(
-            decisions[0].1,
-            Decision::Admit {
-                policies: vec!["all".into()]
-            }
-        );
     }
 
     #[test]

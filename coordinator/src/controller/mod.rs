@@ -1,0 +1,395 @@
+//! The coordinator's control loop: watches Nodes, DisruptionPolicies, NodeMaintenances and
+//! NodeReports into reflector stores, and while it leads, runs a round ([`crate::round`]) on
+//! every change (and every `resync`, for windows and durations that pass with time) and
+//! carries the plan out: budget slots first, as conditional writes of each policy's status,
+//! then the maintenances they admit, denials, endings and remediation.
+//!
+//! When the only change is new pending maintenances, an admission-only round decides them
+//! against what the last full round left ([`round::admit_new`]): a burst of creations in a
+//! large cluster then costs a decision each, not a pass over every node each.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, Client, ResourceExt,
+    api::DeleteParams,
+    runtime::{
+        events::{Recorder, Reporter},
+        reflector,
+    },
+};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance, labels::COORDINATOR_FIELD_MANAGER,
+};
+use tokio::sync::watch::Receiver;
+
+mod watch;
+mod write;
+
+use watch::Fresh;
+pub use watch::{Changes, Stores};
+use write::Writer;
+
+use crate::{
+    Error,
+    blockers::{self, Lookups},
+    metrics::{Metrics, RoundLabels},
+    round::{self, Gone, Memory, Objects, Plan, Standing},
+};
+
+/// The readiness gate the synced watches open: nothing is decided before.
+pub const SYNCED: &str = "the watches have not synced yet";
+
+pub struct Controller {
+    /// The client, identity and metrics too.
+    writer: Writer,
+    /// Admission writes of earlier rounds still under way (a full round waits for them).
+    writes: tokio::task::JoinSet<bool>,
+    memory: Memory,
+    fresh_policies: Fresh<DisruptionPolicy>,
+    denied_at: HashMap<String, Instant>,
+    remediated_at: HashMap<String, Instant>,
+    blockers: Lookups,
+    /// What the last full round left, while everything it decided was written.
+    standing: Option<Standing>,
+    /// When each maintenance first seen pending arrived, until it is admitted or denied.
+    arrived: HashMap<String, Instant>,
+}
+
+impl Controller {
+    pub fn new(
+        client: Client,
+        identity: String,
+        metrics: Arc<Metrics>,
+        changed: Arc<Changes>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: COORDINATOR_FIELD_MANAGER.to_owned(),
+                instance: Some(identity.clone()),
+            },
+        );
+        Self {
+            blockers: Lookups::new(client.clone()),
+            writer: Writer {
+                client,
+                identity,
+                metrics,
+                recorder,
+                changed,
+                fresh_maintenances: Arc::new(std::sync::Mutex::new(Fresh::new())),
+            },
+            writes: tokio::task::JoinSet::new(),
+            memory: Memory::default(),
+            fresh_policies: Fresh::new(),
+            denied_at: HashMap::new(),
+            remediated_at: HashMap::new(),
+            standing: None,
+            arrived: HashMap::new(),
+        }
+    }
+
+    /// Runs rounds while leading, until `stop` fires. Nothing is decided before every watch
+    /// has synced: the coordinator never admits on a partial view.
+    pub async fn run(
+        mut self,
+        stores: Stores,
+        mut leader: Receiver<bool>,
+        resync: Duration,
+        readiness: Arc<nodeward_runtime::server::Readiness>,
+        mut stop: Receiver<bool>,
+    ) {
+        let changed = self.writer.changed.clone();
+        // The only waiter on the stores' readiness: kube-runtime wakes just one.
+        tokio::select! {
+            synced = stores.synced() => if !synced { return },
+            _ = stop.changed() => return,
+        }
+        readiness.pass(SYNCED);
+        tracing::info!("watches synced");
+        let mut last_full: Option<Instant> = None;
+        loop {
+            let resync_at = last_full.map_or_else(Instant::now, |at| at + resync);
+            let leadership_changed = tokio::select! {
+                _ = changed.notify.notified() => false,
+                _ = tokio::time::sleep_until(resync_at.into()) => false,
+                _ = leader.changed() => true,
+                _ = stop.changed() => break,
+            };
+            if !*leader.borrow() {
+                self.standing = None;
+                last_full = Some(Instant::now());
+                continue;
+            }
+            let changes = changed.take();
+            let mut names = Vec::new();
+            for (name, at) in changes.new_pending {
+                self.arrived.entry(name.clone()).or_insert(at);
+                names.push(name);
+            }
+            let due = leadership_changed || last_full.is_none_or(|at| at.elapsed() >= resync);
+            self.reap_writes();
+            if !due && !changes.anything {
+                // A wake whose change an earlier round already took.
+                if names.is_empty() {
+                    continue;
+                }
+                if self.admission_round(&stores, &names, &leader).await {
+                    continue;
+                }
+            }
+            let confirm = self.round(&stores, &leader).await;
+            last_full = Some(Instant::now());
+            if self.confirm_gone(confirm).await {
+                changed.anything();
+            }
+        }
+        // Admissions whose slots were written are finished before stopping; one cut short
+        // would be completed by the next leader, which sees the slot.
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.settle_writes()).await;
+    }
+
+    /// One round: decide, then write. Returns the missing objects to confirm gone.
+    async fn round(&mut self, stores: &Stores, leader: &Receiver<bool>) -> BTreeSet<Gone> {
+        self.standing = None;
+        self.settle_writes().await;
+        let mut objects = stores.objects();
+        self.fresh_policies.apply(&mut objects.policies, true);
+        self.writer
+            .fresh_maintenances()
+            .apply(&mut objects.maintenances, true);
+        if !self.arrived.is_empty() {
+            let pending: BTreeSet<String> = objects
+                .maintenances
+                .iter()
+                .filter(|m| m.phase() == MaintenancePhase::Pending)
+                .map(|m| m.name_any())
+                .collect();
+            self.arrived.retain(|name, _| pending.contains(name));
+        }
+        let lookups = blockers::wanted(
+            &objects.maintenances,
+            &objects.policies,
+            blockers::by_labels(&objects.nodes),
+        );
+        if !lookups.is_empty() {
+            objects.blockers = self.blockers.blocked(&lookups).await;
+        }
+        let started = Instant::now();
+        let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
+        if !self.decided("full", started, &plan, leader) {
+            return BTreeSet::new();
+        }
+        if self.admit_all(&objects, &plan).await {
+            self.standing = Some(std::mem::take(&mut plan.standing));
+        }
+        for denial in &plan.deny {
+            self.deny(&objects, denial).await;
+        }
+        for ending in &plan.end {
+            self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
+                .await;
+        }
+        for (maintenance, node) in &plan.delete_nodes {
+            let nodes: Api<Node> = Api::all(self.writer.client.clone());
+            match nodes.delete(node, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("deleting", format!("Node {node}"), e), "DeleteNode maintenance")
+                }
+            }
+        }
+        for timeout in &plan.startup_timeouts {
+            self.startup_timeout(timeout).await;
+        }
+        for request in &plan.remediate {
+            self.remediate(&objects, request).await;
+        }
+        plan.confirm_gone
+    }
+
+    /// Decides maintenances that appeared pending since the last full round against what it
+    /// left, and writes the outcome. Returns false when the standing cannot decide them (then
+    /// a full round must).
+    async fn admission_round(
+        &mut self,
+        stores: &Stores,
+        names: &[String],
+        leader: &Receiver<bool>,
+    ) -> bool {
+        let Some(mut standing) = self.standing.take() else {
+            return false;
+        };
+        let mut objects = Objects {
+            policies: stores.policies.state(),
+            maintenances: names
+                .iter()
+                .filter_map(|name| stores.maintenances.get(&reflector::ObjectRef::new(name)))
+                .collect(),
+            ..Objects::default()
+        };
+        self.fresh_policies.apply(&mut objects.policies, true);
+        self.writer
+            .fresh_maintenances()
+            .apply(&mut objects.maintenances, false);
+        let lookups = blockers::wanted(&objects.maintenances, &objects.policies, |policy, node| {
+            standing.cluster.nodes.contains_key(node).then(|| {
+                let name = policy.name_any();
+                standing
+                    .cluster
+                    .policies
+                    .iter()
+                    .any(|p| p.name == name && p.matched.contains(node))
+            })
+        });
+        let blocked = if lookups.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.blockers.blocked(&lookups).await
+        };
+        let started = Instant::now();
+        let Some(plan) = round::admit_new(
+            &mut standing,
+            &objects.policies,
+            &objects.maintenances,
+            &blocked,
+            Timestamp::now(),
+        ) else {
+            return false;
+        };
+        if !self.decided("admission", started, &plan, leader) {
+            return true;
+        }
+        if self.admit_all(&objects, &plan).await {
+            self.standing = Some(standing);
+        }
+        for denial in &plan.deny {
+            self.deny(&objects, denial).await;
+        }
+        true
+    }
+
+    /// Writes the plan's budget slots, then starts writing the admissions they hold (the
+    /// loop goes on meanwhile; a failed admission write wakes a full round). Returns whether
+    /// every slot stood and every admission is being written: what the plan left standing is
+    /// then what the cluster holds, or more (a failed admission write keeps its slot until
+    /// a full round looks), never less.
+    async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
+        let started = Instant::now();
+        let failed = self.write_policies(objects, plan).await;
+        let slot_writes = started.elapsed();
+        // The coordinator's own share of each admission: from its watch event to its write,
+        // less the budget writes (API server time).
+        for admission in &plan.admit {
+            if let Some(arrived) = self.arrived.remove(&admission.maintenance) {
+                let own = arrived.elapsed().saturating_sub(slot_writes);
+                self.writer
+                    .metrics
+                    .admission_coordinator_seconds
+                    .observe(own.as_secs_f64());
+            }
+        }
+        for denial in &plan.deny {
+            self.arrived.remove(&denial.maintenance);
+        }
+        let admissions: Vec<(Arc<NodeMaintenance>, round::Admission)> = plan
+            .admit
+            .iter()
+            .filter(|a| !a.new_slots_in.iter().any(|p| failed.contains(p)))
+            .filter_map(|a| {
+                Some((
+                    Self::maintenance(objects, &a.maintenance)?.clone(),
+                    a.clone(),
+                ))
+            })
+            .collect();
+        let complete = failed.is_empty() && admissions.len() == plan.admit.len();
+        if !admissions.is_empty() {
+            // Each admission is its own object: written side by side once the slots stand.
+            let writer = self.writer.clone();
+            let changed = self.writer.changed.clone();
+            self.writes.spawn(async move {
+                let written = futures::future::join_all(
+                    admissions
+                        .iter()
+                        .map(|(current, a)| writer.admit(current, a)),
+                )
+                .await;
+                let all = written.iter().all(|ok| *ok);
+                if !all {
+                    changed.anything();
+                }
+                all
+            });
+        }
+        complete
+    }
+
+    /// Collects admission writes that finished; a failed one ends the standing.
+    fn reap_writes(&mut self) {
+        while let Some(done) = self.writes.try_join_next() {
+            if !matches!(done, Ok(true)) {
+                self.standing = None;
+            }
+        }
+    }
+
+    /// Waits for every admission write under way, so that a full round decides on them.
+    async fn settle_writes(&mut self) {
+        while self.writes.join_next().await.is_some() {}
+    }
+
+    /// Records a round's decision time and exports its plan; returns whether this coordinator
+    /// still leads (only then is the plan written).
+    fn decided(
+        &self,
+        round: &'static str,
+        started: Instant,
+        plan: &Plan,
+        leader: &Receiver<bool>,
+    ) -> bool {
+        self.writer
+            .metrics
+            .decision_seconds
+            .get_or_create(&RoundLabels { round })
+            .observe(started.elapsed().as_secs_f64());
+        self.export(plan);
+        *leader.borrow()
+    }
+
+    /// Confirms with a direct read that objects missing from the watch are gone; returns
+    /// whether any was (a new round can then free their slots).
+    async fn confirm_gone(&mut self, missing: BTreeSet<Gone>) -> bool {
+        let mut any = false;
+        for gone in missing {
+            let absent = match &gone {
+                Gone::Maintenance { name, uid } => {
+                    let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
+                    match api.get_opt(name).await {
+                        Ok(found) => found.is_none_or(|m| m.uid().as_deref() != Some(uid)),
+                        Err(_) => false,
+                    }
+                }
+                Gone::Node(name) => {
+                    let api: Api<Node> = Api::all(self.writer.client.clone());
+                    matches!(api.get_opt(name).await, Ok(None))
+                }
+            };
+            if absent {
+                self.memory.confirmed_gone.insert(gone);
+                any = true;
+            }
+        }
+        any
+    }
+}

@@ -1,0 +1,505 @@
+//! Carrying a round's plan out: budget slots as conditional writes of each policy's status,
+//! then the maintenances' statuses (admitted, denied, ended), remediation requests, Events and
+//! the plan's metrics.
+
+use std::{
+    collections::BTreeSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use jiff::Timestamp;
+use k8s_openapi::{
+    api::core::v1::Node,
+    apimachinery::pkg::apis::meta::v1::{Condition, Time},
+};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+    runtime::events::{Event, EventType, Recorder},
+};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    conditions::{denial, maintenance as maintenance_conditions, node as node_conditions},
+    labels::COORDINATOR_FIELD_MANAGER,
+    maintenance::{AdmissionRecord, PhaseTransition},
+    policy::StartupAction,
+};
+
+use crate::{
+    Error,
+    metrics::{Metrics, PolicyLabels, ReasonLabels},
+    round::{self, Objects, Plan},
+};
+
+use super::{
+    Controller,
+    watch::{Changes, Fresh},
+};
+
+/// A denial whose reason is unchanged and whose message follows the rollout's progress is
+/// rewritten (new message) at most this often.
+const DENIAL_REFRESH: Duration = Duration::from_secs(30);
+
+/// Whether a denial's message changes as the cluster moves on (which nodes hold slots, which
+/// are unhealthy or NotReady): with many maintenances waiting, rewriting each of them on every
+/// change would be a write storm, so those refresh every [`DENIAL_REFRESH`]. The others
+/// (blocked, paused, outside a window) change only when their cause does, and an operator
+/// should see that at once.
+fn message_follows_progress(reason: &str) -> bool {
+    matches!(
+        reason,
+        denial::BUDGET_EXHAUSTED | denial::TOO_MANY_UNHEALTHY | denial::QUORUM_PROTECTED
+    )
+}
+/// A remediation just requested is not requested again for this long (the watch shows it).
+const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
+
+/// What writing a maintenance's status needs. Cloned into the task that writes a round's
+/// admissions, so that the loop decides the next round meanwhile.
+#[derive(Clone)]
+pub(super) struct Writer {
+    pub(super) client: Client,
+    pub(super) identity: String,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) recorder: Recorder,
+    /// Told of each write, so that its watch event wakes no round.
+    pub(super) changed: Arc<Changes>,
+    /// Shared with the admission tasks.
+    pub(super) fresh_maintenances: Arc<std::sync::Mutex<Fresh<NodeMaintenance>>>,
+}
+
+impl Controller {
+    pub(super) fn export(&self, plan: &Plan) {
+        for (policy, (used, max)) in &plan.budget_use {
+            let labels = PolicyLabels {
+                policy: policy.clone(),
+            };
+            self.writer
+                .metrics
+                .budget_used
+                .get_or_create(&labels)
+                .set(i64::try_from(*used).unwrap_or(i64::MAX));
+            self.writer
+                .metrics
+                .budget_max
+                .get_or_create(&labels)
+                .set(i64::try_from(*max).unwrap_or(i64::MAX));
+        }
+        for (policy, unhealthy) in &plan.unhealthy {
+            self.writer
+                .metrics
+                .unhealthy
+                .get_or_create(&PolicyLabels {
+                    policy: policy.clone(),
+                })
+                .set(i64::try_from(*unhealthy).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Writes each changed policy status with the resourceVersion it was decided on. Returns
+    /// the policies whose write failed (their new slots do not exist).
+    pub(super) async fn write_policies(
+        &mut self,
+        objects: &Objects,
+        plan: &Plan,
+    ) -> BTreeSet<String> {
+        let api: Api<DisruptionPolicy> = Api::all(self.writer.client.clone());
+        let mut failed = BTreeSet::new();
+        for (name, status) in &plan.policy_status {
+            let Some(current) = objects.policies.iter().find(|p| p.name_any() == *name) else {
+                continue;
+            };
+            let mut updated = current.as_ref().clone();
+            updated.status = Some(status.clone());
+            let write = self
+                .writer
+                .changed
+                .writing(&DisruptionPolicy::kind(&()), name);
+            match api
+                .replace_status(name, &PostParams::default(), &updated)
+                .await
+            {
+                Ok(written) => {
+                    write.done(written.resource_version());
+                    self.fresh_policies.record(current, written);
+                }
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    self.writer.metrics.slot_conflicts.inc();
+                    tracing::info!(policy = %name, "policy changed since it was read (another writer); deciding again");
+                    failed.insert(name.clone());
+                }
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("writing the status of", format!("DisruptionPolicy {name}"), e), "budget write failed");
+                    failed.insert(name.clone());
+                }
+            }
+        }
+        failed
+    }
+
+    pub(super) fn maintenance<'a>(
+        objects: &'a Objects,
+        name: &str,
+    ) -> Option<&'a Arc<NodeMaintenance>> {
+        objects.maintenances.iter().find(|m| m.name_any() == name)
+    }
+
+    pub(super) async fn deny(&mut self, objects: &Objects, denial: &round::Denial) {
+        let Some(current) = Self::maintenance(objects, &denial.maintenance) else {
+            return;
+        };
+        let existing: Option<&Condition> = current.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == maintenance_conditions::ADMITTED)
+        });
+        let same_reason =
+            existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason);
+        if same_reason && existing.is_some_and(|c| c.message == denial.message) {
+            return;
+        }
+        let recently = self
+            .denied_at
+            .get(&denial.maintenance)
+            .is_some_and(|t| t.elapsed() < DENIAL_REFRESH);
+        if same_reason && recently && message_follows_progress(denial.reason) {
+            return;
+        }
+        let now = Timestamp::now();
+        let generation = current.metadata.generation;
+        let written = self
+            .writer
+            .write_maintenance(current, |status| {
+                status.phase = MaintenancePhase::Pending;
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::ADMITTED,
+                    "False",
+                    denial.reason,
+                    denial.message.clone(),
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            self.denied_at
+                .insert(denial.maintenance.clone(), Instant::now());
+            self.denied_at.retain(|_, t| t.elapsed() < DENIAL_REFRESH);
+            if !same_reason {
+                self.writer
+                    .metrics
+                    .denials
+                    .get_or_create(&ReasonLabels {
+                        reason: denial.reason.to_owned(),
+                    })
+                    .inc();
+                self.writer
+                    .event(
+                        current.as_ref(),
+                        EventType::Normal,
+                        denial.reason,
+                        denial.message.clone(),
+                    )
+                    .await;
+            }
+        }
+    }
+
+    pub(super) async fn end(
+        &mut self,
+        objects: &Objects,
+        maintenance: &str,
+        phase: MaintenancePhase,
+        message: &str,
+    ) {
+        let Some(current) = Self::maintenance(objects, maintenance) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let written = self
+            .writer
+            .write_maintenance(current, |status| {
+                status.enter(phase, Time(now));
+                status.finished_at = Some(Time(now));
+                status.message = Some(message.to_owned());
+            })
+            .await;
+        if written {
+            tracing::info!(%maintenance, ?phase, %message, "maintenance ended");
+            let kind = if phase == MaintenancePhase::Succeeded {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            };
+            self.writer
+                .event(
+                    current.as_ref(),
+                    kind,
+                    &format!("{phase:?}"),
+                    message.to_owned(),
+                )
+                .await;
+        }
+    }
+
+    pub(super) async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
+        let nodes: Api<Node> = Api::all(self.writer.client.clone());
+        if !timeout.reported {
+            let condition = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": timeout.node},
+                "status": {"conditions": [{
+                    "type": node_conditions::STARTUP_TIMED_OUT,
+                    "status": "True",
+                    "reason": "NeverBecameReady",
+                    "message": format!("{} (policy {})", timeout.message, timeout.policy),
+                    "lastTransitionTime": Time(Timestamp::now()),
+                    "lastHeartbeatTime": Time(Timestamp::now()),
+                }]},
+            });
+            let applied = nodes
+                .patch_status(
+                    &timeout.node,
+                    &PatchParams::apply(COORDINATOR_FIELD_MANAGER).force(),
+                    &Patch::Apply(&condition),
+                )
+                .await;
+            match applied {
+                Ok(node) => {
+                    tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
+                    self.writer
+                        .event(
+                            &node,
+                            EventType::Warning,
+                            "NodeStartupTimeout",
+                            format!("{} (policy {})", timeout.message, timeout.policy),
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
+                    return;
+                }
+            }
+        }
+        if timeout.action == StartupAction::DeleteNode {
+            match nodes.delete(&timeout.node, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::warn!(node = %timeout.node, policy = %timeout.policy, "deleted a node that never became Ready");
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %Error::kube("deleting", format!("Node {}", timeout.node), e), "startup action failed")
+                }
+            }
+        }
+    }
+
+    pub(super) async fn remediate(
+        &mut self,
+        objects: &Objects,
+        request: &round::RemediationRequest,
+    ) {
+        self.remediated_at
+            .retain(|_, t| t.elapsed() < REMEDIATION_DEBOUNCE);
+        if self.remediated_at.contains_key(&request.node) {
+            return;
+        }
+        if let Some(replaced) = &request.replaces
+            && Self::maintenance(objects, replaced).is_some()
+        {
+            self.end(
+                objects,
+                replaced,
+                MaintenancePhase::Failed,
+                &request.message,
+            )
+            .await;
+        }
+        let mut maintenance = NodeMaintenance::request(
+            "",
+            &request.node,
+            MaintenanceReason::Remediation,
+            request.action,
+            COORDINATOR_FIELD_MANAGER,
+            request.message.clone(),
+        );
+        maintenance.metadata.name = None;
+        maintenance.metadata.generate_name =
+            Some(format!("remediation-{}-", truncate(&request.node, 40)));
+        let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
+        match api.create(&PostParams::default(), &maintenance).await {
+            Ok(created) => {
+                self.remediated_at
+                    .insert(request.node.clone(), Instant::now());
+                self.writer.metrics.remediations.inc();
+                tracing::warn!(node = %request.node, maintenance = %created.name_any(), action = ?request.action, message = %request.message, "remediation requested");
+                self.writer
+                    .event(
+                        &created,
+                        EventType::Warning,
+                        "RemediationRequested",
+                        request.message.clone(),
+                    )
+                    .await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %Error::kube("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
+            }
+        }
+    }
+}
+
+impl Writer {
+    /// Replaces a maintenance's status with its resourceVersion as precondition; a conflict
+    /// means someone changed it first, and the next round looks again.
+    pub(super) async fn write_maintenance(
+        &self,
+        current: &NodeMaintenance,
+        change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
+    ) -> bool {
+        let name = current.name_any();
+        let mut updated = current.clone();
+        let status = updated.status.get_or_insert_with(Default::default);
+        if status.history.is_empty() {
+            status.history.push(PhaseTransition {
+                phase: MaintenancePhase::Pending,
+                time: current
+                    .metadata
+                    .creation_timestamp
+                    .clone()
+                    .unwrap_or(Time(Timestamp::now())),
+            });
+        }
+        change(status);
+        status.observed_generation = current.metadata.generation;
+        let api: Api<NodeMaintenance> = Api::all(self.client.clone());
+        let write = self.changed.writing(&NodeMaintenance::kind(&()), &name);
+        match api
+            .replace_status(&name, &PostParams::default(), &updated)
+            .await
+        {
+            Ok(written) => {
+                write.done(written.resource_version());
+                self.fresh_maintenances().record(current, written);
+                true
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
+            Err(e) => {
+                tracing::warn!(error = %Error::kube("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
+                false
+            }
+        }
+    }
+
+    pub(super) fn fresh_maintenances(&self) -> std::sync::MutexGuard<'_, Fresh<NodeMaintenance>> {
+        self.fresh_maintenances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a maintenance Admitted; returns whether that was written.
+    pub(super) async fn admit(
+        &self,
+        current: &NodeMaintenance,
+        admission: &round::Admission,
+    ) -> bool {
+        let now = Timestamp::now();
+        let record = AdmissionRecord {
+            policies: admission.policies.clone(),
+            admitted_at: Time(now),
+            admitted_by: self.identity.clone(),
+        };
+        let message = if admission.policies.is_empty() {
+            "no DisruptionPolicy matches the node; admitted without limits".to_owned()
+        } else {
+            format!("holds a slot in policies {}", admission.policies.join(", "))
+        };
+        let generation = current.metadata.generation;
+        let note = message.clone();
+        let written = self
+            .write_maintenance(current, |status| {
+                status.enter(MaintenancePhase::Admitted, Time(now));
+                status.admission = Some(record);
+                status.message = Some(message.clone());
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::ADMITTED,
+                    "True",
+                    "Admitted",
+                    message,
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            self.metrics.admissions.inc();
+            if let Some(created) = current.metadata.creation_timestamp.as_ref() {
+                let latency = now.duration_since(created.0).as_secs_f64().max(0.0);
+                self.metrics.admission_latency_seconds.observe(latency);
+            }
+            tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
+            self.event(current, EventType::Normal, "Admitted", note)
+                .await;
+        }
+        written
+    }
+
+    /// Publishes an Event off the decision path: a round does not wait for it.
+    pub(super) async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let reference = object.object_ref(&());
+        let recorder = self.recorder.clone();
+        let reason = reason.to_owned();
+        tokio::spawn(async move {
+            let published = recorder
+                .publish(
+                    &Event {
+                        type_,
+                        reason: reason.clone(),
+                        note: Some(note),
+                        action: "Admission".to_owned(),
+                        secondary: None,
+                    },
+                    &reference,
+                )
+                .await;
+            if let Err(e) = published {
+                tracing::warn!(error = %e, %reason, "publishing an event failed");
+            }
+        });
+    }
+}
+
+fn truncate(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].trim_end_matches(['-', '.'])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn only_denials_whose_message_follows_progress_are_throttled() {
+        for reason in [
+            denial::BUDGET_EXHAUSTED,
+            denial::TOO_MANY_UNHEALTHY,
+            denial::QUORUM_PROTECTED,
+        ] {
+            assert!(message_follows_progress(reason), "{reason}");
+        }
+        for reason in [denial::BLOCKED, denial::PAUSED, denial::OUTSIDE_WINDOW] {
+            assert!(!message_follows_progress(reason), "{reason}");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Admission: pending maintenances decided oldest first, each admission counting against the
+//! ones after it. One loop serves both the full round and the admission-only round that
+//! decides maintenances created since ([`admit_new`]), so both decide alike by construction.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::{Resource, ResourceExt};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, policy::BudgetSlot,
+};
+
+use super::{Admission, Denial, Plan, Standing, count, slots, timestamp, view::window_open};
+use crate::admission::decide::{self, Cluster, Decision, Pending};
+
+/// Pending maintenances not being deleted, oldest first (ties by name): the order admission
+/// goes in.
+pub(super) fn pending_oldest_first<'a>(
+    maintenances: impl Iterator<Item = &'a NodeMaintenance>,
+) -> Vec<&'a NodeMaintenance> {
+    let mut pending: Vec<&NodeMaintenance> = maintenances
+        .filter(|m| m.phase() == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+        .collect();
+    pending.sort_by_key(|m| {
+        (
+            timestamp(m.metadata.creation_timestamp.as_ref()),
+            m.name_any(),
+        )
+    });
+    pending
+}
+
+/// Decides `pending` in order against `cluster`. An admission takes a slot in each policy
+/// matching the node (in `slots`, by policy; one it already holds from a half-done admission
+/// is not taken twice) and marks the node disrupted; a denial gives back the slots a half-done
+/// admission holds. `disrupted_by` says which maintenances (by uid) keep each node disrupted:
+/// a node disrupted only by the maintenance being decided is not disrupted for its decision.
+pub(super) fn admit_pending(
+    cluster: &mut Cluster,
+    slots: &mut BTreeMap<String, Vec<BudgetSlot>>,
+    disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+    pending: &[&NodeMaintenance],
+    now: Timestamp,
+    plan: &mut Plan,
+) {
+    for m in pending {
+        let name = m.name_any();
+        let uid = m.uid().unwrap_or_default();
+        let node = m.spec.node_name.clone();
+        let only_self = disrupted_by
+            .get(&node)
+            .is_some_and(|by| by.len() == 1 && by.contains(&uid));
+        if only_self {
+            cluster.disrupted.remove(&node);
+        }
+        let request = Pending {
+            maintenance: name.clone(),
+            node: node.clone(),
+            remediation: m.spec.reason == MaintenanceReason::Remediation,
+        };
+        match decide::decide(cluster, &request) {
+            Decision::Admit { policies } => {
+                cluster.disrupted.insert(node);
+                let mut new_slots_in = Vec::new();
+                for policy in &policies {
+                    let list = slots.entry(policy.clone()).or_default();
+                    if !list.iter().any(|s| s.uid == uid) {
+                        list.push(slots::new(m, &uid, now));
+                        new_slots_in.push(policy.clone());
+                    }
+                }
+                plan.admit.push(Admission {
+                    maintenance: name,
+                    uid,
+                    policies,
+                    new_slots_in,
+                });
+            }
+            Decision::Deny { reason, message } => {
+                // A half-done admission that no longer fits gives its slots back.
+                for list in slots.values_mut() {
+                    list.retain(|s| s.uid != uid);
+                }
+                plan.deny.push(Denial {
+                    maintenance: name,
+                    reason,
+                    message,
+                });
+            }
+        }
+    }
+}
+
+/// Decides maintenances created since the round that left `standing`, oldest first, as that
+/// round would have: a burst of creations then costs a decision each instead of a round over
+/// the whole cluster each. Valid only while nothing else changed since (the controller runs a
+/// full round on any other change and every resync). `blockers` holds the lookups for the new
+/// maintenances' nodes.
+///
+/// Returns `None` when `standing` cannot decide them: a node or policy it does not know, a
+/// policy whose spec or slots differ from what it decided on (another writer came first), or
+/// a window that opened or closed since.
+pub fn admit_new(
+    standing: &mut Standing,
+    policies: &[Arc<DisruptionPolicy>],
+    new: &[Arc<NodeMaintenance>],
+    blockers: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> Option<Plan> {
+    if policies.len() != standing.policies.len() {
+        return None;
+    }
+    let by_name: BTreeMap<String, &DisruptionPolicy> = policies
+        .iter()
+        .map(|p| (p.name_any(), p.as_ref()))
+        .collect();
+    for (name, mark) in &standing.policies {
+        let policy = by_name.get(name)?;
+        let slots: BTreeSet<String> = slots::of(policy).iter().map(|s| s.uid.clone()).collect();
+        if policy.metadata.generation != mark.generation || slots != mark.slots {
+            return None;
+        }
+    }
+    // A window that opened or closed since changes what older pending maintenances get:
+    // they go first, in a full round.
+    for state in &standing.cluster.policies {
+        let policy = by_name.get(&state.name)?;
+        if window_open(policy, now, &mut Vec::new()) != state.window_open {
+            return None;
+        }
+    }
+    let pending = pending_oldest_first(new.iter().map(AsRef::as_ref));
+    for m in &pending {
+        m.uid()?;
+        let state = standing.cluster.nodes.get_mut(&m.spec.node_name)?;
+        // Remediation goes ahead of blockers (decide ignores them), so it needs no lookup.
+        if m.spec.reason != MaintenanceReason::Remediation {
+            state.blocker = blockers.get(&m.spec.node_name).cloned();
+        }
+    }
+
+    let mut slots: BTreeMap<String, Vec<BudgetSlot>> = by_name
+        .iter()
+        .map(|(name, policy)| (name.clone(), slots::of(policy).to_vec()))
+        .collect();
+    let mut plan = Plan::default();
+    admit_pending(
+        &mut standing.cluster,
+        &mut slots,
+        &BTreeMap::new(),
+        &pending,
+        now,
+        &mut plan,
+    );
+    for (name, policy) in &by_name {
+        let after = slots.remove(name).unwrap_or_default();
+        if after.as_slice() == slots::of(policy) {
+            continue;
+        }
+        let state = standing.cluster.policies.iter().find(|p| p.name == *name)?;
+        let mut status = policy.status.clone().unwrap_or_default();
+        status.slots = after;
+        status.in_maintenance = count(
+            standing
+                .cluster
+                .disrupted
+                .iter()
+                .filter(|n| state.matched.contains(*n))
+                .count(),
+        );
+        if let Some(mark) = standing.policies.get_mut(name) {
+            mark.slots = status.slots.iter().map(|s| s.uid.clone()).collect();
+        }
+        let in_use = standing.cluster.in_use(state, None).len();
+        plan.budget_use
+            .insert(name.clone(), (in_use, state.max_concurrent));
+        plan.policy_status.insert(name.clone(), status);
+    }
+    Some(plan)
+}

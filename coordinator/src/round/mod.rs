@@ -1,0 +1,193 @@
+//! One reconcile round's decisions, as a pure function of the watched objects, the time and
+//! what the coordinator remembers between rounds: which budget slots to free, which pending
+//! maintenances to admit or deny (oldest first), each policy's new status (slots, counts,
+//! `Paused`, `RemediationAllowed`), which maintenances lost their node, and what remediation
+//! to start. The controller carries the plan out; nothing here does I/O.
+//!
+//! A round goes in stages, one module each: [`view`] indexes the objects and resolves each
+//! policy, [`slots`] keeps the budget slots that still hold and ends maintenances whose node is
+//! gone, [`remediate`] judges node health and asks for remediation, [`admit`] decides pending
+//! maintenances, and [`policy_status`] writes each policy's status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use nodeward_api::{
+    DisruptionPolicy, DisruptionPolicyStatus, MaintenanceAction, MaintenancePhase, NodeMaintenance,
+    NodeReport, policy::StartupAction,
+};
+
+use crate::{admission::decide::Cluster, health::RemediationGate};
+
+mod admit;
+mod policy_status;
+mod remediate;
+mod slots;
+#[cfg(test)]
+mod tests;
+mod view;
+
+pub use admit::admit_new;
+pub use policy_status::set_condition;
+
+/// The watched objects of one round.
+#[derive(Clone, Debug, Default)]
+pub struct Objects {
+    pub nodes: Vec<Arc<Node>>,
+    pub policies: Vec<Arc<DisruptionPolicy>>,
+    pub maintenances: Vec<Arc<NodeMaintenance>>,
+    pub reports: Vec<Arc<NodeReport>>,
+    /// Why a disruption of a node is blocked now (see [`crate::blockers`]), by node.
+    pub blockers: BTreeMap<String, String>,
+}
+
+/// What the coordinator carries from one round to the next.
+#[derive(Clone, Debug, Default)]
+pub struct Memory {
+    /// Nodes seen Ready at least once (a Node object alone does not say whether it ever was).
+    pub seen_ready: BTreeSet<String>,
+    /// The `maxUnhealthy` gate of each policy, with its cooldown.
+    pub gates: BTreeMap<String, RemediationGate>,
+    /// Objects confirmed gone by a direct read. A watch can lag: a slot whose maintenance or
+    /// node is missing from this coordinator's view is freed only once its absence is
+    /// confirmed, or a lagging coordinator could free a slot another one just took.
+    pub confirmed_gone: BTreeSet<Gone>,
+}
+
+/// An object missing from the watched state.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Gone {
+    /// A NodeMaintenance: name and the uid the slot recorded.
+    Maintenance {
+        name: String,
+        uid: String,
+    },
+    Node(String),
+}
+
+/// Everything a round decided.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// Policies whose status must change (to be written with their resourceVersion).
+    pub policy_status: BTreeMap<String, DisruptionPolicyStatus>,
+    /// Maintenances to mark Admitted, with every policy whose slot they hold.
+    pub admit: Vec<Admission>,
+    pub deny: Vec<Denial>,
+    /// Unfinished maintenances to end because their node is gone.
+    pub end: Vec<Ending>,
+    /// Remediation maintenances to create.
+    pub remediate: Vec<RemediationRequest>,
+    /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
+    pub startup_timeouts: Vec<StartupTimeout>,
+    /// Per policy: nodes disrupted now (slots plus NotReady) and the `maxConcurrent` count.
+    pub budget_use: BTreeMap<String, (usize, usize)>,
+    pub unhealthy: BTreeMap<String, usize>,
+    /// Every unhealthy node (under any policy's rules, or NotReady), and why.
+    pub unhealthy_nodes: BTreeMap<String, String>,
+    /// Missing objects to confirm gone before their slots are freed.
+    pub confirm_gone: BTreeSet<Gone>,
+    /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
+    pub delete_nodes: Vec<(String, String)>,
+    /// What maintenances created after this round can be decided against.
+    pub standing: Standing,
+}
+
+/// The state a round decided on and left, for [`admit_new`].
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Standing {
+    /// The cluster as admission saw it, with this round's admissions.
+    pub cluster: Cluster,
+    /// Each policy as decided on.
+    pub policies: BTreeMap<String, PolicyMark>,
+}
+
+/// A policy's generation and the slots (maintenance uids) it holds after a round.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicyMark {
+    pub generation: Option<i64>,
+    pub slots: BTreeSet<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub maintenance: String,
+    pub uid: String,
+    /// Every policy matching the node (its slot in each is written first).
+    pub policies: Vec<String>,
+    /// Policies whose slot is new in this round; the admission stands only once all are written.
+    pub new_slots_in: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Denial {
+    pub maintenance: String,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ending {
+    pub maintenance: String,
+    pub phase: MaintenancePhase,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemediationRequest {
+    pub policy: String,
+    pub node: String,
+    pub action: MaintenanceAction,
+    pub message: String,
+    /// A Reboot remediation that did not bring health back: it is failed and replaced.
+    pub replaces: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StartupTimeout {
+    pub node: String,
+    pub policy: String,
+    pub message: String,
+    pub action: StartupAction,
+    /// Whether the node already carries the condition (then no new Event).
+    pub reported: bool,
+}
+
+/// Decides one round.
+pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
+    let mut plan = Plan::default();
+    let index = view::Index::new(objects, memory, now);
+    let mut slots = slots::kept(&index, memory, &mut plan.confirm_gone);
+    let disrupted_by = slots::disrupted_by(&index, &slots);
+    let health = remediate::assess(&index, memory, now, &mut plan.unhealthy_nodes);
+    let mut cluster = view::cluster(&index, &objects.blockers, &health, &slots, &disrupted_by);
+    let pending = admit::pending_oldest_first(index.maintenances.values().copied());
+    admit::admit_pending(
+        &mut cluster,
+        &mut slots,
+        &disrupted_by,
+        &pending,
+        now,
+        &mut plan,
+    );
+    slots::end_where_node_gone(&index, memory, &mut plan);
+    let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
+    policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
+    plan.standing.cluster = cluster;
+    plan
+}
+
+fn timestamp(time: Option<&Time>) -> Timestamp {
+    time.map_or(Timestamp::UNIX_EPOCH, |t| t.0)
+}
+
+fn std_duration(d: Option<&nodeward_api::Duration>) -> Option<Duration> {
+    d.and_then(|d| d.to_std().ok())
+}
+
+/// A count for a status field.
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}

@@ -1,0 +1,209 @@
+//! Each policy's status as the round leaves it: its slots and counts, and its `Paused`,
+//! `RemediationAllowed` and `Valid` conditions. Only statuses that change are written.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use nodeward_api::{
+    DisruptionPolicyStatus, MaintenancePhase, conditions::policy as policy_conditions,
+    policy::BudgetSlot,
+};
+
+use super::{
+    Plan, PolicyMark, count,
+    remediate::{Assessed, Gate},
+    view::{Index, PolicyView},
+};
+use crate::{admission::decide::Cluster, pause};
+
+/// Sets `type_` in `conditions`, keeping its transition time when the status is unchanged.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    nodeward_api::conditions::set(
+        conditions,
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message,
+            observed_generation: generation,
+            last_transition_time: Time(now),
+        },
+    );
+}
+
+/// Puts each policy's new status into `plan` where it changed, with its budget use and the
+/// mark a later admission-only round checks: `slots` are the slots each keeps after
+/// admission, `gates` their remediation gates (in [`Index::policies`] order).
+pub(super) fn write(
+    index: &Index,
+    health: &Assessed,
+    cluster: &Cluster,
+    mut slots: BTreeMap<String, Vec<BudgetSlot>>,
+    gates: &[Gate],
+    now: Timestamp,
+    plan: &mut Plan,
+) {
+    // NotReady nodes are few; matched ones can be thousands.
+    let not_ready: Vec<&String> = cluster
+        .nodes
+        .iter()
+        .filter(|(_, s)| !s.ready)
+        .map(|(name, _)| name)
+        .collect();
+    for (position, p) in index.policies.iter().enumerate() {
+        let old = p.policy.status.clone().unwrap_or_default();
+        let generation = p.policy.metadata.generation;
+        let unhealthy = health.unhealthy_under(position);
+        let mut status = DisruptionPolicyStatus {
+            slots: slots.remove(&p.name).unwrap_or_default(),
+            matched: count(p.matched.len()),
+            ready: count(
+                p.matched.len() - not_ready.iter().filter(|n| p.matched.contains(**n)).count(),
+            ),
+            unhealthy: count(unhealthy),
+            in_maintenance: count(
+                cluster
+                    .disrupted
+                    .iter()
+                    .filter(|n| p.matched.contains(*n))
+                    .count(),
+            ),
+            conditions: old.conditions.clone(),
+            observed_generation: generation,
+        };
+        let in_use = cluster
+            .policies
+            .iter()
+            .find(|s| s.name == p.name)
+            .map_or(0, |s| cluster.in_use(s, None).len());
+        plan.budget_use
+            .insert(p.name.clone(), (in_use, p.max_concurrent));
+        set_paused(&mut status.conditions, index, p, now);
+        let gate = gates.get(position).cloned().flatten();
+        set_remediation_allowed(&mut status.conditions, p, unhealthy, gate, now);
+        set_valid(&mut status.conditions, p, now);
+        plan.standing.policies.insert(
+            p.name.clone(),
+            PolicyMark {
+                generation,
+                slots: status.slots.iter().map(|s| s.uid.clone()).collect(),
+            },
+        );
+        if status != old {
+            plan.policy_status.insert(p.name.clone(), status);
+        }
+    }
+}
+
+/// `Paused`: true only once every agent in scope acknowledged the pause and nothing is
+/// draining or acting.
+fn set_paused(conditions: &mut Vec<Condition>, index: &Index, p: &PolicyView, now: Timestamp) {
+    let generation = p.policy.metadata.generation;
+    // Acknowledgements matter only while paused (thousands of nodes otherwise).
+    let agents: BTreeMap<String, Option<i64>> = p
+        .matched
+        .iter()
+        .filter(|_| p.policy.spec.paused)
+        .filter_map(|n| {
+            let report = index.reports.get(n.as_str())?;
+            let ack = report.status.as_ref().and_then(|s| {
+                s.pause_acknowledgements
+                    .iter()
+                    .find(|a| a.policy == p.name)
+                    .map(|a| a.observed_generation)
+            });
+            Some((n.clone(), ack))
+        })
+        .collect();
+    let acting = index
+        .maintenances
+        .values()
+        .filter(|m| p.matched.contains(&m.spec.node_name))
+        .filter(|m| {
+            matches!(
+                m.phase(),
+                MaintenancePhase::Draining | MaintenancePhase::Acting
+            )
+        })
+        .count();
+    let (state, reason, message) = pause::pause_state(
+        p.policy.spec.paused,
+        generation.unwrap_or(0),
+        &agents,
+        acting,
+    )
+    .condition();
+    set_condition(
+        conditions,
+        policy_conditions::PAUSED,
+        state,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// `RemediationAllowed`: the `maxUnhealthy` gate's verdict; absent without remediation.
+fn set_remediation_allowed(
+    conditions: &mut Vec<Condition>,
+    p: &PolicyView,
+    unhealthy: usize,
+    gate: Gate,
+    now: Timestamp,
+) {
+    let generation = p.policy.metadata.generation;
+    match gate {
+        Some(Ok(())) => set_condition(
+            conditions,
+            policy_conditions::REMEDIATION_ALLOWED,
+            "True",
+            "WithinLimits",
+            format!(
+                "{unhealthy} of {} matched nodes unhealthy{}",
+                p.matched.len(),
+                p.max_unhealthy
+                    .map(|l| format!(", maxUnhealthy {l}"))
+                    .unwrap_or_default()
+            ),
+            generation,
+            now,
+        ),
+        Some(Err(why)) => set_condition(
+            conditions,
+            policy_conditions::REMEDIATION_ALLOWED,
+            "False",
+            nodeward_api::conditions::denial::TOO_MANY_UNHEALTHY,
+            why,
+            generation,
+            now,
+        ),
+        None => conditions.retain(|c| c.type_ != policy_conditions::REMEDIATION_ALLOWED),
+    }
+}
+
+/// `Valid`: false, saying what to fix, while the spec cannot be applied; absent otherwise.
+fn set_valid(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
+    if let Some(problem) = &p.problem {
+        set_condition(
+            conditions,
+            policy_conditions::VALID,
+            "False",
+            "InvalidSpec",
+            format!("{problem}; nothing in scope is admitted until it is fixed"),
+            p.policy.metadata.generation,
+            now,
+        );
+    } else {
+        conditions.retain(|c| c.type_ != policy_conditions::VALID);
+    }
+}

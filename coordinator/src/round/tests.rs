@@ -1,0 +1,481 @@
+//! The round's decisions, from watched objects to plan.
+
+use super::*;
+use kube::ResourceExt;
+use nodeward_api::MaintenanceReason;
+use serde_json::json;
+
+fn t(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
+}
+
+fn node(name: &str, ready: bool) -> Arc<Node> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
+            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
+                "lastTransitionTime": t(-5_000).to_string()}]},
+        }))
+        .expect("node"),
+    )
+}
+
+fn policy(spec: serde_json::Value, status: serde_json::Value) -> Arc<DisruptionPolicy> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+            "metadata": {"name": "pool", "generation": 3, "resourceVersion": "7"},
+            "spec": spec, "status": status,
+        }))
+        .expect("policy"),
+    )
+}
+
+fn maintenance(
+    name: &str,
+    node: &str,
+    created: i64,
+    status: serde_json::Value,
+) -> Arc<NodeMaintenance> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": t(created).to_string()},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+            "status": status,
+        }))
+        .expect("maintenance"),
+    )
+}
+
+fn slot(name: &str, node: &str) -> serde_json::Value {
+    json!({"maintenance": name, "uid": format!("uid-{name}"), "nodeName": node, "admittedAt": t(0).to_string()})
+}
+
+fn cluster(n: usize) -> Objects {
+    Objects {
+        nodes: (0..n).map(|i| node(&format!("n{i}"), true)).collect(),
+        policies: vec![policy(json!({"maxConcurrent": 2}), json!({}))],
+        ..Objects::default()
+    }
+}
+
+#[test]
+fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
+    let mut objects = cluster(5);
+    for i in 0..5 {
+        // Created in reverse order of their names: age, not name, decides.
+        objects.maintenances.push(maintenance(
+            &format!("m{i}"),
+            &format!("n{i}"),
+            100 - i as i64,
+            json!(null),
+        ));
+    }
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["m4", "m3"]);
+    assert_eq!(plan.admit[0].new_slots_in, ["pool"]);
+    assert_eq!(plan.deny.len(), 3);
+    assert!(
+        plan.deny.iter().all(|d| d.reason == "BudgetExhausted"),
+        "{:?}",
+        plan.deny
+    );
+    let status = &plan.policy_status["pool"];
+    assert_eq!(status.slots.len(), 2);
+    assert_eq!((status.matched, status.in_maintenance), (5, 2));
+    assert_eq!(plan.budget_use["pool"], (2, 2));
+}
+
+/// The objects after a round's writes went through (slots, then admissions).
+fn written(mut objects: Objects, plan: &Plan) -> Objects {
+    for p in &mut objects.policies {
+        if let Some(status) = plan.policy_status.get(&p.name_any()) {
+            Arc::make_mut(p).status = Some(status.clone());
+        }
+    }
+    for m in &mut objects.maintenances {
+        if plan.admit.iter().any(|a| a.maintenance == m.name_any()) {
+            Arc::make_mut(m)
+                .status
+                .get_or_insert_with(Default::default)
+                .phase = MaintenancePhase::Admitted;
+        }
+    }
+    objects
+}
+
+fn names<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<String> {
+    items.iter().map(|i| name(i).to_owned()).collect()
+}
+
+#[test]
+fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
+    let mut objects = cluster(5);
+    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    let mut round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(names(&round.admit, |a| &a.maintenance), ["m0"]);
+    let mut objects = written(objects, &round);
+    let new: Vec<_> = (1..4)
+        .map(|i| maintenance(&format!("m{i}"), &format!("n{i}"), 300 - i, json!(null)))
+        .collect();
+
+    let fast = admit_new(
+        &mut round.standing,
+        &objects.policies,
+        &new,
+        &BTreeMap::new(),
+        t(400),
+    )
+    .expect("the standing decides");
+    objects.maintenances.extend(new);
+    let full = plan(&objects, &mut Memory::default(), t(400));
+    // The oldest new one (m3) takes the second slot; the others find the budget used.
+    assert_eq!(names(&fast.admit, |a| &a.maintenance), ["m3"]);
+    assert_eq!(fast.admit[0].new_slots_in, ["pool"]);
+    assert_eq!(
+        names(&fast.admit, |a| &a.maintenance),
+        names(&full.admit, |a| &a.maintenance)
+    );
+    assert_eq!(fast.deny, full.deny);
+    let status = &fast.policy_status["pool"];
+    assert_eq!(names(&status.slots, |s| &s.maintenance), ["m0", "m3"]);
+    assert_eq!(status.in_maintenance, 2);
+    assert_eq!(fast.budget_use["pool"], (2, 2));
+    assert!(round.standing.policies["pool"].slots.contains("uid-m3"));
+    // What it admitted counts against the next burst.
+    let next = admit_new(
+        &mut round.standing,
+        &written(objects, &fast).policies,
+        &[maintenance("m4", "n4", 500, json!(null))],
+        &BTreeMap::new(),
+        t(500),
+    )
+    .expect("the standing decides");
+    assert!(next.admit.is_empty());
+    assert_eq!(next.deny[0].reason, "BudgetExhausted");
+}
+
+#[test]
+fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() {
+    let objects = cluster(3);
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let objects = written(objects, &round);
+    let new = [maintenance("m1", "n1", 300, json!(null))];
+    let decide = |policies: &[Arc<DisruptionPolicy>], new: &[Arc<NodeMaintenance>]| {
+        admit_new(
+            &mut round.standing.clone(),
+            policies,
+            new,
+            &BTreeMap::new(),
+            t(400),
+        )
+    };
+    assert!(decide(&objects.policies, &new).is_some());
+
+    // Another coordinator took a slot.
+    let mut taken = objects.policies.clone();
+    Arc::make_mut(&mut taken[0])
+        .status
+        .get_or_insert_with(Default::default)
+        .slots
+        .push(serde_json::from_value(slot("other", "n2")).expect("slot"));
+    assert!(decide(&taken, &new).is_none());
+    // The spec changed (e.g. paused).
+    let mut edited = objects.policies.clone();
+    Arc::make_mut(&mut edited[0]).metadata.generation = Some(4);
+    assert!(decide(&edited, &new).is_none());
+    // A node the round did not see, or a policy it did not know.
+    assert!(
+        decide(
+            &objects.policies,
+            &[maintenance("m9", "n9", 300, json!(null))]
+        )
+        .is_none()
+    );
+    let mut more = objects.policies.clone();
+    more.push(policy(json!({"maxConcurrent": 1}), json!({})));
+    Arc::make_mut(&mut more[1]).metadata.name = Some("other".into());
+    assert!(decide(&more, &new).is_none());
+}
+
+#[test]
+fn the_standing_looks_at_windows_and_blockers_again() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(
+        json!({"maxConcurrent": 2, "windows": [{"start": "08:00", "end": "09:00"}]}),
+        json!({}),
+    )];
+    // t(0) is 08:00 UTC: the window is open for the round, closed an hour later.
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let objects = written(objects, &round);
+    let new = [maintenance("m1", "n1", 300, json!(null))];
+    let decide = |blockers: &BTreeMap<String, String>, now: i64| {
+        admit_new(
+            &mut round.standing.clone(),
+            &objects.policies,
+            &new,
+            blockers,
+            t(now),
+        )
+    };
+    let open = decide(&BTreeMap::new(), 400).expect("decides");
+    assert_eq!(open.admit.len(), 1);
+    // Closed since: older pending maintenances may be affected, a full round decides.
+    assert!(decide(&BTreeMap::new(), 4_000).is_none());
+    let blockers = BTreeMap::from([("n1".to_owned(), "pod ns/p".to_owned())]);
+    let blocked = decide(&blockers, 400).expect("decides");
+    assert_eq!(blocked.deny[0].reason, "Blocked");
+    assert!(
+        blocked.deny[0].message.contains("pod ns/p"),
+        "{:?}",
+        blocked.deny
+    );
+}
+
+#[test]
+fn a_finished_maintenance_frees_its_slot_and_the_next_one_gets_it() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(
+        json!({"maxConcurrent": 1}),
+        json!({"slots": [slot("m0", "n0")]}),
+    )];
+    objects.maintenances = vec![
+        maintenance("m0", "n0", 0, json!({"phase": "Succeeded"})),
+        maintenance("m1", "n1", 1, json!(null)),
+    ];
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(plan.admit.len(), 1);
+    assert_eq!(plan.admit[0].maintenance, "m1");
+    let slots: Vec<&str> = plan.policy_status["pool"]
+        .slots
+        .iter()
+        .map(|s| s.maintenance.as_str())
+        .collect();
+    assert_eq!(slots, ["m1"]);
+}
+
+#[test]
+fn a_slot_whose_maintenance_is_missing_is_freed_only_once_confirmed_gone() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(
+        json!({"maxConcurrent": 1}),
+        json!({"slots": [slot("m0", "n0")]}),
+    )];
+    objects.maintenances = vec![maintenance("m1", "n1", 1, json!(null))];
+    let mut memory = Memory::default();
+    let first = plan(&objects, &mut memory, t(200));
+    assert!(
+        first.admit.is_empty(),
+        "a lagging watch must not free the slot"
+    );
+    let gone = Gone::Maintenance {
+        name: "m0".into(),
+        uid: "uid-m0".into(),
+    };
+    assert!(first.confirm_gone.contains(&gone));
+    memory.confirmed_gone.insert(gone);
+    let second = plan(&objects, &mut memory, t(201));
+    assert_eq!(second.admit.len(), 1, "{second:?}");
+}
+
+#[test]
+fn a_half_done_admission_is_completed_without_a_second_slot() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(
+        json!({"maxConcurrent": 1}),
+        json!({"slots": [slot("m0", "n0")]}),
+    )];
+    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(plan.admit.len(), 1);
+    assert!(plan.admit[0].new_slots_in.is_empty());
+    assert!(
+        plan.policy_status
+            .get("pool")
+            .is_none_or(|s| s.slots.len() == 1)
+    );
+}
+
+#[test]
+fn not_ready_nodes_count_against_the_budget() {
+    let mut objects = cluster(3);
+    objects.nodes[2] = node("n2", false);
+    objects.policies = vec![policy(json!({"maxConcurrent": 1}), json!({}))];
+    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert!(plan.admit.is_empty());
+    assert_eq!(plan.deny[0].reason, "BudgetExhausted");
+    assert!(
+        plan.deny[0].message.contains("n2"),
+        "{}",
+        plan.deny[0].message
+    );
+}
+
+#[test]
+fn an_invalid_selector_blocks_everything_and_says_why() {
+    let mut objects = cluster(2);
+    objects.policies = vec![policy(
+        json!({"nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Sideways"}]}}),
+        json!({}),
+    )];
+    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(plan.deny[0].reason, "Blocked");
+    assert!(
+        plan.deny[0].message.contains("invalid"),
+        "{}",
+        plan.deny[0].message
+    );
+    let valid = plan.policy_status["pool"]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid")
+        .expect("Valid");
+    assert_eq!(valid.status, "False");
+    assert!(valid.message.contains("nodeSelector"), "{}", valid.message);
+}
+
+#[test]
+fn paused_is_true_only_when_every_agent_in_scope_acknowledged() {
+    let mut objects = cluster(2);
+    objects.policies = vec![policy(json!({"paused": true}), json!({}))];
+    let report = |name: &str, ack: Option<i64>| -> Arc<NodeReport> {
+        let acks: Vec<serde_json::Value> = ack
+            .into_iter()
+            .map(|g| json!({"policy": "pool", "observedGeneration": g}))
+            .collect();
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                "metadata": {"name": name}, "spec": {"nodeName": name},
+                "status": {"pauseAcknowledgements": acks},
+            }))
+            .expect("report"),
+        )
+    };
+    objects.reports = vec![report("n0", Some(3)), report("n1", Some(2))];
+    let paused = |objects: &Objects| {
+        let plan = plan(objects, &mut Memory::default(), t(0));
+        let c = plan.policy_status["pool"]
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Paused")
+            .cloned()
+            .expect("Paused");
+        (c.status, c.message)
+    };
+    let (status, message) = paused(&objects);
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("n1"),
+        "names the agent it waits for: {message}"
+    );
+    objects.reports[1] = report("n1", Some(3));
+    assert_eq!(paused(&objects).0, "True");
+}
+
+#[test]
+fn an_active_maintenance_of_a_deleted_node_ends_once_the_deletion_is_confirmed() {
+    let mut objects = cluster(1);
+    objects.maintenances = vec![maintenance("m9", "gone", 0, json!({"phase": "Draining"}))];
+    let mut memory = Memory::default();
+    let first = plan(&objects, &mut memory, t(0));
+    assert!(first.end.is_empty());
+    assert!(first.confirm_gone.contains(&Gone::Node("gone".into())));
+    memory.confirmed_gone.insert(Gone::Node("gone".into()));
+    let second = plan(&objects, &mut memory, t(1));
+    assert_eq!(second.end.len(), 1);
+    assert_eq!(second.end[0].phase, MaintenancePhase::Cancelled);
+}
+
+#[test]
+fn remediation_stops_when_more_nodes_than_max_unhealthy_are_unhealthy() {
+    let mut objects = cluster(4);
+    objects.policies = vec![policy(
+        json!({"maxUnhealthy": 1, "remediation": {"enabled": true,
+            "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
+        json!({}),
+    )];
+    objects.nodes[0] = node("n0", false);
+    let mut memory = Memory::default();
+    let one = plan(&objects, &mut memory, t(0));
+    assert_eq!(one.remediate.len(), 1, "{one:?}");
+    assert_eq!(one.remediate[0].node, "n0");
+    objects.nodes[1] = node("n1", false);
+    let two = plan(&objects, &mut memory, t(1));
+    assert!(two.remediate.is_empty());
+    let allowed = two.policy_status["pool"]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "RemediationAllowed")
+        .expect("condition");
+    assert_eq!(
+        (allowed.status.as_str(), allowed.reason.as_str()),
+        ("False", "TooManyUnhealthy")
+    );
+}
+
+#[test]
+fn a_reboot_remediation_that_did_not_help_escalates_to_delete_node() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(
+        json!({"remediation": {"enabled": true, "escalateAfter": "10m",
+            "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
+        json!({}),
+    )];
+    objects.nodes[0] = node("n0", false);
+    let mut reboot = maintenance(
+        "r0",
+        "n0",
+        0,
+        json!({"phase": "Verifying", "admission": {"policies": ["pool"], "admittedAt": t(0).to_string(), "admittedBy": "c"}}),
+    );
+    Arc::make_mut(&mut reboot).spec.reason = MaintenanceReason::Remediation;
+    objects.maintenances = vec![reboot];
+    let early = plan(&objects, &mut Memory::default(), t(300));
+    assert!(
+        early.remediate.is_empty(),
+        "not before escalateAfter: {early:?}"
+    );
+    let late = plan(&objects, &mut Memory::default(), t(601));
+    assert_eq!(late.remediate.len(), 1, "{late:?}");
+    assert_eq!(late.remediate[0].action, MaintenanceAction::DeleteNode);
+    assert_eq!(late.remediate[0].replaces.as_deref(), Some("r0"));
+}
+
+#[test]
+fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
+    let mut objects = cluster(1);
+    let fresh: Node = serde_json::from_value(json!({
+        "metadata": {"name": "new", "creationTimestamp": t(0).to_string()},
+    }))
+    .expect("node");
+    objects.nodes.push(Arc::new(fresh));
+    objects.policies = vec![policy(
+        json!({"remediation": {"nodeStartupTimeout": "5m", "startupAction": "DeleteNode"}}),
+        json!({}),
+    )];
+    assert!(
+        plan(&objects, &mut Memory::default(), t(299))
+            .startup_timeouts
+            .is_empty()
+    );
+    let timed_out = plan(&objects, &mut Memory::default(), t(300)).startup_timeouts;
+    assert_eq!(timed_out.len(), 1);
+    assert_eq!(
+        (timed_out[0].node.as_str(), timed_out[0].action),
+        ("new", StartupAction::DeleteNode)
+    );
+    assert!(!timed_out[0].reported);
+    // A node seen Ready once is not "never Ready" when it later goes NotReady.
+    let mut memory = Memory::default();
+    memory.seen_ready.insert("new".into());
+    assert!(
+        plan(&objects, &mut memory, t(300))
+            .startup_timeouts
+            .is_empty()
+    );
+}

@@ -1,0 +1,249 @@
+//! The round's view of the cluster: the objects indexed by name, each policy resolved (its
+//! matched nodes, budgets, open windows, health rules and what is wrong with its spec), and
+//! the cluster as admission sees it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Resource, ResourceExt};
+use nodeward_api::{
+    DisruptionPolicy, NodeMaintenance, NodeReport, labels::CONTROL_PLANE_ROLE_LABEL,
+    node::is_ready, policy::BudgetSlot,
+};
+
+use super::{Memory, Objects, remediate::Assessed, std_duration, timestamp};
+use crate::{
+    admission::{
+        budget::{self, Rounding},
+        decide::{Cluster, NodeState, PolicyState},
+        window::{self, Window},
+    },
+    health::{ObservedCondition, Rules, UnhealthyRule},
+};
+
+/// The objects of one round by name, and the policies as it sees them (sorted by name).
+pub(super) struct Index<'a> {
+    // Keyed by borrowed names: at thousands of nodes, copies of names are much of a round.
+    pub nodes: BTreeMap<&'a str, &'a Node>,
+    pub reports: BTreeMap<&'a str, &'a NodeReport>,
+    pub maintenances: BTreeMap<String, &'a NodeMaintenance>,
+    pub policies: Vec<PolicyView<'a>>,
+}
+
+impl<'a> Index<'a> {
+    /// Indexes `objects`; remembers the nodes Ready now as seen Ready.
+    pub fn new(objects: &'a Objects, memory: &mut Memory, now: Timestamp) -> Self {
+        let nodes: BTreeMap<&str, &Node> = objects
+            .nodes
+            .iter()
+            .map(|n| (name_of(n.as_ref()), n.as_ref()))
+            .collect();
+        for (name, node) in &nodes {
+            if is_ready(node) && !memory.seen_ready.contains(*name) {
+                memory.seen_ready.insert((*name).to_owned());
+            }
+        }
+        memory.seen_ready.retain(|n| nodes.contains_key(n.as_str()));
+        let mut policies: Vec<PolicyView> = objects
+            .policies
+            .iter()
+            .map(|p| view(p, &nodes, now))
+            .collect();
+        policies.sort_by(|a, b| a.name.cmp(&b.name));
+        Self {
+            reports: objects
+                .reports
+                .iter()
+                .map(|r| (name_of(r.as_ref()), r.as_ref()))
+                .collect(),
+            maintenances: objects
+                .maintenances
+                .iter()
+                .map(|m| (m.name_any(), m.as_ref()))
+                .collect(),
+            nodes,
+            policies,
+        }
+    }
+}
+
+/// A policy as this round sees it.
+pub(super) struct PolicyView<'a> {
+    pub policy: &'a DisruptionPolicy,
+    pub name: String,
+    /// Matched by the selector (an invalid selector matches every node: it cannot protect
+    /// fewer nodes than it was meant to).
+    pub matched: BTreeSet<String>,
+    pub problem: Option<String>,
+    pub max_concurrent: usize,
+    pub max_unhealthy: Option<usize>,
+    pub window_open: bool,
+    pub rules: Rules,
+}
+
+fn name_of<K: Resource>(object: &K) -> &str {
+    object.meta().name.as_deref().unwrap_or_default()
+}
+
+/// `nodes` by name: in order, so that the matched set is built without sorting.
+fn view<'a>(
+    policy: &'a DisruptionPolicy,
+    nodes: &BTreeMap<&str, &Node>,
+    now: Timestamp,
+) -> PolicyView<'a> {
+    let name = policy.name_any();
+    let mut problems = Vec::new();
+    let matched: BTreeSet<String> = nodes
+        .values()
+        .filter(|n| {
+            policy.selects(n.labels()).unwrap_or_else(|e| {
+                if problems.is_empty() {
+                    problems.push(format!("nodeSelector.{e}"));
+                }
+                true
+            })
+        })
+        .map(|n| n.name_any())
+        .collect();
+    let max_concurrent = budget::resolve(
+        "maxConcurrent",
+        &policy.spec.max_concurrent,
+        matched.len(),
+        Rounding::DownAtLeastOne,
+    )
+    .unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        0
+    });
+    let max_unhealthy = policy.spec.max_unhealthy.as_ref().and_then(|limit| {
+        budget::resolve("maxUnhealthy", limit, matched.len(), Rounding::Down)
+            .map_err(|e| problems.push(e.to_string()))
+            .ok()
+    });
+    let window_open = window_open(policy, now, &mut problems);
+    PolicyView {
+        policy,
+        matched,
+        problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        max_concurrent,
+        max_unhealthy,
+        window_open,
+        rules: rules(policy),
+        name,
+    }
+}
+
+/// Whether one of the policy's windows is open at `now` (true when it has none); windows that
+/// do not parse add to `problems`.
+pub(super) fn window_open(
+    policy: &DisruptionPolicy,
+    now: Timestamp,
+    problems: &mut Vec<String>,
+) -> bool {
+    let windows: Vec<Window> = policy
+        .spec
+        .windows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| {
+            Window::parse(i, w)
+                .map_err(|e| problems.push(e.to_string()))
+                .ok()
+        })
+        .collect();
+    policy.spec.windows.is_empty() || window::any_open(&windows, now)
+}
+
+fn rules(policy: &DisruptionPolicy) -> Rules {
+    let Some(r) = policy.spec.remediation.as_ref() else {
+        return Rules::default();
+    };
+    Rules {
+        unhealthy: r
+            .unhealthy_conditions
+            .iter()
+            .filter_map(|c| {
+                Some(UnhealthyRule {
+                    type_: c.type_.clone(),
+                    status: c.status.clone(),
+                    for_: c.for_.to_std().ok()?,
+                })
+            })
+            .collect(),
+        heartbeat_timeout: std_duration(r.heartbeat_timeout.as_ref()),
+        startup_timeout: std_duration(r.node_startup_timeout.as_ref()),
+    }
+}
+
+pub(super) fn node_conditions(node: &Node) -> Vec<ObservedCondition> {
+    let created = timestamp(node.metadata.creation_timestamp.as_ref());
+    nodeward_api::node::conditions(node)
+        .iter()
+        .map(|c| ObservedCondition {
+            type_: c.type_.clone(),
+            status: c.status.clone(),
+            since: c.last_transition_time.as_ref().map_or(created, |t| t.0),
+        })
+        .collect()
+}
+
+/// Whether a node that is not Ready now was Ready before, as far as its Ready condition tells:
+/// it changed status well after the node registered (a kubelet that never got Ready posts
+/// NotReady at registration and keeps it; one that never posted is `NodeStatusNeverUpdated`).
+pub(super) fn was_ready_before(node: &Node) -> bool {
+    let created = timestamp(node.metadata.creation_timestamp.as_ref());
+    nodeward_api::node::condition(node, "Ready").is_some_and(|c| {
+        c.reason.as_deref() != Some("NodeStatusNeverUpdated")
+            && c.last_transition_time
+                .as_ref()
+                .is_some_and(|t| t.0.duration_since(created).as_secs() > 60)
+    })
+}
+
+/// The cluster as admission sees it: every node's state, each policy with the nodes it
+/// counts (matched, and those holding one of its `slots` though no longer matched), and the
+/// nodes `disrupted_by` some maintenance.
+pub(super) fn cluster(
+    index: &Index,
+    blockers: &BTreeMap<String, String>,
+    health: &Assessed,
+    slots: &BTreeMap<String, Vec<BudgetSlot>>,
+    disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+) -> Cluster {
+    Cluster {
+        nodes: index
+            .nodes
+            .iter()
+            .map(|(name, node)| {
+                let state = NodeState {
+                    ready: is_ready(node),
+                    control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
+                    unhealthy: health.unhealthy.contains(*name) || !is_ready(node),
+                    blocker: blockers.get(*name).cloned(),
+                };
+                ((*name).to_owned(), state)
+            })
+            .collect(),
+        policies: index
+            .policies
+            .iter()
+            .map(|p| {
+                let mut matched = p.matched.clone();
+                // A slot counts against its policy even if its node no longer matches.
+                matched.extend(slots[&p.name].iter().map(|s| s.node_name.clone()));
+                PolicyState {
+                    name: p.name.clone(),
+                    matched,
+                    max_concurrent: p.max_concurrent,
+                    max_unhealthy: p.max_unhealthy,
+                    paused: p.policy.spec.paused,
+                    window_open: p.window_open,
+                    allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
+                    invalid: p.problem.clone(),
+                }
+            })
+            .collect(),
+        disrupted: disrupted_by.keys().cloned().collect(),
+    }
+}
