@@ -6,6 +6,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::labels::CORDONED_BY_ANNOTATION;
 
+use nodeward_runtime::ApiError;
+
 use crate::Error;
 
 /// What `apply` did, so that `undo` reverts exactly that.
@@ -93,7 +95,7 @@ async fn update<T>(
         let mut node = nodes
             .get(name)
             .await
-            .map_err(|e| Error::kube("reading", format!("node {name}"), e))?;
+            .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?;
         let (write, result) = change(&mut node);
         if !write {
             return Ok(result);
@@ -101,7 +103,7 @@ async fn update<T>(
         match nodes.replace(name, &PostParams::default(), &node).await {
             Ok(_) => return Ok(result),
             Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
-            Err(e) => return Err(Error::kube(action, format!("node {name}"), e)),
+            Err(e) => return Err(ApiError::new(action, format!("node {name}"), e).into()),
         }
     }
 }

@@ -26,26 +26,10 @@ use std::path::PathBuf;
 pub enum Error {
     #[error("configuration {}: {message}", path.display())]
     Config { path: PathBuf, message: String },
-    #[error("{action} {object}: {source}")]
-    Kube {
-        action: &'static str,
-        object: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Kube(#[from] nodeward_runtime::ApiError),
     #[error("serving peer probes: {0}")]
     PeerProbes(String),
     #[error(transparent)]
     Runtime(#[from] nodeward_runtime::Error),
-}
-
-impl Error {
-    /// A failed API call: what was being done, to which object.
-    pub fn kube(action: &'static str, object: String, source: kube::Error) -> Self {
-        Self::Kube {
-            action,
-            object,
-            source,
-        }
-    }
 }

@@ -18,8 +18,8 @@ use nodeward_agent::{
 };
 use nodeward_api::report::AgentMode;
 use nodeward_runtime::{
-    listener::Limits,
-    telemetry::{self, LogFormat},
+    args::{ClientArgs, LogArgs},
+    events::Events,
 };
 
 /// nodeward's node agent.
@@ -49,12 +49,10 @@ enum Command {
         /// The name of this node's Node object.
         #[arg(long, env = "NODE_NAME")]
         node_name: String,
-        /// Kubeconfig for host mode; without it the in-cluster service account is used.
-        #[arg(long, env = "NODEWARD_KUBECONFIG")]
-        kubeconfig: Option<PathBuf>,
-        /// Log format.
-        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-        log_format: LogFormat,
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        log: LogArgs,
         /// Address for /healthz, /readyz and /metrics.
         #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9470")]
         listen: SocketAddr,
@@ -186,14 +184,14 @@ fn main() -> ExitCode {
         }
         Command::Run {
             node_name,
-            kubeconfig,
-            log_format,
+            client,
+            log,
             listen,
             auto_reboot,
             boot_id_file,
             ..
         } => {
-            telemetry::init_logging(*log_format);
+            log.init();
             let boot_id = match std::fs::read_to_string(boot_id_file) {
                 Ok(id) => Some(id.trim().to_owned()),
                 Err(e) => {
@@ -204,7 +202,7 @@ fn main() -> ExitCode {
             match runtime.block_on(run(
                 config,
                 node_name.clone(),
-                kubeconfig.clone(),
+                client,
                 *listen,
                 *auto_reboot,
                 boot_id,
@@ -222,12 +220,12 @@ fn main() -> ExitCode {
 async fn run(
     config: Config,
     node_name: String,
-    kubeconfig: Option<PathBuf>,
+    client_args: &ClientArgs,
     listen: SocketAddr,
     auto_reboot_flag: bool,
     boot_id: Option<String>,
 ) -> Result<(), Error> {
-    let mode = if kubeconfig.is_some() {
+    let mode = if client_args.kubeconfig.is_some() {
         AgentMode::Host
     } else {
         AgentMode::DaemonSet
@@ -245,7 +243,7 @@ async fn run(
             .inc();
     });
     let client = nodeward_runtime::client::connect_counting(
-        kubeconfig.as_deref(),
+        client_args.kubeconfig.as_deref(),
         user_agent,
         Some(on_request),
     )
@@ -256,16 +254,8 @@ async fn run(
         boot_id: boot_id.clone(),
     };
     let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
-    let (bound, serving) = server::serve(
-        listen,
-        metrics.encoder(),
-        readiness.clone(),
-        Limits::default(),
-    )
-    .await?;
-    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(serving);
+    server::spawn(listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
     if nodeward_agent::reaper::receives_orphans() {
         // PID 1 of its container: what checks leave behind is re-parented to the agent.
         tasks.spawn(nodeward_agent::reaper::reap(
@@ -330,11 +320,17 @@ async fn run(
     let (maintenances, watching) =
         nodeward_agent::maintenance::watch::start(client.clone(), &node_name);
     tasks.spawn(watching);
+    // The agent's own pod (in a DaemonSet), which its drains leave for last.
+    let own_pod = std::env::var("POD_NAMESPACE")
+        .ok()
+        .zip(std::env::var("POD_NAME").ok());
+    let events = Events::new(
+        client.clone(),
+        nodeward_api::labels::AGENT_FIELD_MANAGER,
+        node_name.clone(),
+    );
     if config.shutdown_guard.enabled {
         let guard = &config.shutdown_guard;
-        let own_pod = std::env::var("POD_NAMESPACE")
-            .ok()
-            .zip(std::env::var("POD_NAME").ok());
         let mut scan: Vec<PathBuf> = nodeward_agent::shutdown::dropin::DIRECTORIES
             .iter()
             .map(PathBuf::from)
@@ -352,9 +348,10 @@ async fn run(
                 drop_in_dir: guard.write_drop_in.then(|| guard.drop_in_dir.clone()),
                 drop_in_scan: scan,
                 plan: guard.drain_plan.clone(),
-                own_pod,
+                own_pod: own_pod.clone(),
                 reboot_gate: guard.reboot_gate,
             },
+            events: events.clone(),
             maintenances: maintenances.clone(),
         };
         tasks.spawn(shutdown.run());
@@ -368,10 +365,9 @@ async fn run(
             client: client.clone(),
             node: node_name.clone(),
             boot_id: boot_id.clone().unwrap_or_default(),
-            own_pod: std::env::var("POD_NAMESPACE")
-                .ok()
-                .zip(std::env::var("POD_NAME").ok()),
+            own_pod,
             notifier,
+            events,
             written: Default::default(),
         }
         .run(maintenances),

@@ -119,16 +119,12 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        let mut text = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
-        text
+        nodeward_runtime::metrics::encode(&self.registry)
     }
 
     /// The encoder the health and metrics server calls.
     pub fn encoder(self: &Arc<Self>) -> nodeward_runtime::server::Encode {
-        let metrics = self.clone();
-        Arc::new(move || metrics.encode())
+        nodeward_runtime::metrics::encoder(self.clone(), |m| &m.registry)
     }
 }
 

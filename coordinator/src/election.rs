@@ -21,6 +21,8 @@ use kube::{
 };
 use tokio::sync::watch;
 
+use nodeward_runtime::ApiError;
+
 use crate::{Error, metrics::Metrics};
 
 #[derive(Clone, Debug)]
@@ -156,7 +158,7 @@ async fn step(
     let current = api
         .get_opt(&settings.name)
         .await
-        .map_err(|e| Error::kube("reading lease", settings.name.clone(), e))?;
+        .map_err(|e| ApiError::new("reading lease", settings.name.clone(), e))?;
     let spec = current.as_ref().and_then(|l| l.spec.as_ref());
     let seen = record(spec);
     if seen != *observed {
@@ -177,7 +179,7 @@ async fn step(
             Ok(_) => Ok(true),
             // Someone else created it first; follow them next round.
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(e) => Err(Error::kube("creating lease", settings.name.clone(), e)),
+            Err(e) => Err(ApiError::new("creating lease", settings.name.clone(), e).into()),
         };
     };
     let old = lease.spec.take().unwrap_or_default();
@@ -202,7 +204,7 @@ async fn step(
     {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-        Err(e) => Err(Error::kube("updating lease", settings.name.clone(), e)),
+        Err(e) => Err(ApiError::new("updating lease", settings.name.clone(), e).into()),
     }
 }
 
@@ -227,7 +229,7 @@ async fn release(api: &Api<Lease>, settings: &Settings) -> Result<(), Error> {
     let mut lease = api
         .get(&settings.name)
         .await
-        .map_err(|e| Error::kube("reading lease", settings.name.clone(), e))?;
+        .map_err(|e| ApiError::new("reading lease", settings.name.clone(), e))?;
     let Some(spec) = lease.spec.as_mut() else {
         return Ok(());
     };
@@ -240,7 +242,7 @@ async fn release(api: &Api<Lease>, settings: &Settings) -> Result<(), Error> {
     api.replace(&settings.name, &PostParams::default(), &lease)
         .await
         .map(|_| ())
-        .map_err(|e| Error::kube("releasing lease", settings.name.clone(), e))
+        .map_err(|e| ApiError::new("releasing lease", settings.name.clone(), e).into())
 }
 
 #[cfg(test)]

@@ -17,26 +17,10 @@ pub mod webhook;
 /// Everything that can go wrong in the coordinator, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{action} {object}: {source}")]
-    Kube {
-        action: &'static str,
-        object: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Kube(#[from] nodeward_runtime::ApiError),
     #[error("the eviction webhook: {0}")]
     Webhook(String),
     #[error(transparent)]
     Runtime(#[from] nodeward_runtime::Error),
-}
-
-impl Error {
-    /// A failed API call: what was being done, to which object.
-    pub fn kube(action: &'static str, object: String, source: kube::Error) -> Self {
-        Self::Kube {
-            action,
-            object,
-            source,
-        }
-    }
 }

@@ -9,9 +9,9 @@ use nodeward_coordinator::{
     status, webhook,
 };
 use nodeward_runtime::{
+    args::{ClientArgs, LogArgs},
     listener::Limits,
     server::{self, Readiness},
-    telemetry::{self, LogFormat},
 };
 use tokio::sync::watch;
 
@@ -32,22 +32,20 @@ enum Command {
     Run(Box<Run>),
     /// Print policies with their budget use, maintenances with their phase, unhealthy nodes.
     Status {
-        /// Kubeconfig; without it the in-cluster service account is used.
-        #[arg(long, env = "NODEWARD_KUBECONFIG")]
-        kubeconfig: Option<PathBuf>,
+        #[command(flatten)]
+        client: ClientArgs,
     },
 }
 
 #[derive(clap::Args)]
 struct Run {
-    /// Kubeconfig; without it the in-cluster service account is used.
-    #[arg(long, env = "NODEWARD_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Address for /healthz, /readyz and /metrics.
     #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9471")]
     listen: SocketAddr,
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     /// Elect a leader among the replicas; `--leader-elect=false` makes this one act at once
     /// (budgets still hold: every budget write is conditional).
     #[arg(long, env = "NODEWARD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -132,7 +130,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Run(run) => {
-            telemetry::init_logging(run.log_format);
+            run.log.init();
             match runtime.block_on(run_coordinator(*run)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -141,7 +139,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Status { kubeconfig } => match runtime.block_on(print_status(kubeconfig)) {
+        Command::Status { client } => match runtime.block_on(print_status(client)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("nodeward-coordinator status: {e}");
@@ -198,20 +196,12 @@ fn default_identity() -> String {
 }
 
 async fn run_coordinator(run: Run) -> Result<(), Error> {
-    let client = nodeward_runtime::client::connect(run.kubeconfig.as_deref(), USER_AGENT).await?;
+    let client = run.client.connect(USER_AGENT).await?;
     let identity = run.identity.clone().unwrap_or_else(default_identity);
     let metrics = Arc::new(Metrics::new());
     let readiness = Arc::new(Readiness::new(&[nodeward_coordinator::controller::SYNCED]));
-    let (bound, serving) = server::serve(
-        run.listen,
-        metrics.encoder(),
-        readiness.clone(),
-        Limits::default(),
-    )
-    .await?;
-    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(serving);
+    server::spawn(run.listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
     if let Some(address) = run.webhook_listen {
         let serving = Arc::new(webhook::ServingCert::default());
         readiness.close(webhook::CERTIFICATE_LOADED);
@@ -300,8 +290,8 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     Ok(())
 }
 
-async fn print_status(kubeconfig: Option<PathBuf>) -> Result<(), Error> {
-    let client = nodeward_runtime::client::connect(kubeconfig.as_deref(), USER_AGENT).await?;
+async fn print_status(client: ClientArgs) -> Result<(), Error> {
+    let client = client.connect(USER_AGENT).await?;
     let objects = nodeward_coordinator::status::list_all(&client).await?;
     print!("{}", status::render(&objects, jiff::Timestamp::now()));
     Ok(())

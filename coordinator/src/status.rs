@@ -7,6 +7,8 @@ use jiff::Timestamp;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use nodeward_runtime::ApiError;
+
 use crate::{
     Error,
     round::{self, Memory, Objects},
@@ -145,7 +147,7 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         let listed = api
             .list(&Default::default())
             .await
-            .map_err(|e| Error::kube("listing", K::plural(&()).into_owned(), e))?;
+            .map_err(|e| ApiError::new("listing", K::plural(&()).into_owned(), e))?;
         Ok(listed.items.into_iter().map(Arc::new).collect())
     }
     Ok(Objects {

@@ -1,10 +1,13 @@
 //! What nodeward's daemons (agent and coordinator) share: the API client setup, the
 //! `/healthz` `/readyz` `/metrics` server and the limits of every listener, logging, backoff with jitter, and the stop signal.
 
+pub mod args;
 pub mod backoff;
 pub mod client;
+pub mod events;
 pub mod http;
 pub mod listener;
+pub mod metrics;
 pub mod server;
 pub mod telemetry;
 pub mod watch;
@@ -29,6 +32,26 @@ pub enum Error {
     Serve(String),
     #[error("installing the signal handler: {0}")]
     Signal(std::io::Error),
+}
+
+/// A failed API call: what was being done, to which object.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {object}: {source}")]
+pub struct ApiError {
+    pub action: &'static str,
+    pub object: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ApiError {
+    pub fn new(action: &'static str, object: String, source: kube::Error) -> Self {
+        Self {
+            action,
+            object,
+            source,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -96,6 +96,20 @@ pub async fn serve(
     Ok((bound, serving))
 }
 
+/// [`serve`]s `address` with the default [`Limits`] as a task of `tasks`; returns the bound
+/// address.
+pub async fn spawn(
+    address: SocketAddr,
+    metrics: Encode,
+    readiness: Arc<Readiness>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> Result<SocketAddr, Error> {
+    let (bound, serving) = serve(address, metrics, readiness, Limits::default()).await?;
+    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
+    tasks.spawn(serving);
+    Ok(bound)
+}
+
 fn route(path: &str, metrics: &Encode, readiness: &Readiness) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
         "/healthz" => (StatusCode::OK, "text/plain", "ok".to_owned()),

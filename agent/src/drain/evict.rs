@@ -19,6 +19,8 @@ use nodeward_api::{DrainPlan, OnTimeout, PodType, maintenance::BlockingPod};
 use tokio::time::Instant;
 
 use super::plan::{self, Ordered, PodInfo, Purpose};
+use nodeward_runtime::ApiError;
+
 use crate::{Error, backoff::Backoff};
 
 /// How often pods are re-read while waiting for them to go.
@@ -117,7 +119,7 @@ async fn pods_on(client: &Client, node: &str) -> Result<HashMap<String, Pod>, Er
     let listed = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
-        .map_err(|e| Error::kube("listing the pods of", format!("node {node}"), e))?;
+        .map_err(|e| ApiError::new("listing the pods of", format!("node {node}"), e))?;
     Ok(listed
         .items
         .into_iter()
@@ -136,7 +138,7 @@ pub async fn order(drain: &Drain<'_>) -> Result<Ordered, Error> {
         Api::<Namespace>::all(drain.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|e| Error::kube("listing", "namespaces".to_owned(), e))?
+            .map_err(|e| ApiError::new("listing", "namespaces".to_owned(), e))?
             .items
             .into_iter()
             .map(|n| (n.name_any(), n.labels().clone()))

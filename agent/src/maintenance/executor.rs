@@ -10,25 +10,25 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::{
-    api::core::v1::{Node, ObjectReference},
+    api::core::v1::Node,
     apimachinery::pkg::apis::meta::v1::{Condition, Time},
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{
-        events::{Event, EventType, Recorder, Reporter as EventSource},
-        reflector,
-    },
+    runtime::{events::EventType, reflector},
 };
 use nodeward_api::{
     DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
-    labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+    labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     policy::DrainTimeoutAction,
 };
+use nodeward_runtime::events::Events;
 use serde_json::json;
 
 use super::lifecycle::{self, Facts, Gate, Step};
+use nodeward_runtime::ApiError;
+
 use crate::{
     cordon::{self, Applied},
     drain::{
@@ -61,6 +61,8 @@ pub struct Executor {
     pub boot_id: String,
     pub own_pod: Option<(String, String)>,
     pub notifier: Notifier,
+    /// Events about the maintenances.
+    pub events: Events,
     /// The phase this agent last wrote, per maintenance uid (start empty).
     pub written: Mutex<HashMap<String, MaintenancePhase>>,
 }
@@ -519,7 +521,7 @@ impl Executor {
         let node = Api::<Node>::all(self.client.clone())
             .get(&self.node)
             .await
-            .map_err(|e| crate::Error::kube("reading", format!("node {}", self.node), e))?;
+            .map_err(|e| ApiError::new("reading", format!("node {}", self.node), e))?;
         let ready = nodeward_api::node::is_ready(&node);
         let problems: Vec<String> = nodeward_api::node::conditions(&node)
             .iter()
@@ -586,7 +588,7 @@ impl Executor {
         )
         .await
         .map_err(|e| {
-            crate::Error::kube(
+            ApiError::new(
                 "writing the status of",
                 format!("NodeMaintenance {}", m.name_any()),
                 e,
@@ -621,33 +623,20 @@ impl Executor {
             .await
             .map(|_| ())
             .map_err(|e| {
-                crate::Error::kube(
+                ApiError::new(
                     "updating the finalizers of",
                     format!("NodeMaintenance {}", m.name_any()),
                     e,
                 )
+                .into()
             })
     }
 
     async fn event(&self, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            EventSource {
-                controller: AGENT_FIELD_MANAGER.to_owned(),
-                instance: Some(self.node.clone()),
-            },
-        );
-        let reference: ObjectReference = m.object_ref(&());
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(format!("{note} (correlation {})", uid(m))),
-            action: "Maintenance".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &reference).await {
-            tracing::warn!(error = %e, %reason, "publishing an event failed");
-        }
+        let note = format!("{note} (correlation {})", uid(m));
+        self.events
+            .publish(&m.object_ref(&()), type_, "Maintenance", reason, note)
+            .await;
     }
 }
 

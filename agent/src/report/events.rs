@@ -1,7 +1,5 @@
-//! Events on the Node when a problem starts and when it clears, rate-limited so that a node
-//! in trouble never floods the API server.
-
-use std::time::{Duration, Instant};
+//! Events on the Node when a problem starts and when it clears (published within the agent's
+//! event rate limit, so that a node in trouble never floods the API server).
 
 use super::conditions::NodeCondition;
 
@@ -38,47 +36,6 @@ pub fn transitions(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<Nod
         }
     }
     events
-}
-
-/// A token bucket: `capacity` events at once, then one more every `refill`.
-#[derive(Clone, Debug)]
-pub struct RateLimit {
-    capacity: u32,
-    tokens: u32,
-    refill: Duration,
-    last_refill: Instant,
-}
-
-impl RateLimit {
-    pub fn new(capacity: u32, refill: Duration, now: Instant) -> Self {
-        Self {
-            capacity,
-            tokens: capacity,
-            refill,
-            last_refill: now,
-        }
-    }
-
-    /// Takes a token if one is left at `now`.
-    pub fn try_take(&mut self, now: Instant) -> bool {
-        if !self.refill.is_zero() {
-            let elapsed = now.saturating_duration_since(self.last_refill);
-            let earned =
-                (elapsed.as_nanos() / self.refill.as_nanos()).min(u128::from(self.capacity)) as u32;
-            if earned > 0 {
-                self.tokens = (self.tokens + earned).min(self.capacity);
-                self.last_refill += self.refill * earned;
-                if self.tokens == self.capacity {
-                    self.last_refill = now;
-                }
-            }
-        }
-        if self.tokens == 0 {
-            return false;
-        }
-        self.tokens -= 1;
-        true
-    }
 }
 
 #[cfg(test)]
@@ -141,20 +98,5 @@ mod tests {
             1,
             "a problem at start is an event"
         );
-    }
-
-    #[test]
-    fn rate_limit_allows_a_burst_then_one_per_refill() {
-        let t0 = Instant::now();
-        let mut limit = RateLimit::new(3, Duration::from_secs(30), t0);
-        assert!((0..3).all(|_| limit.try_take(t0)));
-        assert!(!limit.try_take(t0));
-        assert!(!limit.try_take(t0 + Duration::from_secs(29)));
-        assert!(limit.try_take(t0 + Duration::from_secs(30)));
-        assert!(!limit.try_take(t0 + Duration::from_secs(31)));
-        // A long quiet spell refills to capacity, not beyond.
-        let later = t0 + Duration::from_secs(3600);
-        assert!((0..3).all(|_| limit.try_take(later)));
-        assert!(!limit.try_take(later));
     }
 }

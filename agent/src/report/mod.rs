@@ -16,7 +16,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams, PostParams},
-    runtime::events::{Event, EventType, Recorder, Reporter as EventSource},
+    runtime::events::EventType,
 };
 use nodeward_api::{
     NodeReport,
@@ -24,13 +24,16 @@ use nodeward_api::{
     report::PauseAcknowledgement,
     report::{AgentMode, Finding as ReportedFinding},
 };
+use nodeward_runtime::events::Events;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use self::{
     conditions::{NodeCondition, aggregate, is_node_condition},
-    events::{NodeEvent, RateLimit, transitions},
+    events::{NodeEvent, transitions},
 };
+use nodeward_runtime::ApiError;
+
 use crate::{
     Error,
     backoff::Backoff,
@@ -61,8 +64,7 @@ pub struct Reporter {
     heartbeat: Duration,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
-    recorder: Recorder,
-    event_limit: RateLimit,
+    events: Events,
     /// The conditions the Node carries as far as the agent knows (read once, then as
     /// written), and when each took its current status.
     written: Option<Vec<NodeCondition>>,
@@ -81,18 +83,18 @@ impl Reporter {
         metrics: Arc<Metrics>,
         readiness: Arc<Readiness>,
     ) -> Self {
-        let source = EventSource {
-            controller: AGENT_FIELD_MANAGER.to_owned(),
-            instance: Some(identity.node_name.clone()),
-        };
         Self {
-            recorder: Recorder::new(client.clone(), source),
+            events: Events::new(
+                client.clone(),
+                AGENT_FIELD_MANAGER,
+                identity.node_name.clone(),
+            )
+            .limited(EVENT_BURST, EVENT_REFILL),
             client,
             identity,
             heartbeat,
             metrics,
             readiness,
-            event_limit: RateLimit::new(EVENT_BURST, EVENT_REFILL, std::time::Instant::now()),
             written: None,
             transitions: BTreeMap::new(),
             report_only: Vec::new(),
@@ -206,7 +208,7 @@ impl Reporter {
             let Some(node) = nodes
                 .get_opt(&name)
                 .await
-                .map_err(|e| Error::kube("reading", format!("node {name}"), e))?
+                .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?
             else {
                 return Ok(());
             };
@@ -270,8 +272,8 @@ impl Reporter {
             )
             .await;
         self.metrics.api_write("nodes/status", result.is_ok());
-        let node =
-            result.map_err(|e| Error::kube("applying conditions to", format!("node {name}"), e))?;
+        let node = result
+            .map_err(|e| ApiError::new("applying conditions to", format!("node {name}"), e))?;
         tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status)).collect::<Vec<_>>(), "node conditions written");
         self.written = Some(desired.clone());
         self.publish(&node.object_ref(&()), transitions(&before, &desired))
@@ -286,30 +288,17 @@ impl Reporter {
         events: Vec<NodeEvent>,
     ) {
         for event in events {
-            if !self.event_limit.try_take(std::time::Instant::now()) {
-                tracing::warn!(reason = %event.reason, "event rate limit reached; not publishing");
-                continue;
-            }
+            let type_ = if event.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
             let published = self
-                .recorder
-                .publish(
-                    &Event {
-                        type_: if event.warning {
-                            EventType::Warning
-                        } else {
-                            EventType::Normal
-                        },
-                        reason: event.reason.clone(),
-                        note: Some(event.note),
-                        action: "Detect".to_owned(),
-                        secondary: None,
-                    },
-                    reference,
-                )
+                .events
+                .publish(reference, type_, "Detect", &event.reason, event.note)
                 .await;
-            self.metrics.api_write("events", published.is_ok());
-            if let Err(e) = published {
-                tracing::warn!(error = %e, reason = %event.reason, "publishing an event failed");
+            if let Some(published) = published {
+                self.metrics.api_write("events", published);
             }
         }
     }
@@ -352,7 +341,7 @@ impl Reporter {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(|e| Error::kube("applying the status of", object, e))?;
+            .map_err(|e| ApiError::new("applying the status of", object, e))?;
         // Report-only findings (an unregistered kubelet) have no Node: their Events go on the
         // NodeReport.
         let report_only = aggregate(
@@ -377,7 +366,7 @@ impl Reporter {
         let node = Api::<Node>::all(self.client.clone())
             .get_opt(name)
             .await
-            .map_err(|e| Error::kube("reading", format!("node {name}"), e))?;
+            .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?;
         let owner = node.and_then(|n| n.metadata.uid).map(|uid| OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),
@@ -388,7 +377,7 @@ impl Reporter {
         let existing = reports
             .get_opt(name)
             .await
-            .map_err(|e| Error::kube("reading", object.clone(), e))?;
+            .map_err(|e| ApiError::new("reading", object.clone(), e))?;
         match existing {
             None => {
                 let mut report = new_report(name);
@@ -398,7 +387,7 @@ impl Reporter {
                 match created {
                     Ok(_) => {}
                     Err(kube::Error::Api(status)) if status.code == 409 => return Ok(false),
-                    Err(e) => return Err(Error::kube("creating", object, e)),
+                    Err(e) => return Err(ApiError::new("creating", object, e).into()),
                 }
             }
             Some(report)
@@ -422,7 +411,7 @@ impl Reporter {
                     )
                     .await;
                 self.metrics.api_write("nodereports", applied.is_ok());
-                applied.map_err(|e| Error::kube("setting the owner of", object, e))?;
+                applied.map_err(|e| ApiError::new("setting the owner of", object, e))?;
             }
             Some(_) => {}
         }

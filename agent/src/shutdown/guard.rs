@@ -21,13 +21,14 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams},
-    runtime::events::{Event, EventType, Recorder, Reporter as EventSource},
+    runtime::events::EventType,
 };
 use nodeward_api::{
     DrainPlan, NodeReport,
     labels::SHUTDOWN_TAINT,
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
+use nodeward_runtime::events::Events;
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::{dropin, logind::ManagerProxy};
@@ -83,6 +84,8 @@ pub struct Guard {
     pub node: String,
     pub boot_id: String,
     pub settings: Settings,
+    /// Events about the node.
+    pub events: Events,
     /// This node's maintenances, for the reboot gate.
     pub maintenances: NodeMaintenances,
 }
@@ -622,29 +625,15 @@ impl Guard {
 
     /// An Event about this node (best effort: a failure is logged).
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        let recorder = Recorder::new(
-            self.client.clone(),
-            EventSource {
-                controller: nodeward_api::labels::AGENT_FIELD_MANAGER.to_owned(),
-                instance: Some(self.node.clone()),
-            },
-        );
         let node = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Node".into()),
             name: Some(self.node.clone()),
             ..Default::default()
         };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: "Shutdown".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &node).await {
-            tracing::warn!(error = %e, %reason, "publishing an event failed");
-        }
+        self.events
+            .publish(&node, type_, "Shutdown", reason, note)
+            .await;
     }
 
     /// Changes the state and writes the guard's NodeReport fields when they changed.

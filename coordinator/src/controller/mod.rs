@@ -16,17 +16,11 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, Client, ResourceExt,
-    api::DeleteParams,
-    runtime::{
-        events::{Recorder, Reporter},
-        reflector,
-    },
-};
+use kube::{Api, Client, ResourceExt, api::DeleteParams, runtime::reflector};
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, labels::COORDINATOR_FIELD_MANAGER,
 };
+use nodeward_runtime::events::Events;
 use tokio::sync::watch::Receiver;
 
 mod watch;
@@ -36,8 +30,9 @@ use watch::Fresh;
 pub use watch::{Changes, Stores};
 use write::Writer;
 
+use nodeward_runtime::ApiError;
+
 use crate::{
-    Error,
     blockers::{self, Lookups},
     metrics::{Metrics, RoundLabels},
     round::{self, Gone, Memory, Objects, Plan, Standing},
@@ -69,20 +64,14 @@ impl Controller {
         metrics: Arc<Metrics>,
         changed: Arc<Changes>,
     ) -> Self {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: COORDINATOR_FIELD_MANAGER.to_owned(),
-                instance: Some(identity.clone()),
-            },
-        );
+        let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
             blockers: Lookups::new(client.clone()),
             writer: Writer {
                 client,
                 identity,
                 metrics,
-                recorder,
+                events,
                 changed,
                 fresh_maintenances: Arc::new(std::sync::Mutex::new(Fresh::new())),
             },
@@ -205,7 +194,7 @@ impl Controller {
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {
-                    tracing::warn!(error = %Error::kube("deleting", format!("Node {node}"), e), "DeleteNode maintenance")
+                    tracing::warn!(error = %ApiError::new("deleting", format!("Node {node}"), e), "DeleteNode maintenance")
                 }
             }
         }

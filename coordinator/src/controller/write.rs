@@ -16,7 +16,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams},
-    runtime::events::{Event, EventType, Recorder},
+    runtime::events::EventType,
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
@@ -26,11 +26,14 @@ use nodeward_api::{
     policy::StartupAction,
 };
 
+use nodeward_runtime::ApiError;
+
 use crate::{
-    Error,
     metrics::{Metrics, PolicyLabels, ReasonLabels},
     round::{self, Objects, Plan},
 };
+
+use nodeward_runtime::events::Events;
 
 use super::{
     Controller,
@@ -62,7 +65,7 @@ pub(super) struct Writer {
     pub(super) client: Client,
     pub(super) identity: String,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) recorder: Recorder,
+    pub(super) events: Events,
     /// Told of each write, so that its watch event wakes no round.
     pub(super) changed: Arc<Changes>,
     /// Shared with the admission tasks.
@@ -130,7 +133,7 @@ impl Controller {
                     failed.insert(name.clone());
                 }
                 Err(e) => {
-                    tracing::warn!(error = %Error::kube("writing the status of", format!("DisruptionPolicy {name}"), e), "budget write failed");
+                    tracing::warn!(error = %ApiError::new("writing the status of", format!("DisruptionPolicy {name}"), e), "budget write failed");
                     failed.insert(name.clone());
                 }
             }
@@ -195,14 +198,12 @@ impl Controller {
                         reason: denial.reason.to_owned(),
                     })
                     .inc();
-                self.writer
-                    .event(
-                        current.as_ref(),
-                        EventType::Normal,
-                        denial.reason,
-                        denial.message.clone(),
-                    )
-                    .await;
+                self.writer.event(
+                    current.as_ref(),
+                    EventType::Normal,
+                    denial.reason,
+                    denial.message.clone(),
+                );
             }
         }
     }
@@ -233,14 +234,12 @@ impl Controller {
             } else {
                 EventType::Warning
             };
-            self.writer
-                .event(
-                    current.as_ref(),
-                    kind,
-                    &format!("{phase:?}"),
-                    message.to_owned(),
-                )
-                .await;
+            self.writer.event(
+                current.as_ref(),
+                kind,
+                &format!("{phase:?}"),
+                message.to_owned(),
+            );
         }
     }
 
@@ -270,17 +269,15 @@ impl Controller {
             match applied {
                 Ok(node) => {
                     tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
-                    self.writer
-                        .event(
-                            &node,
-                            EventType::Warning,
-                            "NodeStartupTimeout",
-                            format!("{} (policy {})", timeout.message, timeout.policy),
-                        )
-                        .await;
+                    self.writer.event(
+                        &node,
+                        EventType::Warning,
+                        "NodeStartupTimeout",
+                        format!("{} (policy {})", timeout.message, timeout.policy),
+                    );
                 }
                 Err(e) => {
-                    tracing::warn!(error = %Error::kube("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
+                    tracing::warn!(error = %ApiError::new("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
                     return;
                 }
             }
@@ -292,7 +289,7 @@ impl Controller {
                 }
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => {
-                    tracing::warn!(error = %Error::kube("deleting", format!("Node {}", timeout.node), e), "startup action failed")
+                    tracing::warn!(error = %ApiError::new("deleting", format!("Node {}", timeout.node), e), "startup action failed")
                 }
             }
         }
@@ -337,17 +334,15 @@ impl Controller {
                     .insert(request.node.clone(), Instant::now());
                 self.writer.metrics.remediations.inc();
                 tracing::warn!(node = %request.node, maintenance = %created.name_any(), action = ?request.action, message = %request.message, "remediation requested");
-                self.writer
-                    .event(
-                        &created,
-                        EventType::Warning,
-                        "RemediationRequested",
-                        request.message.clone(),
-                    )
-                    .await;
+                self.writer.event(
+                    &created,
+                    EventType::Warning,
+                    "RemediationRequested",
+                    request.message.clone(),
+                );
             }
             Err(e) => {
-                tracing::warn!(error = %Error::kube("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
+                tracing::warn!(error = %ApiError::new("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
             }
         }
     }
@@ -389,7 +384,7 @@ impl Writer {
             }
             Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
             Err(e) => {
-                tracing::warn!(error = %Error::kube("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
+                tracing::warn!(error = %ApiError::new("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
                 false
             }
         }
@@ -443,37 +438,18 @@ impl Writer {
                 self.metrics.admission_latency_seconds.observe(latency);
             }
             tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
-            self.event(current, EventType::Normal, "Admitted", note)
-                .await;
+            self.event(current, EventType::Normal, "Admitted", note);
         }
         written
     }
 
     /// Publishes an Event off the decision path: a round does not wait for it.
-    pub(super) async fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
+    pub(super) fn event<K>(&self, object: &K, type_: EventType, reason: &str, note: String)
     where
         K: Resource<DynamicType = ()>,
     {
-        let reference = object.object_ref(&());
-        let recorder = self.recorder.clone();
-        let reason = reason.to_owned();
-        tokio::spawn(async move {
-            let published = recorder
-                .publish(
-                    &Event {
-                        type_,
-                        reason: reason.clone(),
-                        note: Some(note),
-                        action: "Admission".to_owned(),
-                        secondary: None,
-                    },
-                    &reference,
-                )
-                .await;
-            if let Err(e) = published {
-                tracing::warn!(error = %e, %reason, "publishing an event failed");
-            }
-        });
+        self.events
+            .spawn(object.object_ref(&()), type_, "Admission", reason, note);
     }
 }
 

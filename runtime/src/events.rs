@@ -1,0 +1,157 @@
+//! Kubernetes Events, published best effort (a failure is logged, never fatal) by one
+//! recorder per daemon, within an optional rate limit.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Client,
+    runtime::events::{Event, EventType, Recorder, Reporter},
+};
+
+/// Publishes Events as one component (`controller`, e.g. the agent's field manager) and
+/// instance (the node or pod). Cheap to clone: clones share the recorder and the limit.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+    limit: Option<Arc<Mutex<RateLimit>>>,
+}
+
+impl Events {
+    pub fn new(client: Client, controller: &str, instance: String) -> Self {
+        Self {
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: controller.to_owned(),
+                    instance: Some(instance),
+                },
+            ),
+            limit: None,
+        }
+    }
+
+    /// At most `burst` Events at once, then one more every `refill`; the others are dropped
+    /// with a warning.
+    pub fn limited(mut self, burst: u32, refill: Duration) -> Self {
+        self.limit = Some(Arc::new(Mutex::new(RateLimit::new(
+            burst,
+            refill,
+            Instant::now(),
+        ))));
+        self
+    }
+
+    /// Publishes an Event about `about`; returns whether the API server took it, or `None`
+    /// when the rate limit held it back (either is logged).
+    pub async fn publish(
+        &self,
+        about: &ObjectReference,
+        type_: EventType,
+        action: &str,
+        reason: &str,
+        note: String,
+    ) -> Option<bool> {
+        let allowed = self.limit.as_ref().is_none_or(|limit| {
+            limit
+                .lock()
+                .map_or(true, |mut limit| limit.try_take(Instant::now()))
+        });
+        if !allowed {
+            tracing::warn!(%reason, "event rate limit reached; not publishing");
+            return None;
+        }
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        let published = self.recorder.publish(&event, about).await;
+        if let Err(e) = &published {
+            tracing::warn!(error = %e, %reason, "publishing an event failed");
+        }
+        Some(published.is_ok())
+    }
+
+    /// Publishes in the background, off the caller's path (which does not wait for it).
+    pub fn spawn(
+        &self,
+        about: ObjectReference,
+        type_: EventType,
+        action: &'static str,
+        reason: &str,
+        note: String,
+    ) {
+        let events = self.clone();
+        let reason = reason.to_owned();
+        tokio::spawn(async move {
+            events.publish(&about, type_, action, &reason, note).await;
+        });
+    }
+}
+
+/// A token bucket: `capacity` events at once, then one more every `refill`.
+#[derive(Clone, Debug)]
+pub struct RateLimit {
+    capacity: u32,
+    tokens: u32,
+    refill: Duration,
+    last_refill: Instant,
+}
+
+impl RateLimit {
+    pub fn new(capacity: u32, refill: Duration, now: Instant) -> Self {
+        Self {
+            capacity,
+            tokens: capacity,
+            refill,
+            last_refill: now,
+        }
+    }
+
+    /// Takes a token if one is left at `now`.
+    pub fn try_take(&mut self, now: Instant) -> bool {
+        if !self.refill.is_zero() {
+            let elapsed = now.saturating_duration_since(self.last_refill);
+            let earned =
+                (elapsed.as_nanos() / self.refill.as_nanos()).min(u128::from(self.capacity)) as u32;
+            if earned > 0 {
+                self.tokens = (self.tokens + earned).min(self.capacity);
+                self.last_refill += self.refill * earned;
+                if self.tokens == self.capacity {
+                    self.last_refill = now;
+                }
+            }
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_allows_a_burst_then_one_per_refill() {
+        let t0 = Instant::now();
+        let mut limit = RateLimit::new(3, Duration::from_secs(30), t0);
+        assert!((0..3).all(|_| limit.try_take(t0)));
+        assert!(!limit.try_take(t0));
+        assert!(!limit.try_take(t0 + Duration::from_secs(29)));
+        assert!(limit.try_take(t0 + Duration::from_secs(30)));
+        assert!(!limit.try_take(t0 + Duration::from_secs(31)));
+        // A long quiet spell refills to capacity, not beyond.
+        let later = t0 + Duration::from_secs(3600);
+        assert!((0..3).all(|_| limit.try_take(later)));
+        assert!(!limit.try_take(later));
+    }
+}
