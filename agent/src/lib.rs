@@ -8,16 +8,17 @@ pub mod config;
 pub mod cordon;
 pub mod detect;
 pub mod drain;
+pub mod logind;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
 pub mod pause;
-pub mod peers;
 pub mod reaper;
 pub mod report;
 pub mod runner;
 pub mod shutdown;
 pub mod systemd;
+pub mod values;
 
 use std::path::PathBuf;
 

@@ -8,10 +8,9 @@ use nodeward_agent::{
         AgentContext, Detector,
         cluster::Cluster,
         kernel_log::{self, KernelLog},
-        peers::PeerContext,
+        peers::{self, Directory, PeerContext},
     },
     metrics::Metrics,
-    peers::{self, Directory},
     report::{Identity, Reporter},
     runner,
     server::{self, Readiness},
@@ -308,7 +307,7 @@ async fn run(
         peers,
         kernel_log: kernel_log.flatten(),
     };
-    let detectors = Detector::all(&config, Some(&agent));
+    let detectors = Detector::all(&config.detectors, Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
         client.clone(),

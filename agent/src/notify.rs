@@ -12,7 +12,66 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{backoff::Backoff, config::NotificationsConfig};
+use crate::backoff::Backoff;
+
+/// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
+/// notification never holds a maintenance up).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct NotificationsConfig {
+    /// Where to POST; none sent when empty.
+    pub url: String,
+    /// Extra request headers, e.g. `Authorization` (keep the file private then).
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// The events sent; all when empty.
+    pub events: Vec<NoticeKind>,
+    /// The body's `text` per event, with placeholders `{node}`, `{maintenance}`, `{reason}`,
+    /// `{action}`, `{message}`, `{correlation}`.
+    pub templates: std::collections::BTreeMap<NoticeKind, String>,
+    /// Tries per notification, the first included.
+    pub attempts: u32,
+    /// Longest one try may take.
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+}
+
+impl Default for NotificationsConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            headers: std::collections::BTreeMap::new(),
+            events: Vec::new(),
+            templates: std::collections::BTreeMap::new(),
+            attempts: 5,
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl NotificationsConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if !self.url.is_empty() {
+            crate::values::http_url(&format!("{place}.url"), &self.url)?;
+        }
+        if self.attempts == 0 {
+            return Err(format!("{place}.attempts: must be at least 1, e.g. 5"));
+        }
+        if self.timeout.is_zero() {
+            return Err(format!("{place}.timeout: must be more than 0s, e.g. 10s"));
+        }
+        for (kind, template) in &self.templates {
+            check_template(template).map_err(|e| format!("{place}.templates.{kind:?}: {e}"))?;
+        }
+        for name in self.headers.keys() {
+            if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(format!(
+                    "{place}.headers: {name:?} is not a valid HTTP header name"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Notifications waiting for delivery; more are dropped (with a warning) rather than queued
 /// without bound while the receiver is down.

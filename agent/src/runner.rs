@@ -13,7 +13,7 @@ use tokio::{
 };
 
 use crate::{
-    config::Schedule,
+    detect::Schedule,
     detect::{
         Detector, Finding,
         debounce::{Change, Debounced},
@@ -105,7 +105,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::config::{Config, CustomCheckConfig};
+    use crate::{config::Config, detect::custom::CustomCheckConfig};
 
     fn custom(name: &str, script: &str, hold: Duration) -> CustomCheckConfig {
         CustomCheckConfig {
@@ -132,7 +132,7 @@ mod tests {
                 Duration::ZERO,
             ),
         ];
-        let detectors: Vec<Detector> = Detector::all(&config, None)
+        let detectors: Vec<Detector> = Detector::all(&config.detectors, None)
             .into_iter()
             .filter(|d| matches!(d, Detector::Custom(_)))
             .collect();

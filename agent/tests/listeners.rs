@@ -75,7 +75,7 @@ async fn a_thousand_silent_connections_do_not_exhaust_the_peer_probe_port() -> a
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let responding = tokio::spawn(nodeward_agent::peers::respond(port).await?);
+    let responding = tokio::spawn(nodeward_agent::detect::peers::respond(port).await?);
     let target = SocketAddr::from(([127, 0, 0, 1], port));
     let siege = Siege::start(IpAddr::from(NEIGHBOUR), target, SIEGE, b"").await?;
     let limits = Limits::default();
@@ -83,8 +83,8 @@ async fn a_thousand_silent_connections_do_not_exhaust_the_peer_probe_port() -> a
         .until_held_at_most(limits.max_per_address, Duration::from_secs(5))
         .await?;
     // A peer's probe from another address is answered while the neighbour holds its share.
-    nodeward_agent::peers::probe(
-        nodeward_agent::peers::Protocol::Tcp,
+    nodeward_agent::detect::peers::probe(
+        nodeward_agent::detect::peers::Protocol::Tcp,
         [127, 0, 0, 1].into(),
         port,
         Duration::from_secs(2),

@@ -13,8 +13,8 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
 use nodeward_agent::{
-    config::{Config, SecurityGroupsConfig},
-    detect::{Detector, Status},
+    config::Config,
+    detect::{Detector, Status, security_groups::SecurityGroupsConfig},
 };
 
 /// How the stand-in behaves.
@@ -95,7 +95,7 @@ fn detector(url: &str, expected: &[&str]) -> Detector {
         timeout: Duration::from_secs(2),
         ..SecurityGroupsConfig::default()
     };
-    Detector::all(&config, None)
+    Detector::all(&config.detectors, None)
         .into_iter()
         .find(|d| d.name() == "security-groups")
         .expect("the detector is on when groups are expected")

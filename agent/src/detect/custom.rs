@@ -1,8 +1,80 @@
 //! Custom checks in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything
 //! else (or a signal, or no way to run it) unknown; the first line of output is the message.
 
+use crate::values;
+use serde::Deserialize;
+use std::time::Duration;
+
 use super::{Finding, Status, command};
-use crate::config::CustomCheckConfig;
+
+/// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
+/// unknown; the first line of output is the message.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CustomCheckConfig {
+    /// Unique name of the check (the detector name in reports).
+    pub name: String,
+    /// The node condition type it sets, CamelCase, e.g. `NTPProblem`.
+    pub condition: String,
+    /// The condition reason when the check finds a problem, CamelCase.
+    pub reason: String,
+    /// Program and arguments.
+    pub command: Vec<String>,
+    #[serde(
+        default = "custom_interval",
+        deserialize_with = "crate::values::duration"
+    )]
+    pub interval: Duration,
+    #[serde(
+        default = "custom_timeout",
+        deserialize_with = "crate::values::duration"
+    )]
+    pub timeout: Duration,
+    #[serde(default, rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+    /// Longest message kept from the output (node-problem-detector's default is 80).
+    #[serde(default = "custom_max_output")]
+    pub max_output_length: usize,
+}
+
+fn custom_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn custom_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn custom_max_output() -> usize {
+    80
+}
+
+/// Checks every custom check; `place` is the list's.
+pub fn validate_all(checks: &[CustomCheckConfig], place: &str) -> Result<(), String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (index, check) in checks.iter().enumerate() {
+        let place = format!("{place}[{index}]");
+        if check.name.is_empty() || !names.insert(check.name.as_str()) {
+            return Err(format!(
+                "{place}.name: {:?} must be non-empty and unique among the custom checks",
+                check.name
+            ));
+        }
+        for (field, value) in [("condition", &check.condition), ("reason", &check.reason)] {
+            values::camel_case(&format!("{place}.{field}"), value, "NTPProblem")?;
+        }
+        values::not_owned_by_others(&format!("{place}.condition"), &check.condition)?;
+        if check.command.first().is_none_or(String::is_empty) {
+            return Err(format!(
+                "{place}.command: give the program and its arguments, e.g. [\"/usr/local/bin/check-ntp\"]"
+            ));
+        }
+        if check.max_output_length == 0 {
+            return Err(format!("{place}.maxOutputLength: must be at least 1"));
+        }
+    }
+    Ok(())
+}
 
 pub async fn observe(check: &CustomCheckConfig) -> Finding {
     evaluate(check, command::run(&check.command).await)

@@ -1,11 +1,20 @@
 //! DNS: each configured name must resolve through the node's resolver.
 
+use serde::Deserialize;
+
 use std::time::Duration;
 
 use futures::future::join_all;
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
 use super::Finding;
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct DnsConfig {
+    /// Names that must resolve through the node's resolver; none means no DNS check.
+    pub names: Vec<String>,
+}
 
 pub const DETECTOR: &str = "dns";
 

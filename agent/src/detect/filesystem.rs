@@ -6,12 +6,42 @@
 //! mode's unit) remounts every path read-only for the agent alone, a container's read-only
 //! bind mounts do the same; the filesystem under them is still writable.
 
+use serde::Deserialize;
+use std::time::Duration;
+
 use std::path::{Path, PathBuf};
 
 use nodeward_api::conditions::node::READONLY_FILESYSTEM;
 
 use super::Finding;
-use crate::config::FilesystemConfig;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct FilesystemConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+    /// Paths that must be on writable filesystems; paths that do not exist are skipped.
+    pub paths: Vec<PathBuf>,
+}
+
+impl Default for FilesystemConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(10),
+            hold: Duration::ZERO,
+            paths: ["/var/lib/kubelet", "/var/lib/containerd", "/var/log"]
+                .map(PathBuf::from)
+                .to_vec(),
+        }
+    }
+}
 
 pub const DETECTOR: &str = "filesystem";
 const MOUNTINFO: &str = "/proc/self/mountinfo";

@@ -1,12 +1,55 @@
 //! Network interfaces: at least one non-loopback interface must be up with a usable address.
 
+use serde::Deserialize;
+
 use std::{collections::BTreeMap, net::IpAddr};
 
 use nix::{ifaddrs::getifaddrs, net::if_::InterfaceFlags};
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
 use super::Finding;
-use crate::config::InterfacesConfig;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct InterfacesConfig {
+    /// Interfaces that never count as the node's network: exact names, or prefixes ending in
+    /// `*`. By default the bridges and veths that container runtimes and CNIs create.
+    pub ignore: Vec<String>,
+}
+
+impl Default for InterfacesConfig {
+    fn default() -> Self {
+        let defaults = [
+            "veth*",
+            "docker*",
+            "cni*",
+            "cali*",
+            "flannel*",
+            "cilium_*",
+            "kube-ipvs*",
+            "virbr*",
+            "lxc*",
+            "tunl*",
+        ];
+        Self {
+            ignore: defaults.into_iter().map(String::from).collect(),
+        }
+    }
+}
+
+impl InterfacesConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        for (index, pattern) in self.ignore.iter().enumerate() {
+            let star = pattern.find('*');
+            if pattern.is_empty() || star.is_some_and(|at| at != pattern.len() - 1) {
+                return Err(format!(
+                    "{place}.ignore[{index}]: {pattern:?} is not an interface name or a prefix ending in a single '*' (e.g. \"eth0\" or \"veth*\")"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 pub const DETECTOR: &str = "interfaces";
 

@@ -3,6 +3,8 @@
 //! hung tasks) or sets a condition (a filesystem remounted read-only) that clears when the
 //! pattern has not matched for its `clearAfter`.
 
+use serde::Deserialize;
+
 use std::{
     collections::BTreeMap,
     io::{Read, Seek, SeekFrom},
@@ -15,7 +17,115 @@ use regex::Regex;
 use tokio::sync::mpsc;
 
 use super::{Finding, Status};
-use crate::{config::KernelLogConfig, report::events::NodeEvent};
+use crate::values;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KernelLogConfig {
+    pub enabled: bool,
+    /// The kernel log device, read from its current end on.
+    pub device: PathBuf,
+    /// How often the condition patterns are evaluated (matching itself is immediate).
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+    pub patterns: Vec<KernelPatternConfig>,
+}
+
+/// A kernel log pattern: an Event, or (with `condition`) a condition.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KernelPatternConfig {
+    /// CamelCase reason of the Event or condition, e.g. `OOMKilling`.
+    pub reason: String,
+    /// Regular expression (Rust `regex` syntax) matched against each kernel message.
+    pub regex: String,
+    /// Node condition type this pattern sets while it matched within `clearAfter`.
+    #[serde(default)]
+    pub condition: Option<String>,
+    #[serde(
+        default = "kernel_clear_after",
+        deserialize_with = "crate::values::duration"
+    )]
+    pub clear_after: Duration,
+}
+
+fn kernel_clear_after() -> Duration {
+    Duration::from_secs(3600)
+}
+
+impl Default for KernelLogConfig {
+    fn default() -> Self {
+        let pattern = |reason: &str, regex: &str, condition: Option<&str>| KernelPatternConfig {
+            reason: reason.to_owned(),
+            regex: regex.to_owned(),
+            condition: condition.map(str::to_owned),
+            clear_after: kernel_clear_after(),
+        };
+        Self {
+            enabled: true,
+            device: PathBuf::from("/dev/kmsg"),
+            interval: Duration::from_secs(10),
+            timeout: Duration::from_secs(5),
+            hold: Duration::ZERO,
+            patterns: vec![
+                pattern(
+                    "OOMKilling",
+                    r"(Out of memory|Memory cgroup out of memory): Kill(ed)? process \d+",
+                    None,
+                ),
+                pattern(
+                    "TaskHung",
+                    r"task \S+:\w+ blocked for more than \w+ seconds\.",
+                    None,
+                ),
+                pattern(
+                    "KernelOops",
+                    r"BUG: unable to handle kernel|Oops: \d+",
+                    None,
+                ),
+                pattern(
+                    "FilesystemIsReadOnly",
+                    r"Remounting filesystem read-only",
+                    Some(nodeward_api::conditions::node::READONLY_FILESYSTEM),
+                ),
+            ],
+        }
+    }
+}
+
+impl KernelLogConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        compile(self)?;
+        for (index, pattern) in self.patterns.iter().enumerate() {
+            let place = format!("{place}.patterns[{index}]");
+            values::camel_case(&format!("{place}.reason"), &pattern.reason, "OOMKilling")?;
+            if let Some(condition) = pattern.condition.as_deref() {
+                values::camel_case(
+                    &format!("{place}.condition"),
+                    condition,
+                    "ReadonlyFilesystem",
+                )?;
+                values::not_owned_by_others(&format!("{place}.condition"), condition)?;
+                if pattern.clear_after.is_zero() {
+                    return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An Event to publish on the Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
 
 pub const DETECTOR: &str = "kernel-log";
 
@@ -176,7 +286,6 @@ pub struct KernelLog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::KernelLogConfig;
 
     fn patterns() -> Vec<Pattern> {
         compile(&KernelLogConfig::default()).expect("the default patterns compile")

@@ -3,6 +3,8 @@
 //! kubelet at all (no process, unit or `/var/lib/kubelet`) is not a node: that is Unknown, not
 //! a problem, so that `check` on a workstation stays useful.
 
+use serde::Deserialize;
+
 use std::{
     collections::VecDeque,
     sync::{Arc, Mutex},
@@ -14,10 +16,76 @@ use nodeward_api::conditions::node::KUBELET_PROBLEM;
 
 use super::Finding;
 use crate::{
-    config::KubeletConfig,
     http,
     systemd::{self, UnitState},
 };
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KubeletConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+    /// The kubelet's health endpoint.
+    #[serde(rename = "healthzURL")]
+    pub healthz_url: String,
+    /// A node whose Node object does not exist this long after the agent started is
+    /// reported as `KubeletUnregistered`.
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub registration_timeout: Duration,
+    /// The kubelet's systemd unit, read over the system bus when systemd is there.
+    pub unit: String,
+    /// This many restarts of the unit within the window are a problem (`FrequentRestarts`).
+    pub frequent_restarts: RestartLimit,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RestartLimit {
+    pub count: u32,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub window: Duration,
+}
+
+impl Default for RestartLimit {
+    fn default() -> Self {
+        Self {
+            count: 3,
+            window: Duration::from_secs(600),
+        }
+    }
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            hold: Duration::from_secs(60),
+            healthz_url: "http://127.0.0.1:10248/healthz".to_owned(),
+            registration_timeout: Duration::from_secs(600),
+            unit: "kubelet.service".to_owned(),
+            frequent_restarts: RestartLimit::default(),
+        }
+    }
+}
+
+impl KubeletConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        crate::values::http_url(&format!("{place}.healthzURL"), &self.healthz_url)?;
+        if self.frequent_restarts.count == 0 {
+            return Err(format!(
+                "{place}.frequentRestarts.count: must be at least 1, e.g. 3"
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub const DETECTOR: &str = "kubelet";
 const KUBELET_STATE_DIR: &str = "/var/lib/kubelet";

@@ -10,6 +10,7 @@ pub mod filesystem;
 pub mod interfaces;
 pub mod kernel_log;
 pub mod kubelet;
+pub mod network;
 pub mod peers;
 pub mod reboot;
 pub mod routes;
@@ -17,14 +18,106 @@ pub mod security_groups;
 
 use std::borrow::Cow;
 
-use nodeward_api::conditions::node;
-use serde::Serialize;
+use std::time::Duration;
 
-use self::cluster::Cluster;
-use crate::config::{
-    Config, CustomCheckConfig, FilesystemConfig, KernelLogConfig, KubeletConfig, NetworkConfig,
-    PeersConfig, RebootConfig, Schedule, SecurityGroupsConfig,
+use nodeward_api::conditions::node;
+use serde::{Deserialize, Serialize};
+
+use self::{
+    cluster::Cluster, custom::CustomCheckConfig, filesystem::FilesystemConfig,
+    kernel_log::KernelLogConfig, kubelet::KubeletConfig, network::NetworkConfig,
+    peers::PeersConfig, reboot::RebootConfig, security_groups::SecurityGroupsConfig,
 };
+
+/// The `detectors` section of the configuration: each detector's own section.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Detectors {
+    pub network: NetworkConfig,
+    pub reboot_required: RebootConfig,
+    pub filesystem: FilesystemConfig,
+    pub security_groups: SecurityGroupsConfig,
+    pub kubelet: KubeletConfig,
+    pub peers: PeersConfig,
+    pub kernel_log: KernelLogConfig,
+    pub custom: Vec<CustomCheckConfig>,
+}
+
+impl Detectors {
+    /// Checks every section; `place` is this section's (`detectors`).
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        let at = |section: &str| format!("{place}.{section}");
+        let schedules = [
+            ("network", self.network.schedule()),
+            ("rebootRequired", self.reboot_required.schedule()),
+            ("filesystem", self.filesystem.schedule()),
+            ("securityGroups", self.security_groups.schedule()),
+            ("kubelet", self.kubelet.schedule()),
+            ("peers", self.peers.schedule()),
+            ("kernelLog", self.kernel_log.schedule()),
+        ];
+        for (section, schedule) in schedules {
+            schedule.validate(&at(section))?;
+        }
+        for (index, check) in self.custom.iter().enumerate() {
+            check
+                .schedule()
+                .validate(&at(&format!("custom[{index}]")))?;
+        }
+        self.network.validate(&at("network"))?;
+        self.reboot_required.validate(&at("rebootRequired"))?;
+        self.security_groups.validate(&at("securityGroups"))?;
+        self.kubelet.validate(&at("kubelet"))?;
+        self.peers.validate(&at("peers"))?;
+        self.kernel_log.validate(&at("kernelLog"))?;
+        custom::validate_all(&self.custom, &at("custom"))
+    }
+}
+
+/// When and how long a detector runs, and how long a verdict must hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub hold: Duration,
+}
+
+impl Schedule {
+    /// Runs never overlap: a timeout within the interval, both more than zero.
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if self.interval.is_zero() {
+            return Err(format!("{place}.interval: must be more than 0s, e.g. 30s"));
+        }
+        if self.timeout.is_zero() || self.timeout > self.interval {
+            return Err(format!(
+                "{place}.timeout: must be more than 0s and at most the interval ({:?}), so that runs never overlap",
+                self.interval
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Every detector section has `interval`, `timeout` and `for` (`hold`).
+macro_rules! schedule_of {
+    ($($config:ty),*) => {$(
+        impl $config {
+            pub fn schedule(&self) -> Schedule {
+                Schedule { interval: self.interval, timeout: self.timeout, hold: self.hold }
+            }
+        }
+    )*};
+}
+schedule_of!(
+    NetworkConfig,
+    RebootConfig,
+    FilesystemConfig,
+    SecurityGroupsConfig,
+    KubeletConfig,
+    PeersConfig,
+    KernelLogConfig,
+    CustomCheckConfig
+);
 
 /// What one check concluded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -169,9 +262,8 @@ impl Detector {
     /// Every detector the configuration enables, in a stable order. Without an agent context
     /// (`check`) the cluster detectors are listed too, and report that they were skipped; the
     /// kernel log, which is followed from the agent's start, is left out.
-    pub fn all(config: &Config, agent: Option<&AgentContext>) -> Vec<Self> {
+    pub fn all(d: &Detectors, agent: Option<&AgentContext>) -> Vec<Self> {
         let cluster = agent.map(|a| &a.cluster);
-        let d = &config.detectors;
         let mut all = Vec::new();
         if d.network.enabled {
             all.push(Self::Interfaces(d.network.clone()));
@@ -274,7 +366,7 @@ impl Detector {
     pub async fn observe(&self) -> Finding {
         match self {
             Self::Interfaces(c) => interfaces::observe(&c.interfaces),
-            Self::DefaultRoute(c) => routes::observe(c).await,
+            Self::DefaultRoute(c) => routes::observe(&c.interfaces, &c.default_route).await,
             // Each lookup gets most of the timeout, so a slow resolver is a DNS failure
             // rather than a timed-out detector.
             Self::Dns(c) => dns::observe(&c.dns.names, c.timeout.mul_f32(0.9)).await,

@@ -1,12 +1,55 @@
 //! Reboot required: a sentinel file (default `/var/run/reboot-required`, as Debian and Ubuntu
 //! write it) or a configured command that exits 0 while a reboot is required.
 
+use serde::Deserialize;
+use std::{path::PathBuf, time::Duration};
+
 use std::path::Path;
 
 use nodeward_api::conditions::node::REBOOT_REQUIRED;
 
 use super::{Finding, command};
-use crate::config::RebootConfig;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RebootConfig {
+    pub enabled: bool,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+    /// A reboot is required while this file exists (kured's `--reboot-sentinel`).
+    pub sentinel_file: PathBuf,
+    /// When set, a reboot is required while this command exits 0 (kured's
+    /// `--reboot-sentinel-command`); it replaces the sentinel file.
+    pub sentinel_command: Vec<String>,
+}
+
+impl Default for RebootConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            timeout: Duration::from_secs(30),
+            hold: Duration::ZERO,
+            sentinel_file: PathBuf::from("/var/run/reboot-required"),
+            sentinel_command: Vec::new(),
+        }
+    }
+}
+
+impl RebootConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if self.sentinel_command.first().is_some_and(String::is_empty) {
+            return Err(format!(
+                "{place}.sentinelCommand[0]: the program must not be empty"
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub const DETECTOR: &str = "reboot-required";
 

@@ -1,12 +1,32 @@
 //! Default routes, read from the kernel's routing tables in `/proc/net`: IPv4 always, IPv6
 //! when the node has a global IPv6 address (or when configured to require it).
 
+use serde::Deserialize;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
-use super::{Finding, interfaces};
-use crate::config::{Ipv6Mode, NetworkConfig, RoutesConfig};
+use super::{
+    Finding,
+    interfaces::{self, InterfacesConfig},
+};
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RoutesConfig {
+    pub ipv6: Ipv6Mode,
+}
+
+/// Whether an IPv6 default route is expected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum Ipv6Mode {
+    /// Expected when the node has a global IPv6 address.
+    #[default]
+    Auto,
+    Required,
+    Ignored,
+}
 
 pub const DETECTOR: &str = "default-route";
 pub const IPV4_TABLE: &str = "/proc/net/route";
@@ -22,13 +42,13 @@ pub struct DefaultRoute {
     pub gateway: Option<IpAddr>,
 }
 
-pub async fn observe(config: &NetworkConfig) -> Finding {
+pub async fn observe(interfaces: &InterfacesConfig, config: &RoutesConfig) -> Finding {
     let has_global_ipv6 = interfaces::read()
-        .map(|list| interfaces::has_global_ipv6(&list, &config.interfaces))
+        .map(|list| interfaces::has_global_ipv6(&list, interfaces))
         .unwrap_or(false);
     let ipv4 = read_table(IPV4_TABLE).await.map(|t| parse_ipv4(&t));
     let ipv6 = read_table(IPV6_TABLE).await.map(|t| parse_ipv6(&t));
-    evaluate(&ipv4, &ipv6, has_global_ipv6, &config.default_route)
+    evaluate(&ipv4, &ipv6, has_global_ipv6, config)
 }
 
 async fn read_table(path: &str) -> Result<String, String> {

@@ -2,13 +2,50 @@
 //! instance metadata service (AWS, OpenStack) says. Uses an IMDSv2 session token when the
 //! service offers one, and plain IMDSv1 requests otherwise (OpenStack).
 
+use serde::Deserialize;
+use std::time::Duration;
+
 use std::collections::BTreeSet;
 
 use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
 use super::Finding;
-use crate::{config::SecurityGroupsConfig, http};
+use crate::http;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct SecurityGroupsConfig {
+    /// Security groups this node must be a member of; none turns the check off.
+    pub expected: Vec<String>,
+    /// Base URL of the EC2-compatible instance metadata service (AWS, OpenStack).
+    #[serde(rename = "metadataURL")]
+    pub metadata_url: String,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+}
+
+impl Default for SecurityGroupsConfig {
+    fn default() -> Self {
+        Self {
+            expected: Vec::new(),
+            metadata_url: "http://169.254.169.254".to_owned(),
+            interval: Duration::from_secs(300),
+            timeout: Duration::from_secs(5),
+            hold: Duration::ZERO,
+        }
+    }
+}
+
+impl SecurityGroupsConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        crate::values::http_url(&format!("{place}.metadataURL"), &self.metadata_url)
+    }
+}
 
 pub const DETECTOR: &str = "security-groups";
 pub const TOKEN_PATH: &str = "/latest/api/token";

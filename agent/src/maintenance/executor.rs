@@ -35,9 +35,9 @@ use crate::{
         evict::{self, Drain, Outcome, Progress},
         plan::{self, Purpose},
     },
+    logind::ManagerProxy,
     maintenance::watch::NodeMaintenances,
     notify::{Notice, NoticeKind, Notifier},
-    shutdown::logind::ManagerProxy,
 };
 
 /// What the executor remembers within this boot.

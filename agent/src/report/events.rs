@@ -2,14 +2,7 @@
 //! event rate limit, so that a node in trouble never floods the API server).
 
 use super::conditions::NodeCondition;
-
-/// An Event to publish on the Node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeEvent {
-    pub warning: bool,
-    pub reason: String,
-    pub note: String,
-}
+use crate::detect::kernel_log::NodeEvent;
 
 /// The events that going from `before` to `after` calls for: a Warning for each condition
 /// that became True, a Normal event for each that stopped being True.

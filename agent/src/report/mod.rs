@@ -25,12 +25,13 @@ use nodeward_api::{
     report::{AgentMode, Finding as ReportedFinding},
 };
 use nodeward_runtime::events::Events;
+use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use self::{
     conditions::{NodeCondition, aggregate, is_node_condition},
-    events::{NodeEvent, transitions},
+    events::transitions,
 };
 use nodeward_runtime::ApiError;
 
@@ -38,10 +39,38 @@ use crate::{
     Error,
     backoff::Backoff,
     detect::Status,
+    detect::kernel_log::NodeEvent,
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
     server::Readiness,
 };
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ReportingConfig {
+    /// How often the NodeReport's heartbeat is refreshed (the only periodic write).
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for ReportingConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl ReportingConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if self.heartbeat_interval < Duration::from_secs(1) {
+            return Err(format!(
+                "{place}.heartbeatInterval: must be at least 1s, e.g. 60s"
+            ));
+        }
+        Ok(())
+    }
+}
 
 /// At most this many Events at once, then one per [`EVENT_REFILL`].
 const EVENT_BURST: u32 = 10;

@@ -31,7 +31,8 @@ use nodeward_api::{
 use nodeward_runtime::events::Events;
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
-use super::{dropin, logind::ManagerProxy};
+use super::dropin;
+use crate::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
     cordon::{self, Applied},

@@ -1,6 +1,64 @@
 //! Guarding shutdowns with systemd-logind: the delay inhibitor lock, the drain before the
 //! machine goes down, the `logind.conf.d` drop-in for the delay budget.
 
+use serde::Deserialize;
+use std::{path::PathBuf, time::Duration};
+
 pub mod dropin;
 pub mod guard;
-pub mod logind;
+
+/// The systemd-logind shutdown guard.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct ShutdownGuardConfig {
+    pub enabled: bool,
+    /// How long the drain before a shutdown may take; logind's `InhibitDelayMaxSec` must be
+    /// at least this (see `writeDropIn`).
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub budget: Duration,
+    /// The lock is released this long before the budget (or logind's delay) ends; unset, a
+    /// twentieth of the drain's time, from 1s to 5s (`shutdown::guard::margin`).
+    #[serde(deserialize_with = "crate::values::optional_duration")]
+    pub safety_margin: Option<Duration>,
+    /// Write a `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget, and reload
+    /// logind, when its delay is shorter (on by default: logind's own default, 5s, leaves a
+    /// drain almost nothing).
+    pub write_drop_in: bool,
+    /// Where the drop-in goes.
+    pub drop_in_dir: PathBuf,
+    /// The drain plan before a shutdown (default: ordinary pods by priority, critical pods,
+    /// DaemonSet pods).
+    pub drain_plan: Option<nodeward_api::DrainPlan>,
+    /// Hold a logind `block` lock while no maintenance of this node is admitted, so that
+    /// uncoordinated reboots and shutdowns are refused.
+    pub reboot_gate: bool,
+}
+
+impl Default for ShutdownGuardConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            budget: Duration::from_secs(120),
+            safety_margin: None,
+            write_drop_in: true,
+            drop_in_dir: PathBuf::from("/etc/systemd/logind.conf.d"),
+            drain_plan: None,
+            reboot_gate: false,
+        }
+    }
+}
+
+impl ShutdownGuardConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if let Some(margin) = self.safety_margin
+            && margin >= self.budget
+        {
+            return Err(format!(
+                "{place}.safetyMargin: {}s leaves nothing of the {}s budget; use less than {place}.budget, e.g. 5s, or leave it out (a twentieth of the drain's time, 1s to 5s)",
+                margin.as_secs(),
+                self.budget.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}

@@ -162,7 +162,13 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let mut slots = slots::kept(&index, memory, &mut plan.confirm_gone);
     let disrupted_by = slots::disrupted_by(&index, &slots);
     let health = remediate::assess(&index, memory, now, &mut plan.unhealthy_nodes);
-    let mut cluster = view::cluster(&index, &objects.blockers, &health, &slots, &disrupted_by);
+    let mut cluster = view::cluster(
+        &index,
+        &objects.blockers,
+        &health.unhealthy,
+        &slots,
+        &disrupted_by,
+    );
     let pending = admit::pending_oldest_first(index.maintenances.values().copied());
     admit::admit_pending(
         &mut cluster,

@@ -12,7 +12,7 @@ use nodeward_api::{
     node::is_ready, policy::BudgetSlot,
 };
 
-use super::{Memory, Objects, remediate::Assessed, std_duration, timestamp};
+use super::{Memory, Objects, std_duration, timestamp};
 use crate::{
     admission::{
         budget::{self, Rounding},
@@ -203,11 +203,12 @@ pub(super) fn was_ready_before(node: &Node) -> bool {
 
 /// The cluster as admission sees it: every node's state, each policy with the nodes it
 /// counts (matched, and those holding one of its `slots` though no longer matched), and the
-/// nodes `disrupted_by` some maintenance.
+/// nodes `disrupted_by` some maintenance. A node is unhealthy if it is not Ready or is in
+/// `unhealthy` (by some policy's rules).
 pub(super) fn cluster(
     index: &Index,
     blockers: &BTreeMap<String, String>,
-    health: &Assessed,
+    unhealthy: &BTreeSet<String>,
     slots: &BTreeMap<String, Vec<BudgetSlot>>,
     disrupted_by: &BTreeMap<String, BTreeSet<String>>,
 ) -> Cluster {
@@ -219,7 +220,7 @@ pub(super) fn cluster(
                 let state = NodeState {
                     ready: is_ready(node),
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
-                    unhealthy: health.unhealthy.contains(*name) || !is_ready(node),
+                    unhealthy: unhealthy.contains(*name) || !is_ready(node),
                     blocker: blockers.get(*name).cloned(),
                 };
                 ((*name).to_owned(), state)

@@ -3,18 +3,88 @@
 //! another works means a rule blocks that protocol; nothing working at all means this node is
 //! isolated. The cost per round does not grow with the cluster.
 
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
+mod directory;
+mod probe;
+mod respond;
+
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
+
+use serde::Deserialize;
 
 use futures::future::join_all;
 use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
 use super::{Finding, Status};
-use crate::{
-    config::PeersConfig,
-    metrics::{Metrics, ProbeLabels},
-    peers::{self, Directory, Protocol},
-};
+use crate::metrics::{Metrics, ProbeLabels};
+pub use directory::{Directory, internal_ip, mark_own_node};
+pub use probe::{Protocol, probe};
+pub use respond::respond;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct PeersConfig {
+    pub enabled: bool,
+    /// The port every agent answers TCP and UDP probes on.
+    pub port: u16,
+    /// Peers probed per round, chosen at random.
+    pub sample_size: usize,
+    pub protocols: Vec<Protocol>,
+    /// How long one probe waits for its answer.
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub probe_timeout: Duration,
+    /// Peers to probe besides the agents found through the Node objects (hosts without a
+    /// cluster, or machines outside it).
+    pub static_peers: Vec<std::net::IpAddr>,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub interval: Duration,
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+    pub hold: Duration,
+}
+
+impl Default for PeersConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            port: 9471,
+            sample_size: 5,
+            protocols: vec![Protocol::Tcp, Protocol::Udp, Protocol::Icmp],
+            probe_timeout: Duration::from_secs(2),
+            static_peers: Vec::new(),
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+            hold: Duration::from_secs(60),
+        }
+    }
+}
+
+impl PeersConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        if self.port == 0 {
+            return Err(format!(
+                "{place}.port: must be a port number from 1 to 65535, e.g. 9471"
+            ));
+        }
+        if !(1..=50).contains(&self.sample_size) {
+            return Err(format!(
+                "{place}.sampleSize: must be from 1 to 50 (probes per round grow with it, not with the cluster)"
+            ));
+        }
+        if self.probe_timeout.is_zero() || self.probe_timeout > self.timeout {
+            return Err(format!(
+                "{place}.probeTimeout: must be more than 0s and at most {place}.timeout"
+            ));
+        }
+        if self.protocols.is_empty() {
+            return Err(format!(
+                "{place}.protocols: name at least one of tcp, udp, icmp"
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub const DETECTOR: &str = "peers";
 
@@ -47,7 +117,7 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
         .collect();
     let probes = sample.iter().flat_map(|(_, address)| {
         config.protocols.iter().map(move |&protocol| async move {
-            let result = peers::probe(protocol, *address, config.port, config.probe_timeout).await;
+            let result = probe(protocol, *address, config.port, config.probe_timeout).await;
             (protocol, result)
         })
     });

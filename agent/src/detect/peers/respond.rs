@@ -1,0 +1,92 @@
+//! Answering peers' probes: every agent answers on one port over TCP and UDP.
+
+use std::{
+    net::{Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::{TcpListener, TcpStream, UdpSocket},
+};
+
+use super::probe::{MAX_PROBE, PING, PONG};
+use crate::Error;
+use nodeward_runtime::listener::{self, Limits};
+
+/// Answers TCP and UDP probes on `port` (all addresses, IPv4 and IPv6) until dropped.
+pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
+    let any = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+    let (tcp, udp) = match (TcpListener::bind(any).await, UdpSocket::bind(any).await) {
+        (Ok(tcp), Ok(udp)) => (tcp, udp),
+        // A kernel without IPv6: IPv4 only.
+        _ => {
+            let v4 = SocketAddr::from(([0, 0, 0, 0], port));
+            let tcp = TcpListener::bind(v4)
+                .await
+                .map_err(|e| Error::PeerProbes(format!("binding tcp {v4}: {e}")))?;
+            let udp = UdpSocket::bind(v4)
+                .await
+                .map_err(|e| Error::PeerProbes(format!("binding udp {v4}: {e}")))?;
+            (tcp, udp)
+        }
+    };
+    Ok(async move {
+        // Each probe connection gets 5 s to send its line (answer_tcp).
+        let tcp_loop = listener::accept(tcp, Limits::default(), |stream, _| answer_tcp(stream));
+        let udp_loop = async {
+            let mut buffer = [0u8; MAX_PROBE];
+            loop {
+                let Ok((len, from)) = udp.recv_from(&mut buffer).await else {
+                    continue;
+                };
+                if let Some(nonce) = std::str::from_utf8(&buffer[..len])
+                    .ok()
+                    .and_then(|t| t.strip_prefix(PING))
+                {
+                    let _ = udp
+                        .send_to(format!("{PONG}{}", nonce.trim_end()).as_bytes(), from)
+                        .await;
+                }
+            }
+        };
+        tokio::join!(tcp_loop, udp_loop);
+    })
+}
+
+async fn answer_tcp(stream: TcpStream) {
+    let (reader, mut writer) = stream.into_split();
+    let mut line = String::new();
+    let mut reader = BufReader::new(reader.take(MAX_PROBE as u64));
+    let read = reader.read_line(&mut line);
+    if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), read).await
+        && let Some(nonce) = line.strip_prefix(PING)
+    {
+        let _ = writer
+            .write_all(format!("{PONG}{}\n", nonce.trim_end()).as_bytes())
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::detect::peers::probe::{Protocol, probe};
+
+    #[tokio::test]
+    async fn tcp_and_udp_probes_are_answered_with_their_nonce() {
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("port")
+            .port();
+        let responder = respond(port).await.expect("bind");
+        let task = tokio::spawn(responder);
+        let local: IpAddr = "127.0.0.1".parse().expect("ip");
+        let timeout = Duration::from_secs(2);
+        assert_eq!(probe(Protocol::Tcp, local, port, timeout).await, Ok(()));
+        assert_eq!(probe(Protocol::Udp, local, port, timeout).await, Ok(()));
+        task.abort();
+    }
+}
