@@ -11,7 +11,7 @@ use crate::{
 /// Runs every enabled local detector once, concurrently, each within its timeout, so that a
 /// hung check never holds the others up.
 pub async fn run(config: &Config) -> Vec<Finding> {
-    let detectors = Detector::all(&config.detectors, None);
+    let detectors = config.detectors.enabled(None);
     join_all(detectors.iter().map(Detector::observe_bounded)).await
 }
 

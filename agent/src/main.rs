@@ -5,7 +5,7 @@ use nodeward_agent::{
     Error, check,
     config::{Config, Overrides},
     detect::{
-        AgentContext, Detector,
+        AgentContext,
         cluster::Cluster,
         kernel_log::{self, KernelLog},
         peers::{self, Directory, PeerContext},
@@ -307,7 +307,7 @@ async fn run(
         peers,
         kernel_log: kernel_log.flatten(),
     };
-    let detectors = Detector::all(&config.detectors, Some(&agent));
+    let detectors = config.detectors.enabled(Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(
         client.clone(),

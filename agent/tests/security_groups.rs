@@ -95,9 +95,11 @@ fn detector(url: &str, expected: &[&str]) -> Detector {
         timeout: Duration::from_secs(2),
         ..SecurityGroupsConfig::default()
     };
-    Detector::all(&config.detectors, None)
+    config
+        .detectors
+        .enabled(None)
         .into_iter()
-        .find(|d| d.name() == "security-groups")
+        .find(|d| d.name == "security-groups")
         .expect("the detector is on when groups are expected")
 }
 

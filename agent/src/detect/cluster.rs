@@ -33,8 +33,8 @@ impl std::fmt::Debug for Cluster {
 
 pub fn skipped(detector: &'static str, condition: &'static str) -> Finding {
     Finding::new(
-        detector.into(),
-        condition.into(),
+        detector,
+        condition,
         Status::Skipped,
         "NoCluster",
         SKIPPED.to_owned(),
@@ -90,8 +90,8 @@ pub async fn observe_registration(cluster: Option<&Cluster>, timeout: Duration) 
 pub fn evaluate_registration(node: &str, seen: &Registration) -> Finding {
     let finding = |status, reason: &str, message| {
         Finding::new(
-            REGISTRATION_DETECTOR.into(),
-            KUBELET_UNREGISTERED.into(),
+            REGISTRATION_DETECTOR,
+            KUBELET_UNREGISTERED,
             status,
             reason,
             message,

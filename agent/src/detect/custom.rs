@@ -5,7 +5,7 @@ use crate::values;
 use serde::Deserialize;
 use std::time::Duration;
 
-use super::{Finding, Status, command};
+use super::{AgentContext, Detector, Finding, Section, Status, command};
 
 /// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
 /// unknown; the first line of output is the message.
@@ -49,31 +49,52 @@ fn custom_max_output() -> usize {
     80
 }
 
-/// Checks every custom check; `place` is the list's.
-pub fn validate_all(checks: &[CustomCheckConfig], place: &str) -> Result<(), String> {
-    let mut names = std::collections::BTreeSet::new();
-    for (index, check) in checks.iter().enumerate() {
-        let place = format!("{place}[{index}]");
-        if check.name.is_empty() || !names.insert(check.name.as_str()) {
-            return Err(format!(
-                "{place}.name: {:?} must be non-empty and unique among the custom checks",
-                check.name
-            ));
+super::schedule_of!(CustomCheckConfig);
+
+/// The `custom` list: each check is one detector.
+impl Section for Vec<CustomCheckConfig> {
+    /// Checks every custom check; `place` is the list's.
+    fn validate(&self, place: &str) -> Result<(), String> {
+        let mut names = std::collections::BTreeSet::new();
+        for (index, check) in self.iter().enumerate() {
+            let place = format!("{place}[{index}]");
+            check.schedule().validate(&place)?;
+            if check.name.is_empty() || !names.insert(check.name.as_str()) {
+                return Err(format!(
+                    "{place}.name: {:?} must be non-empty and unique among the custom checks",
+                    check.name
+                ));
+            }
+            for (field, value) in [("condition", &check.condition), ("reason", &check.reason)] {
+                values::camel_case(&format!("{place}.{field}"), value, "NTPProblem")?;
+            }
+            values::not_owned_by_others(&format!("{place}.condition"), &check.condition)?;
+            if check.command.first().is_none_or(String::is_empty) {
+                return Err(format!(
+                    "{place}.command: give the program and its arguments, e.g. [\"/usr/local/bin/check-ntp\"]"
+                ));
+            }
+            if check.max_output_length == 0 {
+                return Err(format!("{place}.maxOutputLength: must be at least 1"));
+            }
         }
-        for (field, value) in [("condition", &check.condition), ("reason", &check.reason)] {
-            values::camel_case(&format!("{place}.{field}"), value, "NTPProblem")?;
-        }
-        values::not_owned_by_others(&format!("{place}.condition"), &check.condition)?;
-        if check.command.first().is_none_or(String::is_empty) {
-            return Err(format!(
-                "{place}.command: give the program and its arguments, e.g. [\"/usr/local/bin/check-ntp\"]"
-            ));
-        }
-        if check.max_output_length == 0 {
-            return Err(format!("{place}.maxOutputLength: must be at least 1"));
-        }
+        Ok(())
     }
-    Ok(())
+
+    fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
+        self.iter()
+            .map(|check| {
+                let (name, condition) = (check.name.clone(), check.condition.clone());
+                Detector::new(
+                    name,
+                    condition,
+                    check.schedule(),
+                    check.clone(),
+                    |c| async move { observe(&c).await },
+                )
+            })
+            .collect()
+    }
 }
 
 pub async fn observe(check: &CustomCheckConfig) -> Finding {
@@ -102,8 +123,8 @@ pub fn evaluate(check: &CustomCheckConfig, outcome: Result<command::Outcome, Str
         Err(e) => (Status::Unknown, "CheckFailed".to_owned(), e),
     };
     Finding::new(
-        check.name.clone().into(),
-        check.condition.clone().into(),
+        check.name.clone(),
+        check.condition.clone(),
         status,
         &reason,
         message,

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use nodeward_api::conditions::node::READONLY_FILESYSTEM;
 
 use super::Finding;
+use super::{AgentContext, Detector, Section};
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -40,6 +41,27 @@ impl Default for FilesystemConfig {
                 .map(PathBuf::from)
                 .to_vec(),
         }
+    }
+}
+
+super::schedule_of!(FilesystemConfig);
+
+impl Section for FilesystemConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)
+    }
+
+    fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        vec![Detector::new(
+            DETECTOR,
+            READONLY_FILESYSTEM,
+            self.schedule(),
+            self.clone(),
+            |c| async move { observe(&c).await },
+        )]
     }
 }
 

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io::{Read, Seek, SeekFrom},
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -16,6 +16,7 @@ use std::{
 use regex::Regex;
 use tokio::sync::mpsc;
 
+use super::{AgentContext, Detector, Section};
 use super::{Finding, Status};
 use crate::values;
 
@@ -97,8 +98,11 @@ impl Default for KernelLogConfig {
     }
 }
 
-impl KernelLogConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(KernelLogConfig);
+
+impl Section for KernelLogConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         compile(self)?;
         for (index, pattern) in self.patterns.iter().enumerate() {
             let place = format!("{place}.patterns[{index}]");
@@ -116,6 +120,42 @@ impl KernelLogConfig {
             }
         }
         Ok(())
+    }
+
+    /// One detector per condition type the patterns set; none without an agent (the kernel
+    /// log is followed from the agent's start).
+    fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
+        let Some(log) = agent.and_then(|a| a.kernel_log.as_ref()) else {
+            return Vec::new();
+        };
+        let conditions: BTreeSet<&String> = log
+            .patterns
+            .iter()
+            .filter_map(|p| p.condition.as_ref())
+            .collect();
+        conditions
+            .into_iter()
+            .map(|condition| {
+                let name = format!("{DETECTOR}/{condition}");
+                let input = (log.clone(), condition.clone(), name.clone());
+                Detector::new(
+                    name,
+                    condition.clone(),
+                    self.schedule(),
+                    input,
+                    |(log, condition, name)| async move {
+                        let mut finding = evaluate(&log.patterns, &log.seen, Instant::now())
+                            .into_iter()
+                            .find(|f| f.condition == condition.as_str())
+                            .unwrap_or_else(|| {
+                                Finding::ok(DETECTOR, condition, "NoKernelProblem", String::new())
+                            });
+                        finding.detector = name.into();
+                        finding
+                    },
+                )
+            })
+            .collect()
     }
 }
 
@@ -219,15 +259,15 @@ pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<F
         .into_iter()
         .map(|(condition, recent)| match recent {
             Some((pattern, message)) => Finding::new(
-                DETECTOR.into(),
-                condition.to_owned().into(),
+                DETECTOR,
+                condition.to_owned(),
                 Status::Problem,
                 &pattern.reason,
                 format!("kernel: {}", super::command::cap(message, 512)),
             ),
             None => Finding::new(
-                DETECTOR.into(),
-                condition.to_owned().into(),
+                DETECTOR,
+                condition.to_owned(),
                 Status::Ok,
                 "NoKernelProblem",
                 "no matching kernel message recently".to_owned(),

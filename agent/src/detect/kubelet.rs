@@ -15,10 +15,12 @@ use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::KUBELET_PROBLEM;
 
 use super::Finding;
+use super::{AgentContext, Detector, Section, cluster};
 use crate::{
     http,
     systemd::{self, UnitState},
 };
+use nodeward_api::conditions::node::KUBELET_UNREGISTERED;
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -75,8 +77,11 @@ impl Default for KubeletConfig {
     }
 }
 
-impl KubeletConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(KubeletConfig);
+
+impl Section for KubeletConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         crate::values::http_url(&format!("{place}.healthzURL"), &self.healthz_url)?;
         if self.frequent_restarts.count == 0 {
             return Err(format!(
@@ -84,6 +89,33 @@ impl KubeletConfig {
             ));
         }
         Ok(())
+    }
+
+    fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let schedule = self.schedule();
+        let history: Arc<Mutex<RestartHistory>> = Arc::default();
+        let registration = (agent.map(|a| a.cluster.clone()), self.registration_timeout);
+        vec![
+            Detector::new(
+                DETECTOR,
+                KUBELET_PROBLEM,
+                schedule,
+                (self.clone(), history),
+                |(c, history)| async move { observe(&c, &history).await },
+            ),
+            Detector::new(
+                cluster::REGISTRATION_DETECTOR,
+                KUBELET_UNREGISTERED,
+                schedule,
+                registration,
+                |(cluster, timeout)| async move {
+                    cluster::observe_registration(cluster.as_ref(), timeout).await
+                },
+            ),
+        ]
     }
 }
 

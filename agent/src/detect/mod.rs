@@ -1,12 +1,16 @@
 //! Detectors: each reads one aspect of the node (I/O at the edge) and decides, in a pure
 //! function over plain data, whether it is a problem.
+//!
+//! A detector module owns its configuration section (fields, defaults, checks) and says, as a
+//! [`Section`], which detectors the section enables. Adding one is its module and one line in
+//! the registry below.
 
 pub mod cluster;
 pub mod command;
 pub mod custom;
-pub mod debounce;
 pub mod dns;
 pub mod filesystem;
+mod finding;
 pub mod interfaces;
 pub mod kernel_log;
 pub mod kubelet;
@@ -16,62 +20,82 @@ pub mod reboot;
 pub mod routes;
 pub mod security_groups;
 
-use std::borrow::Cow;
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use std::time::Duration;
+use serde::Deserialize;
 
-use nodeward_api::conditions::node;
-use serde::{Deserialize, Serialize};
-
+pub use self::finding::{Finding, Name, Status};
 use self::{
     cluster::Cluster, custom::CustomCheckConfig, filesystem::FilesystemConfig,
     kernel_log::KernelLogConfig, kubelet::KubeletConfig, network::NetworkConfig,
     peers::PeersConfig, reboot::RebootConfig, security_groups::SecurityGroupsConfig,
 };
 
-/// The `detectors` section of the configuration: each detector's own section.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct Detectors {
-    pub network: NetworkConfig,
-    pub reboot_required: RebootConfig,
-    pub filesystem: FilesystemConfig,
-    pub security_groups: SecurityGroupsConfig,
-    pub kubelet: KubeletConfig,
-    pub peers: PeersConfig,
-    pub kernel_log: KernelLogConfig,
-    pub custom: Vec<CustomCheckConfig>,
+/// The registry: the `detectors` section of the configuration, one field per detector
+/// section (its key as written in the file, its field, its type), in the order the detectors
+/// run and report.
+macro_rules! registry {
+    ($($key:literal $field:ident: $section:ty,)*) => {
+        /// The `detectors` section of the configuration: each detector's own section.
+        #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Detectors {
+            $(#[serde(rename = $key)] pub $field: $section,)*
+        }
+
+        impl Detectors {
+            fn sections(&self) -> Vec<(&'static str, &dyn Section)> {
+                vec![$(($key, &self.$field)),*]
+            }
+        }
+    };
+}
+
+registry! {
+    "network" network: NetworkConfig,
+    "rebootRequired" reboot_required: RebootConfig,
+    "filesystem" filesystem: FilesystemConfig,
+    "securityGroups" security_groups: SecurityGroupsConfig,
+    "kubelet" kubelet: KubeletConfig,
+    "peers" peers: PeersConfig,
+    "kernelLog" kernel_log: KernelLogConfig,
+    "custom" custom: Vec<CustomCheckConfig>,
+}
+
+/// One section of `detectors`, owned by its detector module.
+pub trait Section {
+    /// Checks the section's fields (its schedule among them); `place` names the section
+    /// (`detectors.peers`) and each error names the field and the fix.
+    fn validate(&self, place: &str) -> Result<(), String>;
+
+    /// The detectors this section enables. Without an agent context (`check`) the cluster
+    /// detectors are listed too and report that they were skipped.
+    fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector>;
 }
 
 impl Detectors {
     /// Checks every section; `place` is this section's (`detectors`).
     pub fn validate(&self, place: &str) -> Result<(), String> {
-        let at = |section: &str| format!("{place}.{section}");
-        let schedules = [
-            ("network", self.network.schedule()),
-            ("rebootRequired", self.reboot_required.schedule()),
-            ("filesystem", self.filesystem.schedule()),
-            ("securityGroups", self.security_groups.schedule()),
-            ("kubelet", self.kubelet.schedule()),
-            ("peers", self.peers.schedule()),
-            ("kernelLog", self.kernel_log.schedule()),
-        ];
-        for (section, schedule) in schedules {
-            schedule.validate(&at(section))?;
-        }
-        for (index, check) in self.custom.iter().enumerate() {
-            check
-                .schedule()
-                .validate(&at(&format!("custom[{index}]")))?;
-        }
-        self.network.validate(&at("network"))?;
-        self.reboot_required.validate(&at("rebootRequired"))?;
-        self.security_groups.validate(&at("securityGroups"))?;
-        self.kubelet.validate(&at("kubelet"))?;
-        self.peers.validate(&at("peers"))?;
-        self.kernel_log.validate(&at("kernelLog"))?;
-        custom::validate_all(&self.custom, &at("custom"))
+        self.sections()
+            .into_iter()
+            .try_for_each(|(key, section)| section.validate(&format!("{place}.{key}")))
     }
+
+    /// Every detector the configuration enables, in a stable order.
+    pub fn enabled(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
+        self.sections()
+            .into_iter()
+            .flat_map(|(_, section)| section.detectors(agent))
+            .collect()
+    }
+}
+
+/// What the detectors of a running agent have that `check` does not.
+#[derive(Clone, Debug)]
+pub struct AgentContext {
+    pub cluster: Cluster,
+    pub peers: Option<peers::PeerContext>,
+    pub kernel_log: Option<kernel_log::KernelLog>,
 }
 
 /// When and how long a detector runs, and how long a verdict must hold.
@@ -98,316 +122,79 @@ impl Schedule {
     }
 }
 
-/// Every detector section has `interval`, `timeout` and `for` (`hold`).
+/// Every detector section has `interval`, `timeout` and `for` (`hold`); `schedule_of!(T)` in
+/// its module gives it `schedule()`.
 macro_rules! schedule_of {
     ($($config:ty),*) => {$(
         impl $config {
-            pub fn schedule(&self) -> Schedule {
-                Schedule { interval: self.interval, timeout: self.timeout, hold: self.hold }
+            pub fn schedule(&self) -> $crate::detect::Schedule {
+                $crate::detect::Schedule { interval: self.interval, timeout: self.timeout, hold: self.hold }
             }
         }
     )*};
 }
-schedule_of!(
-    NetworkConfig,
-    RebootConfig,
-    FilesystemConfig,
-    SecurityGroupsConfig,
-    KubeletConfig,
-    PeersConfig,
-    KernelLogConfig,
-    CustomCheckConfig
-);
+pub(crate) use schedule_of;
 
-/// What one check concluded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Status {
-    /// The check passed (the node condition is `False`).
-    Ok,
-    /// The problem is present (the node condition is `True`).
-    Problem,
-    /// The check could not tell (the node condition is `Unknown`).
-    Unknown,
-    /// The check needs something this run does not have (a cluster, for `check`); it sets
-    /// no condition.
-    Skipped,
-}
-
-impl Status {
-    /// The node condition status this maps to (`True` means a problem).
-    pub fn condition_status(self) -> &'static str {
-        match self {
-            Self::Ok => "False",
-            Self::Problem => "True",
-            Self::Unknown | Self::Skipped => "Unknown",
-        }
-    }
-}
-
-/// One detector's verdict, shaped like a node condition.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Finding {
-    /// Which detector produced it.
-    pub detector: Cow<'static, str>,
-    /// The node condition type it feeds, e.g. `NetworkProblem`.
-    pub condition: Cow<'static, str>,
-    pub status: Status,
-    /// CamelCase reason, e.g. `NoDefaultRoute`.
-    pub reason: String,
-    /// What an operator needs to know, in one line.
-    pub message: String,
-}
-
-/// A name known at compile time (built-in detectors) or read from the configuration.
-pub type Name = Cow<'static, str>;
-
-impl Finding {
-    pub fn ok(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(
-            detector.into(),
-            condition.into(),
-            Status::Ok,
-            reason,
-            message,
-        )
-    }
-
-    pub fn problem(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(
-            detector.into(),
-            condition.into(),
-            Status::Problem,
-            reason,
-            message,
-        )
-    }
-
-    pub fn unknown(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(
-            detector.into(),
-            condition.into(),
-            Status::Unknown,
-            reason,
-            message,
-        )
-    }
-
-    pub fn new(
-        detector: Name,
-        condition: Name,
-        status: Status,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self {
-            detector,
-            condition,
-            status,
-            reason: reason.to_owned(),
-            message,
-        }
-    }
-}
+type Check = dyn Fn() -> Pin<Box<dyn Future<Output = Finding> + Send>> + Send + Sync;
 
 /// One configured detector. Each runs on its own schedule; a run that exceeds its timeout is
 /// abandoned (its child processes killed) and counts as Unknown.
-#[derive(Clone, Debug)]
-pub enum Detector {
-    Interfaces(NetworkConfig),
-    DefaultRoute(NetworkConfig),
-    Dns(NetworkConfig),
-    RebootRequired(RebootConfig),
-    Filesystem(FilesystemConfig),
-    SecurityGroups(SecurityGroupsConfig),
-    Kubelet(
-        KubeletConfig,
-        std::sync::Arc<std::sync::Mutex<kubelet::RestartHistory>>,
-    ),
-    ApiServer(NetworkConfig, Option<Cluster>),
-    Registration(KubeletConfig, Option<Cluster>),
-    Peers(PeersConfig, Option<peers::PeerContext>),
-    /// One per condition type the kernel-log patterns set.
-    KernelLog {
-        config: KernelLogConfig,
-        condition: String,
-        log: kernel_log::KernelLog,
-    },
-    Custom(CustomCheckConfig),
+#[derive(Clone)]
+pub struct Detector {
+    pub name: Name,
+    /// The node condition type it feeds.
+    pub condition: Name,
+    pub schedule: Schedule,
+    check: Arc<Check>,
 }
 
-/// What the detectors of a running agent have that `check` does not.
-#[derive(Clone, Debug)]
-pub struct AgentContext {
-    pub cluster: Cluster,
-    pub peers: Option<peers::PeerContext>,
-    pub kernel_log: Option<kernel_log::KernelLog>,
+impl std::fmt::Debug for Detector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Detector")
+            .field("name", &self.name)
+            .field("condition", &self.condition)
+            .field("schedule", &self.schedule)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Detector {
-    /// Every detector the configuration enables, in a stable order. Without an agent context
-    /// (`check`) the cluster detectors are listed too, and report that they were skipped; the
-    /// kernel log, which is followed from the agent's start, is left out.
-    pub fn all(d: &Detectors, agent: Option<&AgentContext>) -> Vec<Self> {
-        let cluster = agent.map(|a| &a.cluster);
-        let mut all = Vec::new();
-        if d.network.enabled {
-            all.push(Self::Interfaces(d.network.clone()));
-            all.push(Self::DefaultRoute(d.network.clone()));
-            if !d.network.dns.names.is_empty() {
-                all.push(Self::Dns(d.network.clone()));
-            }
-            all.push(Self::ApiServer(d.network.clone(), cluster.cloned()));
-        }
-        if d.reboot_required.enabled {
-            all.push(Self::RebootRequired(d.reboot_required.clone()));
-        }
-        if d.filesystem.enabled {
-            all.push(Self::Filesystem(d.filesystem.clone()));
-        }
-        if !d.security_groups.expected.is_empty() {
-            all.push(Self::SecurityGroups(d.security_groups.clone()));
-        }
-        if d.kubelet.enabled {
-            all.push(Self::Kubelet(d.kubelet.clone(), std::sync::Arc::default()));
-            all.push(Self::Registration(d.kubelet.clone(), cluster.cloned()));
-        }
-        if d.peers.enabled {
-            all.push(Self::Peers(
-                d.peers.clone(),
-                agent.and_then(|a| a.peers.clone()),
-            ));
-        }
-        if let Some(log) = agent.and_then(|a| a.kernel_log.as_ref()) {
-            let mut conditions: Vec<&String> = log
-                .patterns
-                .iter()
-                .filter_map(|p| p.condition.as_ref())
-                .collect();
-            conditions.sort();
-            conditions.dedup();
-            all.extend(conditions.into_iter().map(|condition| Self::KernelLog {
-                config: d.kernel_log.clone(),
-                condition: condition.clone(),
-                log: log.clone(),
-            }));
-        }
-        all.extend(d.custom.iter().cloned().map(Self::Custom));
-        all
-    }
-
-    pub fn name(&self) -> Name {
-        match self {
-            Self::Interfaces(_) => interfaces::DETECTOR.into(),
-            Self::DefaultRoute(_) => routes::DETECTOR.into(),
-            Self::Dns(_) => dns::DETECTOR.into(),
-            Self::RebootRequired(_) => reboot::DETECTOR.into(),
-            Self::Filesystem(_) => filesystem::DETECTOR.into(),
-            Self::SecurityGroups(_) => security_groups::DETECTOR.into(),
-            Self::Kubelet(..) => kubelet::DETECTOR.into(),
-            Self::ApiServer(..) => cluster::APISERVER_DETECTOR.into(),
-            Self::Registration(..) => cluster::REGISTRATION_DETECTOR.into(),
-            Self::Peers(..) => peers::DETECTOR.into(),
-            Self::KernelLog { condition, .. } => {
-                format!("{}/{condition}", kernel_log::DETECTOR).into()
-            }
-            Self::Custom(c) => c.name.clone().into(),
-        }
-    }
-
-    /// The node condition type this detector feeds.
-    pub fn condition(&self) -> Name {
-        match self {
-            Self::Interfaces(_) | Self::DefaultRoute(_) | Self::Dns(_) | Self::ApiServer(..) => {
-                node::NETWORK_PROBLEM.into()
-            }
-            Self::Registration(..) => node::KUBELET_UNREGISTERED.into(),
-            Self::Peers(..) => node::PEER_CONNECTIVITY_PROBLEM.into(),
-            Self::KernelLog { condition, .. } => condition.clone().into(),
-            Self::RebootRequired(_) => node::REBOOT_REQUIRED.into(),
-            Self::Filesystem(_) => node::READONLY_FILESYSTEM.into(),
-            Self::SecurityGroups(_) => node::SECURITY_GROUP_PROBLEM.into(),
-            Self::Kubelet(..) => node::KUBELET_PROBLEM.into(),
-            Self::Custom(c) => c.condition.clone().into(),
-        }
-    }
-
-    pub fn schedule(&self) -> Schedule {
-        match self {
-            Self::Interfaces(c) | Self::DefaultRoute(c) | Self::Dns(c) | Self::ApiServer(c, _) => {
-                c.schedule()
-            }
-            Self::Registration(c, _) => c.schedule(),
-            Self::Peers(c, _) => c.schedule(),
-            Self::KernelLog { config, .. } => config.schedule(),
-            Self::RebootRequired(c) => c.schedule(),
-            Self::Filesystem(c) => c.schedule(),
-            Self::SecurityGroups(c) => c.schedule(),
-            Self::Kubelet(c, _) => c.schedule(),
-            Self::Custom(c) => c.schedule(),
+    /// A detector whose every run is `check(input)`; the input is cloned for each run (it is
+    /// the detector's configuration and what it keeps between runs, behind an `Arc`).
+    pub fn new<I, F, Fut>(
+        name: impl Into<Name>,
+        condition: impl Into<Name>,
+        schedule: Schedule,
+        input: I,
+        check: F,
+    ) -> Self
+    where
+        I: Clone + Send + Sync + 'static,
+        F: Fn(I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Finding> + Send + 'static,
+    {
+        Self {
+            name: name.into(),
+            condition: condition.into(),
+            schedule,
+            check: Arc::new(move || Box::pin(check(input.clone()))),
         }
     }
 
     /// Runs the check once, unbounded.
     pub async fn observe(&self) -> Finding {
-        match self {
-            Self::Interfaces(c) => interfaces::observe(&c.interfaces),
-            Self::DefaultRoute(c) => routes::observe(&c.interfaces, &c.default_route).await,
-            // Each lookup gets most of the timeout, so a slow resolver is a DNS failure
-            // rather than a timed-out detector.
-            Self::Dns(c) => dns::observe(&c.dns.names, c.timeout.mul_f32(0.9)).await,
-            Self::RebootRequired(c) => reboot::observe(c).await,
-            Self::Filesystem(c) => filesystem::observe(c).await,
-            Self::SecurityGroups(c) => security_groups::observe(c).await,
-            Self::Kubelet(c, history) => kubelet::observe(c, history).await,
-            Self::ApiServer(_, c) => cluster::observe_apiserver(c.as_ref()).await,
-            Self::Registration(k, c) => {
-                cluster::observe_registration(c.as_ref(), k.registration_timeout).await
-            }
-            Self::Peers(c, context) => peers::observe(c, context.as_ref()).await,
-            Self::KernelLog { condition, log, .. } => {
-                let mut finding =
-                    kernel_log::evaluate(&log.patterns, &log.seen, std::time::Instant::now())
-                        .into_iter()
-                        .find(|f| f.condition == condition.as_str())
-                        .unwrap_or_else(|| {
-                            Finding::ok(
-                                kernel_log::DETECTOR,
-                                condition.clone(),
-                                "NoKernelProblem",
-                                String::new(),
-                            )
-                        });
-                finding.detector = self.name();
-                finding
-            }
-            Self::Custom(c) => custom::observe(c).await,
-        }
+        (self.check)().await
     }
 
     /// Runs the check once within its timeout; past it the run is dropped and the finding
     /// is Unknown.
     pub async fn observe_bounded(&self) -> Finding {
-        let timeout = self.schedule().timeout;
+        let timeout = self.schedule.timeout;
         match tokio::time::timeout(timeout, self.observe()).await {
             Ok(finding) => finding,
             Err(_) => Finding::unknown(
-                self.name(),
-                self.condition(),
+                self.name.clone(),
+                self.condition.clone(),
                 "DetectorTimedOut",
                 format!("the check did not finish within its {timeout:?} timeout"),
             ),

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::{AgentContext, Detector, Section, cluster, dns, interfaces, routes};
 use super::{dns::DnsConfig, interfaces::InterfacesConfig, routes::RoutesConfig};
+use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -36,8 +38,54 @@ impl Default for NetworkConfig {
     }
 }
 
-impl NetworkConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(NetworkConfig);
+
+impl Section for NetworkConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         self.interfaces.validate(&format!("{place}.interfaces"))
+    }
+
+    fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let schedule = self.schedule();
+        let mut all = vec![
+            Detector::new(
+                interfaces::DETECTOR,
+                NETWORK_PROBLEM,
+                schedule,
+                self.interfaces.clone(),
+                |c| async move { interfaces::observe(&c) },
+            ),
+            Detector::new(
+                routes::DETECTOR,
+                NETWORK_PROBLEM,
+                schedule,
+                self.clone(),
+                |c| async move { routes::observe(&c.interfaces, &c.default_route).await },
+            ),
+        ];
+        if !self.dns.names.is_empty() {
+            // Each lookup gets most of the timeout, so a slow resolver is a DNS failure
+            // rather than a timed-out detector.
+            let lookup_timeout = self.timeout.mul_f32(0.9);
+            all.push(Detector::new(
+                dns::DETECTOR,
+                NETWORK_PROBLEM,
+                schedule,
+                self.dns.names.clone(),
+                move |names| async move { dns::observe(&names, lookup_timeout).await },
+            ));
+        }
+        all.push(Detector::new(
+            cluster::APISERVER_DETECTOR,
+            NETWORK_PROBLEM,
+            schedule,
+            agent.map(|a| a.cluster.clone()),
+            |cluster| async move { cluster::observe_apiserver(cluster.as_ref()).await },
+        ));
+        all
     }
 }

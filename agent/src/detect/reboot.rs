@@ -8,6 +8,7 @@ use std::path::Path;
 
 use nodeward_api::conditions::node::REBOOT_REQUIRED;
 
+use super::{AgentContext, Detector, Section};
 use super::{Finding, command};
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -40,14 +41,30 @@ impl Default for RebootConfig {
     }
 }
 
-impl RebootConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(RebootConfig);
+
+impl Section for RebootConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         if self.sentinel_command.first().is_some_and(String::is_empty) {
             return Err(format!(
                 "{place}.sentinelCommand[0]: the program must not be empty"
             ));
         }
         Ok(())
+    }
+
+    fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        vec![Detector::new(
+            DETECTOR,
+            REBOOT_REQUIRED,
+            self.schedule(),
+            self.clone(),
+            |c| async move { observe(&c).await },
+        )]
     }
 }
 

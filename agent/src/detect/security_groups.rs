@@ -11,6 +11,7 @@ use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
 use super::Finding;
+use super::{AgentContext, Detector, Section};
 use crate::http;
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -41,9 +42,26 @@ impl Default for SecurityGroupsConfig {
     }
 }
 
-impl SecurityGroupsConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(SecurityGroupsConfig);
+
+impl Section for SecurityGroupsConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         crate::values::http_url(&format!("{place}.metadataURL"), &self.metadata_url)
+    }
+
+    fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
+        // Nothing expected: nothing to compare against, so the detector is off.
+        if self.expected.is_empty() {
+            return Vec::new();
+        }
+        vec![Detector::new(
+            DETECTOR,
+            SECURITY_GROUP_PROBLEM,
+            self.schedule(),
+            self.clone(),
+            |c| async move { observe(&c).await },
+        )]
     }
 }
 

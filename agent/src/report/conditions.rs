@@ -82,8 +82,8 @@ mod tests {
         reason: &str,
     ) -> Finding {
         Finding::new(
-            detector.into(),
-            condition.into(),
+            detector,
+            condition,
             status,
             reason,
             format!("{reason} seen"),

@@ -15,6 +15,7 @@ use futures::future::join_all;
 use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
+use super::{AgentContext, Detector, Section};
 use super::{Finding, Status};
 use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::{Directory, internal_ip, mark_own_node};
@@ -60,8 +61,11 @@ impl Default for PeersConfig {
     }
 }
 
-impl PeersConfig {
-    pub fn validate(&self, place: &str) -> Result<(), String> {
+super::schedule_of!(PeersConfig);
+
+impl Section for PeersConfig {
+    fn validate(&self, place: &str) -> Result<(), String> {
+        self.schedule().validate(place)?;
         if self.port == 0 {
             return Err(format!(
                 "{place}.port: must be a port number from 1 to 65535, e.g. 9471"
@@ -83,6 +87,20 @@ impl PeersConfig {
             ));
         }
         Ok(())
+    }
+
+    fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
+        if !self.enabled {
+            return Vec::new();
+        }
+        let input = (self.clone(), agent.and_then(|a| a.peers.clone()));
+        vec![Detector::new(
+            DETECTOR,
+            PEER_CONNECTIVITY_PROBLEM,
+            self.schedule(),
+            input,
+            |(c, context)| async move { observe(&c, context.as_ref()).await },
+        )]
     }
 }
 
@@ -186,8 +204,8 @@ pub fn evaluate(tallies: &BTreeMap<Protocol, Tally>, peers: usize) -> Finding {
         Some(first) => {
             let names: Vec<String> = blocked.iter().map(|p| p.name().to_uppercase()).collect();
             Finding::new(
-                DETECTOR.into(),
-                PEER_CONNECTIVITY_PROBLEM.into(),
+                DETECTOR,
+                PEER_CONNECTIVITY_PROBLEM,
                 Status::Problem,
                 &format!("{}Blocked", first.name().to_uppercase()),
                 format!(

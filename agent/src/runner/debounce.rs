@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Finding, Status};
+use crate::detect::{Finding, Status};
 
 /// What one detector has reported, and what it is currently seeing.
 #[derive(Clone, Debug)]

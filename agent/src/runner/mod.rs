@@ -12,12 +12,11 @@ use tokio::{
     task::JoinSet,
 };
 
+mod debounce;
+
+use self::debounce::{Change, Debounced};
 use crate::{
-    detect::Schedule,
-    detect::{
-        Detector, Finding,
-        debounce::{Change, Debounced},
-    },
+    detect::{Detector, Finding, Schedule},
     metrics::{DetectorLabels, Metrics},
 };
 
@@ -45,9 +44,9 @@ pub fn start(
         let metrics = metrics.clone();
         tasks.spawn(async move {
             let labels = DetectorLabels {
-                detector: detector.name().into_owned(),
+                detector: detector.name.to_string(),
             };
-            let Schedule { interval, hold, .. } = detector.schedule();
+            let Schedule { interval, hold, .. } = detector.schedule;
             // Spread the first runs so that detectors with one interval do not run in lockstep.
             tokio::time::sleep(interval.mul_f64(rand::random::<f64>() * 0.1)).await;
             let mut ticks = tokio::time::interval(interval);
@@ -105,7 +104,10 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{config::Config, detect::custom::CustomCheckConfig};
+    use crate::{
+        config::Config,
+        detect::{Section, custom::CustomCheckConfig},
+    };
 
     fn custom(name: &str, script: &str, hold: Duration) -> CustomCheckConfig {
         CustomCheckConfig {
@@ -132,10 +134,7 @@ mod tests {
                 Duration::ZERO,
             ),
         ];
-        let detectors: Vec<Detector> = Detector::all(&config.detectors, None)
-            .into_iter()
-            .filter(|d| matches!(d, Detector::Custom(_)))
-            .collect();
+        let detectors = config.detectors.custom.detectors(None);
         let mut tasks = JoinSet::new();
         let mut snapshots = start(detectors, Arc::new(Metrics::new()), &mut tasks);
 
