@@ -12,7 +12,7 @@ pub mod logind;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
-pub mod pause;
+pub mod policies;
 pub mod reaper;
 pub mod report;
 pub mod runner;

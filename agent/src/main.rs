@@ -355,6 +355,7 @@ async fn run(
         };
         tasks.spawn(shutdown.run());
     }
+    let (policies, policy_writer) = kube::runtime::reflector::store();
     let (notifier, delivery) = nodeward_agent::notify::Notifier::new(&config.notifications);
     if let Some(delivery) = delivery {
         tasks.spawn(delivery);
@@ -367,15 +368,17 @@ async fn run(
             own_pod,
             notifier,
             events,
+            policies,
             written: Default::default(),
         }
         .run(maintenances),
     );
     let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
     let (auto_reboot_tx, auto_reboot) = tokio::sync::watch::channel(auto_reboot_flag);
-    tasks.spawn(nodeward_agent::pause::follow(
+    tasks.spawn(nodeward_agent::policies::follow(
         client.clone(),
         node_name.clone(),
+        policy_writer,
         pauses_tx,
         auto_reboot_tx,
         auto_reboot_flag,

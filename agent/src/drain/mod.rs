@@ -1,5 +1,7 @@
-//! Draining a node: the plan (which pods, in what order, pure) and the executor (evictions
-//! through the Eviction API, waiting for pods to go, stage deadlines and on-timeout actions).
+//! Draining a node: the plan (which pods, in what order, pure), the evictions (through the
+//! Eviction API, waiting for pods to go, stage deadlines and on-timeout actions) and a drain
+//! under watch (its progress each second, its deadline).
 
 pub mod evict;
 pub mod plan;
+pub mod watched;

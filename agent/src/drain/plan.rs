@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use nodeward_api::{
-    DrainPlan, DrainStage, OnTimeout, PodRule, PodType, PriorityRange,
+    DrainPlan, DrainStage, MaintenanceAction, OnTimeout, PodRule, PodType, PriorityRange,
     labels::{DRAIN_LABEL, DRAIN_SKIP},
 };
 
@@ -23,6 +23,16 @@ pub enum Purpose {
     MachineDown,
     /// The node stays up (DrainOnly, DeleteNode): DaemonSet pods stay.
     NodeStays,
+}
+
+impl Purpose {
+    /// What a maintenance's drain is for.
+    pub fn of(action: MaintenanceAction) -> Self {
+        match action {
+            MaintenanceAction::Reboot | MaintenanceAction::PowerOff => Self::MachineDown,
+            MaintenanceAction::DrainOnly | MaintenanceAction::DeleteNode => Self::NodeStays,
+        }
+    }
 }
 
 /// A pod as the plan sees it.

@@ -4,7 +4,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{Arc, Mutex},
+    sync::Mutex,
     time::Duration,
 };
 
@@ -19,9 +19,8 @@ use kube::{
     runtime::{events::EventType, reflector},
 };
 use nodeward_api::{
-    DisruptionPolicy, DrainPlan, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
     labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
-    policy::DrainTimeoutAction,
 };
 use nodeward_runtime::events::Events;
 use serde_json::json;
@@ -33,11 +32,13 @@ use crate::{
     cordon::{self, Applied},
     drain::{
         evict::{self, Drain, Outcome, Progress},
-        plan::{self, Purpose},
+        plan::Purpose,
+        watched::{Report, Watched},
     },
     logind::ManagerProxy,
     maintenance::watch::NodeMaintenances,
     notify::{Notice, NoticeKind, Notifier},
+    policies,
 };
 
 /// What the executor remembers within this boot.
@@ -63,6 +64,8 @@ pub struct Executor {
     pub notifier: Notifier,
     /// Events about the maintenances.
     pub events: Events,
+    /// The DisruptionPolicies (a live store): which plan, timeout and gate apply.
+    pub policies: reflector::Store<DisruptionPolicy>,
     /// The phase this agent last wrote, per maintenance uid (start empty).
     pub written: Mutex<HashMap<String, MaintenancePhase>>,
 }
@@ -219,55 +222,19 @@ impl Executor {
         }
     }
 
-    /// The drain plan and timeout: the maintenance's own plan, else its first policy's, else
-    /// the default for the action.
-    async fn plan(
-        &self,
-        m: &NodeMaintenance,
-    ) -> (DrainPlan, Option<Duration>, Option<DisruptionPolicy>) {
-        let purpose = purpose(m.spec.action);
-        let policy = match m
-            .status
-            .as_ref()
-            .and_then(|s| s.admission.as_ref())
-            .and_then(|a| a.policies.first())
-        {
-            Some(name) => Api::<DisruptionPolicy>::all(self.client.clone())
-                .get_opt(name)
-                .await
-                .ok()
-                .flatten(),
-            None => None,
-        };
-        let plan = m
-            .spec
-            .drain_plan
-            .clone()
-            .or_else(|| policy.as_ref().and_then(|p| p.spec.drain_plan.clone()))
-            .unwrap_or_else(|| plan::default_plan(purpose));
-        let timeout = policy
-            .as_ref()
-            .and_then(|p| p.spec.drain_timeout.as_ref())
-            .and_then(|d| d.to_std().ok());
-        (plan, timeout, policy)
-    }
-
     async fn drain(
         &self,
         m: &NodeMaintenance,
         store: &reflector::Store<NodeMaintenance>,
         applied: &Applied,
     ) -> Result<(), crate::Error> {
-        let (plan, timeout, policy) = self.plan(m).await;
-        let force = policy
-            .as_ref()
-            .is_some_and(|p| p.spec.on_drain_timeout == DrainTimeoutAction::Force);
+        let effective = policies::effective(m, &self.policies).await;
         let started = m
             .status
             .as_ref()
             .and_then(|s| s.started_at.as_ref())
             .map_or_else(Timestamp::now, |t| t.0);
-        let deadline = timeout.map(|t| {
+        let deadline = effective.drain_timeout.map(|t| {
             let end = started.checked_add(t).unwrap_or(started);
             let left =
                 Duration::try_from(end.duration_since(Timestamp::now())).unwrap_or(Duration::ZERO);
@@ -276,92 +243,65 @@ impl Executor {
         let drain = Drain {
             client: self.client.clone(),
             node: &self.node,
-            plan: &plan,
-            purpose: purpose(m.spec.action),
+            plan: &effective.plan,
+            purpose: Purpose::of(m.spec.action),
             own_pod: self.own_pod.clone(),
             deadline,
             taint: MAINTENANCE_TAINT,
         };
-        let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
-        let seen = latest.clone();
-        let draining = evict::run(&drain, move |p| {
-            if let Ok(mut l) = seen.lock() {
-                *l = Some(p.clone());
-            }
-        });
-        tokio::pin!(draining);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let timed_out = async {
-            match deadline {
-                Some(d) => tokio::time::sleep_until(d).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(timed_out);
+        let mut watched = Watched::start(&drain);
         let outcome = loop {
-            tokio::select! {
-                result = &mut draining => break Some(result),
-                _ = &mut timed_out => break None,
-                _ = tick.tick() => {
-                    let progress = latest.lock().ok().and_then(|mut l| l.take());
+            match watched.next().await {
+                Report::Tick(progress) => {
                     if let Some(p) = progress {
                         self.progress(m, &p).await;
                     }
                     // Deleted (or replaced) mid-drain: stop; the next step restores the node.
                     let current = store.get(&reflector::ObjectRef::new(&m.name_any()));
-                    if current.is_none_or(|c| c.metadata.deletion_timestamp.is_some() || c.uid() != m.uid()) {
+                    if current.is_none_or(|c| {
+                        c.metadata.deletion_timestamp.is_some() || c.uid() != m.uid()
+                    }) {
                         tracing::info!(maintenance = %m.name_any(), correlation = %uid(m), "deleted during the drain; stopping it");
                         return Ok(());
                     }
                 }
+                Report::Ended { outcome, last } => {
+                    if let Some(p) = last {
+                        self.progress(m, &p).await;
+                    }
+                    break outcome.transpose()?;
+                }
             }
         };
-        if let Some(p) = latest.lock().ok().and_then(|mut l| l.take()) {
-            self.progress(m, &p).await;
-        }
-        let failure = match outcome {
-            Some(Ok(Outcome::Drained)) => None,
-            // Stages that went on (`Continue`) left pods behind: the node is not drained.
-            Some(Ok(Outcome::Incomplete { remaining })) => Some(match timeout {
-                Some(t) => format!(
-                    "the drain did not finish within the policy's drainTimeout ({}s); {} pods left: {}",
-                    t.as_secs(),
-                    remaining.len(),
-                    remaining.join(", ")
-                ),
-                None => format!(
-                    "the drain stages ran out of time; {} pods left: {}",
-                    remaining.len(),
-                    remaining.join(", ")
-                ),
-            }),
-            Some(Ok(Outcome::Failed { stage, remaining })) => Some(format!(
-                "drain stage {stage} timed out with {} pods left: {}",
-                remaining.len(),
-                remaining.join(", ")
-            )),
-            Some(Err(e)) => return Err(e),
-            None => Some(format!(
-                "the drain exceeded the policy's drainTimeout ({}s)",
-                timeout.map_or(0, |t| t.as_secs())
-            )),
+        drop(watched);
+        let drained = match (
+            failure(outcome, effective.drain_timeout),
+            effective.force_on_timeout,
+        ) {
+            (None, _) => Ok("every pod of the drain plan is gone".to_owned()),
+            (Some(why), true) => {
+                let deleted = evict::force(&drain).await?;
+                let forced = format!(
+                    "{why}; forced (onDrainTimeout: Force): deleted {} pods bypassing their PodDisruptionBudgets: {}",
+                    deleted.len(),
+                    deleted.join(", ")
+                );
+                tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), %forced, "drain forced");
+                self.event(m, EventType::Warning, "DrainForced", forced.clone())
+                    .await;
+                Err(forced)
+            }
+            (Some(why), false) => return self.fail(m, applied, "DrainFailed", why).await,
         };
-        let mut drained = "every pod of the drain plan is gone".to_owned();
-        if let Some(why) = &failure
-            && force
-        {
-            let deleted = evict::force(&drain).await?;
-            drained = format!(
-                "{why}; forced (onDrainTimeout: Force): deleted {} pods bypassing their PodDisruptionBudgets: {}",
-                deleted.len(),
-                deleted.join(", ")
-            );
-            tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), %drained, "drain forced");
-            self.event(m, EventType::Warning, "DrainForced", drained.clone())
-                .await;
-        } else if let Some(why) = failure {
-            return self.fail(m, applied, "DrainFailed", why).await;
-        }
+        self.drained(m, drained).await
+    }
+
+    /// Records the drain's end and moves on to the action: `drained` is how (`Err`: forced).
+    async fn drained(
+        &self,
+        m: &NodeMaintenance,
+        drained: Result<String, String>,
+    ) -> Result<(), crate::Error> {
         let message = match m.spec.action {
             MaintenanceAction::DrainOnly => {
                 "drained; the node stays drained until this maintenance is deleted"
@@ -370,13 +310,16 @@ impl Executor {
             MaintenanceAction::Reboot => "drained; rebooting",
             MaintenanceAction::PowerOff => "drained; powering off",
         };
-        let force_used = failure.is_some();
+        let (reason, how) = match drained {
+            Ok(how) => ("Drained", how),
+            Err(how) => ("Forced", how),
+        };
         let boot = self.boot_id.clone();
         let condition = Condition {
             type_: nodeward_api::conditions::maintenance::DRAINED.to_owned(),
             status: "True".to_owned(),
-            reason: if force_used { "Forced" } else { "Drained" }.to_owned(),
-            message: drained,
+            reason: reason.to_owned(),
+            message: how,
             observed_generation: m.metadata.generation,
             last_transition_time: Time(Timestamp::now()),
         };
@@ -507,8 +450,7 @@ impl Executor {
         m: &NodeMaintenance,
         healthy_since: &mut Option<Timestamp>,
     ) -> Result<Gate, crate::Error> {
-        let (_, _, policy) = self.plan(m).await;
-        let gate = policy.and_then(|p| p.spec.health_gate);
+        let gate = policies::effective(m, &self.policies).await.health_gate;
         let hold = gate
             .as_ref()
             .and_then(|g| g.for_.to_std().ok())
@@ -644,9 +586,68 @@ fn uid(m: &NodeMaintenance) -> String {
     m.uid().unwrap_or_default()
 }
 
-fn purpose(action: MaintenanceAction) -> Purpose {
-    match action {
-        MaintenanceAction::Reboot | MaintenanceAction::PowerOff => Purpose::MachineDown,
-        MaintenanceAction::DrainOnly | MaintenanceAction::DeleteNode => Purpose::NodeStays,
+/// Why a drain that ended with `outcome` (`None`: past the policy's `drain_timeout`) did not
+/// drain the node; `None` when it did.
+fn failure(outcome: Option<Outcome>, drain_timeout: Option<Duration>) -> Option<String> {
+    let pods =
+        |remaining: &[String]| format!("{} pods left: {}", remaining.len(), remaining.join(", "));
+    match outcome {
+        Some(Outcome::Drained) => None,
+        // Stages that went on (`Continue`) left pods behind: the node is not drained.
+        Some(Outcome::Incomplete { remaining }) => Some(match drain_timeout {
+            Some(t) => format!(
+                "the drain did not finish within the policy's drainTimeout ({}s); {}",
+                t.as_secs(),
+                pods(&remaining)
+            ),
+            None => format!("the drain stages ran out of time; {}", pods(&remaining)),
+        }),
+        Some(Outcome::Failed { stage, remaining }) => Some(format!(
+            "drain stage {stage} timed out with {}",
+            pods(&remaining)
+        )),
+        None => Some(format!(
+            "the drain exceeded the policy's drainTimeout ({}s)",
+            drain_timeout.map_or(0, |t| t.as_secs())
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_full_drain_is_no_failure() {
+        let left = vec!["a/p".to_owned()];
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(failure(Some(Outcome::Drained), ten), None);
+        let incomplete = failure(
+            Some(Outcome::Incomplete {
+                remaining: left.clone(),
+            }),
+            ten,
+        );
+        assert_eq!(
+            incomplete.as_deref(),
+            Some(
+                "the drain did not finish within the policy's drainTimeout (10s); 1 pods left: a/p"
+            )
+        );
+        let stage = failure(
+            Some(Outcome::Failed {
+                stage: "apps".into(),
+                remaining: left,
+            }),
+            None,
+        );
+        assert_eq!(
+            stage.as_deref(),
+            Some("drain stage apps timed out with 1 pods left: a/p")
+        );
+        assert_eq!(
+            failure(None, ten).as_deref(),
+            Some("the drain exceeded the policy's drainTimeout (10s)")
+        );
     }
 }

@@ -37,8 +37,9 @@ use crate::{
     backoff::Backoff,
     cordon::{self, Applied},
     drain::{
-        evict::{self, Drain, Outcome, Progress},
+        evict::{Drain, Outcome, Progress},
         plan::{self, Purpose},
+        watched::{Report, Watched},
     },
     maintenance::watch::{NodeMaintenances, any_admitted},
 };
@@ -460,36 +461,21 @@ impl Guard {
         )
         .await;
         let mut announced = Announced::default();
-        let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
-        let seen = latest.clone();
-        let draining = evict::run(&drain, move |p| {
-            if let Ok(mut l) = seen.lock() {
-                *l = Some(p.clone());
-            }
-        });
-        let outcome = {
-            tokio::pin!(draining);
-            let give_up = tokio::time::sleep(left);
-            tokio::pin!(give_up);
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    result = &mut draining => break Some(result),
-                    _ = &mut give_up => break None,
-                    _ = tick.tick() => {
-                        let progress = latest.lock().ok().and_then(|mut l| l.take());
-                        if let Some(p) = progress {
-                            self.record_progress(state, &p, &mut announced).await;
-                        } else if !lock(state).written {
-                            self.update(state, |_| {}).await;
-                        }
+        let mut watched = Watched::start(&drain);
+        let outcome = loop {
+            match watched.next().await {
+                Report::Tick(Some(p)) => self.record_progress(state, &p, &mut announced).await,
+                // Nothing new: retry a record write that has not gone through yet.
+                Report::Tick(None) if !lock(state).written => self.update(state, |_| {}).await,
+                Report::Tick(None) => {}
+                Report::Ended { outcome, last } => {
+                    if let Some(p) = last {
+                        self.record_progress(state, &p, &mut announced).await;
                     }
+                    break outcome;
                 }
             }
         };
-        if let Some(p) = latest.lock().ok().and_then(|mut l| l.take()) {
-            self.record_progress(state, &p, &mut announced).await;
-        }
         let (kind, note) = match &outcome {
             Some(Ok(Outcome::Drained)) => (
                 EventType::Normal,

@@ -1,0 +1,86 @@
+//! A drain under watch, as the maintenance executor and the shutdown guard both run one: the
+//! newest progress once a second (for the caller to record), then how it ended. The drain's
+//! deadline is enforced here as well, since a stage can overrun it while an API call hangs.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio::time::{Instant, Interval};
+
+use super::evict::{self, Drain, Outcome, Progress};
+use crate::Error;
+
+/// What [`Watched::next`] reports.
+#[derive(Debug)]
+pub enum Report {
+    /// A second passed; the progress since the last report, if there was any.
+    Tick(Option<Progress>),
+    /// The drain is over: its outcome (`None`: the deadline came first) and the progress not
+    /// yet reported.
+    Ended {
+        outcome: Option<Result<Outcome, Error>>,
+        last: Option<Progress>,
+    },
+}
+
+type Draining<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Error>> + Send + 'a>>;
+
+/// A running drain. Dropping it stops the drain.
+pub struct Watched<'a> {
+    /// `None` once it ended.
+    draining: Option<Draining<'a>>,
+    deadline: Option<Instant>,
+    tick: Interval,
+    latest: Arc<Mutex<Option<Progress>>>,
+}
+
+impl<'a> Watched<'a> {
+    /// Starts `drain`.
+    pub fn start(drain: &'a Drain<'a>) -> Self {
+        let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
+        let seen = latest.clone();
+        let draining = evict::run(drain, move |p| {
+            if let Ok(mut l) = seen.lock() {
+                *l = Some(p.clone());
+            }
+        });
+        Self {
+            draining: Some(Box::pin(draining)),
+            deadline: drain.deadline,
+            tick: tokio::time::interval(Duration::from_secs(1)),
+            latest,
+        }
+    }
+
+    /// The next second's progress, or the end; after the end, nothing more (it waits forever).
+    pub async fn next(&mut self) -> Report {
+        let Some(draining) = self.draining.as_mut() else {
+            return std::future::pending().await;
+        };
+        let deadline = self.deadline;
+        let out_of_time = async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let outcome = tokio::select! {
+            result = draining => Some(result),
+            _ = out_of_time => None,
+            _ = self.tick.tick() => return Report::Tick(self.take()),
+        };
+        self.draining = None;
+        Report::Ended {
+            outcome,
+            last: self.take(),
+        }
+    }
+
+    fn take(&self) -> Option<Progress> {
+        self.latest.lock().ok().and_then(|mut l| l.take())
+    }
+}
