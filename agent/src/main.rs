@@ -7,18 +7,23 @@ use nodeward_agent::{
     detect::{
         AgentContext,
         cluster::Cluster,
-        kernel_log::{self, KernelLog},
+        kernel_log::{self, KernelLog, NodeEvent},
         peers::{self, Directory, PeerContext},
     },
     metrics::Metrics,
     report::{Identity, Reporter},
     runner,
     server::{self, Readiness},
+    shutdown::{self, guard::Guard},
 };
-use nodeward_api::report::AgentMode;
+use nodeward_api::report::{AgentMode, PauseAcknowledgement};
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
     events::Events,
+};
+use tokio::{
+    sync::{mpsc, watch},
+    task::JoinSet,
 };
 
 /// nodeward's node agent.
@@ -229,31 +234,15 @@ async fn run(
     } else {
         AgentMode::DaemonSet
     };
-    let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
     let metrics = Arc::new(Metrics::new());
-    let counted = metrics.clone();
-    let on_request: nodeward_runtime::client::OnRequest = Arc::new(move |verb, resource| {
-        counted
-            .api_requests
-            .get_or_create(&nodeward_agent::metrics::RequestLabels {
-                verb: verb.to_owned(),
-                resource: resource.to_owned(),
-            })
-            .inc();
-    });
-    let client = nodeward_runtime::client::connect_counting(
-        client_args.kubeconfig.as_deref(),
-        user_agent,
-        Some(on_request),
-    )
-    .await?;
+    let client = connect(client_args, &metrics).await?;
     let identity = Identity {
         node_name: node_name.clone(),
         mode,
         boot_id: boot_id.clone(),
     };
     let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = JoinSet::new();
     server::spawn(listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
     if nodeward_agent::reaper::receives_orphans() {
         // PID 1 of its container: what checks leave behind is re-parented to the agent.
@@ -266,46 +255,13 @@ async fn run(
         node_name: node_name.clone(),
         started: std::time::Instant::now(),
     };
-    let peers = if config.detectors.peers.enabled {
-        let directory = Directory::default();
-        tasks.spawn(directory.clone().follow(client.clone()));
-        tasks.spawn(peers::mark_own_node(client.clone(), node_name.clone()));
-        tasks.spawn(peers::respond(config.detectors.peers.port).await?);
-        Some(PeerContext {
-            directory,
-            node_name: node_name.clone(),
-            metrics: metrics.clone(),
-        })
-    } else {
-        None
-    };
-    let (kernel_events_tx, kernel_events) = tokio::sync::mpsc::channel(64);
-    let kernel_log = config.detectors.kernel_log.enabled.then(|| {
-        // The configuration was validated, so the patterns compile; an error here would be a bug.
-        let patterns = match kernel_log::compile(&config.detectors.kernel_log) {
-            Ok(p) => Arc::new(p),
-            Err(e) => {
-                tracing::error!(error = %e, "kernel log patterns did not compile; the kernel log is off");
-                return None;
-            }
-        };
-        let log = KernelLog {
-            patterns,
-            seen: Arc::default(),
-        };
-        let device = config.detectors.kernel_log.device.clone();
-        match kernel_log::follow(device.clone(), log.patterns.clone(), log.seen.clone(), kernel_events_tx) {
-            Ok(()) => Some(log),
-            Err(e) => {
-                tracing::warn!(error = %e, device = %device.display(), "cannot read the kernel log; its patterns are off");
-                None
-            }
-        }
-    });
+    let peers = peer_context(&config, &client, &node_name, &metrics, &mut tasks).await?;
+    let (kernel_events_tx, kernel_events) = mpsc::channel(64);
+    let kernel_log = kernel_log(&config, kernel_events_tx);
     let agent = AgentContext {
         cluster,
         peers,
-        kernel_log: kernel_log.flatten(),
+        kernel_log,
     };
     let detectors = config.detectors.enabled(Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
@@ -316,8 +272,115 @@ async fn run(
         metrics,
         readiness,
     );
+    let boot_id = boot_id.unwrap_or_default();
+    let pauses = maintain(
+        &config,
+        &client,
+        &node_name,
+        &boot_id,
+        auto_reboot_flag,
+        &snapshots,
+        &mut tasks,
+    );
+    tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
+    tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
+    let signal = nodeward_runtime::stop_signal().await?;
+    tracing::info!("{signal}: stopping");
+    tasks.abort_all();
+    Ok(())
+}
+
+/// A client whose every request is counted in the agent's metrics.
+async fn connect(client_args: &ClientArgs, metrics: &Arc<Metrics>) -> Result<kube::Client, Error> {
+    let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
+    let counted = metrics.clone();
+    let on_request: nodeward_runtime::client::OnRequest = Arc::new(move |verb, resource| {
+        counted
+            .api_requests
+            .get_or_create(&nodeward_agent::metrics::RequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+            })
+            .inc();
+    });
+    nodeward_runtime::client::connect_counting(
+        client_args.kubeconfig.as_deref(),
+        user_agent,
+        Some(on_request),
+    )
+    .await
+    .map_err(Into::into)
+}
+
+/// The peer detector's context: this node marked as running an agent, the directory of the
+/// others followed and the probe responder started (in `tasks`).
+async fn peer_context(
+    config: &Config,
+    client: &kube::Client,
+    node_name: &str,
+    metrics: &Arc<Metrics>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Option<PeerContext>, Error> {
+    if !config.detectors.peers.enabled {
+        return Ok(None);
+    }
+    let directory = Directory::default();
+    tasks.spawn(directory.clone().follow(client.clone()));
+    tasks.spawn(peers::mark_own_node(client.clone(), node_name.to_owned()));
+    tasks.spawn(peers::respond(config.detectors.peers.port).await?);
+    Ok(Some(PeerContext {
+        directory,
+        node_name: node_name.to_owned(),
+        metrics: metrics.clone(),
+    }))
+}
+
+/// The kernel log followed (its matches sent as `events`), when enabled and readable.
+fn kernel_log(config: &Config, events: mpsc::Sender<NodeEvent>) -> Option<KernelLog> {
+    if !config.detectors.kernel_log.enabled {
+        return None;
+    }
+    // The configuration was validated, so the patterns compile; an error here would be a bug.
+    let patterns = match kernel_log::compile(&config.detectors.kernel_log) {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            tracing::error!(error = %e, "kernel log patterns did not compile; the kernel log is off");
+            return None;
+        }
+    };
+    let log = KernelLog {
+        patterns,
+        seen: Arc::default(),
+    };
+    let device = config.detectors.kernel_log.device.clone();
+    match kernel_log::follow(
+        device.clone(),
+        log.patterns.clone(),
+        log.seen.clone(),
+        events,
+    ) {
+        Ok(()) => Some(log),
+        Err(e) => {
+            tracing::warn!(error = %e, device = %device.display(), "cannot read the kernel log; its patterns are off");
+            None
+        }
+    }
+}
+
+/// Starts what carries out this node's maintenances and guards its shutdowns: the shutdown
+/// guard (when enabled), the maintenance executor, the policy follower and the reboot
+/// requester (in `tasks`). Returns the pauses this node obeys, for its reports.
+fn maintain(
+    config: &Config,
+    client: &kube::Client,
+    node_name: &str,
+    boot_id: &str,
+    auto_reboot_flag: bool,
+    snapshots: &watch::Receiver<runner::Snapshot>,
+    tasks: &mut JoinSet<()>,
+) -> watch::Receiver<Vec<PauseAcknowledgement>> {
     let (maintenances, watching) =
-        nodeward_agent::maintenance::watch::start(client.clone(), &node_name);
+        nodeward_agent::maintenance::watch::start(client.clone(), node_name);
     tasks.spawn(watching);
     // The agent's own pod (in a DaemonSet), which its drains leave for last.
     let own_pod = std::env::var("POD_NAMESPACE")
@@ -326,34 +389,18 @@ async fn run(
     let events = Events::new(
         client.clone(),
         nodeward_api::labels::AGENT_FIELD_MANAGER,
-        node_name.clone(),
+        node_name.to_owned(),
     );
     if config.shutdown_guard.enabled {
-        let guard = &config.shutdown_guard;
-        let mut scan: Vec<PathBuf> = nodeward_agent::shutdown::dropin::DIRECTORIES
-            .iter()
-            .map(PathBuf::from)
-            .collect();
-        if !scan.contains(&guard.drop_in_dir) {
-            scan.insert(0, guard.drop_in_dir.clone());
-        }
-        let shutdown = nodeward_agent::shutdown::guard::Guard {
+        let shutdown_guard = Guard {
             client: client.clone(),
-            node: node_name.clone(),
-            boot_id: boot_id.clone().unwrap_or_default(),
-            settings: nodeward_agent::shutdown::guard::Settings {
-                budget: guard.budget,
-                margin: guard.safety_margin,
-                drop_in_dir: guard.write_drop_in.then(|| guard.drop_in_dir.clone()),
-                drop_in_scan: scan,
-                plan: guard.drain_plan.clone(),
-                own_pod: own_pod.clone(),
-                reboot_gate: guard.reboot_gate,
-            },
+            node: node_name.to_owned(),
+            boot_id: boot_id.to_owned(),
+            settings: shutdown::Settings::new(&config.shutdown_guard, own_pod.clone()),
             events: events.clone(),
             maintenances: maintenances.clone(),
         };
-        tasks.spawn(shutdown.run());
+        tasks.spawn(shutdown_guard.run());
     }
     let (policies, policy_writer) = kube::runtime::reflector::store();
     let (notifier, delivery) = nodeward_agent::notify::Notifier::new(&config.notifications);
@@ -363,8 +410,8 @@ async fn run(
     tasks.spawn(
         nodeward_agent::maintenance::executor::Executor {
             client: client.clone(),
-            node: node_name.clone(),
-            boot_id: boot_id.clone().unwrap_or_default(),
+            node: node_name.to_owned(),
+            boot_id: boot_id.to_owned(),
             own_pod,
             notifier,
             events,
@@ -373,11 +420,11 @@ async fn run(
         }
         .run(maintenances),
     );
-    let (pauses_tx, pauses) = tokio::sync::watch::channel(Vec::new());
-    let (auto_reboot_tx, auto_reboot) = tokio::sync::watch::channel(auto_reboot_flag);
+    let (pauses_tx, pauses) = watch::channel(Vec::new());
+    let (auto_reboot_tx, auto_reboot) = watch::channel(auto_reboot_flag);
     tasks.spawn(nodeward_agent::policies::follow(
         client.clone(),
-        node_name.clone(),
+        node_name.to_owned(),
         policy_writer,
         pauses_tx,
         auto_reboot_tx,
@@ -385,15 +432,10 @@ async fn run(
     ));
     tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
         client.clone(),
-        node_name.clone(),
-        boot_id.clone().unwrap_or_default(),
+        node_name.to_owned(),
+        boot_id.to_owned(),
         snapshots.clone(),
         auto_reboot,
     ));
-    tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
-    tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
-    let signal = nodeward_runtime::stop_signal().await?;
-    tracing::info!("{signal}: stopping");
-    tasks.abort_all();
-    Ok(())
+    pauses
 }

@@ -127,30 +127,7 @@ impl Executor {
         };
         match lifecycle::step(facts) {
             Step::Wait => Ok(()),
-            Step::Prepare => {
-                self.finalizer(m, true).await?;
-                let by = format!("maintenance/{}", m.name_any());
-                let done = cordon::apply(&self.client, &self.node, MAINTENANCE_TAINT, &by).await?;
-                self.transition(
-                    m,
-                    MaintenancePhase::Draining,
-                    "tainted and cordoned; draining",
-                    |s| {
-                        s.cordoned_by_nodeward = Some(done.cordoned);
-                        s.started_at = Some(Time(Timestamp::now()));
-                    },
-                )
-                .await?;
-                self.event(
-                    m,
-                    EventType::Normal,
-                    "DrainStarted",
-                    "tainted and cordoned; draining the node".into(),
-                )
-                .await;
-                self.notify(m, NoticeKind::DrainStarted, "");
-                Ok(())
-            }
+            Step::Prepare => self.prepare(m).await,
             Step::Drain => self.drain(m, store, &applied).await,
             // Asked once per boot: the machine goes down after the shutdown drain.
             Step::Act if memory.acted.contains(&uid(m)) => Ok(()),
@@ -160,24 +137,7 @@ impl Executor {
             }
             Step::Verify => {
                 memory.healthy_since = None;
-                self.transition(
-                    m,
-                    MaintenancePhase::Verifying,
-                    "back after the reboot; waiting for the health gate",
-                    |_| {},
-                )
-                .await?;
-                self.event(
-                    m,
-                    EventType::Normal,
-                    "Rebooted",
-                    format!(
-                        "back after the reboot (boot id {}); waiting for the health gate",
-                        self.boot_id
-                    ),
-                )
-                .await;
-                Ok(())
+                self.verify(m).await
             }
             Step::Complete => {
                 self.end(
@@ -207,19 +167,70 @@ impl Executor {
                 .await?;
                 self.finalizer(m, false).await
             }
-            Step::Release => {
-                cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, &applied).await?;
-                self.event(
-                    m,
-                    EventType::Normal,
-                    "Restored",
-                    "the maintenance is deleted; taint and cordon undone".into(),
-                )
-                .await;
-                self.notify(m, NoticeKind::Restored, "the maintenance is deleted");
-                self.finalizer(m, false).await
-            }
+            Step::Release => self.release(m, &applied).await,
         }
+    }
+
+    /// Takes the node out of service: finalizer, taint and cordon, then Draining.
+    async fn prepare(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        self.finalizer(m, true).await?;
+        let by = format!("maintenance/{}", m.name_any());
+        let done = cordon::apply(&self.client, &self.node, MAINTENANCE_TAINT, &by).await?;
+        self.transition(
+            m,
+            MaintenancePhase::Draining,
+            "tainted and cordoned; draining",
+            |s| {
+                s.cordoned_by_nodeward = Some(done.cordoned);
+                s.started_at = Some(Time(Timestamp::now()));
+            },
+        )
+        .await?;
+        self.event(
+            m,
+            EventType::Normal,
+            "DrainStarted",
+            "tainted and cordoned; draining the node".into(),
+        )
+        .await;
+        self.notify(m, NoticeKind::DrainStarted, "");
+        Ok(())
+    }
+
+    /// Back after the reboot: Verifying, until the health gate passes.
+    async fn verify(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        self.transition(
+            m,
+            MaintenancePhase::Verifying,
+            "back after the reboot; waiting for the health gate",
+            |_| {},
+        )
+        .await?;
+        self.event(
+            m,
+            EventType::Normal,
+            "Rebooted",
+            format!(
+                "back after the reboot (boot id {}); waiting for the health gate",
+                self.boot_id
+            ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Deleted after it ended: the node's taint and cordon undone, the finalizer removed.
+    async fn release(&self, m: &NodeMaintenance, applied: &Applied) -> Result<(), crate::Error> {
+        cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
+        self.event(
+            m,
+            EventType::Normal,
+            "Restored",
+            "the maintenance is deleted; taint and cordon undone".into(),
+        )
+        .await;
+        self.notify(m, NoticeKind::Restored, "the maintenance is deleted");
+        self.finalizer(m, false).await
     }
 
     async fn drain(

@@ -10,7 +10,6 @@
 //! again; if `PreparingForShutdown` is already true then, it goes straight to the drain.
 
 use std::{
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -24,7 +23,7 @@ use kube::{
     runtime::events::EventType,
 };
 use nodeward_api::{
-    DrainPlan, NodeReport,
+    NodeReport,
     labels::SHUTDOWN_TAINT,
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
@@ -32,6 +31,7 @@ use nodeward_runtime::events::Events;
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
+use super::{Settings, window::drain_window};
 use crate::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
@@ -49,37 +49,6 @@ use crate::{
 const FIELD_MANAGER: &str = "nodeward-agent-shutdown";
 const WHO: &str = "nodeward";
 const WHY: &str = "draining the node's pods before it goes down";
-
-/// The safety margin of a drain that may take up to `window`: the configured one, or a
-/// twentieth of the window from 1s to 5s (4s of drain in logind's default 5s, 115s in 120s).
-pub fn margin(configured: Option<Duration>, window: Duration) -> Duration {
-    configured
-        .unwrap_or_else(|| (window / 20).clamp(Duration::from_secs(1), Duration::from_secs(5)))
-}
-
-/// How long a drain gets: the budget or logind's delay, whichever is shorter, less the margin.
-pub fn drain_window(budget: Duration, delay: Duration, configured: Option<Duration>) -> Duration {
-    let window = budget.min(delay);
-    window.saturating_sub(margin(configured, window))
-}
-
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// How long a drain before shutdown may take (the lock is released by then).
-    pub budget: Duration,
-    /// Released this long before the budget (or logind's delay) runs out; `None`: [`margin`].
-    pub margin: Option<Duration>,
-    /// Where to write the `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget
-    /// (none: do not write one).
-    pub drop_in_dir: Option<PathBuf>,
-    /// Directories scanned for drop-ins that override ours.
-    pub drop_in_scan: Vec<PathBuf>,
-    pub plan: Option<DrainPlan>,
-    pub own_pod: Option<(String, String)>,
-    /// Hold a `block` lock on shutdown while no maintenance of this node is admitted, so
-    /// that logind refuses uncoordinated shutdowns and reboots.
-    pub reboot_gate: bool,
-}
 
 pub struct Guard {
     pub client: Client,
@@ -394,6 +363,71 @@ impl Guard {
         held: &mut Option<OwnedFd>,
         delay: Duration,
     ) {
+        let (left, resumed) = self.begin(state, delay).await;
+        let plan = self
+            .settings
+            .plan
+            .clone()
+            .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
+        let drain = Drain {
+            client: self.client.clone(),
+            node: &self.node,
+            plan: &plan,
+            purpose: Purpose::MachineDown,
+            own_pod: self.settings.own_pod.clone(),
+            deadline: Some(tokio::time::Instant::now() + left),
+            taint: SHUTDOWN_TAINT,
+        };
+        self.event(
+            EventType::Warning,
+            "ShutdownDrainStarted",
+            format!(
+                "logind announced a shutdown: tainted and cordoned, draining within {}s{}",
+                left.as_secs(),
+                if resumed { " (resumed)" } else { "" }
+            ),
+        )
+        .await;
+        let mut announced = Announced::default();
+        let mut watched = Watched::start(&drain);
+        let outcome = loop {
+            match watched.next().await {
+                Report::Tick(Some(p)) => self.record_progress(state, &p, &mut announced).await,
+                // Nothing new: retry a record write that has not gone through yet.
+                Report::Tick(None) if !lock(state).written => self.update(state, |_| {}).await,
+                Report::Tick(None) => {}
+                Report::Ended { outcome, last } => {
+                    if let Some(p) = last {
+                        self.record_progress(state, &p, &mut announced).await;
+                    }
+                    break outcome;
+                }
+            }
+        };
+        let (kind, note) = ended(&outcome);
+        tracing::warn!(%note, "drain before shutdown ended");
+        self.event(
+            kind,
+            "ShutdownDrainFinished",
+            format!("{note}; releasing the logind lock"),
+        )
+        .await;
+        // Releasing is closing the descriptor; logind then goes on with the shutdown.
+        held.take();
+        tracing::warn!("released the logind delay lock");
+        self.update(state, |s| {
+            s.inhibitor.delay_held = false;
+            if let Some(r) = s.shutdown.as_mut() {
+                r.phase = ShutdownPhase::Released;
+            }
+        })
+        .await;
+    }
+
+    /// Taints and cordons the node and records the drain's start and deadline, or, after an
+    /// agent restart within this shutdown, goes on with the recorded ones. Returns the time
+    /// left and whether it resumed.
+    async fn begin(&self, state: &Arc<Mutex<State>>, delay: Duration) -> (Duration, bool) {
         let now = Timestamp::now();
         let resumed = lock(state)
             .shutdown
@@ -435,83 +469,7 @@ impl Guard {
         };
         self.update(state, |s| s.shutdown = Some(record.clone()))
             .await;
-
-        let plan = self
-            .settings
-            .plan
-            .clone()
-            .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
-        let drain = Drain {
-            client: self.client.clone(),
-            node: &self.node,
-            plan: &plan,
-            purpose: Purpose::MachineDown,
-            own_pod: self.settings.own_pod.clone(),
-            deadline: Some(tokio::time::Instant::now() + left),
-            taint: SHUTDOWN_TAINT,
-        };
-        self.event(
-            EventType::Warning,
-            "ShutdownDrainStarted",
-            format!(
-                "logind announced a shutdown: tainted and cordoned, draining within {}s{}",
-                left.as_secs(),
-                if resumed.is_some() { " (resumed)" } else { "" }
-            ),
-        )
-        .await;
-        let mut announced = Announced::default();
-        let mut watched = Watched::start(&drain);
-        let outcome = loop {
-            match watched.next().await {
-                Report::Tick(Some(p)) => self.record_progress(state, &p, &mut announced).await,
-                // Nothing new: retry a record write that has not gone through yet.
-                Report::Tick(None) if !lock(state).written => self.update(state, |_| {}).await,
-                Report::Tick(None) => {}
-                Report::Ended { outcome, last } => {
-                    if let Some(p) = last {
-                        self.record_progress(state, &p, &mut announced).await;
-                    }
-                    break outcome;
-                }
-            }
-        };
-        let (kind, note) = match &outcome {
-            Some(Ok(Outcome::Drained)) => (
-                EventType::Normal,
-                "every pod of the plan is gone".to_owned(),
-            ),
-            Some(Ok(Outcome::Incomplete { remaining })) => (
-                EventType::Warning,
-                format!("stages ran out of time; left: {}", remaining.join(", ")),
-            ),
-            Some(Ok(Outcome::Failed { stage, remaining })) => (
-                EventType::Warning,
-                format!("stage {stage} failed; left: {}", remaining.join(", ")),
-            ),
-            Some(Err(e)) => (EventType::Warning, format!("the drain failed: {e}")),
-            None => (
-                EventType::Warning,
-                "out of time: releasing the lock with pods left".to_owned(),
-            ),
-        };
-        tracing::warn!(%note, "drain before shutdown ended");
-        self.event(
-            kind,
-            "ShutdownDrainFinished",
-            format!("{note}; releasing the logind lock"),
-        )
-        .await;
-        // Releasing is closing the descriptor; logind then goes on with the shutdown.
-        held.take();
-        tracing::warn!("released the logind delay lock");
-        self.update(state, |s| {
-            s.inhibitor.delay_held = false;
-            if let Some(r) = s.shutdown.as_mut() {
-                r.phase = ShutdownPhase::Released;
-            }
-        })
-        .await;
+        (left, resumed.is_some())
     }
 
     async fn record_progress(
@@ -663,6 +621,29 @@ impl Guard {
     }
 }
 
+/// How a drain before shutdown ended (`None`: out of time), as an Event's type and note.
+fn ended(outcome: &Option<Result<Outcome, crate::Error>>) -> (EventType, String) {
+    match outcome {
+        Some(Ok(Outcome::Drained)) => (
+            EventType::Normal,
+            "every pod of the plan is gone".to_owned(),
+        ),
+        Some(Ok(Outcome::Incomplete { remaining })) => (
+            EventType::Warning,
+            format!("stages ran out of time; left: {}", remaining.join(", ")),
+        ),
+        Some(Ok(Outcome::Failed { stage, remaining })) => (
+            EventType::Warning,
+            format!("stage {stage} failed; left: {}", remaining.join(", ")),
+        ),
+        Some(Err(e)) => (EventType::Warning, format!("the drain failed: {e}")),
+        None => (
+            EventType::Warning,
+            "out of time: releasing the lock with pods left".to_owned(),
+        ),
+    }
+}
+
 /// Events already published during one drain (one per blocked pod, one for returning pods).
 #[derive(Default)]
 struct Announced {
@@ -685,26 +666,5 @@ async fn follow_admissions(
         if maintenances.changes.changed().await.is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_margin_scales_with_the_drains_time() {
-        let s = Duration::from_secs;
-        // logind's default delay: the drain gets 4s, not 0s.
-        assert_eq!(drain_window(s(120), s(5), None), s(4));
-        assert_eq!(drain_window(s(120), s(120), None), s(115));
-        assert_eq!(
-            drain_window(s(30), s(120), None),
-            Duration::from_millis(28_500)
-        );
-        assert_eq!(drain_window(s(600), s(600), None), s(595));
-        // A configured margin is taken as it is.
-        assert_eq!(drain_window(s(120), s(5), Some(s(5))), Duration::ZERO);
-        assert_eq!(drain_window(s(15), s(120), Some(s(2))), s(13));
     }
 }

@@ -6,6 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 pub mod dropin;
 pub mod guard;
+pub mod window;
 
 /// The systemd-logind shutdown guard.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -17,7 +18,7 @@ pub struct ShutdownGuardConfig {
     #[serde(deserialize_with = "crate::values::duration")]
     pub budget: Duration,
     /// The lock is released this long before the budget (or logind's delay) ends; unset, a
-    /// twentieth of the drain's time, from 1s to 5s (`shutdown::guard::margin`).
+    /// twentieth of the drain's time, from 1s to 5s (`shutdown::window::margin`).
     #[serde(deserialize_with = "crate::values::optional_duration")]
     pub safety_margin: Option<Duration>,
     /// Write a `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget, and reload
@@ -60,5 +61,44 @@ impl ShutdownGuardConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// What the shutdown guard runs with.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// How long a drain before shutdown may take (the lock is released by then).
+    pub budget: Duration,
+    /// Released this long before the budget (or logind's delay) runs out; `None`: [`window::margin`].
+    pub margin: Option<Duration>,
+    /// Where to write the `logind.conf.d` drop-in raising `InhibitDelayMaxSec` to the budget
+    /// (none: do not write one).
+    pub drop_in_dir: Option<PathBuf>,
+    /// Directories scanned for drop-ins that override ours.
+    pub drop_in_scan: Vec<PathBuf>,
+    pub plan: Option<nodeward_api::DrainPlan>,
+    pub own_pod: Option<(String, String)>,
+    /// Hold a `block` lock on shutdown while no maintenance of this node is admitted, so
+    /// that logind refuses uncoordinated shutdowns and reboots.
+    pub reboot_gate: bool,
+}
+
+impl Settings {
+    /// The settings `config` gives, for an agent whose own pod is `own_pod`. Our drop-in
+    /// directory is scanned first, then systemd's.
+    pub fn new(config: &ShutdownGuardConfig, own_pod: Option<(String, String)>) -> Self {
+        let mut scan: Vec<PathBuf> = dropin::DIRECTORIES.iter().map(PathBuf::from).collect();
+        if !scan.contains(&config.drop_in_dir) {
+            scan.insert(0, config.drop_in_dir.clone());
+        }
+        Self {
+            budget: config.budget,
+            margin: config.safety_margin,
+            drop_in_dir: config.write_drop_in.then(|| config.drop_in_dir.clone()),
+            drop_in_scan: scan,
+            plan: config.drain_plan.clone(),
+            own_pod,
+            reboot_gate: config.reboot_gate,
+        }
     }
 }

@@ -28,6 +28,9 @@ use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeRepo
 use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
 use serde_json::json;
 
+/// Clock ticks per second of /proc/PID/stat on Linux.
+const CLK_TCK: f64 = 100.0;
+
 #[derive(Parser)]
 struct Args {
     /// Simulated nodes, each with a NodeReport.
@@ -107,15 +110,117 @@ async fn main() -> anyhow::Result<()> {
     let client = env.client.clone();
     let reports: Api<NodeReport> = Api::all(client.clone());
 
+    seed(&env, &reports, args.nodes).await?;
+    let selector = format!("{TEST_LABEL}={}", env.id);
+
+    create_policy(&env).await?;
+
+    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
+    let spawned = Instant::now();
+    let coordinator = Daemon::start(
+        args.coordinator
+            .to_str()
+            .context("coordinator path is not UTF-8")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--leader-elect=false".into(),
+            "--kubeconfig".into(),
+            kubeconfig,
+        ],
+    )?;
+    coordinator.wait_ready(Duration::from_secs(300)).await?;
+    let time_to_ready = spawned.elapsed();
+    let pid = coordinator.child.id();
+    let (rss_ready, _, _) = footprint(pid)?;
+
+    // Admission latency: creation (call start) to a watch seeing it Admitted.
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+    let admitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watching = tokio::spawn(note_admissions(
+        maintenances.clone(),
+        selector,
+        admitted.clone(),
+    ));
+    let (_, _, ticks_before) = footprint(pid)?;
+    let load_started = Instant::now();
+    let runs = admission_runs(&env, &args, &maintenances, &admitted).await?;
+    let load_elapsed = load_started.elapsed();
+    let (rss_loaded, peak, ticks_after) = footprint(pid)?;
+    let load_millicores =
+        (ticks_after - ticks_before) as f64 / CLK_TCK / load_elapsed.as_secs_f64() * 1000.0;
+    // Idle: nothing changes but the kwok heartbeats.
+    let (rss_idle, peak_end, idle_millicores) =
+        idle_footprint(pid, Duration::from_secs(30)).await?;
+    let CoordinatorMetrics {
+        admissions: own_count,
+        within: own_buckets,
+        rounds,
+    } = coordinator_metrics(&coordinator).await?;
+    watching.abort();
+
+    let p50 = median(runs.admission_p50);
+    let p99 = median(runs.admission_p99);
+    let w50 = median(runs.create_p50);
+    let w99 = median(runs.create_p99);
+    println!("cores: {cores}");
+    println!("nodes: {} (each with a NodeReport)", args.nodes);
+    println!("time to ready after start: {}", ms(time_to_ready));
+    println!(
+        "RSS: {rss_ready:.1} MiB at ready, {rss_loaded:.1} MiB after the runs, {rss_idle:.1} MiB idle; peak {:.1} MiB",
+        peak.max(peak_end)
+    );
+    println!("CPU: {load_millicores:.0} millicores during the runs, {idle_millicores:.1} idle");
+    println!(
+        "admission latency (creation to Admitted seen), median of {} runs of {}: p50 {} p99 {}",
+        args.runs,
+        args.maintenances,
+        ms(p50),
+        ms(p99)
+    );
+    println!(
+        "API server create latency, same runs: p50 {} p99 {}; coordinator share of p99: {}",
+        ms(w50),
+        ms(w99),
+        ms(p99.saturating_sub(w99))
+    );
+    println!(
+        "coordinator's own share of {own_count:.0} admissions (watch event to admission write, less the budget writes): {}",
+        within(&own_buckets, own_count).join(", ")
+    );
+    for (kind, count, mean) in rounds {
+        println!(
+            "{kind} rounds: {count:.0}, mean decision time {:.3} ms",
+            mean * 1000.0
+        );
+    }
+
+    drop(coordinator);
+    for report in reports.list(&ListParams::default()).await? {
+        if report.name_any().starts_with(&format!("{}-", env.id)) {
+            let _ = reports
+                .delete(&report.name_any(), &DeleteParams::default())
+                .await;
+        }
+    }
+    env.cleanup().await
+}
+
+fn jiff_now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
+
+/// `nodes` Ready kwok nodes, each with a NodeReport as its agent would write it.
+async fn seed(env: &TestEnv, reports: &Api<NodeReport>, nodes: usize) -> anyhow::Result<()> {
     let started = Instant::now();
-    env.create_many_nodes(args.nodes, Duration::from_secs(900))
+    env.create_many_nodes(nodes, Duration::from_secs(900))
         .await?;
     eprintln!(
         "created {} nodes, all Ready after {:.1} s",
-        args.nodes,
+        nodes,
         started.elapsed().as_secs_f64()
     );
-    futures::stream::iter(0..args.nodes)
+    futures::stream::iter(0..nodes)
         .map(|i| {
             let (reports, name) = (reports.clone(), env.node_name(i));
             async move {
@@ -142,69 +247,28 @@ async fn main() -> anyhow::Result<()> {
         .buffer_unordered(16)
         .try_collect::<Vec<()>>()
         .await?;
-    let selector = format!("{TEST_LABEL}={}", env.id);
+    Ok(())
+}
 
-    let policy_name = format!("{}-all", env.id);
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": policy_name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"maxConcurrent": "100%", "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
-    }))?;
-    Api::<DisruptionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
+/// Each run's admission and API create latencies (p50, p99).
+#[derive(Default)]
+struct Runs {
+    admission_p50: Vec<Duration>,
+    admission_p99: Vec<Duration>,
+    create_p50: Vec<Duration>,
+    create_p99: Vec<Duration>,
+}
 
-    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
-    let spawned = Instant::now();
-    let coordinator = Daemon::start(
-        args.coordinator
-            .to_str()
-            .context("coordinator path is not UTF-8")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--leader-elect=false".into(),
-            "--kubeconfig".into(),
-            kubeconfig,
-        ],
-    )?;
-    coordinator.wait_ready(Duration::from_secs(300)).await?;
-    let time_to_ready = spawned.elapsed();
-    let pid = coordinator.child.id();
-    let (rss_ready, _, _) = footprint(pid)?;
-
-    // Admission latency: creation (call start) to a watch seeing it Admitted.
-    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
-    let admitted: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let seen = admitted.clone();
-    let watching = tokio::spawn(
-        watcher(
-            maintenances.clone(),
-            watcher::Config::default().labels(&selector),
-        )
-        .for_each(move |event| {
-            if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                && m.status
-                    .as_ref()
-                    .is_some_and(|s| s.phase != MaintenancePhase::Pending)
-            {
-                seen.lock()
-                    .map(|mut s| {
-                        s.entry(m.name_any())
-                            .or_insert_with(Instant::now)
-                            .to_owned()
-                    })
-                    .ok();
-            }
-            futures::future::ready(())
-        }),
-    );
-    let (_, _, ticks_before) = footprint(pid)?;
-    let load_started = Instant::now();
-    let mut run_p50 = Vec::new();
-    let mut run_p99 = Vec::new();
-    let mut write_p50 = Vec::new();
-    let mut write_p99 = Vec::new();
+/// `args.runs` runs of `args.maintenances` maintenances each, every one timed from its
+/// creation to `admitted` (filled by a watch) having it; each run's are finished, as agents
+/// would, so that the next starts from free slots.
+async fn admission_runs(
+    env: &TestEnv,
+    args: &Args,
+    maintenances: &Api<NodeMaintenance>,
+    admitted: &Mutex<HashMap<String, Instant>>,
+) -> anyhow::Result<Runs> {
+    let mut runs = Runs::default();
     for run in 0..args.runs {
         let mut created = Vec::new();
         for i in 0..args.maintenances {
@@ -250,10 +314,10 @@ async fn main() -> anyhow::Result<()> {
             ms(percentile(&writes, 50.0)),
             ms(percentile(&writes, 99.0))
         );
-        run_p50.push(percentile(&latencies, 50.0));
-        run_p99.push(percentile(&latencies, 99.0));
-        write_p50.push(percentile(&writes, 50.0));
-        write_p99.push(percentile(&writes, 99.0));
+        runs.admission_p50.push(percentile(&latencies, 50.0));
+        runs.admission_p99.push(percentile(&latencies, 99.0));
+        runs.create_p50.push(percentile(&writes, 50.0));
+        runs.create_p99.push(percentile(&writes, 99.0));
         // Finish them, as agents would, so that the next run starts from free slots.
         for (name, _, _) in &created {
             maintenances
@@ -265,17 +329,20 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
         }
     }
-    let load_elapsed = load_started.elapsed();
-    let (rss_loaded, peak, ticks_after) = footprint(pid)?;
-    let tick = 100.0; // CLK_TCK on Linux
-    let load_millicores =
-        (ticks_after - ticks_before) as f64 / tick / load_elapsed.as_secs_f64() * 1000.0;
-    // Idle: nothing changes but the kwok heartbeats.
-    let idle = Duration::from_secs(30);
-    let (_, _, idle_before) = footprint(pid)?;
-    tokio::time::sleep(idle).await;
-    let (rss_idle, peak_end, idle_after) = footprint(pid)?;
-    let idle_millicores = (idle_after - idle_before) as f64 / tick / idle.as_secs_f64() * 1000.0;
+    Ok(runs)
+}
+
+/// What the coordinator's metrics tell.
+struct CoordinatorMetrics {
+    /// Admissions it timed.
+    admissions: f64,
+    /// Per bucket bound (seconds), the admissions whose own share was within it.
+    within: Vec<(&'static str, f64)>,
+    /// Per kind of round: how many, and the mean decision time (seconds).
+    rounds: Vec<(&'static str, f64, f64)>,
+}
+
+async fn coordinator_metrics(coordinator: &Daemon) -> anyhow::Result<CoordinatorMetrics> {
     // The coordinator's own share of each admission (its histogram; exact at the bounds).
     let own = "nodeward_coordinator_admission_coordinator_seconds";
     let own_count = coordinator.metric(&format!("{own}_count")).await?;
@@ -293,62 +360,75 @@ async fn main() -> anyhow::Result<()> {
         let sum = coordinator.metric(&series("sum")).await?;
         rounds.push((kind, count, sum / count.max(1.0)));
     }
-    watching.abort();
+    Ok(CoordinatorMetrics {
+        admissions: own_count,
+        within: own_buckets,
+        rounds,
+    })
+}
 
-    let p50 = median(run_p50);
-    let p99 = median(run_p99);
-    let w50 = median(write_p50);
-    let w99 = median(write_p99);
-    println!("cores: {cores}");
-    println!("nodes: {} (each with a NodeReport)", args.nodes);
-    println!("time to ready after start: {}", ms(time_to_ready));
-    println!(
-        "RSS: {rss_ready:.1} MiB at ready, {rss_loaded:.1} MiB after the runs, {rss_idle:.1} MiB idle; peak {:.1} MiB",
-        peak.max(peak_end)
-    );
-    println!("CPU: {load_millicores:.0} millicores during the runs, {idle_millicores:.1} idle");
-    println!(
-        "admission latency (creation to Admitted seen), median of {} runs of {}: p50 {} p99 {}",
-        args.runs,
-        args.maintenances,
-        ms(p50),
-        ms(p99)
-    );
-    println!(
-        "API server create latency, same runs: p50 {} p99 {}; coordinator share of p99: {}",
-        ms(w50),
-        ms(w99),
-        ms(p99.saturating_sub(w99))
-    );
-    let within: Vec<String> = own_buckets
+/// Notes when each maintenance selected by `selector` is first seen out of Pending.
+async fn note_admissions(
+    maintenances: Api<NodeMaintenance>,
+    selector: String,
+    seen: Arc<Mutex<HashMap<String, Instant>>>,
+) {
+    watcher(
+        maintenances.clone(),
+        watcher::Config::default().labels(&selector),
+    )
+    .for_each(move |event| {
+        if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+            && m.status
+                .as_ref()
+                .is_some_and(|s| s.phase != MaintenancePhase::Pending)
+        {
+            seen.lock()
+                .map(|mut s| {
+                    s.entry(m.name_any())
+                        .or_insert_with(Instant::now)
+                        .to_owned()
+                })
+                .ok();
+        }
+        futures::future::ready(())
+    })
+    .await
+}
+
+/// Each bucket's share of `count`, as "x% <= y ms".
+fn within(buckets: &[(&str, f64)], count: f64) -> Vec<String> {
+    buckets
         .iter()
         .map(|(le, n)| {
             let ms = le.parse::<f64>().unwrap_or_default() * 1000.0;
-            format!("{:.1}% <= {ms:.0} ms", n / own_count.max(1.0) * 100.0)
+            format!("{:.1}% <= {ms:.0} ms", n / count.max(1.0) * 100.0)
         })
-        .collect();
-    println!(
-        "coordinator's own share of {own_count:.0} admissions (watch event to admission write, less the budget writes): {}",
-        within.join(", ")
-    );
-    for (kind, count, mean) in rounds {
-        println!(
-            "{kind} rounds: {count:.0}, mean decision time {:.3} ms",
-            mean * 1000.0
-        );
-    }
-
-    drop(coordinator);
-    for report in reports.list(&ListParams::default()).await? {
-        if report.name_any().starts_with(&format!("{}-", env.id)) {
-            let _ = reports
-                .delete(&report.name_any(), &DeleteParams::default())
-                .await;
-        }
-    }
-    env.cleanup().await
+        .collect()
 }
 
-fn jiff_now() -> jiff::Timestamp {
-    jiff::Timestamp::now()
+/// One policy over every node of the run, allowing them all at once.
+async fn create_policy(env: &TestEnv) -> anyhow::Result<()> {
+    let policy_name = format!("{}-all", env.id);
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": policy_name, "labels": {TEST_LABEL: env.id}},
+        "spec": {"maxConcurrent": "100%", "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
+    }))?;
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    Ok(())
+}
+
+/// RSS, peak RSS (MiB) and CPU (millicores) of `pid` over `idle`.
+async fn idle_footprint(pid: u32, idle: Duration) -> anyhow::Result<(f64, f64, f64)> {
+    let (_, _, before) = footprint(pid)?;
+    tokio::time::sleep(idle).await;
+    let (rss, peak, after) = footprint(pid)?;
+    Ok((
+        rss,
+        peak,
+        (after - before) as f64 / CLK_TCK / idle.as_secs_f64() * 1000.0,
+    ))
 }

@@ -281,6 +281,44 @@ async fn pace(
     Ok(())
 }
 
+/// One long rollout: each of `names` asks for a reboot again once its last maintenance ended,
+/// until `stop`.
+async fn feed(
+    api: Api<NodeMaintenance>,
+    env_id: String,
+    names: Vec<String>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut round: BTreeMap<String, usize> = BTreeMap::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let listed = api
+            .list(&kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={env_id}")))
+            .await;
+        if let Ok(listed) = listed {
+            for node in &names {
+                let open = listed
+                    .items
+                    .iter()
+                    .any(|m| &m.spec.node_name == node && !m.phase().is_finished());
+                if !open {
+                    let n = round.entry(node.clone()).or_default();
+                    *n += 1;
+                    let m: NodeMaintenance = match serde_json::from_value(json!({
+                        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                        "metadata": {"name": format!("{node}-k{n}"), "labels": {TEST_LABEL: env_id}},
+                        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "bench"},
+                    })) {
+                        Ok(m) => m,
+                        Err(_) => continue,
+                    };
+                    let _ = api.create(&PostParams::default(), &m).await;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 async fn failover(
     args: &Args,
     env: &TestEnv,
@@ -295,49 +333,14 @@ async fn failover(
     for replica in replicas.values() {
         replica.wait_ready(Duration::from_secs(120)).await?;
     }
-    // One long rollout: each node asks again once its last maintenance ended.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let feeding = {
-        let (api, env_id, nodes, stop) = (
-            maintenances.clone(),
-            env.id.clone(),
-            args.nodes,
-            stop.clone(),
-        );
-        let names: Vec<String> = (0..nodes).map(|i| env.node_name(i)).collect();
-        tokio::spawn(async move {
-            let mut round: BTreeMap<String, usize> = BTreeMap::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let listed = api
-                    .list(
-                        &kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={env_id}")),
-                    )
-                    .await;
-                if let Ok(listed) = listed {
-                    for node in &names {
-                        let open = listed
-                            .items
-                            .iter()
-                            .any(|m| &m.spec.node_name == node && !m.phase().is_finished());
-                        if !open {
-                            let n = round.entry(node.clone()).or_default();
-                            *n += 1;
-                            let m: NodeMaintenance = match serde_json::from_value(json!({
-                                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-                                "metadata": {"name": format!("{node}-k{n}"), "labels": {TEST_LABEL: env_id}},
-                                "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "bench"},
-                            })) {
-                                Ok(m) => m,
-                                Err(_) => continue,
-                            };
-                            let _ = api.create(&PostParams::default(), &m).await;
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        })
-    };
+    let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    let feeding = tokio::spawn(feed(
+        maintenances.clone(),
+        env.id.clone(),
+        names,
+        stop.clone(),
+    ));
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
     let mut gaps = Vec::new();
     // Let the rollout get going.

@@ -93,7 +93,9 @@ fn deny(reason: &'static str, message: String) -> Decision {
     Decision::Deny { reason, message }
 }
 
-/// Decides one pending maintenance against the current state.
+/// Decides one pending maintenance against the current state: the first rule it breaks
+/// denies it, checked in this order: the node, its policies' state, blockers, control-plane
+/// quorum, `maxUnhealthy`, the budgets.
 pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     let Some(node) = cluster.nodes.get(&pending.node) else {
         return deny(
@@ -112,79 +114,128 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         .iter()
         .filter(|p| p.matched.contains(&pending.node))
         .collect();
+    let verdict = policies_allow(&policies)
+        .and_then(|()| not_blocked(node, pending))
+        .and_then(|()| quorum_allows(cluster, node, pending, &policies))
+        .and_then(|()| health_allows(cluster, pending, &policies))
+        .and_then(|()| budgets_allow(cluster, pending, &policies));
+    match verdict {
+        Ok(()) => Decision::Admit {
+            policies: policies.iter().map(|p| p.name.clone()).collect(),
+        },
+        Err(denied) => denied,
+    }
+}
 
+/// Every policy counting the node is valid, not paused and in its window.
+fn policies_allow(policies: &[&PolicyState]) -> Result<(), Decision> {
     if let Some((p, problem)) = policies
         .iter()
         .find_map(|p| p.invalid.as_ref().map(|problem| (p, problem)))
     {
-        return deny(
+        return Err(deny(
             denial::BLOCKED,
             format!("policy {} is invalid: {problem}", p.name),
-        );
+        ));
     }
     if let Some(p) = policies.iter().find(|p| p.paused) {
-        return deny(denial::PAUSED, format!("policy {} is paused", p.name));
+        return Err(deny(denial::PAUSED, format!("policy {} is paused", p.name)));
     }
     if let Some(p) = policies.iter().find(|p| !p.window_open) {
-        return deny(
+        return Err(deny(
             denial::OUTSIDE_WINDOW,
             format!("policy {} has no maintenance window open now", p.name),
-        );
+        ));
     }
+    Ok(())
+}
+
+/// No blocker (an alert, a blocking pod) holds the node, unless it is being repaired.
+fn not_blocked(node: &NodeState, pending: &Pending) -> Result<(), Decision> {
     // Remediation is not held back: a failing node's own alerts must not stop its repair.
-    if let Some(blocker) = node.blocker.as_ref().filter(|_| !pending.remediation) {
-        return deny(
+    match node.blocker.as_ref().filter(|_| !pending.remediation) {
+        Some(blocker) => Err(deny(
             denial::BLOCKED,
             format!("disruption of {} is blocked: {blocker}", pending.node),
-        );
+        )),
+        None => Ok(()),
     }
-    if node.control_plane {
-        let others: Vec<(&String, &NodeState)> = cluster
-            .nodes
+}
+
+/// A control-plane node goes only while every other is Ready and undisrupted, and the sole
+/// one only where every policy allows it.
+fn quorum_allows(
+    cluster: &Cluster,
+    node: &NodeState,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
+    if !node.control_plane {
+        return Ok(());
+    }
+    let others: Vec<(&String, &NodeState)> = cluster
+        .nodes
+        .iter()
+        .filter(|(name, n)| n.control_plane && **name != pending.node)
+        .collect();
+    if let Some((name, other)) = others
+        .iter()
+        .find(|(name, n)| !n.ready || cluster.disrupted.contains(*name))
+    {
+        let state = if other.ready { "disrupted" } else { "NotReady" };
+        return Err(deny(
+            denial::QUORUM_PROTECTED,
+            format!("control-plane node {name} is {state}; one control-plane node at a time"),
+        ));
+    }
+    let sole_allowed = !policies.is_empty() && policies.iter().all(|p| p.allow_sole_control_plane);
+    if others.is_empty() && !sole_allowed {
+        return Err(deny(
+            denial::QUORUM_PROTECTED,
+            format!(
+                "{} is the only control-plane node (set allowSoleControlPlane to allow it)",
+                pending.node
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A repair goes only while no policy counts more unhealthy nodes than its `maxUnhealthy`.
+fn health_allows(
+    cluster: &Cluster,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
+    if !pending.remediation {
+        return Ok(());
+    }
+    for p in policies {
+        let unhealthy = p
+            .matched
             .iter()
-            .filter(|(name, n)| n.control_plane && **name != pending.node)
-            .collect();
-        if let Some((name, other)) = others
-            .iter()
-            .find(|(name, n)| !n.ready || cluster.disrupted.contains(*name))
-        {
-            let state = if other.ready { "disrupted" } else { "NotReady" };
-            return deny(
-                denial::QUORUM_PROTECTED,
-                format!("control-plane node {name} is {state}; one control-plane node at a time"),
-            );
-        }
-        let sole_allowed =
-            !policies.is_empty() && policies.iter().all(|p| p.allow_sole_control_plane);
-        if others.is_empty() && !sole_allowed {
-            return deny(
-                denial::QUORUM_PROTECTED,
+            .filter(|n| cluster.nodes.get(*n).is_some_and(|s| s.unhealthy))
+            .count();
+        if let Some(limit) = p.max_unhealthy.filter(|limit| unhealthy > *limit) {
+            return Err(deny(
+                denial::TOO_MANY_UNHEALTHY,
                 format!(
-                    "{} is the only control-plane node (set allowSoleControlPlane to allow it)",
-                    pending.node
+                    "{unhealthy} nodes of policy {} are unhealthy, more than maxUnhealthy {limit}",
+                    p.name
                 ),
-            );
+            ));
         }
     }
-    if pending.remediation {
-        for p in &policies {
-            let unhealthy = p
-                .matched
-                .iter()
-                .filter(|n| cluster.nodes.get(*n).is_some_and(|s| s.unhealthy))
-                .count();
-            if let Some(limit) = p.max_unhealthy.filter(|limit| unhealthy > *limit) {
-                return deny(
-                    denial::TOO_MANY_UNHEALTHY,
-                    format!(
-                        "{unhealthy} nodes of policy {} are unhealthy, more than maxUnhealthy {limit}",
-                        p.name
-                    ),
-                );
-            }
-        }
-    }
-    for p in &policies {
+    Ok(())
+}
+
+/// Every policy counting the node has a disruption left in its `maxConcurrent`.
+fn budgets_allow(
+    cluster: &Cluster,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
+    for p in policies {
         let in_use = cluster.in_use(p, Some(&pending.node));
         if in_use.len() >= p.max_concurrent {
             let count = in_use.len();
@@ -192,7 +243,7 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
             if count > names.len() {
                 names.push("...");
             }
-            return deny(
+            return Err(deny(
                 denial::BUDGET_EXHAUSTED,
                 format!(
                     "policy {} allows {} disrupted nodes at once and has {count} ({})",
@@ -200,12 +251,10 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
                     p.max_concurrent,
                     names.join(", ")
                 ),
-            );
+            ));
         }
     }
-    Decision::Admit {
-        policies: policies.iter().map(|p| p.name.clone()).collect(),
-    }
+    Ok(())
 }
 
 #[cfg(test)]
