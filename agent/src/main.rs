@@ -6,7 +6,7 @@ use nodeward_agent::{
     config::{Config, Overrides},
     detect::{
         AgentContext,
-        cluster::Cluster,
+        cluster::ClusterContext,
         kernel_log::{self, KernelLog, NodeEvent},
         peers::{self, Directory, PeerContext},
     },
@@ -250,7 +250,7 @@ async fn run(
             std::time::Duration::from_secs(10),
         ));
     }
-    let cluster = Cluster {
+    let cluster = ClusterContext {
         client: client.clone(),
         node_name: node_name.clone(),
         started: std::time::Instant::now(),

@@ -5,13 +5,13 @@
 
 pub mod admission;
 pub mod blockers;
+pub mod cli_status;
 pub mod controller;
 pub mod election;
 pub mod health;
 pub mod metrics;
 pub mod pause;
 pub mod round;
-pub mod status;
 pub mod webhook;
 
 /// Everything that can go wrong in the coordinator, with what was being done.

@@ -2,11 +2,11 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Du
 
 use clap::{Parser, Subcommand};
 use nodeward_coordinator::{
-    Error,
+    Error, cli_status,
     controller::{Changes, Controller, Stores},
     election,
     metrics::Metrics,
-    status, webhook,
+    webhook,
 };
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
@@ -292,7 +292,7 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
 
 async fn print_status(client: ClientArgs) -> Result<(), Error> {
     let client = client.connect(USER_AGENT).await?;
-    let objects = nodeward_coordinator::status::list_all(&client).await?;
-    print!("{}", status::render(&objects, jiff::Timestamp::now()));
+    let objects = cli_status::list_all(&client).await?;
+    print!("{}", cli_status::render(&objects, jiff::Timestamp::now()));
     Ok(())
 }

@@ -16,16 +16,16 @@ pub const SKIPPED: &str = "skipped: no cluster configured";
 
 /// What the cluster detectors need.
 #[derive(Clone)]
-pub struct Cluster {
+pub struct ClusterContext {
     pub client: kube::Client,
     pub node_name: String,
     /// When the agent started: the registration timeout counts from here.
     pub started: Instant,
 }
 
-impl std::fmt::Debug for Cluster {
+impl std::fmt::Debug for ClusterContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Cluster")
+        f.debug_struct("ClusterContext")
             .field("node_name", &self.node_name)
             .finish_non_exhaustive()
     }
@@ -41,7 +41,7 @@ pub fn skipped(detector: &'static str, condition: &'static str) -> Finding {
     )
 }
 
-pub async fn observe_apiserver(cluster: Option<&Cluster>) -> Finding {
+pub async fn observe_apiserver(cluster: Option<&ClusterContext>) -> Finding {
     let Some(cluster) = cluster else {
         return skipped(APISERVER_DETECTOR, NETWORK_PROBLEM);
     };
@@ -69,7 +69,7 @@ pub enum Registration {
     Failed(String),
 }
 
-pub async fn observe_registration(cluster: Option<&Cluster>, timeout: Duration) -> Finding {
+pub async fn observe_registration(cluster: Option<&ClusterContext>, timeout: Duration) -> Finding {
     let Some(cluster) = cluster else {
         return skipped(REGISTRATION_DETECTOR, KUBELET_UNREGISTERED);
     };

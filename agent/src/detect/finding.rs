@@ -19,6 +19,15 @@ pub enum Status {
 }
 
 impl Status {
+    /// What a node condition's status says (`True` means a problem).
+    pub fn of_condition(status: &str) -> Self {
+        match status {
+            "True" => Self::Problem,
+            "False" => Self::Ok,
+            _ => Self::Unknown,
+        }
+    }
+
     /// The node condition status this maps to (`True` means a problem).
     pub fn condition_status(self) -> &'static str {
         match self {

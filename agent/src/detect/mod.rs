@@ -26,7 +26,7 @@ use serde::Deserialize;
 
 pub use self::finding::{Finding, Name, Status};
 use self::{
-    cluster::Cluster, custom::CustomCheckConfig, filesystem::FilesystemConfig,
+    cluster::ClusterContext, custom::CustomCheckConfig, filesystem::FilesystemConfig,
     kernel_log::KernelLogConfig, kubelet::KubeletConfig, network::NetworkConfig,
     peers::PeersConfig, reboot::RebootConfig, security_groups::SecurityGroupsConfig,
 };
@@ -93,7 +93,7 @@ impl Detectors {
 /// What the detectors of a running agent have that `check` does not.
 #[derive(Clone, Debug)]
 pub struct AgentContext {
-    pub cluster: Cluster,
+    pub cluster: ClusterContext,
     pub peers: Option<peers::PeerContext>,
     pub kernel_log: Option<kernel_log::KernelLog>,
 }

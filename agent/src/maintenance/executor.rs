@@ -43,7 +43,7 @@ use crate::{
 
 /// What the executor remembers within this boot.
 #[derive(Default)]
-struct Memory {
+struct ThisBoot {
     /// Since when the health gate has held.
     healthy_since: Option<Timestamp>,
     /// Maintenances whose action was asked of logind.
@@ -74,7 +74,7 @@ impl Executor {
     /// Runs until the task is dropped.
     pub async fn run(self, maintenances: NodeMaintenances) {
         let NodeMaintenances { store, mut changes } = maintenances;
-        let mut memory = Memory::default();
+        let mut memory = ThisBoot::default();
         loop {
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
@@ -94,7 +94,7 @@ impl Executor {
         &self,
         m: &NodeMaintenance,
         store: &reflector::Store<NodeMaintenance>,
-        memory: &mut Memory,
+        memory: &mut ThisBoot,
     ) -> Result<(), crate::Error> {
         let status = m.status.clone().unwrap_or_default();
         // The watch has not shown our last write yet: a step on this view would repeat one.

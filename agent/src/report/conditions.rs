@@ -10,7 +10,7 @@ use crate::detect::{Finding, Status};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeCondition {
     pub type_: String,
-    pub status: &'static str,
+    pub status: Status,
     pub reason: String,
     pub message: String,
 }
@@ -63,7 +63,7 @@ pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<Nod
                 .join("; ");
             NodeCondition {
                 type_: type_.to_owned(),
-                status: status.condition_status(),
+                status,
                 reason,
                 message: crate::detect::command::cap(&message, MAX_MESSAGE),
             }
@@ -114,14 +114,14 @@ mod tests {
             conditions[0],
             NodeCondition {
                 type_: "NetworkProblem".into(),
-                status: "True",
+                status: Status::Problem,
                 reason: "NoDefaultRoute".into(),
                 message: "default-route: NoDefaultRoute seen".into(),
             }
         );
         assert_eq!(
             (conditions[1].status, conditions[1].reason.as_str()),
-            ("False", "NoRebootRequired")
+            (Status::Ok, "NoRebootRequired")
         );
     }
 
@@ -133,7 +133,7 @@ mod tests {
         ]);
         assert_eq!(
             (unknown[0].status, unknown[0].reason.as_str()),
-            ("Unknown", "DetectorTimedOut")
+            (Status::Unknown, "DetectorTimedOut")
         );
         let ok = aggregate(&[
             finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
@@ -146,7 +146,7 @@ mod tests {
         ]);
         assert_eq!(
             (ok[0].status, ok[0].reason.as_str()),
-            ("False", "NoProblem")
+            (Status::Ok, "NoProblem")
         );
         assert_eq!(
             ok[0].message,

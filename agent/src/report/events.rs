@@ -2,7 +2,7 @@
 //! event rate limit, so that a node in trouble never floods the API server).
 
 use super::conditions::NodeCondition;
-use crate::detect::kernel_log::NodeEvent;
+use crate::detect::{Status, kernel_log::NodeEvent};
 
 /// The events that going from `before` to `after` calls for: a Warning for each condition
 /// that became True, a Normal event for each that stopped being True.
@@ -10,11 +10,14 @@ pub fn transitions(before: &[NodeCondition], after: &[NodeCondition]) -> Vec<Nod
     let was_true = |type_: &str| {
         before
             .iter()
-            .any(|c| c.type_ == type_ && c.status == "True")
+            .any(|c| c.type_ == type_ && c.status == Status::Problem)
     };
     let mut events = Vec::new();
     for condition in after {
-        match (was_true(&condition.type_), condition.status == "True") {
+        match (
+            was_true(&condition.type_),
+            condition.status == Status::Problem,
+        ) {
             (false, true) => events.push(NodeEvent {
                 warning: true,
                 reason: condition.reason.clone(),
@@ -38,7 +41,7 @@ mod tests {
     fn condition(type_: &str, status: &'static str, reason: &str) -> NodeCondition {
         NodeCondition {
             type_: type_.into(),
-            status,
+            status: Status::of_condition(status),
             reason: reason.into(),
             message: format!("{reason} seen"),
         }

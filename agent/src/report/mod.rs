@@ -97,7 +97,8 @@ pub struct Reporter {
     /// The conditions the Node carries as far as the agent knows (read once, then as
     /// written), and when each took its current status.
     written: Option<Vec<NodeCondition>>,
-    transitions: BTreeMap<String, (&'static str, Timestamp)>,
+    /// Per condition type, the status it has and since when.
+    status_since: BTreeMap<String, (Status, Timestamp)>,
     /// Report-only findings (no Node to carry them) as last published in Events.
     report_only: Vec<NodeCondition>,
     /// The NodeReport exists and, once the Node does, is owned by it.
@@ -125,7 +126,7 @@ impl Reporter {
             metrics,
             readiness,
             written: None,
-            transitions: BTreeMap::new(),
+            status_since: BTreeMap::new(),
             report_only: Vec::new(),
             report_owned: false,
         }
@@ -221,7 +222,7 @@ impl Reporter {
                 .filter(|f| is_node_condition(&f.condition)),
         );
         for c in &desired {
-            let problem = i64::from(c.status == "True");
+            let problem = i64::from(c.status == Status::Problem);
             self.metrics
                 .finding
                 .get_or_create(&TypeLabels {
@@ -246,13 +247,9 @@ impl Reporter {
                 if !desired.iter().any(|d| d.type_ == c.type_) {
                     continue;
                 }
-                let status = match c.status.as_str() {
-                    "True" => Status::Problem.condition_status(),
-                    "False" => Status::Ok.condition_status(),
-                    _ => Status::Unknown.condition_status(),
-                };
+                let status = Status::of_condition(&c.status);
                 if let Some(time) = c.last_transition_time {
-                    self.transitions.insert(c.type_.clone(), (status, time.0));
+                    self.status_since.insert(c.type_.clone(), (status, time.0));
                 }
                 carried.push(NodeCondition {
                     type_: c.type_,
@@ -272,14 +269,14 @@ impl Reporter {
         let conditions: Vec<serde_json::Value> = desired
             .iter()
             .map(|c| {
-                let since = match self.transitions.get(&c.type_) {
+                let since = match self.status_since.get(&c.type_) {
                     Some((status, since)) if *status == c.status => *since,
                     _ => now,
                 };
-                self.transitions.insert(c.type_.clone(), (c.status, since));
+                self.status_since.insert(c.type_.clone(), (c.status, since));
                 json!({
                     "type": c.type_,
-                    "status": c.status,
+                    "status": c.status.condition_status(),
                     "reason": c.reason,
                     "message": c.message,
                     "lastTransitionTime": Time(since),
@@ -303,7 +300,7 @@ impl Reporter {
         self.metrics.api_write("nodes/status", result.is_ok());
         let node = result
             .map_err(|e| ApiError::new("applying conditions to", format!("node {name}"), e))?;
-        tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status)).collect::<Vec<_>>(), "node conditions written");
+        tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status.condition_status())).collect::<Vec<_>>(), "node conditions written");
         self.written = Some(desired.clone());
         self.publish(&node.object_ref(&()), transitions(&before, &desired))
             .await;

@@ -50,6 +50,16 @@ const FIELD_MANAGER: &str = "nodeward-agent-shutdown";
 const WHO: &str = "nodeward";
 const WHY: &str = "draining the node's pods before it goes down";
 
+/// How long logind delays a shutdown for a delay lock, as the guard found it.
+struct Delay {
+    /// `InhibitDelayMaxUSec`, after raising it if configured.
+    max: Duration,
+    /// Drop-ins that override ours.
+    overriding: Vec<String>,
+    /// Why drains get less than the budget, when they do.
+    message: Option<String>,
+}
+
 pub struct Guard {
     pub client: Client,
     pub node: String,
@@ -201,19 +211,19 @@ impl Guard {
             s.inhibitor = InhibitorState {
                 delay_held,
                 block_held: false,
-                inhibit_delay_max: Some(seconds(delay.0)),
+                inhibit_delay_max: Some(seconds(delay.max)),
                 configured_budget: Some(seconds(self.settings.budget)),
-                overriding_drop_ins: delay.1.clone(),
+                overriding_drop_ins: delay.overriding.clone(),
                 last_acquired: delay_held.then(|| Time(Timestamp::now())),
-                message: delay.2.clone(),
+                message: delay.message.clone(),
             };
         })
         .await;
         if preparing {
             tracing::warn!("logind is already preparing for shutdown");
-            self.shutdown(state, &mut held, delay.0).await;
+            self.shutdown(state, &mut held, delay.max).await;
         } else {
-            tracing::info!(delay_max = ?delay.0, budget = ?self.settings.budget, "holding a logind delay lock on shutdown");
+            tracing::info!(delay_max = ?delay.max, budget = ?self.settings.budget, "holding a logind delay lock on shutdown");
             let mut gate: Option<OwnedFd> = None;
             let now = *admitted.borrow_and_update();
             self.set_gate(state, &manager, &mut gate, now).await?;
@@ -241,7 +251,7 @@ impl Guard {
                     };
                     let start = signal.args().map(|a| a.start).map_err(|e| e.to_string())?;
                     if start {
-                        self.shutdown(state, &mut held, delay.0).await;
+                        self.shutdown(state, &mut held, delay.max).await;
                     } else {
                         self.cancelled(state, &manager, &mut held).await?;
                     }
@@ -298,10 +308,7 @@ impl Guard {
 
     /// logind's `InhibitDelayMaxUSec`, raised to the budget with our drop-in when configured;
     /// with the drop-ins that override ours and a message when it stays below the budget.
-    async fn effective_delay(
-        &self,
-        manager: &ManagerProxy<'_>,
-    ) -> Result<(Duration, Vec<String>, Option<String>), String> {
+    async fn effective_delay(&self, manager: &ManagerProxy<'_>) -> Result<Delay, String> {
         let read = || async {
             manager
                 .inhibit_delay_max_usec()
@@ -353,7 +360,11 @@ impl Guard {
         if let Some(m) = &message {
             tracing::warn!("{m}");
         }
-        Ok((delay, overriding, message))
+        Ok(Delay {
+            max: delay,
+            overriding,
+            message,
+        })
     }
 
     /// The shutdown path: taint and cordon, drain within the budget, release the lock.

@@ -20,7 +20,7 @@ use kube::{Api, Client, ResourceExt, api::DeleteParams, runtime::reflector};
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, labels::COORDINATOR_FIELD_MANAGER,
 };
-use nodeward_runtime::events::Events;
+use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
 mod watch;
@@ -29,8 +29,6 @@ mod write;
 use watch::Fresh;
 pub use watch::{Changes, Stores};
 use write::Writer;
-
-use nodeward_runtime::ApiError;
 
 use crate::{
     blockers::{self, Lookups},
@@ -42,7 +40,7 @@ use crate::{
 pub const SYNCED: &str = "the watches have not synced yet";
 
 pub struct Controller {
-    /// The client, identity and metrics too.
+    /// Carries plans out; holds the client, identity, metrics and Events.
     writer: Writer,
     /// Admission writes of earlier rounds still under way (a full round waits for them).
     writes: tokio::task::JoinSet<bool>,

@@ -182,51 +182,38 @@ impl Stores {
         changed: &Arc<Changes>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
+        let mut watch = Watch {
+            client,
+            changed,
+            tasks,
+        };
         Self {
-            nodes: reflect(
-                Api::all(client.clone()),
-                changed,
-                tasks,
-                |node: &mut Node| {
+            nodes: watch.reflect(Reflected {
+                trim: |node: &mut Node| {
                     // Image lists are most of a Node's size and nothing here reads them.
                     if let Some(status) = node.status.as_mut() {
                         status.images = None;
                     }
                 },
-                relevance::node,
-                |_| false,
-                false,
-            ),
-            policies: reflect(
-                Api::all(client.clone()),
-                changed,
-                tasks,
-                |_| {},
-                relevance::any_change,
-                |_| false,
-                true,
-            ),
-            maintenances: reflect(
-                Api::all(client.clone()),
-                changed,
-                tasks,
-                |_| {},
-                relevance::any_change,
-                |m: &NodeMaintenance| {
+                relevance: relevance::node,
+                ..Reflected::default()
+            }),
+            policies: watch.reflect(Reflected {
+                own_writes: true,
+                ..Reflected::default()
+            }),
+            maintenances: watch.reflect(Reflected {
+                new_pending: |m: &NodeMaintenance| {
                     m.phase() == MaintenancePhase::Pending
                         && m.metadata.deletion_timestamp.is_none()
                 },
-                true,
-            ),
-            reports: reflect(
-                Api::all(client.clone()),
-                changed,
-                tasks,
-                |_| {},
-                relevance::report,
-                |_| false,
-                false,
-            ),
+                own_writes: true,
+                ..Reflected::default()
+            }),
+            reports: watch.reflect(Reflected {
+                relevance: relevance::report,
+                ..Reflected::default()
+            }),
         }
     }
 
@@ -252,71 +239,100 @@ impl Stores {
     }
 }
 
-/// `new_pending`: whether a first sighting of an object is one an admission-only round can
-/// decide. `own_writes`: whether the coordinator writes objects of this kind (its own writes
-/// then wake nothing).
-fn reflect<K>(
-    api: Api<K>,
-    changed: &Arc<Changes>,
-    tasks: &mut tokio::task::JoinSet<()>,
+/// How one kind is reflected.
+struct Reflected<K> {
+    /// Drops what nothing reads, before the object is stored.
     trim: fn(&mut K),
+    /// A digest of what decisions read: an update that leaves it alone wakes nothing.
     relevance: fn(&K) -> u64,
+    /// Whether a first sighting is one an admission-only round can decide.
     new_pending: fn(&K) -> bool,
+    /// Whether the coordinator writes objects of this kind (its own writes then wake nothing).
     own_writes: bool,
-) -> Store<K>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (reader, writer) = reflector::store();
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let changed = changed.clone();
-    let stream = reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(move |object: &mut K| {
-                object.managed_fields_mut().clear();
-                trim(object);
-            }),
-    );
-    // What each object looked like to decisions when last seen.
-    let mut seen: HashMap<String, u64> = HashMap::new();
-    tasks.spawn(stream.for_each(move |event| {
-        match &event {
-            Ok(watcher::Event::Apply(object)) => {
-                let name = object.name_any();
-                let digest = relevance(object);
-                let before = seen.insert(name.clone(), digest);
-                if before == Some(digest) {
-                    // Nothing decisions read changed.
-                } else if before.is_none() && new_pending(object) {
-                    changed.new_pending(name);
-                } else {
-                    let version = object.resource_version().filter(|_| own_writes);
-                    if changed.changed(&kind, &name, version) {
-                        tracing::debug!(%kind, %name, "change wakes a full round");
+}
+
+impl<K: Resource> Default for Reflected<K> {
+    fn default() -> Self {
+        Self {
+            trim: |_| {},
+            relevance: relevance::any_change,
+            new_pending: |_| false,
+            own_writes: false,
+        }
+    }
+}
+
+/// Where reflectors start: the client, the wake-ups, the task set.
+struct Watch<'a> {
+    client: &'a Client,
+    changed: &'a Arc<Changes>,
+    tasks: &'a mut tokio::task::JoinSet<()>,
+}
+
+impl Watch<'_> {
+    /// Starts a reflector of every `K`, waking `changed` as `how` says.
+    fn reflect<K>(&mut self, how: Reflected<K>) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let Reflected {
+            trim,
+            relevance,
+            new_pending,
+            own_writes,
+        } = how;
+        let api: Api<K> = Api::all(self.client.clone());
+        let (reader, writer) = reflector::store();
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        let changed = self.changed.clone();
+        let stream = reflector(
+            writer,
+            watcher(api, watcher::Config::default())
+                .default_backoff()
+                .modify(move |object: &mut K| {
+                    object.managed_fields_mut().clear();
+                    trim(object);
+                }),
+        );
+        // What each object looked like to decisions when last seen.
+        let mut seen: HashMap<String, u64> = HashMap::new();
+        self.tasks.spawn(stream.for_each(move |event| {
+            match &event {
+                Ok(watcher::Event::Apply(object)) => {
+                    let name = object.name_any();
+                    let digest = relevance(object);
+                    let before = seen.insert(name.clone(), digest);
+                    if before == Some(digest) {
+                        // Nothing decisions read changed.
+                    } else if before.is_none() && new_pending(object) {
+                        changed.new_pending(name);
+                    } else {
+                        let version = object.resource_version().filter(|_| own_writes);
+                        if changed.changed(&kind, &name, version) {
+                            tracing::debug!(%kind, %name, "change wakes a full round");
+                        }
                     }
                 }
+                Ok(watcher::Event::Delete(object)) => {
+                    let name = object.name_any();
+                    tracing::debug!(%kind, %name, "deletion wakes a full round");
+                    seen.remove(&name);
+                    changed.anything();
+                }
+                Ok(watcher::Event::Init) => seen.clear(),
+                Ok(watcher::Event::InitApply(object)) => {
+                    seen.insert(object.name_any(), relevance(object));
+                }
+                Ok(watcher::Event::InitDone) => changed.anything(),
+                Err(e) => {
+                    tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
+                }
             }
-            Ok(watcher::Event::Delete(object)) => {
-                let name = object.name_any();
-                tracing::debug!(%kind, %name, "deletion wakes a full round");
-                seen.remove(&name);
-                changed.anything();
-            }
-            Ok(watcher::Event::Init) => seen.clear(),
-            Ok(watcher::Event::InitApply(object)) => {
-                seen.insert(object.name_any(), relevance(object));
-            }
-            Ok(watcher::Event::InitDone) => changed.anything(),
-            Err(e) => {
-                tracing::warn!(error = %e, %kind, "watch failed; retrying with backoff");
-            }
-        }
-        futures::future::ready(())
-    }));
-    reader
+            futures::future::ready(())
+        }));
+        reader
+    }
 }
 
 /// Digests of what decisions read from an object, so that other updates wake nothing.
