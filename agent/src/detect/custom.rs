@@ -1,11 +1,12 @@
 //! Custom checks in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything
 //! else (or a signal, or no way to run it) unknown; the first line of output is the message.
 
-use crate::values;
-use serde::Deserialize;
 use std::time::Duration;
 
-use super::{AgentContext, Detector, Finding, Section, Status, command};
+use serde::Deserialize;
+
+use super::{AgentContext, Detector, Finding, Schedule, Section, Status, command};
+use crate::values;
 
 /// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
 /// unknown; the first line of output is the message.
@@ -49,7 +50,15 @@ fn custom_max_output() -> usize {
     80
 }
 
-super::schedule_of!(CustomCheckConfig);
+impl CustomCheckConfig {
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            interval: self.interval,
+            timeout: self.timeout,
+            hold: self.hold,
+        }
+    }
+}
 
 /// The `custom` list: each check is one detector.
 impl Section for Vec<CustomCheckConfig> {

@@ -1,11 +1,10 @@
 //! DNS: each configured name must resolve through the node's resolver.
 
-use serde::Deserialize;
-
 use std::time::Duration;
 
 use futures::future::join_all;
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
+use serde::Deserialize;
 
 use super::Finding;
 

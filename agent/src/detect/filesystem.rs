@@ -6,28 +6,20 @@
 //! mode's unit) remounts every path read-only for the agent alone, a container's read-only
 //! bind mounts do the same; the filesystem under them is still writable.
 
-use serde::Deserialize;
-use std::time::Duration;
-
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use nodeward_api::conditions::node::READONLY_FILESYSTEM;
 
-use super::Finding;
-use super::{AgentContext, Detector, Section};
+use super::{AgentContext, Detector, Finding, Section};
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct FilesystemConfig {
-    pub enabled: bool,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
-    /// Paths that must be on writable filesystems; paths that do not exist are skipped.
-    pub paths: Vec<PathBuf>,
+super::section! {
+    pub struct FilesystemConfig {
+        /// Paths that must be on writable filesystems; paths that do not exist are skipped.
+        pub paths: Vec<PathBuf>,
+    }
 }
 
 impl Default for FilesystemConfig {
@@ -43,8 +35,6 @@ impl Default for FilesystemConfig {
         }
     }
 }
-
-super::schedule_of!(FilesystemConfig);
 
 impl Section for FilesystemConfig {
     fn validate(&self, place: &str) -> Result<(), String> {

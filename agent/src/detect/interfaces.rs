@@ -1,11 +1,10 @@
 //! Network interfaces: at least one non-loopback interface must be up with a usable address.
 
-use serde::Deserialize;
-
 use std::{collections::BTreeMap, net::IpAddr};
 
 use nix::{ifaddrs::getifaddrs, net::if_::InterfaceFlags};
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
+use serde::Deserialize;
 
 use super::Finding;
 

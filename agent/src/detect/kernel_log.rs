@@ -3,8 +3,6 @@
 //! hung tasks) or sets a condition (a filesystem remounted read-only) that clears when the
 //! pattern has not matched for its `clearAfter`.
 
-use serde::Deserialize;
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read, Seek, SeekFrom},
@@ -14,26 +12,19 @@ use std::{
 };
 
 use regex::Regex;
+use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::{AgentContext, Detector, Section};
-use super::{Finding, Status};
+use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::values;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct KernelLogConfig {
-    pub enabled: bool,
-    /// The kernel log device, read from its current end on.
-    pub device: PathBuf,
-    /// How often the condition patterns are evaluated (matching itself is immediate).
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
-    pub patterns: Vec<KernelPatternConfig>,
+super::section! {
+    pub struct KernelLogConfig {
+        /// The kernel log device, read from its current end on.
+        pub device: PathBuf,
+        /// How often the condition patterns are evaluated (matching itself is immediate).
+        pub patterns: Vec<KernelPatternConfig>,
+    }
 }
 
 /// A kernel log pattern: an Event, or (with `condition`) a condition.
@@ -97,8 +88,6 @@ impl Default for KernelLogConfig {
         }
     }
 }
-
-super::schedule_of!(KernelLogConfig);
 
 impl Section for KernelLogConfig {
     fn validate(&self, place: &str) -> Result<(), String> {

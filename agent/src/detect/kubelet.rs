@@ -3,8 +3,6 @@
 //! kubelet at all (no process, unit or `/var/lib/kubelet`) is not a node: that is Unknown, not
 //! a problem, so that `check` on a workstation stays useful.
 
-use serde::Deserialize;
-
 use std::{
     collections::VecDeque,
     sync::{Arc, Mutex},
@@ -12,37 +10,29 @@ use std::{
 };
 
 use hyper::{Method, StatusCode};
-use nodeward_api::conditions::node::KUBELET_PROBLEM;
+use nodeward_api::conditions::node::{KUBELET_PROBLEM, KUBELET_UNREGISTERED};
+use serde::Deserialize;
 
-use super::Finding;
-use super::{AgentContext, Detector, Section, cluster};
+use super::{AgentContext, Detector, Finding, Section, cluster};
 use crate::{
     http,
     systemd::{self, UnitState},
 };
-use nodeward_api::conditions::node::KUBELET_UNREGISTERED;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct KubeletConfig {
-    pub enabled: bool,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
-    /// The kubelet's health endpoint.
-    #[serde(rename = "healthzURL")]
-    pub healthz_url: String,
-    /// A node whose Node object does not exist this long after the agent started is
-    /// reported as `KubeletUnregistered`.
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub registration_timeout: Duration,
-    /// The kubelet's systemd unit, read over the system bus when systemd is there.
-    pub unit: String,
-    /// This many restarts of the unit within the window are a problem (`FrequentRestarts`).
-    pub frequent_restarts: RestartLimit,
+super::section! {
+    pub struct KubeletConfig {
+        /// The kubelet's health endpoint.
+        #[serde(rename = "healthzURL")]
+        pub healthz_url: String,
+        /// A node whose Node object does not exist this long after the agent started is
+        /// reported as `KubeletUnregistered`.
+        #[serde(deserialize_with = "crate::values::duration")]
+        pub registration_timeout: Duration,
+        /// The kubelet's systemd unit, read over the system bus when systemd is there.
+        pub unit: String,
+        /// This many restarts of the unit within the window are a problem (`FrequentRestarts`).
+        pub frequent_restarts: RestartLimit,
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -76,8 +66,6 @@ impl Default for KubeletConfig {
         }
     }
 }
-
-super::schedule_of!(KubeletConfig);
 
 impl Section for KubeletConfig {
     fn validate(&self, place: &str) -> Result<(), String> {

@@ -122,18 +122,40 @@ impl Schedule {
     }
 }
 
-/// Every detector section has `interval`, `timeout` and `for` (`hold`); `schedule_of!(T)` in
-/// its module gives it `schedule()`.
-macro_rules! schedule_of {
-    ($($config:ty),*) => {$(
-        impl $config {
+/// A detector section: the fields every one has (`enabled`, `interval`, `timeout`, `for`),
+/// then its own; and its [`Schedule`]. Its module writes its `Default`.
+macro_rules! section {
+    ($(#[$attr:meta])* pub struct $name:ident { $($fields:tt)* }) => {
+        $(#[$attr])*
+        #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+        pub struct $name {
+            /// Whether its detectors run.
+            pub enabled: bool,
+            /// How often they run.
+            #[serde(deserialize_with = "crate::values::duration")]
+            pub interval: std::time::Duration,
+            /// After this a run counts as Unknown; at most the interval.
+            #[serde(deserialize_with = "crate::values::duration")]
+            pub timeout: std::time::Duration,
+            /// How long a new verdict must hold before it is reported or cleared.
+            #[serde(rename = "for", deserialize_with = "crate::values::duration")]
+            pub hold: std::time::Duration,
+            $($fields)*
+        }
+
+        impl $name {
             pub fn schedule(&self) -> $crate::detect::Schedule {
-                $crate::detect::Schedule { interval: self.interval, timeout: self.timeout, hold: self.hold }
+                $crate::detect::Schedule {
+                    interval: self.interval,
+                    timeout: self.timeout,
+                    hold: self.hold,
+                }
             }
         }
-    )*};
+    };
 }
-pub(crate) use schedule_of;
+pub(crate) use section;
 
 type Check = dyn Fn() -> Pin<Box<dyn Future<Output = Finding> + Send>> + Send + Sync;
 

@@ -3,25 +3,21 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use super::{AgentContext, Detector, Section, cluster, dns, interfaces, routes};
-use super::{dns::DnsConfig, interfaces::InterfacesConfig, routes::RoutesConfig};
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct NetworkConfig {
-    pub enabled: bool,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
-    pub interfaces: InterfacesConfig,
-    pub default_route: RoutesConfig,
-    pub dns: DnsConfig,
+use super::{
+    AgentContext, Detector, Section, cluster, dns,
+    dns::DnsConfig,
+    interfaces::{self, InterfacesConfig},
+    routes::{self, RoutesConfig},
+};
+
+super::section! {
+    pub struct NetworkConfig {
+        pub interfaces: InterfacesConfig,
+        pub default_route: RoutesConfig,
+        pub dns: DnsConfig,
+    }
 }
 
 impl Default for NetworkConfig {
@@ -37,8 +33,6 @@ impl Default for NetworkConfig {
         }
     }
 }
-
-super::schedule_of!(NetworkConfig);
 
 impl Section for NetworkConfig {
     fn validate(&self, place: &str) -> Result<(), String> {

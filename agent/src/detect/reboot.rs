@@ -1,31 +1,23 @@
 //! Reboot required: a sentinel file (default `/var/run/reboot-required`, as Debian and Ubuntu
 //! write it) or a configured command that exits 0 while a reboot is required.
 
-use serde::Deserialize;
-use std::{path::PathBuf, time::Duration};
-
-use std::path::Path;
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use nodeward_api::conditions::node::REBOOT_REQUIRED;
 
-use super::{AgentContext, Detector, Section};
-use super::{Finding, command};
+use super::{AgentContext, Detector, Finding, Section, command};
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct RebootConfig {
-    pub enabled: bool,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
-    /// A reboot is required while this file exists (kured's `--reboot-sentinel`).
-    pub sentinel_file: PathBuf,
-    /// When set, a reboot is required while this command exits 0 (kured's
-    /// `--reboot-sentinel-command`); it replaces the sentinel file.
-    pub sentinel_command: Vec<String>,
+super::section! {
+    pub struct RebootConfig {
+        /// A reboot is required while this file exists (kured's `--reboot-sentinel`).
+        pub sentinel_file: PathBuf,
+        /// When set, a reboot is required while this command exits 0 (kured's
+        /// `--reboot-sentinel-command`); it replaces the sentinel file.
+        pub sentinel_command: Vec<String>,
+    }
 }
 
 impl Default for RebootConfig {
@@ -40,8 +32,6 @@ impl Default for RebootConfig {
         }
     }
 }
-
-super::schedule_of!(RebootConfig);
 
 impl Section for RebootConfig {
     fn validate(&self, place: &str) -> Result<(), String> {

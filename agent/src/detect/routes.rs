@@ -1,11 +1,10 @@
 //! Default routes, read from the kernel's routing tables in `/proc/net`: IPv4 always, IPv6
 //! when the node has a global IPv6 address (or when configured to require it).
 
-use serde::Deserialize;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
+use serde::Deserialize;
 
 use super::{
     Finding,

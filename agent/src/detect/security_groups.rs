@@ -2,37 +2,28 @@
 //! instance metadata service (AWS, OpenStack) says. Uses an IMDSv2 session token when the
 //! service offers one, and plain IMDSv1 requests otherwise (OpenStack).
 
-use serde::Deserialize;
-use std::time::Duration;
-
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, time::Duration};
 
 use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
-use super::Finding;
-use super::{AgentContext, Detector, Section};
+use super::{AgentContext, Detector, Finding, Section};
 use crate::http;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct SecurityGroupsConfig {
-    /// Security groups this node must be a member of; none turns the check off.
-    pub expected: Vec<String>,
-    /// Base URL of the EC2-compatible instance metadata service (AWS, OpenStack).
-    #[serde(rename = "metadataURL")]
-    pub metadata_url: String,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
+super::section! {
+    pub struct SecurityGroupsConfig {
+        /// Security groups this node must be a member of; none turns the check off.
+        pub expected: Vec<String>,
+        /// Base URL of the EC2-compatible instance metadata service (AWS, OpenStack).
+        #[serde(rename = "metadataURL")]
+        pub metadata_url: String,
+    }
 }
 
 impl Default for SecurityGroupsConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             expected: Vec::new(),
             metadata_url: "http://169.254.169.254".to_owned(),
             interval: Duration::from_secs(300),
@@ -42,8 +33,6 @@ impl Default for SecurityGroupsConfig {
     }
 }
 
-super::schedule_of!(SecurityGroupsConfig);
-
 impl Section for SecurityGroupsConfig {
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
@@ -52,7 +41,7 @@ impl Section for SecurityGroupsConfig {
 
     fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
         // Nothing expected: nothing to compare against, so the detector is off.
-        if self.expected.is_empty() {
+        if !self.enabled || self.expected.is_empty() {
             return Vec::new();
         }
         vec![Detector::new(

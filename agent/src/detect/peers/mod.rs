@@ -9,40 +9,30 @@ mod respond;
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
-use serde::Deserialize;
-
 use futures::future::join_all;
 use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
-use super::{AgentContext, Detector, Section};
-use super::{Finding, Status};
+use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::{Directory, internal_ip, mark_own_node};
 pub use probe::{Protocol, probe};
 pub use respond::respond;
 
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct PeersConfig {
-    pub enabled: bool,
-    /// The port every agent answers TCP and UDP probes on.
-    pub port: u16,
-    /// Peers probed per round, chosen at random.
-    pub sample_size: usize,
-    pub protocols: Vec<Protocol>,
-    /// How long one probe waits for its answer.
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub probe_timeout: Duration,
-    /// Peers to probe besides the agents found through the Node objects (hosts without a
-    /// cluster, or machines outside it).
-    pub static_peers: Vec<std::net::IpAddr>,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub interval: Duration,
-    #[serde(deserialize_with = "crate::values::duration")]
-    pub timeout: Duration,
-    #[serde(rename = "for", deserialize_with = "crate::values::duration")]
-    pub hold: Duration,
+super::section! {
+    pub struct PeersConfig {
+        /// The port every agent answers TCP and UDP probes on.
+        pub port: u16,
+        /// Peers probed per round, chosen at random.
+        pub sample_size: usize,
+        pub protocols: Vec<Protocol>,
+        /// How long one probe waits for its answer.
+        #[serde(deserialize_with = "crate::values::duration")]
+        pub probe_timeout: Duration,
+        /// Peers to probe besides the agents found through the Node objects (hosts without a
+        /// cluster, or machines outside it).
+        pub static_peers: Vec<std::net::IpAddr>,
+    }
 }
 
 impl Default for PeersConfig {
@@ -60,8 +50,6 @@ impl Default for PeersConfig {
         }
     }
 }
-
-super::schedule_of!(PeersConfig);
 
 impl Section for PeersConfig {
     fn validate(&self, place: &str) -> Result<(), String> {
