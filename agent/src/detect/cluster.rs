@@ -138,10 +138,7 @@ mod tests {
                 timeout,
             },
         );
-        assert_eq!(
-            (pending.status, pending.reason.as_str()),
-            (Status::Ok, "RegistrationPending")
-        );
+        pending.assert_is(Status::Ok, "RegistrationPending");
         let late = evaluate_registration(
             "n1",
             &Registration::Missing {
@@ -149,15 +146,8 @@ mod tests {
                 timeout,
             },
         );
-        assert_eq!(
-            (late.status, late.reason.as_str()),
-            (Status::Problem, "KubeletUnregistered")
-        );
-        assert!(
-            late.message.contains("no Node object n1 after the 600s"),
-            "{}",
-            late.message
-        );
+        late.assert_is(Status::Problem, "KubeletUnregistered");
+        late.assert_says("no Node object n1 after the 600s");
         assert_eq!(
             evaluate_registration("n1", &Registration::Registered).status,
             Status::Ok

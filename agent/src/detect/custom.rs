@@ -185,10 +185,6 @@ mod tests {
         c.command = vec!["/nonexistent/check-ntp".into()];
         let found = observe(&c).await;
         assert_eq!(found.status, Status::Unknown);
-        assert!(
-            found.message.contains("cannot run /nonexistent/check-ntp"),
-            "{}",
-            found.message
-        );
+        found.assert_says("cannot run /nonexistent/check-ntp");
     }
 }

@@ -75,10 +75,7 @@ mod tests {
             Duration::from_secs(5),
         )
         .await;
-        assert_eq!(
-            (bad.status, bad.reason.as_str()),
-            (Status::Problem, "DNSFailure")
-        );
+        bad.assert_is(Status::Problem, "DNSFailure");
         assert!(
             bad.message
                 .starts_with("cannot resolve no-such-host.invalid: "),

@@ -42,16 +42,9 @@ impl Section for FilesystemConfig {
     }
 
     fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
-        if !self.enabled {
-            return Vec::new();
-        }
-        vec![Detector::new(
-            DETECTOR,
-            READONLY_FILESYSTEM,
-            self.schedule(),
-            self.clone(),
-            |c| async move { observe(&c).await },
-        )]
+        self.detector(DETECTOR, READONLY_FILESYSTEM, |c| async move {
+            observe(&c).await
+        })
     }
 }
 
@@ -251,10 +244,7 @@ mod tests {
                 PathBuf::from("/var/lib/kubelet/plugins"),
             ],
         );
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "FilesystemIsReadOnly")
-        );
+        found.assert_is(Status::Problem, "FilesystemIsReadOnly");
         assert!(
             found
                 .message

@@ -55,33 +55,22 @@ pub struct Finding {
 /// A name known at compile time (built-in detectors) or read from the configuration.
 pub type Name = Cow<'static, str>;
 
+/// `Finding::ok(..)`, `problem(..)`, `unknown(..)`: [`Finding::new`] with that status.
+macro_rules! with_status {
+    ($($name:ident => $status:ident),*) => {$(
+        pub fn $name(
+            detector: impl Into<Name>,
+            condition: impl Into<Name>,
+            reason: &str,
+            message: String,
+        ) -> Self {
+            Self::new(detector, condition, Status::$status, reason, message)
+        }
+    )*};
+}
+
 impl Finding {
-    pub fn ok(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(detector, condition, Status::Ok, reason, message)
-    }
-
-    pub fn problem(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(detector, condition, Status::Problem, reason, message)
-    }
-
-    pub fn unknown(
-        detector: impl Into<Name>,
-        condition: impl Into<Name>,
-        reason: &str,
-        message: String,
-    ) -> Self {
-        Self::new(detector, condition, Status::Unknown, reason, message)
-    }
+    with_status!(ok => Ok, problem => Problem, unknown => Unknown);
 
     pub fn new(
         detector: impl Into<Name>,
@@ -97,5 +86,28 @@ impl Finding {
             reason: reason.to_owned(),
             message,
         }
+    }
+}
+
+#[cfg(test)]
+impl Finding {
+    /// Asserts its status and reason.
+    #[track_caller]
+    pub fn assert_is(&self, status: Status, reason: &str) {
+        assert_eq!(
+            (self.status, self.reason.as_str()),
+            (status, reason),
+            "{self:?}"
+        );
+    }
+
+    /// Asserts that its message says `part`.
+    #[track_caller]
+    pub fn assert_says(&self, part: &str) {
+        assert!(
+            self.message.contains(part),
+            "{:?} does not say {part:?}",
+            self.message
+        );
     }
 }

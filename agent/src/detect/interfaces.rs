@@ -216,11 +216,7 @@ mod tests {
             &InterfacesConfig::default(),
         );
         assert_eq!(found.status, Status::Ok);
-        assert!(
-            found.message.contains("eth0 (10.0.0.5)"),
-            "{}",
-            found.message
-        );
+        found.assert_says("eth0 (10.0.0.5)");
     }
 
     #[test]
@@ -234,11 +230,7 @@ mod tests {
         );
         assert_eq!(found.status, Status::Problem);
         assert_eq!(found.reason, "NoAddress");
-        assert!(
-            found.message.contains("up without a usable address: eth0"),
-            "{}",
-            found.message
-        );
+        found.assert_says("up without a usable address: eth0");
     }
 
     #[test]

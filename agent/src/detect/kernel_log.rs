@@ -385,10 +385,7 @@ mod tests {
             .is_empty()
         );
         let during = evaluate(&p, &seen, t0 + Duration::from_secs(60));
-        assert_eq!(
-            (during[0].status, during[0].reason.as_str()),
-            (Status::Problem, "FilesystemIsReadOnly")
-        );
+        during[0].assert_is(Status::Problem, "FilesystemIsReadOnly");
         assert!(
             during[0]
                 .message

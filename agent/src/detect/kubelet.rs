@@ -300,20 +300,11 @@ mod tests {
     fn failures_say_whether_the_process_runs() {
         let config = KubeletConfig::default();
         let dead = evaluate(&evidence(false, true, Err("connection refused")), &config);
-        assert_eq!(
-            (dead.status, dead.reason.as_str()),
-            (Status::Problem, "KubeletNotRunning")
-        );
+        dead.assert_is(Status::Problem, "KubeletNotRunning");
         let sick = evaluate(&evidence(true, true, Err("500")), &config);
-        assert_eq!(
-            (sick.status, sick.reason.as_str()),
-            (Status::Problem, "KubeletUnhealthy")
-        );
+        sick.assert_is(Status::Problem, "KubeletUnhealthy");
         let none = evaluate(&evidence(false, false, Err("connection refused")), &config);
-        assert_eq!(
-            (none.status, none.reason.as_str()),
-            (Status::Unknown, "NoKubelet")
-        );
+        none.assert_is(Status::Unknown, "NoKubelet");
     }
 
     #[test]
@@ -321,10 +312,7 @@ mod tests {
         let mut e = evidence(false, false, Err("connection refused"));
         e.unit = unit("failed");
         let found = evaluate(&e, &KubeletConfig::default());
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "KubeletUnitInactive")
-        );
+        found.assert_is(Status::Problem, "KubeletUnitInactive");
         assert!(
             found
                 .message
@@ -341,10 +329,7 @@ mod tests {
         e.unit = unit("active");
         e.recent_restarts = Some(config.frequent_restarts.count);
         let found = evaluate(&e, &config);
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "FrequentRestarts")
-        );
+        found.assert_is(Status::Problem, "FrequentRestarts");
         e.recent_restarts = Some(config.frequent_restarts.count - 1);
         assert_eq!(evaluate(&e, &config).status, Status::Ok);
     }

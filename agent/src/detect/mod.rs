@@ -152,6 +152,21 @@ macro_rules! section {
                     hold: self.hold,
                 }
             }
+
+            /// The section's one detector when enabled: each run is `check` of a copy of it.
+            pub fn detector<F, Fut>(
+                &self,
+                name: &'static str,
+                condition: &'static str,
+                check: F,
+            ) -> Vec<$crate::detect::Detector>
+            where
+                F: Fn(Self) -> Fut + Send + Sync + 'static,
+                Fut: std::future::Future<Output = $crate::detect::Finding> + Send + 'static,
+            {
+                $crate::detect::Detector::new(name, condition, self.schedule(), self.clone(), check)
+                    .if_enabled(self.enabled)
+            }
         }
     };
 }
@@ -201,6 +216,11 @@ impl Detector {
             schedule,
             check: Arc::new(move || Box::pin(check(input.clone()))),
         }
+    }
+
+    /// This detector if `enabled`, none otherwise: a section's one detector.
+    pub fn if_enabled(self, enabled: bool) -> Vec<Self> {
+        if enabled { vec![self] } else { Vec::new() }
     }
 
     /// Runs the check once, unbounded.

@@ -45,16 +45,11 @@ impl Section for RebootConfig {
     }
 
     fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
-        if !self.enabled {
-            return Vec::new();
-        }
-        vec![Detector::new(
+        self.detector(
             DETECTOR,
             REBOOT_REQUIRED,
-            self.schedule(),
-            self.clone(),
             |c| async move { observe(&c).await },
-        )]
+        )
     }
 }
 
@@ -163,10 +158,7 @@ mod tests {
         assert_eq!(observe(&config).await.status, Status::Ok);
         std::fs::write(&config.sentinel_file, "").expect("sentinel");
         let found = observe(&config).await;
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "SentinelFilePresent")
-        );
+        found.assert_is(Status::Problem, "SentinelFilePresent");
         std::fs::remove_dir_all(&dir).ok();
     }
 
@@ -180,9 +172,6 @@ mod tests {
         assert_eq!(observe(&config("exit 0")).await.status, Status::Problem);
         assert_eq!(observe(&config("exit 1")).await.status, Status::Ok);
         let killed = observe(&config("kill -9 $$")).await;
-        assert_eq!(
-            (killed.status, killed.reason.as_str()),
-            (Status::Unknown, "SentinelCommandFailed")
-        );
+        killed.assert_is(Status::Unknown, "SentinelCommandFailed");
     }
 }

@@ -227,10 +227,7 @@ eth0\t0000000A\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0
             false,
             &RoutesConfig::default(),
         );
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "NoDefaultRoute")
-        );
+        found.assert_is(Status::Problem, "NoDefaultRoute");
         assert_eq!(found.message, "no IPv4 default route");
     }
 
@@ -271,10 +268,6 @@ eth0\t0000000A\t00000000\t0001\t0\t0\t100\t00FFFFFF\t0\t0\t0
             &RoutesConfig::default(),
         );
         assert_eq!(found.status, Status::Unknown);
-        assert!(
-            found.message.contains("/proc/net/route: permission denied"),
-            "{}",
-            found.message
-        );
+        found.assert_says("/proc/net/route: permission denied");
     }
 }

@@ -41,16 +41,12 @@ impl Section for SecurityGroupsConfig {
 
     fn detectors(&self, _: Option<&AgentContext>) -> Vec<Detector> {
         // Nothing expected: nothing to compare against, so the detector is off.
-        if !self.enabled || self.expected.is_empty() {
+        if self.expected.is_empty() {
             return Vec::new();
         }
-        vec![Detector::new(
-            DETECTOR,
-            SECURITY_GROUP_PROBLEM,
-            self.schedule(),
-            self.clone(),
-            |c| async move { observe(&c).await },
-        )]
+        self.detector(DETECTOR, SECURITY_GROUP_PROBLEM, |c| async move {
+            observe(&c).await
+        })
     }
 }
 
@@ -206,10 +202,7 @@ mod tests {
             "u",
             reply(200, "default\nk8s-nodes\n"),
         );
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "SecurityGroupMissing")
-        );
+        found.assert_is(Status::Problem, "SecurityGroupMissing");
         assert_eq!(
             found.message,
             "not a member of ssh (member of: default, k8s-nodes)"
@@ -221,20 +214,14 @@ mod tests {
     #[test]
     fn errors_and_malformed_replies_are_unknown_with_the_cause() {
         let e = evaluate(&expected(&["a"]), "http://x/g", reply(500, "boom"));
-        assert_eq!(
-            (e.status, e.reason.as_str()),
-            (Status::Unknown, "MetadataError")
-        );
+        e.assert_is(Status::Unknown, "MetadataError");
         assert!(e.message.contains("500"), "{}", e.message);
         let html = evaluate(
             &expected(&["a"]),
             "u",
             reply(200, "<html><body>Login</body></html>"),
         );
-        assert_eq!(
-            (html.status, html.reason.as_str()),
-            (Status::Unknown, "MetadataMalformed")
-        );
+        html.assert_is(Status::Unknown, "MetadataMalformed");
         let binary = Answer::Reply {
             status: StatusCode::OK,
             body: bytes::Bytes::from_static(&[0xff, 0xfe, 0x00]),
@@ -249,9 +236,6 @@ mod tests {
             "u",
             Answer::Failed("connection refused".into()),
         );
-        assert_eq!(
-            (down.status, down.reason.as_str()),
-            (Status::Unknown, "MetadataUnreachable")
-        );
+        down.assert_is(Status::Unknown, "MetadataUnreachable");
     }
 }

@@ -75,6 +75,17 @@ pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<Nod
 mod tests {
     use super::*;
 
+    impl NodeCondition {
+        #[track_caller]
+        fn assert_is(&self, status: Status, reason: &str) {
+            assert_eq!(
+                (self.status, self.reason.as_str()),
+                (status, reason),
+                "{self:?}"
+            );
+        }
+    }
+
     fn finding(
         detector: &'static str,
         condition: &'static str,
@@ -119,10 +130,7 @@ mod tests {
                 message: "default-route: NoDefaultRoute seen".into(),
             }
         );
-        assert_eq!(
-            (conditions[1].status, conditions[1].reason.as_str()),
-            (Status::Ok, "NoRebootRequired")
-        );
+        conditions[1].assert_is(Status::Ok, "NoRebootRequired");
     }
 
     #[test]
@@ -131,10 +139,7 @@ mod tests {
             finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
             finding("dns", "NetworkProblem", Status::Unknown, "DetectorTimedOut"),
         ]);
-        assert_eq!(
-            (unknown[0].status, unknown[0].reason.as_str()),
-            (Status::Unknown, "DetectorTimedOut")
-        );
+        unknown[0].assert_is(Status::Unknown, "DetectorTimedOut");
         let ok = aggregate(&[
             finding("interfaces", "NetworkProblem", Status::Ok, "InterfacesUp"),
             finding(
@@ -144,10 +149,7 @@ mod tests {
                 "DefaultRoutePresent",
             ),
         ]);
-        assert_eq!(
-            (ok[0].status, ok[0].reason.as_str()),
-            (Status::Ok, "NoProblem")
-        );
+        ok[0].assert_is(Status::Ok, "NoProblem");
         assert_eq!(
             ok[0].message,
             "default-route: DefaultRoutePresent seen; interfaces: InterfacesUp seen"

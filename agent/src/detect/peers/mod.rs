@@ -78,17 +78,15 @@ impl Section for PeersConfig {
     }
 
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
-        if !self.enabled {
-            return Vec::new();
-        }
         let input = (self.clone(), agent.and_then(|a| a.peers.clone()));
-        vec![Detector::new(
+        Detector::new(
             DETECTOR,
             PEER_CONNECTIVITY_PROBLEM,
             self.schedule(),
             input,
             |(c, context)| async move { observe(&c, context.as_ref()).await },
-        )]
+        )
+        .if_enabled(self.enabled)
     }
 }
 
@@ -227,20 +225,13 @@ mod tests {
     #[test]
     fn one_protocol_failing_while_others_work_is_blocked() {
         let found = evaluate(&tallies((5, 0), (0, 5), (5, 0)), 5);
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "UDPBlocked")
-        );
+        found.assert_is(Status::Problem, "UDPBlocked");
         assert!(
             found.message.starts_with("UDP to most sampled peers fails"),
             "{}",
             found.message
         );
-        assert!(
-            found.message.contains("tcp 5/5, udp 0/5, icmp 5/5"),
-            "{}",
-            found.message
-        );
+        found.assert_says("tcp 5/5, udp 0/5, icmp 5/5");
         assert_eq!(
             evaluate(&tallies((1, 4), (5, 0), (5, 0)), 5).reason,
             "TCPBlocked"
@@ -254,10 +245,7 @@ mod tests {
     #[test]
     fn nothing_answering_is_isolated() {
         let found = evaluate(&tallies((0, 3), (0, 3), (0, 3)), 3);
-        assert_eq!(
-            (found.status, found.reason.as_str()),
-            (Status::Problem, "Isolated")
-        );
+        found.assert_is(Status::Problem, "Isolated");
     }
 
     #[test]
