@@ -8,12 +8,10 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams},
 };
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, wait,
-};
+use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, wait};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -69,21 +67,11 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
 
 /// A policy over this test's nodes, `maxConcurrent: 1`, with the `extra` spec fields.
 async fn policy(env: &TestEnv, extra: serde_json::Value) -> anyhow::Result<String> {
-    let name = format!("{}-pool", env.id);
-    let mut spec =
-        json!({"maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}});
+    let mut spec = json!({"maxConcurrent": 1});
     if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
         spec.extend(extra.clone());
     }
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": spec,
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
-    Ok(name)
+    env.create_policy("pool", spec).await
 }
 
 /// Waits until `policy` holds no slot.
@@ -102,16 +90,9 @@ async fn drain_only(env: &TestEnv, node: &str) -> anyhow::Result<String> {
 }
 
 async fn named_drain_only(env: &TestEnv, node: &str, name: &str) -> anyhow::Result<String> {
-    let name = name.to_owned();
-    let m: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly", "requestedBy": "e2e"},
-    }))?;
-    Api::<NodeMaintenance>::all(env.client.clone())
-        .create(&PostParams::default(), &m)
+    env.create_maintenance(name, node, "Manual", "DrainOnly")
         .await?;
-    Ok(name)
+    Ok(name.to_owned())
 }
 
 fn node_state(node: &Node) -> (bool, bool) {
@@ -441,13 +422,9 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     let policy = policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = format!("{node}-reboot");
-    let m: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "requestedBy": "e2e"},
-    }))?;
+    env.create_maintenance(&name, &node, "Manual", "Reboot")
+        .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    maintenances.create(&PostParams::default(), &m).await?;
     let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
         m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
     })
@@ -483,14 +460,7 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
     let env = TestEnv::new("maint-autoreboot").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let name = format!("{}-auto", env.id);
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"autoReboot": true, "paused": true, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
+    env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
         .await?;
     let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
     std::fs::create_dir_all(&dir)?;

@@ -16,11 +16,8 @@ use std::{
 };
 
 use anyhow::Context;
-use kube::{
-    Api, ResourceExt,
-    api::{DeleteParams, PostParams},
-};
-use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+use kube::{Api, ResourceExt, api::DeleteParams};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{
     NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history,
     logind::Logind,
@@ -150,19 +147,6 @@ fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
     })
 }
 
-/// A DisruptionPolicy `<test id>-<name>` with `spec`, labelled for this test's cleanup.
-async fn create_policy(env: &TestEnv, name: &str, spec: serde_json::Value) -> anyhow::Result<()> {
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": format!("{}-{name}", env.id), "labels": {TEST_LABEL: env.id}},
-        "spec": spec,
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
-    Ok(())
-}
-
 /// A notification receiver answering 200 at `/hook`, and that URL.
 async fn hook_receiver() -> anyhow::Result<(nodeward_e2e::http::Endpoint, String)> {
     let receiver = nodeward_e2e::http::Endpoint::start().await?;
@@ -244,8 +228,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     .await?;
     env.running_pods("batch", 1).await?;
     let history = history::watch(&env);
-    create_policy(
-        &env,
+    env.create_policy(
         "rolling",
         json!({
             "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
@@ -451,8 +434,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         )
         .await?;
     }
-    create_policy(
-        &env,
+    env.create_policy(
         "actions",
         json!({"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2}),
     )
@@ -463,12 +445,9 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
     let delete = Machine::start(&env, 1, &hook, false).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     for (machine, action) in [(&power_off, "PowerOff"), (&delete, "DeleteNode")] {
-        let m: NodeMaintenance = serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": format!("{}-{}", machine.name, action.to_lowercase()), "labels": {TEST_LABEL: env.id}},
-            "spec": {"nodeName": machine.name, "reason": "Manual", "action": action, "requestedBy": "e2e"},
-        }))?;
-        maintenances.create(&PostParams::default(), &m).await?;
+        let name = format!("{}-{}", machine.name, action.to_lowercase());
+        env.create_maintenance(&name, &machine.name, "Manual", action)
+            .await?;
     }
 
     // PowerOff: Succeeded, then logind runs the drain-and-release path and powers off.
@@ -548,8 +527,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
             }]}})),
         )
         .await?;
-    create_policy(
-        &env,
+    env.create_policy(
         "gate",
         json!({
             "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
@@ -560,13 +538,9 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");
-    let m: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "requestedBy": "e2e"},
-    }))?;
+    env.create_maintenance(&name, &node, "Manual", "Reboot")
+        .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    maintenances.create(&PostParams::default(), &m).await?;
     nodeward_e2e::wait::eventually("the reboot", Duration::from_secs(60), || async {
         Ok(machine.reboot_requested().then_some(()))
     })

@@ -62,37 +62,11 @@ fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon
     Daemon::start(COORDINATOR, &format!("{}-{identity}", env.id), &args)
 }
 
-async fn create_policy(env: &TestEnv, name: &str, spec: Value) -> anyhow::Result<String> {
-    let name = format!("{}-{name}", env.id);
-    let mut spec = spec;
-    if spec.get("nodeSelector").is_none() {
-        spec["nodeSelector"] = json!({"matchLabels": {TEST_LABEL: env.id}});
-    }
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1",
-        "kind": "DisruptionPolicy",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": spec,
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .with_context(|| format!("creating DisruptionPolicy {name}"))?;
-    Ok(name)
-}
-
+/// A DrainOnly maintenance `<node>-m` of `node`; returns its name.
 async fn create_maintenance(env: &TestEnv, node: &str) -> anyhow::Result<String> {
     let name = format!("{node}-m");
-    let m: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1",
-        "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "DrainOnly", "requestedBy": "e2e"},
-    }))?;
-    Api::<NodeMaintenance>::all(env.client.clone())
-        .create(&PostParams::default(), &m)
-        .await
-        .with_context(|| format!("creating NodeMaintenance {name}"))?;
+    env.create_maintenance(&name, node, "Manual", "DrainOnly")
+        .await?;
     Ok(name)
 }
 
@@ -191,7 +165,9 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
     let env = TestEnv::new("admit-fifty").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 50]).await?;
     let history = nodeward_e2e::history::watch(&env);
-    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 3})).await?;
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 3}))
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
 
@@ -261,7 +237,8 @@ async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Res
     let env = TestEnv::new("two-leaders").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 20]).await?;
     let history = nodeward_e2e::history::watch(&env);
-    create_policy(&env, "pool", json!({"maxConcurrent": 2})).await?;
+    env.create_policy("pool", json!({"maxConcurrent": 2}))
+        .await?;
     let a = start(&env, "a", &["--leader-elect=false"])?;
     let b = start(&env, "b", &["--leader-elect=false"])?;
     a.wait_ready(TIMEOUT).await?;
@@ -311,7 +288,8 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
     let env = TestEnv::new("failover").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 3]).await?;
     let history = nodeward_e2e::history::watch(&env);
-    create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    env.create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
     let mut coordinators: BTreeMap<String, Daemon> = BTreeMap::new();
     for identity in ["a", "b"] {
         coordinators.insert(identity.to_owned(), start(&env, identity, &[])?);
@@ -390,7 +368,8 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
         }},
     }))?;
     env.nodes().create(&PostParams::default(), &node).await?;
-    create_policy(&env, "all", json!({"maxConcurrent": 3})).await?;
+    env.create_policy("all", json!({"maxConcurrent": 3}))
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
 
@@ -457,15 +436,15 @@ async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("max-unhealthy").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 4]).await?;
-    let policy = create_policy(
-        &env,
-        "pool",
-        json!({"maxConcurrent": 1, "maxUnhealthy": 1, "remediation": {
-            "enabled": true, "action": "Reboot",
-            "unhealthyConditions": [{"type": "E2eProblem", "status": "True", "for": "3s"}],
-        }}),
-    )
-    .await?;
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"maxConcurrent": 1, "maxUnhealthy": 1, "remediation": {
+                "enabled": true, "action": "Reboot",
+                "unhealthyConditions": [{"type": "E2eProblem", "status": "True", "for": "3s"}],
+            }}),
+        )
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
@@ -529,9 +508,7 @@ async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
 async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("startup-timeout").await?;
-    create_policy(
-        &env,
-        "pool",
+    env.create_policy("pool",
         json!({"remediation": {"enabled": false, "nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
     )
     .await?;
@@ -568,7 +545,9 @@ async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("node-deleted").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
-    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
     let first = create_maintenance(&env, &env.node_name(0)).await?;
@@ -634,7 +613,9 @@ async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow
     let env = TestEnv::new("pause").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
-    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 2, "paused": true})).await?;
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 2, "paused": true}))
+        .await?;
     report_ack(&env, &n0, &policy, None).await?;
     report_ack(&env, &n1, &policy, None).await?;
     let coordinator = start(&env, "c1", &[])?;
@@ -710,7 +691,9 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("status").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
-    let policy = create_policy(&env, "pool", json!({"maxConcurrent": 1})).await?;
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
     let first = create_maintenance(&env, &env.node_name(0)).await?;
@@ -774,15 +757,15 @@ async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyh
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
         .await?;
     let trusted = format!("{}-trusted", env.id);
-    let policy = create_policy(
-        &env,
-        "tenant",
-        json!({"maxConcurrent": 2, "rebootBlockers": {
-            "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
-            "namespaceSelector": {"matchLabels": {"e2e.nodeward.io/trusted": trusted}},
-        }}),
-    )
-    .await?;
+    let policy = env
+        .create_policy(
+            "tenant",
+            json!({"maxConcurrent": 2, "rebootBlockers": {
+                "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+                "namespaceSelector": {"matchLabels": {"e2e.nodeward.io/trusted": trusted}},
+            }}),
+        )
+        .await?;
     let labels = BTreeMap::from([("e2e-blocks-reboot".to_owned(), "true".to_owned())]);
     let options = nodeward_e2e::PodOptions {
         labels,
@@ -839,15 +822,15 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
             ("Watchdog", "firing"),
         ]),
     );
-    let policy = create_policy(
-        &env,
-        "blockers",
-        json!({"maxConcurrent": 2, "rebootBlockers": {
-            "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
-            "prometheus": {"url": prometheus.url, "ignoreAlerts": "^Watchdog$"},
-        }}),
-    )
-    .await?;
+    let policy = env
+        .create_policy(
+            "blockers",
+            json!({"maxConcurrent": 2, "rebootBlockers": {
+                "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+                "prometheus": {"url": prometheus.url, "ignoreAlerts": "^Watchdog$"},
+            }}),
+        )
+        .await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
 

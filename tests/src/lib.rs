@@ -4,6 +4,7 @@
 pub mod controlplane;
 pub mod daemon;
 pub mod env;
+pub mod fixtures;
 pub mod helm;
 pub mod history;
 pub mod http;

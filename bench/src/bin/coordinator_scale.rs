@@ -24,7 +24,7 @@ use kube::{
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     runtime::watcher,
 };
-use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_api::{MaintenancePhase, NodeMaintenance, NodeReport};
 use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
 use serde_json::json;
 
@@ -113,7 +113,9 @@ async fn main() -> anyhow::Result<()> {
     seed(&env, &reports, args.nodes).await?;
     let selector = format!("{TEST_LABEL}={}", env.id);
 
-    create_policy(&env).await?;
+    // One policy over every node of the run, allowing them all at once.
+    env.create_policy("all", json!({"maxConcurrent": "100%"}))
+        .await?;
 
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let spawned = Instant::now();
@@ -405,20 +407,6 @@ fn within(buckets: &[(&str, f64)], count: f64) -> Vec<String> {
             format!("{:.1}% <= {ms:.0} ms", n / count.max(1.0) * 100.0)
         })
         .collect()
-}
-
-/// One policy over every node of the run, allowing them all at once.
-async fn create_policy(env: &TestEnv) -> anyhow::Result<()> {
-    let policy_name = format!("{}-all", env.id);
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": policy_name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"maxConcurrent": "100%", "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await?;
-    Ok(())
 }
 
 /// RSS, peak RSS (MiB) and CPU (millicores) of `pid` over `idle`.

@@ -37,7 +37,7 @@ use kube::{
     runtime::watcher,
 };
 use nix::sys::signal::Signal;
-use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history};
 use serde_json::json;
 
@@ -112,21 +112,6 @@ fn simulate_agents(
     )
 }
 
-async fn create_maintenance(
-    api: &Api<NodeMaintenance>,
-    env: &TestEnv,
-    node: &str,
-    name: &str,
-) -> anyhow::Result<()> {
-    let m: NodeMaintenance = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "bench"},
-    }))?;
-    api.create(&PostParams::default(), &m).await?;
-    Ok(())
-}
-
 fn coordinator(args: &Args, env: &TestEnv, identity: &str, elect: bool) -> anyhow::Result<Daemon> {
     let mut argv: Vec<String> = vec![
         "run".into(),
@@ -169,13 +154,7 @@ async fn main() -> anyhow::Result<()> {
     env.create_many_nodes(args.nodes, Duration::from_secs(300))
         .await?;
     let history = history::watch(&env);
-    let policy: DisruptionPolicy = serde_json::from_value(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": format!("{}-all", env.id), "labels": {TEST_LABEL: env.id}},
-        "spec": {"maxConcurrent": args.max_concurrent, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}},
-    }))?;
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&PostParams::default(), &policy)
+    env.create_policy("all", json!({"maxConcurrent": args.max_concurrent}))
         .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let selector = format!("{TEST_LABEL}={}", env.id);
@@ -225,7 +204,10 @@ async fn pace(
             .map(|i| {
                 let node = env.node_name(i);
                 let name = format!("{node}-r{run}");
-                async move { create_maintenance(maintenances, env, &node, &name).await }
+                async move {
+                    env.create_maintenance(&name, &node, "Reboot", "Reboot")
+                        .await
+                }
             })
             .buffer_unordered(16)
             .try_collect::<Vec<()>>()
