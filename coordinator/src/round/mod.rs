@@ -23,6 +23,8 @@ use nodeward_api::{
 use crate::{admission::decide::Cluster, health::RemediationGate};
 
 mod admit;
+#[cfg(test)]
+mod fixtures;
 mod policy_status;
 mod remediate;
 mod slots;

@@ -1,76 +1,19 @@
 //! The round's decisions, from watched objects to plan.
 
-use super::*;
+use super::{fixtures::*, *};
 use kube::ResourceExt;
-use nodeward_api::MaintenanceReason;
 use serde_json::json;
-
-fn t(seconds: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
-}
-
-fn node(name: &str, ready: bool) -> Arc<Node> {
-    Arc::new(
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
-            "status": {"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"},
-                "lastTransitionTime": t(-5_000).to_string()}]},
-        }))
-        .expect("node"),
-    )
-}
-
-fn policy(spec: serde_json::Value, status: serde_json::Value) -> Arc<DisruptionPolicy> {
-    Arc::new(
-        serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-            "metadata": {"name": "pool", "generation": 3, "resourceVersion": "7"},
-            "spec": spec, "status": status,
-        }))
-        .expect("policy"),
-    )
-}
-
-fn maintenance(
-    name: &str,
-    node: &str,
-    created: i64,
-    status: serde_json::Value,
-) -> Arc<NodeMaintenance> {
-    Arc::new(
-        serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": t(created).to_string()},
-            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
-            "status": status,
-        }))
-        .expect("maintenance"),
-    )
-}
-
-fn slot(name: &str, node: &str) -> serde_json::Value {
-    json!({"maintenance": name, "uid": format!("uid-{name}"), "nodeName": node, "admittedAt": t(0).to_string()})
-}
-
-fn cluster(n: usize) -> Objects {
-    Objects {
-        nodes: (0..n).map(|i| node(&format!("n{i}"), true)).collect(),
-        policies: vec![policy(json!({"maxConcurrent": 2}), json!({}))],
-        ..Objects::default()
-    }
-}
 
 #[test]
 fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
     let mut objects = cluster(5);
     for i in 0..5 {
         // Created in reverse order of their names: age, not name, decides.
-        objects.maintenances.push(maintenance(
-            &format!("m{i}"),
-            &format!("n{i}"),
-            100 - i as i64,
-            json!(null),
-        ));
+        objects.maintenances.push(
+            maintenance(&format!("m{i}"), &format!("n{i}"))
+                .created(100 - i as i64)
+                .build(),
+        );
     }
     let plan = plan(&objects, &mut Memory::default(), t(200));
     let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
@@ -113,12 +56,16 @@ fn names<T>(items: &[T], name: impl Fn(&T) -> &str) -> Vec<String> {
 #[test]
 fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
     let mut objects = cluster(5);
-    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    objects.maintenances = vec![maintenance("m0", "n0").build()];
     let mut round = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(names(&round.admit, |a| &a.maintenance), ["m0"]);
     let mut objects = written(objects, &round);
     let new: Vec<_> = (1..4)
-        .map(|i| maintenance(&format!("m{i}"), &format!("n{i}"), 300 - i, json!(null)))
+        .map(|i| {
+            maintenance(&format!("m{i}"), &format!("n{i}"))
+                .created(300 - i)
+                .build()
+        })
         .collect();
 
     let fast = admit_new(
@@ -148,7 +95,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
     let next = admit_new(
         &mut round.standing,
         &written(objects, &fast).policies,
-        &[maintenance("m4", "n4", 500, json!(null))],
+        &[maintenance("m4", "n4").created(500).build()],
         &BTreeMap::new(),
         t(500),
     )
@@ -162,7 +109,7 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
     let objects = cluster(3);
     let round = plan(&objects, &mut Memory::default(), t(200));
     let objects = written(objects, &round);
-    let new = [maintenance("m1", "n1", 300, json!(null))];
+    let new = [maintenance("m1", "n1").created(300).build()];
     let decide = |policies: &[Arc<DisruptionPolicy>], new: &[Arc<NodeMaintenance>]| {
         admit_new(
             &mut round.standing.clone(),
@@ -180,7 +127,7 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
         .status
         .get_or_insert_with(Default::default)
         .slots
-        .push(serde_json::from_value(slot("other", "n2")).expect("slot"));
+        .push(budget_slot("other", "n2"));
     assert!(decide(&taken, &new).is_none());
     // The spec changed (e.g. paused).
     let mut edited = objects.policies.clone();
@@ -190,12 +137,12 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
     assert!(
         decide(
             &objects.policies,
-            &[maintenance("m9", "n9", 300, json!(null))]
+            &[maintenance("m9", "n9").created(300).build()]
         )
         .is_none()
     );
     let mut more = objects.policies.clone();
-    more.push(policy(json!({"maxConcurrent": 1}), json!({})));
+    more.push(policy(json!({"maxConcurrent": 1})).build());
     Arc::make_mut(&mut more[1]).metadata.name = Some("other".into());
     assert!(decide(&more, &new).is_none());
 }
@@ -203,14 +150,14 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
 #[test]
 fn the_standing_looks_at_windows_and_blockers_again() {
     let mut objects = cluster(3);
-    objects.policies = vec![policy(
-        json!({"maxConcurrent": 2, "windows": [{"start": "08:00", "end": "09:00"}]}),
-        json!({}),
-    )];
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 2, "windows": [{"start": "08:00", "end": "09:00"}]}))
+            .build(),
+    ];
     // t(0) is 08:00 UTC: the window is open for the round, closed an hour later.
     let round = plan(&objects, &mut Memory::default(), t(200));
     let objects = written(objects, &round);
-    let new = [maintenance("m1", "n1", 300, json!(null))];
+    let new = [maintenance("m1", "n1").created(300).build()];
     let decide = |blockers: &BTreeMap<String, String>, now: i64| {
         admit_new(
             &mut round.standing.clone(),
@@ -237,13 +184,12 @@ fn the_standing_looks_at_windows_and_blockers_again() {
 #[test]
 fn a_finished_maintenance_frees_its_slot_and_the_next_one_gets_it() {
     let mut objects = cluster(3);
-    objects.policies = vec![policy(
-        json!({"maxConcurrent": 1}),
-        json!({"slots": [slot("m0", "n0")]}),
-    )];
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).slot("m0", "n0").build()];
     objects.maintenances = vec![
-        maintenance("m0", "n0", 0, json!({"phase": "Succeeded"})),
-        maintenance("m1", "n1", 1, json!(null)),
+        maintenance("m0", "n0")
+            .phase(MaintenancePhase::Succeeded)
+            .build(),
+        maintenance("m1", "n1").created(1).build(),
     ];
     let plan = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(plan.admit.len(), 1);
@@ -259,11 +205,8 @@ fn a_finished_maintenance_frees_its_slot_and_the_next_one_gets_it() {
 #[test]
 fn a_slot_whose_maintenance_is_missing_is_freed_only_once_confirmed_gone() {
     let mut objects = cluster(3);
-    objects.policies = vec![policy(
-        json!({"maxConcurrent": 1}),
-        json!({"slots": [slot("m0", "n0")]}),
-    )];
-    objects.maintenances = vec![maintenance("m1", "n1", 1, json!(null))];
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).slot("m0", "n0").build()];
+    objects.maintenances = vec![maintenance("m1", "n1").created(1).build()];
     let mut memory = Memory::default();
     let first = plan(&objects, &mut memory, t(200));
     assert!(
@@ -283,11 +226,8 @@ fn a_slot_whose_maintenance_is_missing_is_freed_only_once_confirmed_gone() {
 #[test]
 fn a_half_done_admission_is_completed_without_a_second_slot() {
     let mut objects = cluster(3);
-    objects.policies = vec![policy(
-        json!({"maxConcurrent": 1}),
-        json!({"slots": [slot("m0", "n0")]}),
-    )];
-    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).slot("m0", "n0").build()];
+    objects.maintenances = vec![maintenance("m0", "n0").build()];
     let plan = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(plan.admit.len(), 1);
     assert!(plan.admit[0].new_slots_in.is_empty());
@@ -301,9 +241,9 @@ fn a_half_done_admission_is_completed_without_a_second_slot() {
 #[test]
 fn not_ready_nodes_count_against_the_budget() {
     let mut objects = cluster(3);
-    objects.nodes[2] = node("n2", false);
-    objects.policies = vec![policy(json!({"maxConcurrent": 1}), json!({}))];
-    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    objects.nodes[2] = node("n2").not_ready().build();
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).build()];
+    objects.maintenances = vec![maintenance("m0", "n0").build()];
     let plan = plan(&objects, &mut Memory::default(), t(200));
     assert!(plan.admit.is_empty());
     assert_eq!(plan.deny[0].reason, "BudgetExhausted");
@@ -317,11 +257,8 @@ fn not_ready_nodes_count_against_the_budget() {
 #[test]
 fn an_invalid_selector_blocks_everything_and_says_why() {
     let mut objects = cluster(2);
-    objects.policies = vec![policy(
-        json!({"nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Sideways"}]}}),
-        json!({}),
-    )];
-    objects.maintenances = vec![maintenance("m0", "n0", 0, json!(null))];
+    objects.policies = vec![policy(json!({"nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Sideways"}]}})).build()];
+    objects.maintenances = vec![maintenance("m0", "n0").build()];
     let plan = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(plan.deny[0].reason, "Blocked");
     assert!(
@@ -341,7 +278,7 @@ fn an_invalid_selector_blocks_everything_and_says_why() {
 #[test]
 fn paused_is_true_only_when_every_agent_in_scope_acknowledged() {
     let mut objects = cluster(2);
-    objects.policies = vec![policy(json!({"paused": true}), json!({}))];
+    objects.policies = vec![policy(json!({"paused": true})).build()];
     let report = |name: &str, ack: Option<i64>| -> Arc<NodeReport> {
         let acks: Vec<serde_json::Value> = ack
             .into_iter()
@@ -380,7 +317,11 @@ fn paused_is_true_only_when_every_agent_in_scope_acknowledged() {
 #[test]
 fn an_active_maintenance_of_a_deleted_node_ends_once_the_deletion_is_confirmed() {
     let mut objects = cluster(1);
-    objects.maintenances = vec![maintenance("m9", "gone", 0, json!({"phase": "Draining"}))];
+    objects.maintenances = vec![
+        maintenance("m9", "gone")
+            .phase(MaintenancePhase::Draining)
+            .build(),
+    ];
     let mut memory = Memory::default();
     let first = plan(&objects, &mut memory, t(0));
     assert!(first.end.is_empty());
@@ -394,17 +335,17 @@ fn an_active_maintenance_of_a_deleted_node_ends_once_the_deletion_is_confirmed()
 #[test]
 fn remediation_stops_when_more_nodes_than_max_unhealthy_are_unhealthy() {
     let mut objects = cluster(4);
-    objects.policies = vec![policy(
-        json!({"maxUnhealthy": 1, "remediation": {"enabled": true,
-            "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
-        json!({}),
-    )];
-    objects.nodes[0] = node("n0", false);
+    objects.policies = vec![
+        policy(json!({"maxUnhealthy": 1, "remediation": {"enabled": true,
+            "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}))
+        .build(),
+    ];
+    objects.nodes[0] = node("n0").not_ready().build();
     let mut memory = Memory::default();
     let one = plan(&objects, &mut memory, t(0));
     assert_eq!(one.remediate.len(), 1, "{one:?}");
     assert_eq!(one.remediate[0].node, "n0");
-    objects.nodes[1] = node("n1", false);
+    objects.nodes[1] = node("n1").not_ready().build();
     let two = plan(&objects, &mut memory, t(1));
     assert!(two.remediate.is_empty());
     let allowed = two.policy_status["pool"]
@@ -421,20 +362,21 @@ fn remediation_stops_when_more_nodes_than_max_unhealthy_are_unhealthy() {
 #[test]
 fn a_reboot_remediation_that_did_not_help_escalates_to_delete_node() {
     let mut objects = cluster(3);
-    objects.policies = vec![policy(
-        json!({"remediation": {"enabled": true, "escalateAfter": "10m",
+    objects.policies = vec![
+        policy(
+            json!({"remediation": {"enabled": true, "escalateAfter": "10m",
             "unhealthyConditions": [{"type": "Ready", "status": "False", "for": "1m"}]}}),
-        json!({}),
-    )];
-    objects.nodes[0] = node("n0", false);
-    let mut reboot = maintenance(
-        "r0",
-        "n0",
-        0,
-        json!({"phase": "Verifying", "admission": {"policies": ["pool"], "admittedAt": t(0).to_string(), "admittedBy": "c"}}),
-    );
-    Arc::make_mut(&mut reboot).spec.reason = MaintenanceReason::Remediation;
-    objects.maintenances = vec![reboot];
+        )
+        .build(),
+    ];
+    objects.nodes[0] = node("n0").not_ready().build();
+    objects.maintenances = vec![
+        maintenance("r0", "n0")
+            .remediation()
+            .phase(MaintenancePhase::Verifying)
+            .admitted_by(&["pool"])
+            .build(),
+    ];
     let early = plan(&objects, &mut Memory::default(), t(300));
     assert!(
         early.remediate.is_empty(),
@@ -449,15 +391,11 @@ fn a_reboot_remediation_that_did_not_help_escalates_to_delete_node() {
 #[test]
 fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
     let mut objects = cluster(1);
-    let fresh: Node = serde_json::from_value(json!({
-        "metadata": {"name": "new", "creationTimestamp": t(0).to_string()},
-    }))
-    .expect("node");
-    objects.nodes.push(Arc::new(fresh));
-    objects.policies = vec![policy(
-        json!({"remediation": {"nodeStartupTimeout": "5m", "startupAction": "DeleteNode"}}),
-        json!({}),
-    )];
+    objects.nodes.push(node("new").new_at(0).build());
+    objects.policies = vec![
+        policy(json!({"remediation": {"nodeStartupTimeout": "5m", "startupAction": "DeleteNode"}}))
+            .build(),
+    ];
     assert!(
         plan(&objects, &mut Memory::default(), t(299))
             .startup_timeouts

@@ -1,0 +1,158 @@
+//! The round tests' objects, as builders: `node("n0").not_ready()`,
+//! `policy(json!({"maxConcurrent": 1})).slot("m0", "n0")`,
+//! `maintenance("m0", "n0").created(5).phase(MaintenancePhase::Draining)`, each ending in
+//! `build()`. Times are `t(seconds)` from a fixed instant (08:00 UTC).
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    maintenance::AdmissionRecord, policy::BudgetSlot,
+};
+use serde_json::{Value, json};
+
+use super::Objects;
+
+/// `seconds` after the tests' fixed instant.
+pub fn t(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
+}
+
+/// `n` Ready nodes `n0`… labelled `pool=a`, under one policy `pool` allowing 2 at once.
+pub fn cluster(n: usize) -> Objects {
+    Objects {
+        nodes: (0..n).map(|i| node(&format!("n{i}")).build()).collect(),
+        policies: vec![policy(json!({"maxConcurrent": 2})).build()],
+        ..Objects::default()
+    }
+}
+
+pub struct NodeFixture(Node);
+
+/// A Ready node labelled `pool=a`, created long before `t(0)`.
+pub fn node(name: &str) -> NodeFixture {
+    NodeFixture(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True",
+                "lastTransitionTime": t(-5_000).to_string()}]},
+        }))
+        .expect("node"),
+    )
+}
+
+impl NodeFixture {
+    /// NotReady since long before `t(0)`.
+    pub fn not_ready(mut self) -> Self {
+        for c in self
+            .0
+            .status
+            .iter_mut()
+            .flat_map(|s| s.conditions.iter_mut().flatten())
+        {
+            c.status = "False".into();
+        }
+        self
+    }
+
+    /// Created at `t(seconds)` and never Ready (no status yet).
+    pub fn new_at(mut self, seconds: i64) -> Self {
+        self.0.metadata.creation_timestamp = Some(Time(t(seconds)));
+        self.0.metadata.labels = None;
+        self.0.status = None;
+        self
+    }
+
+    pub fn build(self) -> Arc<Node> {
+        Arc::new(self.0)
+    }
+}
+
+pub struct PolicyFixture(DisruptionPolicy);
+
+/// The policy `pool` (generation 3) with `spec`.
+pub fn policy(spec: Value) -> PolicyFixture {
+    PolicyFixture(
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+            "metadata": {"name": "pool", "generation": 3, "resourceVersion": "7"},
+            "spec": spec,
+        }))
+        .expect("policy"),
+    )
+}
+
+impl PolicyFixture {
+    /// Holding a budget slot for maintenance `name` (uid `uid-<name>`) of `node`.
+    pub fn slot(mut self, name: &str, node: &str) -> Self {
+        self.0
+            .status
+            .get_or_insert_with(Default::default)
+            .slots
+            .push(budget_slot(name, node));
+        self
+    }
+
+    pub fn build(self) -> Arc<DisruptionPolicy> {
+        Arc::new(self.0)
+    }
+}
+
+/// The slot maintenance `name` (uid `uid-<name>`) of `node` holds since `t(0)`.
+pub fn budget_slot(name: &str, node: &str) -> BudgetSlot {
+    BudgetSlot {
+        maintenance: name.to_owned(),
+        uid: format!("uid-{name}"),
+        node_name: node.to_owned(),
+        admitted_at: Time(t(0)),
+    }
+}
+
+pub struct MaintenanceFixture(NodeMaintenance);
+
+/// A pending Reboot maintenance `name` (uid `uid-<name>`) of `node`, created at `t(0)`.
+pub fn maintenance(name: &str, node: &str) -> MaintenanceFixture {
+    MaintenanceFixture(
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": t(0).to_string()},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+        }))
+        .expect("maintenance"),
+    )
+}
+
+impl MaintenanceFixture {
+    /// Created at `t(seconds)`.
+    pub fn created(mut self, seconds: i64) -> Self {
+        self.0.metadata.creation_timestamp = Some(Time(t(seconds)));
+        self
+    }
+
+    pub fn phase(mut self, phase: MaintenancePhase) -> Self {
+        self.0.status.get_or_insert_with(Default::default).phase = phase;
+        self
+    }
+
+    /// Admitted at `t(0)` by coordinator `c` under `policies`.
+    pub fn admitted_by(mut self, policies: &[&str]) -> Self {
+        self.0.status.get_or_insert_with(Default::default).admission = Some(AdmissionRecord {
+            policies: policies.iter().map(|p| (*p).to_owned()).collect(),
+            admitted_at: Time(t(0)),
+            admitted_by: "c".into(),
+        });
+        self
+    }
+
+    /// Asked by remediation.
+    pub fn remediation(mut self) -> Self {
+        self.0.spec.reason = MaintenanceReason::Remediation;
+        self
+    }
+
+    pub fn build(self) -> Arc<NodeMaintenance> {
+        Arc::new(self.0)
+    }
+}
