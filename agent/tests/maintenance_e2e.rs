@@ -315,8 +315,8 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
 }
 
 #[tokio::test]
-async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() -> anyhow::Result<()>
-{
+async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_policy_forces()
+-> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("maint-timeout").await?;
     let node = env.node_name(0);
@@ -356,14 +356,58 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_forced() ->
         "the PDB-guarded pod stayed"
     );
 
-    // Forced: the same drain goes through, the pod deleted despite its PDB.
-    Api::<DisruptionPolicy>::all(env.client.clone())
+    // Force set, but a second policy over the node forbids it: failed again, the pod stays.
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    policies
         .patch(
             &policy,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"onDrainTimeout": "Force"}})),
         )
         .await?;
+    let careful = env
+        .create_policy(
+            "careful",
+            json!({"maxConcurrent": 1, "drainTimeout": "3s", "onDrainTimeout": "Fail"}),
+        )
+        .await?;
+    let vetoed = named_drain_only(&env, &node, &format!("{node}-vetoed")).await?;
+    let m = wait::until(
+        &maintenances,
+        &vetoed,
+        "Failed (force vetoed)",
+        TIMEOUT,
+        |m| m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed),
+    )
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let mut admitted = m.admitted_policies().to_vec();
+    admitted.sort();
+    assert_eq!(
+        admitted,
+        [careful.clone(), policy.clone()],
+        "admitted under both policies"
+    );
+    assert!(
+        env.pods()
+            .get_opt(&guarded.name_any())
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the PDB-guarded pod stayed: one policy forbids forcing"
+    );
+    policies.delete(&careful, &DeleteParams::default()).await?;
+    wait::until(
+        &policies,
+        &careful,
+        "the careful policy gone",
+        TIMEOUT,
+        |p| p.is_none(),
+    )
+    .await?;
+
+    // Forced: every policy says Force, the same drain goes through, the pod deleted
+    // despite its PDB.
     let forced = named_drain_only(&env, &node, &format!("{node}-forced")).await?;
     let m = wait::until(&maintenances, &forced, "Acting (forced)", TIMEOUT, |m| {
         m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)

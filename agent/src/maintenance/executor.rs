@@ -462,15 +462,6 @@ impl Executor {
         healthy_since: &mut Option<Timestamp>,
     ) -> Result<Gate, crate::Error> {
         let gate = policies::effective(m, &self.policies).await.health_gate;
-        let hold = gate
-            .as_ref()
-            .and_then(|g| g.for_.to_std().ok())
-            .unwrap_or(Duration::ZERO);
-        let timeout = gate
-            .as_ref()
-            .and_then(|g| g.timeout.as_ref())
-            .and_then(|t| t.to_std().ok());
-        let problem_types: Vec<String> = gate.map(|g| g.problem_types).unwrap_or_default();
         let node = Api::<Node>::all(self.client.clone())
             .get(&self.node)
             .await
@@ -478,15 +469,7 @@ impl Executor {
         let ready = nodeward_api::node::is_ready(&node);
         let problems: Vec<String> = nodeward_api::node::conditions(&node)
             .iter()
-            .filter(|c| {
-                c.status == "True"
-                    && if problem_types.is_empty() {
-                        nodeward_api::conditions::node::HEALTH_GATE_DEFAULT
-                            .contains(&c.type_.as_str())
-                    } else {
-                        problem_types.contains(&c.type_)
-                    }
-            })
+            .filter(|c| c.status == "True" && gate.problem_types.contains(&c.type_))
             .map(|c| c.type_.clone())
             .collect();
         let now = Timestamp::now();
@@ -501,9 +484,9 @@ impl Executor {
             ready,
             &problems,
             healthy_since.map(since),
-            hold,
+            gate.hold,
             since(verifying_since),
-            timeout,
+            gate.timeout,
         ))
     }
 

@@ -4,9 +4,12 @@
 //!   NodeReport), and the coordinator reports the policy `Paused=True` only once every agent
 //!   in scope has;
 //! - whether auto-reboot is on for it;
-//! - for a maintenance, which drain plan, drain timeout and health gate apply.
+//! - for a maintenance, which drain plan, drain timeout and health gate apply
+//!   ([`effective()`]).
 
-use std::{sync::Arc, time::Duration};
+mod effective;
+
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -14,47 +17,10 @@ use kube::{
     Api, Client, ResourceExt,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use nodeward_api::{
-    DisruptionPolicy, DrainPlan, NodeMaintenance,
-    policy::{DrainTimeoutAction, HealthGate},
-    report::PauseAcknowledgement,
-};
+use nodeward_api::{DisruptionPolicy, NodeMaintenance, report::PauseAcknowledgement};
 use tokio::sync::{Notify, watch};
 
-use crate::drain::plan::{self, Purpose};
-
-/// What applies to one maintenance.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Effective {
-    /// The maintenance's own plan, else its policy's, else the default for its action.
-    pub plan: DrainPlan,
-    /// The policy's `drainTimeout`, counted from the drain's start.
-    pub drain_timeout: Option<Duration>,
-    /// The policy's `onDrainTimeout: Force`.
-    pub force_on_timeout: bool,
-    pub health_gate: Option<HealthGate>,
-}
-
-impl Effective {
-    /// What applies to `m` under `policy`, the first policy that admitted it (if it still
-    /// exists).
-    pub fn of(m: &NodeMaintenance, policy: Option<&DisruptionPolicy>) -> Self {
-        let spec = policy.map(|p| &p.spec);
-        Self {
-            plan: m
-                .spec
-                .drain_plan
-                .clone()
-                .or_else(|| spec.and_then(|s| s.drain_plan.clone()))
-                .unwrap_or_else(|| plan::default_plan(Purpose::of(m.spec.action))),
-            drain_timeout: spec
-                .and_then(|s| s.drain_timeout.as_ref())
-                .and_then(|d| d.to_std().ok()),
-            force_on_timeout: spec.is_some_and(|s| s.on_drain_timeout == DrainTimeoutAction::Force),
-            health_gate: spec.and_then(|s| s.health_gate.clone()),
-        }
-    }
-}
+pub use effective::{Effective, HealthGate};
 
 /// What applies to `m` under the policies in `store`; waits for the store's first list, so
 /// that an agent just started does not mistake "not seen yet" for "no policy".
@@ -65,11 +31,13 @@ pub async fn effective(
     // The writer lives as long as the agent's watch task; once it is gone, the store is what
     // it last was.
     let _ = store.wait_until_ready().await;
-    let policy = m
+    let policies: Vec<Arc<DisruptionPolicy>> = m
         .admitted_policies()
-        .first()
-        .and_then(|name| store.get(&reflector::ObjectRef::new(name)));
-    Effective::of(m, policy.as_deref())
+        .iter()
+        .filter_map(|name| store.get(&reflector::ObjectRef::new(name)))
+        .collect();
+    let policies: Vec<&DisruptionPolicy> = policies.iter().map(|p| p.as_ref()).collect();
+    Effective::of(m, &policies)
 }
 
 /// The acknowledgements for `policies` as seen from a node with `labels`, sorted by policy.
@@ -104,7 +72,7 @@ pub fn auto_reboot(
         .any(|p| p.selects(labels).unwrap_or(false))
 }
 
-/// Follows the policies (into the store `writer` fills; its readers answer [`effective`])
+/// Follows the policies (into the store `writer` fills; its readers answer [`effective()`])
 /// and this node's labels, publishing the pauses that apply and whether auto-reboot is on (or
 /// `forced_auto_reboot`, the agent's flag) whenever they change. Runs until the task is
 /// dropped.
@@ -180,45 +148,6 @@ mod tests {
             }))
             .expect("policy"),
         )
-    }
-
-    fn maintenance(drain_plan: Option<serde_json::Value>) -> NodeMaintenance {
-        serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": "m"},
-            "spec": {"nodeName": "n", "action": "Reboot", "reason": "Manual", "drainPlan": drain_plan},
-            "status": {"admission": {"policies": ["p"], "admittedAt": "2026-01-01T00:00:00Z", "admittedBy": "c"}},
-        }))
-        .expect("maintenance")
-    }
-
-    #[test]
-    fn the_maintenance_plan_wins_then_the_policy_then_the_default() {
-        let policy: DisruptionPolicy = serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-            "metadata": {"name": "p"},
-            "spec": {
-                "drainPlan": {"stages": [{"name": "policy", "timeout": "1m"}]},
-                "drainTimeout": "10m", "onDrainTimeout": "Force",
-                "healthGate": {"for": "2m"},
-            },
-        }))
-        .expect("policy");
-        let own = json!({"stages": [{"name": "own", "timeout": "1m"}]});
-        let with_own = Effective::of(&maintenance(Some(own)), Some(&policy));
-        assert_eq!(with_own.plan.stages[0].name, "own");
-        assert_eq!(with_own.drain_timeout, Some(Duration::from_secs(600)));
-        assert!(with_own.force_on_timeout);
-        assert!(with_own.health_gate.is_some());
-
-        let from_policy = Effective::of(&maintenance(None), Some(&policy));
-        assert_eq!(from_policy.plan.stages[0].name, "policy");
-
-        let without = Effective::of(&maintenance(None), None);
-        assert_eq!(without.plan, plan::default_plan(Purpose::MachineDown));
-        assert_eq!(without.drain_timeout, None);
-        assert!(!without.force_on_timeout);
-        assert_eq!(without.health_gate, None);
     }
 
     #[test]
