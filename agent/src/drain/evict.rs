@@ -204,27 +204,35 @@ impl Gone {
     }
 }
 
+impl Progress {
+    /// Before anything is evicted: every pod of the plan remains.
+    fn of(ordered: &Ordered) -> Self {
+        let returning: Vec<String> = ordered
+            .stages
+            .iter()
+            .flat_map(|s| s.groups.iter().flatten())
+            .filter(|p| p.returns)
+            .map(|p| key(&p.namespace, &p.name))
+            .collect();
+        if !returning.is_empty() {
+            tracing::warn!(pods = ?returning, "these pods tolerate the drain taint; their replacements may come back to this node");
+        }
+        Self {
+            total: ordered.total(),
+            remaining: ordered.total(),
+            returning,
+            ..Self::default()
+        }
+    }
+}
+
 /// Runs the drain. `report` is called whenever progress changes.
 pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
     let ordered = order(drain).await?;
     let mut gone = Gone::default();
     let started = Instant::now();
     let budget = drain.deadline.map(|d| d.saturating_duration_since(started));
-    let mut progress = Progress {
-        total: ordered.total(),
-        remaining: ordered.total(),
-        returning: ordered
-            .stages
-            .iter()
-            .flat_map(|s| s.groups.iter().flatten())
-            .filter(|p| p.returns)
-            .map(|p| key(&p.namespace, &p.name))
-            .collect(),
-        ..Progress::default()
-    };
-    if !progress.returning.is_empty() {
-        tracing::warn!(pods = ?progress.returning, "these pods tolerate the drain taint; their replacements may come back to this node");
-    }
+    let mut progress = Progress::of(&ordered);
     report(&progress);
     for (pod, why) in &ordered.left {
         tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");

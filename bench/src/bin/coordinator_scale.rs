@@ -154,11 +154,7 @@ async fn main() -> anyhow::Result<()> {
     // Idle: nothing changes but the kwok heartbeats.
     let (rss_idle, peak_end, idle_millicores) =
         idle_footprint(pid, Duration::from_secs(30)).await?;
-    let CoordinatorMetrics {
-        admissions: own_count,
-        within: own_buckets,
-        rounds,
-    } = coordinator_metrics(&coordinator).await?;
+    let metrics = coordinator_metrics(&coordinator).await?;
     watching.abort();
 
     let p50 = median(runs.admission_p50);
@@ -186,16 +182,7 @@ async fn main() -> anyhow::Result<()> {
         ms(w99),
         ms(p99.saturating_sub(w99))
     );
-    println!(
-        "coordinator's own share of {own_count:.0} admissions (watch event to admission write, less the budget writes): {}",
-        within(&own_buckets, own_count).join(", ")
-    );
-    for (kind, count, mean) in rounds {
-        println!(
-            "{kind} rounds: {count:.0}, mean decision time {:.3} ms",
-            mean * 1000.0
-        );
-    }
+    metrics.print();
 
     drop(coordinator);
     for report in reports.list(&ListParams::default()).await? {
@@ -342,6 +329,22 @@ struct CoordinatorMetrics {
     within: Vec<(&'static str, f64)>,
     /// Per kind of round: how many, and the mean decision time (seconds).
     rounds: Vec<(&'static str, f64, f64)>,
+}
+
+impl CoordinatorMetrics {
+    fn print(&self) {
+        println!(
+            "coordinator's own share of {:.0} admissions (watch event to admission write, less the budget writes): {}",
+            self.admissions,
+            within(&self.within, self.admissions).join(", ")
+        );
+        for (kind, count, mean) in &self.rounds {
+            println!(
+                "{kind} rounds: {count:.0}, mean decision time {:.3} ms",
+                mean * 1000.0
+            );
+        }
+    }
 }
 
 async fn coordinator_metrics(coordinator: &Daemon) -> anyhow::Result<CoordinatorMetrics> {
