@@ -91,12 +91,14 @@ pub mod denial {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 
     use super::*;
 
-    fn condition(type_: &str, status: &str, second: i64) -> Condition {
+    /// A condition of `type_` with `status`, last changed at second `second` (test support
+    /// for the crate's tests).
+    pub(crate) fn condition(type_: &str, status: &str, second: i64) -> Condition {
         Condition {
             type_: type_.into(),
             status: status.into(),

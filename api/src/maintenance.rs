@@ -380,6 +380,7 @@ mod tests {
     use kube::ResourceExt;
 
     use super::*;
+    use crate::conditions::tests::condition;
 
     fn at(seconds: i64) -> Time {
         Time(k8s_openapi::jiff::Timestamp::from_second(seconds).expect("a valid time"))
@@ -439,12 +440,12 @@ mod tests {
             "test",
             "why".into(),
         );
-        let admitted = condition("Admitted", "True", at(1));
+        let admitted = condition("Admitted", "True", 1);
         m.status = Some(NodeMaintenanceStatus {
             conditions: vec![admitted.clone()],
             ..Default::default()
         });
-        let patch = StatusPatch::default().condition(&m, condition("Drained", "True", at(2)));
+        let patch = StatusPatch::default().condition(&m, condition("Drained", "True", 2));
         let types: Vec<&str> = patch
             .conditions
             .iter()
@@ -452,17 +453,6 @@ mod tests {
             .map(|c| c.type_.as_str())
             .collect();
         assert_eq!(types, ["Admitted", "Drained"]);
-    }
-
-    fn condition(type_: &str, status: &str, time: Time) -> Condition {
-        Condition {
-            type_: type_.into(),
-            status: status.into(),
-            reason: "Test".into(),
-            message: String::new(),
-            observed_generation: None,
-            last_transition_time: time,
-        }
     }
 
     #[test]

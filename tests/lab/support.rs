@@ -251,11 +251,7 @@ impl Lab {
         reason: &str,
         action: &str,
     ) -> anyhow::Result<()> {
-        let maintenance: NodeMaintenance = serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: "true"}},
-            "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "nodelab"},
-        }))?;
+        let maintenance = nodeward_e2e::fixtures::maintenance(name, node, reason, action, "true")?;
         Api::<NodeMaintenance>::all(self.client.clone())
             .create(&PostParams::default(), &maintenance)
             .await

@@ -37,15 +37,27 @@ impl TestEnv {
         reason: &str,
         action: &str,
     ) -> anyhow::Result<()> {
-        let maintenance: NodeMaintenance = serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: self.id}},
-            "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "e2e"},
-        }))?;
+        let maintenance = maintenance(name, node, reason, action, &self.id)?;
         Api::<NodeMaintenance>::all(self.client.clone())
             .create(&PostParams::default(), &maintenance)
             .await
             .with_context(|| format!("creating NodeMaintenance {name}"))?;
         Ok(())
     }
+}
+
+/// The NodeMaintenance `name` of `node`, asking for `action` for `reason` (`requestedBy:
+/// e2e`), labelled as test `test`'s.
+pub fn maintenance(
+    name: &str,
+    node: &str,
+    reason: &str,
+    action: &str,
+    test: &str,
+) -> anyhow::Result<NodeMaintenance> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": name, "labels": {TEST_LABEL: test}},
+        "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "e2e"},
+    }))?)
 }
