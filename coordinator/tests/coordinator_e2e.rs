@@ -912,3 +912,43 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     env.wait_event(&second, "", "Blocked").await?;
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("forged-delete").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    let node = env.node_name(0);
+    let name = format!("{node}-forged");
+    env.create_maintenance(&name, &node, "Manual", "DeleteNode")
+        .await?;
+    // Whoever may write the status moves it to Acting, the phase in which the coordinator
+    // deletes a drained DeleteNode maintenance's node, without any admission.
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    maintenances
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
+    })
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    let message = m.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("is not deleted"), "{message}");
+    assert!(
+        env.nodes().get_opt(&node).await?.is_some(),
+        "the node is still there"
+    );
+    drop(coordinator);
+    env.cleanup().await
+}

@@ -16,7 +16,7 @@ use std::{
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, ResourceExt, api::DeleteParams, runtime::reflector};
+use kube::{Api, Client, ResourceExt, runtime::reflector};
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, labels::COORDINATOR_FIELD_MANAGER,
 };
@@ -184,9 +184,14 @@ impl Controller {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
         }
-        for (maintenance, node) in &plan.delete_nodes {
+        for round::NodeDeletion {
+            maintenance,
+            node,
+            uid,
+        } in &plan.delete_nodes
+        {
             let nodes: Api<Node> = Api::all(self.writer.client.clone());
-            match nodes.delete(node, &DeleteParams::default()).await {
+            match nodes.delete(node, &write::only(uid)).await {
                 Ok(_) => {
                     tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
                 }

@@ -15,7 +15,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
     runtime::events::EventType,
 };
 use nodeward_api::{
@@ -283,7 +283,7 @@ impl Controller {
             }
         }
         if timeout.action == StartupAction::DeleteNode {
-            match nodes.delete(&timeout.node, &DeleteParams::default()).await {
+            match nodes.delete(&timeout.node, &only(&timeout.uid)).await {
                 Ok(_) => {
                     tracing::warn!(node = %timeout.node, policy = %timeout.policy, "deleted a node that never became Ready");
                 }
@@ -459,6 +459,18 @@ fn truncate(text: &str, max: usize) -> &str {
         end -= 1;
     }
     text[..end].trim_end_matches(['-', '.'])
+}
+
+/// Delete parameters that delete only the object with `uid` (not one re-created under its
+/// name since it was seen).
+pub(super) fn only(uid: &str) -> DeleteParams {
+    DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     maintenance::AdmissionRecord, policy::BudgetSlot,
 };
 use serde_json::{Value, json};
@@ -31,11 +31,11 @@ pub fn cluster(n: usize) -> Objects {
 
 pub struct NodeFixture(Node);
 
-/// A Ready node labelled `pool=a`, created long before `t(0)`.
+/// A Ready node (uid `uid-<name>`) labelled `pool=a`, created long before `t(0)`.
 pub fn node(name: &str) -> NodeFixture {
     NodeFixture(
         serde_json::from_value(json!({
-            "metadata": {"name": name, "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
+            "metadata": {"name": name, "uid": format!("uid-{name}"), "creationTimestamp": t(-10_000).to_string(), "labels": {"pool": "a"}},
             "status": {"conditions": [{"type": "Ready", "status": "True",
                 "lastTransitionTime": t(-5_000).to_string()}]},
         }))
@@ -143,6 +143,11 @@ impl MaintenanceFixture {
             admitted_at: Time(t(0)),
             admitted_by: "c".into(),
         });
+        self
+    }
+
+    pub fn action(mut self, action: MaintenanceAction) -> Self {
+        self.0.spec.action = action;
         self
     }
 

@@ -92,7 +92,7 @@ pub struct Plan {
     /// Missing objects to confirm gone before their slots are freed.
     pub confirm_gone: BTreeSet<Gone>,
     /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
-    pub delete_nodes: Vec<(String, String)>,
+    pub delete_nodes: Vec<NodeDeletion>,
     /// What maintenances created after this round can be decided against.
     pub standing: Standing,
 }
@@ -137,6 +137,15 @@ pub struct Ending {
     pub message: String,
 }
 
+/// A Node to delete for its drained DeleteNode maintenance; `uid` is the Node's as this
+/// round saw it, the delete's precondition (a Node re-created under the name stays).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeDeletion {
+    pub maintenance: String,
+    pub node: String,
+    pub uid: String,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct RemediationRequest {
     pub policy: String,
@@ -150,6 +159,8 @@ pub struct RemediationRequest {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StartupTimeout {
     pub node: String,
+    /// The Node's uid as this round saw it: a delete's precondition.
+    pub uid: String,
     pub policy: String,
     pub message: String,
     pub action: StartupAction,
@@ -180,7 +191,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         now,
         &mut plan,
     );
-    slots::end_where_node_gone(&index, memory, &mut plan);
+    slots::end_where_node_gone(&index, memory, &slots, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
     plan.standing.cluster = cluster;

@@ -144,6 +144,11 @@ pub(super) fn remediate(
             if let Health::NeverReady(message) = h {
                 plan.startup_timeouts.push(StartupTimeout {
                     node: name.to_owned(),
+                    uid: index
+                        .nodes
+                        .get(name)
+                        .and_then(|n| n.uid())
+                        .unwrap_or_default(),
                     policy: p.name.clone(),
                     message: message.clone(),
                     action: if allowed {

@@ -10,7 +10,7 @@ use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, policy::BudgetSlot,
 };
 
-use super::{Ending, Gone, Memory, Plan, view::Index};
+use super::{Ending, Gone, Memory, NodeDeletion, Plan, view::Index};
 
 /// A policy's slots as its status records them.
 pub(super) fn of(policy: &DisruptionPolicy) -> &[BudgetSlot] {
@@ -96,15 +96,36 @@ pub(super) fn disrupted_by(
 }
 
 /// Maintenances whose node is gone end (a DeleteNode maintenance that got there succeeded)
-/// once the node's absence is confirmed; a drained DeleteNode maintenance's node is deleted.
-pub(super) fn end_where_node_gone(index: &Index, memory: &Memory, plan: &mut Plan) {
+/// once the node's absence is confirmed; a drained DeleteNode maintenance's node is deleted,
+/// but only if the maintenance holds the `slots` its admission names: one that reached
+/// Acting without this coordinator's admission fails instead.
+pub(super) fn end_where_node_gone(
+    index: &Index,
+    memory: &Memory,
+    slots: &BTreeMap<String, Vec<BudgetSlot>>,
+    plan: &mut Plan,
+) {
     for m in index.maintenances.values() {
         let phase = m.phase();
         let node = m.spec.node_name.as_str();
         let deleting =
             m.spec.action == MaintenanceAction::DeleteNode && phase == MaintenancePhase::Acting;
-        if deleting && index.nodes.contains_key(node) {
-            plan.delete_nodes.push((m.name_any(), node.to_owned()));
+        if let Some(existing) = index.nodes.get(node).filter(|_| deleting) {
+            if holds_its_slots(m, index, slots) {
+                plan.delete_nodes.push(NodeDeletion {
+                    maintenance: m.name_any(),
+                    node: node.to_owned(),
+                    uid: existing.uid().unwrap_or_default(),
+                });
+            } else {
+                plan.end.push(Ending {
+                    maintenance: m.name_any(),
+                    phase: MaintenancePhase::Failed,
+                    message: format!(
+                        "Acting without holding the budget slots of an admission by the coordinator: node {node} is not deleted"
+                    ),
+                });
+            }
             continue;
         }
         if phase.is_finished()
@@ -135,4 +156,26 @@ pub(super) fn end_where_node_gone(index: &Index, memory: &Memory, plan: &mut Pla
             message,
         });
     }
+}
+
+/// Whether `m` was admitted (it has an admission record) and holds a slot, with its uid, in
+/// each policy the record names that still exists.
+fn holds_its_slots(
+    m: &NodeMaintenance,
+    index: &Index,
+    slots: &BTreeMap<String, Vec<BudgetSlot>>,
+) -> bool {
+    let Some(admission) = m.status.as_ref().and_then(|s| s.admission.as_ref()) else {
+        return false;
+    };
+    let uid = m.uid().unwrap_or_default();
+    admission
+        .policies
+        .iter()
+        .filter(|p| index.policies.iter().any(|view| &view.name == *p))
+        .all(|p| {
+            slots
+                .get(p)
+                .is_some_and(|held| held.iter().any(|s| s.uid == uid))
+        })
 }

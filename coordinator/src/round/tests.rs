@@ -417,3 +417,39 @@ fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
             .is_empty()
     );
 }
+
+#[test]
+fn a_drained_delete_node_maintenance_deletes_only_its_node_and_only_if_admitted() {
+    let mut objects = cluster(2);
+    objects.policies = vec![policy(json!({"maxConcurrent": 2})).slot("d0", "n0").build()];
+    let deleting = |name: &str, node: &str| {
+        maintenance(name, node)
+            .action(MaintenanceAction::DeleteNode)
+            .phase(MaintenancePhase::Acting)
+    };
+    objects.maintenances = vec![
+        deleting("d0", "n0").admitted_by(&["pool"]).build(),
+        // Acting, but no coordinator admitted it, and it holds no slot.
+        deleting("forged", "n1").build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(
+        round.delete_nodes,
+        [NodeDeletion {
+            maintenance: "d0".into(),
+            node: "n0".into(),
+            uid: "uid-n0".into(),
+        }]
+    );
+    let ended: Vec<(&str, MaintenancePhase)> = round
+        .end
+        .iter()
+        .map(|e| (e.maintenance.as_str(), e.phase))
+        .collect();
+    assert_eq!(ended, [("forged", MaintenancePhase::Failed)]);
+    assert!(
+        round.end[0].message.contains("node n1 is not deleted"),
+        "{:?}",
+        round.end
+    );
+}
