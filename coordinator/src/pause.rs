@@ -1,6 +1,7 @@
 //! Pause with acknowledgement: a paused policy reports `Paused=True` only once every agent in
 //! its scope has seen the pause (acknowledged the policy's current generation in its
-//! NodeReport) and no maintenance in scope is still draining or acting.
+//! NodeReport) and no maintenance in scope is still admitted (about to drain), draining or
+//! acting.
 
 use std::collections::BTreeMap;
 
@@ -64,7 +65,7 @@ impl PauseState {
                     "False",
                     "Pausing",
                     format!(
-                        "waiting for {} agent(s) to acknowledge ({}) and {active_maintenances} maintenance(s) draining or acting",
+                        "waiting for {} agent(s) to acknowledge ({}) and {active_maintenances} maintenance(s) admitted, draining or acting",
                         unacknowledged.len(),
                         waiting.join(", ")
                     ),

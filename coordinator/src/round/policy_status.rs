@@ -105,7 +105,7 @@ pub(super) fn write(
 }
 
 /// `Paused`: true only once every agent in scope acknowledged the pause and nothing is
-/// draining or acting.
+/// admitted (about to drain), draining or acting.
 fn set_paused(conditions: &mut Vec<Condition>, index: &Index, p: &PolicyView, now: Timestamp) {
     let generation = p.policy.metadata.generation;
     // Acknowledgements matter only while paused (thousands of nodes otherwise).
@@ -129,9 +129,10 @@ fn set_paused(conditions: &mut Vec<Condition>, index: &Index, p: &PolicyView, no
         .values()
         .filter(|m| p.matched.contains(&m.spec.node_name))
         .filter(|m| {
+            // Admitted: its agent starts draining it whether paused or not.
             matches!(
                 m.phase(),
-                MaintenancePhase::Draining | MaintenancePhase::Acting
+                MaintenancePhase::Admitted | MaintenancePhase::Draining | MaintenancePhase::Acting
             )
         })
         .count();

@@ -312,6 +312,28 @@ fn paused_is_true_only_when_every_agent_in_scope_acknowledged() {
     );
     objects.reports[1] = report("n1", Some(3));
     assert_eq!(paused(&objects).0, "True");
+
+    // An admitted maintenance is about to drain (its agent does not hold it): not paused
+    // until it has ended; nor while it drains or acts.
+    for phase in [
+        MaintenancePhase::Admitted,
+        MaintenancePhase::Draining,
+        MaintenancePhase::Acting,
+    ] {
+        objects.maintenances = vec![maintenance("m0", "n0").phase(phase).build()];
+        let (status, message) = paused(&objects);
+        assert_eq!(status, "False", "{phase:?}");
+        assert!(
+            message.contains("1 maintenance(s) admitted, draining or acting"),
+            "{message}"
+        );
+    }
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .phase(MaintenancePhase::Succeeded)
+            .build(),
+    ];
+    assert_eq!(paused(&objects).0, "True");
 }
 
 #[test]
