@@ -19,7 +19,7 @@ use super::{
     view::{Index, PolicyView, node_conditions, was_ready_before},
 };
 use crate::{
-    admission::decide::Cluster,
+    admission::decide::{Cluster, Decision, Pending, decide},
     health::{self, Health, Observed},
 };
 
@@ -103,6 +103,32 @@ pub(super) fn assess<'a>(
 /// remediation start (and why not).
 pub(super) type Gate = Option<Result<(), String>>;
 
+/// Whether a node that never became Ready may be deleted now: as a remediation maintenance of
+/// it would be admitted (budgets, windows, pause, control-plane quorum, `maxUnhealthy`),
+/// counting the deletions this round already allowed. Why not, if not.
+fn admit_deletion(
+    cluster: &Cluster,
+    deciding: &mut Option<Cluster>,
+    node: &str,
+) -> Result<(), String> {
+    let deciding = deciding.get_or_insert_with(|| cluster.clone());
+    if deciding.disrupted.contains(node) {
+        return Ok(());
+    }
+    let pending = Pending {
+        maintenance: format!("startup deletion of {node}"),
+        node: node.to_owned(),
+        remediation: true,
+    };
+    match decide(deciding, &pending) {
+        Decision::Admit { .. } => {
+            deciding.disrupted.insert(node.to_owned());
+            Ok(())
+        }
+        Decision::Deny { message, .. } => Err(message),
+    }
+}
+
 /// Per policy (in [`Index::policies`] order): counts its unhealthy nodes, opens or closes its
 /// remediation gate, and asks for remediation and startup actions where it allows them (one
 /// request per node in all). Returns each policy's gate.
@@ -121,6 +147,8 @@ pub(super) fn remediate(
         .map(|m| m.spec.node_name.as_str())
         .collect();
     let mut requested: BTreeSet<String> = BTreeSet::new();
+    // The cluster with this round's startup deletions counted, made at the first one.
+    let mut deciding: Option<Cluster> = None;
     let mut gates = Vec::with_capacity(index.policies.len());
     for (position, p) in index.policies.iter().enumerate() {
         let unhealthy = health.unhealthy_under(position);
@@ -142,6 +170,19 @@ pub(super) fn remediate(
         };
         for (name, h) in health.under(position) {
             if let Health::NeverReady(message) = h {
+                let (action, message) = match r.startup_action {
+                    _ if !allowed => (StartupAction::None, message.clone()),
+                    StartupAction::DeleteNode => {
+                        match admit_deletion(cluster, &mut deciding, name) {
+                            Ok(()) => (StartupAction::DeleteNode, message.clone()),
+                            Err(why) => (
+                                StartupAction::None,
+                                format!("{message}; not deleted now: {why}"),
+                            ),
+                        }
+                    }
+                    action => (action, message.clone()),
+                };
                 plan.startup_timeouts.push(StartupTimeout {
                     node: name.to_owned(),
                     uid: index
@@ -150,12 +191,8 @@ pub(super) fn remediate(
                         .and_then(|n| n.uid())
                         .unwrap_or_default(),
                     policy: p.name.clone(),
-                    message: message.clone(),
-                    action: if allowed {
-                        r.startup_action
-                    } else {
-                        StartupAction::None
-                    },
+                    message,
+                    action,
                     reported: index.nodes.get(name).is_some_and(|n| {
                         nodeward_api::node::condition(n, node_conditions::STARTUP_TIMED_OUT)
                             .is_some_and(|c| c.status == "True")

@@ -475,3 +475,53 @@ fn a_drained_delete_node_maintenance_deletes_only_its_node_and_only_if_admitted(
         round.end
     );
 }
+
+#[test]
+fn a_startup_deletion_waits_for_pause_and_budget_like_any_disruption() {
+    let startup = |extra: serde_json::Value| {
+        let mut spec =
+            json!({"remediation": {"nodeStartupTimeout": "5m", "startupAction": "DeleteNode"}});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        spec
+    };
+    let decided = |objects: &Objects| {
+        let timed_out = plan(objects, &mut Memory::default(), t(300)).startup_timeouts;
+        assert_eq!(timed_out.len(), 1, "{timed_out:?}");
+        (timed_out[0].action, timed_out[0].message.clone())
+    };
+    let mut objects = cluster(2);
+    objects.nodes.push(node("new").new_at(0).build());
+
+    objects.policies = vec![policy(startup(json!({"paused": true}))).build()];
+    let (action, message) = decided(&objects);
+    assert_eq!(action, StartupAction::None);
+    assert!(
+        message.contains("not deleted now: policy pool is paused"),
+        "{message}"
+    );
+
+    // Another node holds the one slot: the deletion waits for it.
+    objects.policies = vec![
+        policy(startup(json!({"maxConcurrent": 1})))
+            .slot("m0", "n0")
+            .build(),
+    ];
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .phase(MaintenancePhase::Draining)
+            .admitted_by(&["pool"])
+            .build(),
+    ];
+    let (action, message) = decided(&objects);
+    assert_eq!(action, StartupAction::None);
+    assert!(
+        message.contains("allows 1 disrupted nodes at once"),
+        "{message}"
+    );
+
+    objects.maintenances.clear();
+    objects.policies = vec![policy(startup(json!({"maxConcurrent": 1}))).build()];
+    assert_eq!(decided(&objects).0, StartupAction::DeleteNode);
+}
