@@ -952,3 +952,112 @@ async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
     drop(coordinator);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_still_drain()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("pause-admitted").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let n0 = env.node_name(0);
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    report_ack(&env, &n0, &policy, None).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let admitted = create_maintenance(&env, &n0).await?;
+    wait_admitted(&env, &admitted, TIMEOUT).await?;
+
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let generation = policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await?
+        .metadata
+        .generation
+        .context("generation")?;
+    report_ack(&env, &n0, &policy, Some(generation)).await?;
+    // Every agent acknowledged, but the admitted maintenance's agent starts it regardless.
+    wait::until(
+        &policies,
+        &policy,
+        "Paused=False for the admitted maintenance",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| policy_condition(p, "Paused"))
+                .is_some_and(|c| {
+                    c.0 == "False"
+                        && c.2.contains("waiting for 0 agent(s)")
+                        && c.2
+                            .contains("1 maintenance(s) admitted, draining or acting")
+                })
+        },
+    )
+    .await
+    .with_context(|| coordinator.output())?;
+    // It ends (as its agent would end it): now nothing in scope is disrupted.
+    Api::<NodeMaintenance>::all(env.client.clone())
+        .patch_status(
+            &admitted,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await?;
+    wait::until(&policies, &policy, "Paused=True", TIMEOUT, |p| {
+        p.and_then(|p| policy_condition(p, "Paused"))
+            .is_some_and(|c| c.0 == "True")
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    drop(coordinator);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("startup-paused").await?;
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"paused": true, "remediation": {"nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = env.node_name(0);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+    }))?;
+    env.nodes().create(&PostParams::default(), &node).await?;
+    let event = env
+        .wait_event(&name, "regarding.kind=Node", "NodeStartupTimeout")
+        .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!("not deleted now: policy {policy} is paused")),
+        "{note}"
+    );
+    assert!(
+        env.nodes().get_opt(&name).await?.is_some(),
+        "kept while paused"
+    );
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    wait::until(&env.nodes(), &name, "the node deleted", TIMEOUT, |n| {
+        n.is_none()
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    drop(coordinator);
+    env.cleanup().await
+}
