@@ -361,6 +361,11 @@ pub struct AdmissionRecord {
     pub admitted_at: Time,
     /// Identity of the coordinator that admitted it (its Lease holder identity).
     pub admitted_by: String,
+    /// The uid of the Node it was admitted for: a Node re-created under the same name is
+    /// another machine, which this maintenance no longer concerns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub node_uid: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]

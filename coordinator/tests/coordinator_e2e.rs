@@ -1061,3 +1061,62 @@ async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result
     drop(coordinator);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("recreated").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    let node = env.node_name(0);
+    let old_uid = env.nodes().get(&node).await?.uid().context("uid")?;
+    let name = format!("{node}-delete");
+    env.create_maintenance(&name, &node, "Manual", "DeleteNode")
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let m = wait_admitted(&env, &name, TIMEOUT).await?;
+    let recorded = m.status.and_then(|s| s.admission?.node_uid);
+    assert_eq!(recorded.as_deref(), Some(old_uid.as_str()));
+    drop(coordinator);
+
+    // While no coordinator runs, the machine is replaced under the same name, and the
+    // maintenance reaches Acting (drained, as its agent would report it).
+    env.nodes().delete(&node, &DeleteParams::default()).await?;
+    wait::until(&env.nodes(), &node, "the old node gone", TIMEOUT, |n| {
+        n.is_none()
+    })
+    .await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let new_uid = env.nodes().get(&node).await?.uid().context("uid")?;
+    assert_ne!(new_uid, old_uid);
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    maintenances
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
+        )
+        .await?;
+
+    let coordinator = start(&env, "c2", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let m = wait::until(&maintenances, &name, "ended", TIMEOUT, |m| {
+        m.is_some_and(|m| m.phase().is_finished())
+    })
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    let message = m.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("created again"), "{message}");
+    let now = env
+        .nodes()
+        .get_opt(&node)
+        .await?
+        .context("the new node stays")?;
+    assert_eq!(now.uid().as_deref(), Some(new_uid.as_str()));
+    drop(coordinator);
+    env.cleanup().await
+}

@@ -12,6 +12,8 @@ use nodeward_api::conditions::denial;
 /// What admission needs to know of a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeState {
+    /// The Node object's uid.
+    pub uid: String,
     pub ready: bool,
     pub control_plane: bool,
     /// Unhealthy by the remediation rules (NotReady, conditions held too long, stale agent).

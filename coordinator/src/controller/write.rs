@@ -407,6 +407,7 @@ impl Writer {
             policies: admission.policies.clone(),
             admitted_at: Time(now),
             admitted_by: self.identity.clone(),
+            node_uid: Some(admission.node_uid.clone()).filter(|u| !u.is_empty()),
         };
         let message = if admission.policies.is_empty() {
             "no DisruptionPolicy matches the node; admitted without limits".to_owned()

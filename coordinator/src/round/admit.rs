@@ -61,6 +61,11 @@ pub(super) fn admit_pending(
         };
         match decide::decide(cluster, &request) {
             Decision::Admit { policies } => {
+                let node_uid = cluster
+                    .nodes
+                    .get(&node)
+                    .map(|n| n.uid.clone())
+                    .unwrap_or_default();
                 cluster.disrupted.insert(node);
                 let mut new_slots_in = Vec::new();
                 for policy in &policies {
@@ -73,6 +78,7 @@ pub(super) fn admit_pending(
                 plan.admit.push(Admission {
                     maintenance: name,
                     uid,
+                    node_uid,
                     policies,
                     new_slots_in,
                 });

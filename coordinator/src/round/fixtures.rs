@@ -142,12 +142,21 @@ impl MaintenanceFixture {
             policies: policies.iter().map(|p| (*p).to_owned()).collect(),
             admitted_at: Time(t(0)),
             admitted_by: "c".into(),
+            node_uid: None,
         });
         self
     }
 
     pub fn action(mut self, action: MaintenanceAction) -> Self {
         self.0.spec.action = action;
+        self
+    }
+
+    /// Admitted for the Node with `uid` (see [`Self::admitted_by`]).
+    pub fn for_node_uid(mut self, uid: &str) -> Self {
+        if let Some(admission) = self.0.status.as_mut().and_then(|s| s.admission.as_mut()) {
+            admission.node_uid = Some(uid.to_owned());
+        }
         self
     }
 

@@ -117,6 +117,8 @@ pub struct PolicyMark {
 pub struct Admission {
     pub maintenance: String,
     pub uid: String,
+    /// The uid of its Node as admission saw it.
+    pub node_uid: String,
     /// Every policy matching the node (its slot in each is written first).
     pub policies: Vec<String>,
     /// Policies whose slot is new in this round; the admission stands only once all are written.

@@ -96,9 +96,11 @@ pub(super) fn disrupted_by(
 }
 
 /// Maintenances whose node is gone end (a DeleteNode maintenance that got there succeeded)
-/// once the node's absence is confirmed; a drained DeleteNode maintenance's node is deleted,
-/// but only if the maintenance holds the `slots` its admission names: one that reached
-/// Acting without this coordinator's admission fails instead.
+/// once the node's absence is confirmed, or at once when the watch shows a Node of that name
+/// with another uid than the admission recorded (re-created: another machine); a drained
+/// DeleteNode maintenance's node is deleted, but only if the maintenance holds the `slots`
+/// its admission names: one that reached Acting without this coordinator's admission fails
+/// instead.
 pub(super) fn end_where_node_gone(
     index: &Index,
     memory: &Memory,
@@ -110,6 +112,30 @@ pub(super) fn end_where_node_gone(
         let node = m.spec.node_name.as_str();
         let deleting =
             m.spec.action == MaintenanceAction::DeleteNode && phase == MaintenancePhase::Acting;
+        let admitted_for = m
+            .status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref()?.node_uid.as_deref());
+        let recreated = index
+            .nodes
+            .get(node)
+            .and_then(|n| n.uid())
+            .zip(admitted_for)
+            .is_some_and(|(now, then)| now != then);
+        if recreated && !phase.is_finished() {
+            plan.end.push(Ending {
+                maintenance: m.name_any(),
+                phase: if deleting {
+                    MaintenancePhase::Succeeded
+                } else {
+                    MaintenancePhase::Cancelled
+                },
+                message: format!(
+                    "node {node} was deleted and created again (another machine): the Node this maintenance was admitted for is gone"
+                ),
+            });
+            continue;
+        }
         if let Some(existing) = index.nodes.get(node).filter(|_| deleting) {
             if holds_its_slots(m, index, slots) {
                 plan.delete_nodes.push(NodeDeletion {

@@ -19,6 +19,10 @@ fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
     let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
     assert_eq!(admitted, ["m4", "m3"]);
     assert_eq!(plan.admit[0].new_slots_in, ["pool"]);
+    assert_eq!(
+        plan.admit[0].node_uid, "uid-n4",
+        "the Node it is admitted for"
+    );
     assert_eq!(plan.deny.len(), 3);
     assert!(
         plan.deny.iter().all(|d| d.reason == "BudgetExhausted"),
@@ -524,4 +528,60 @@ fn a_startup_deletion_waits_for_pause_and_budget_like_any_disruption() {
     objects.maintenances.clear();
     objects.policies = vec![policy(startup(json!({"maxConcurrent": 1}))).build()];
     assert_eq!(decided(&objects).0, StartupAction::DeleteNode);
+}
+
+#[test]
+fn a_node_created_again_under_the_name_is_not_the_one_a_maintenance_was_admitted_for() {
+    let mut objects = cluster(2);
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 2}))
+            .slot("d0", "n0")
+            .slot("r1", "n1")
+            .build(),
+    ];
+    objects.maintenances = vec![
+        // Drained for the n0 of uid "old-n0"; the n0 there now is another machine.
+        maintenance("d0", "n0")
+            .action(MaintenanceAction::DeleteNode)
+            .phase(MaintenancePhase::Acting)
+            .admitted_by(&["pool"])
+            .for_node_uid("old-n0")
+            .build(),
+        maintenance("r1", "n1")
+            .phase(MaintenancePhase::Draining)
+            .admitted_by(&["pool"])
+            .for_node_uid("old-n1")
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert!(round.delete_nodes.is_empty(), "{:?}", round.delete_nodes);
+    let ended: Vec<(&str, MaintenancePhase)> = round
+        .end
+        .iter()
+        .map(|e| (e.maintenance.as_str(), e.phase))
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("d0", MaintenancePhase::Succeeded),
+            ("r1", MaintenancePhase::Cancelled)
+        ]
+    );
+    assert!(
+        round.end[0].message.contains("created again"),
+        "{:?}",
+        round.end
+    );
+
+    // Admitted for the n0 there now: deleted, by its uid.
+    objects.maintenances.truncate(1);
+    objects.maintenances[0] = maintenance("d0", "n0")
+        .action(MaintenanceAction::DeleteNode)
+        .phase(MaintenancePhase::Acting)
+        .admitted_by(&["pool"])
+        .for_node_uid("uid-n0")
+        .build();
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(round.delete_nodes.len(), 1);
+    assert_eq!(round.delete_nodes[0].uid, "uid-n0");
 }

@@ -218,6 +218,7 @@ pub(super) fn cluster(
             .iter()
             .map(|(name, node)| {
                 let state = NodeState {
+                    uid: node.uid().unwrap_or_default(),
                     ready: is_ready(node),
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
                     unhealthy: unhealthy.contains(*name) || !is_ready(node),
