@@ -22,12 +22,10 @@ use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
     labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
 };
-use nodeward_runtime::events::Events;
+use nodeward_runtime::{ApiError, events::Events};
 use serde_json::json;
 
 use super::lifecycle::{self, Facts, Gate, Step};
-use nodeward_runtime::ApiError;
-
 use crate::{
     cordon::{self, Applied},
     drain::{
@@ -74,7 +72,7 @@ impl Executor {
     /// Runs until the task is dropped.
     pub async fn run(self, maintenances: NodeMaintenances) {
         let NodeMaintenances { store, mut changes } = maintenances;
-        let mut memory = ThisBoot::default();
+        let mut this_boot = ThisBoot::default();
         loop {
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
@@ -83,7 +81,7 @@ impl Executor {
             let mut maintenances = store.state();
             maintenances.sort_by_key(|m| m.metadata.creation_timestamp.clone());
             for m in maintenances {
-                if let Err(e) = self.advance(&m, &store, &mut memory).await {
+                if let Err(e) = self.advance(&m, &store, &mut this_boot).await {
                     tracing::warn!(maintenance = %m.name_any(), correlation = %uid(&m), error = %e, "maintenance step failed; retrying");
                 }
             }
@@ -94,7 +92,7 @@ impl Executor {
         &self,
         m: &NodeMaintenance,
         store: &reflector::Store<NodeMaintenance>,
-        memory: &mut ThisBoot,
+        this_boot: &mut ThisBoot,
     ) -> Result<(), crate::Error> {
         let status = m.status.clone().unwrap_or_default();
         // The watch has not shown our last write yet: a step on this view would repeat one.
@@ -108,7 +106,7 @@ impl Executor {
         }
         let recorded_boot = status.boot_id.clone().unwrap_or_default();
         let gate = if status.phase == MaintenancePhase::Verifying {
-            self.health_gate(m, &mut memory.healthy_since).await?
+            self.health_gate(m, &mut this_boot.healthy_since).await?
         } else {
             Gate::Waiting(String::new())
         };
@@ -130,13 +128,13 @@ impl Executor {
             Step::Prepare => self.prepare(m).await,
             Step::Drain => self.drain(m, store, &applied).await,
             // Asked once per boot: the machine goes down after the shutdown drain.
-            Step::Act if memory.acted.contains(&uid(m)) => Ok(()),
+            Step::Act if this_boot.acted.contains(&uid(m)) => Ok(()),
             Step::Act => {
-                memory.acted.insert(uid(m));
+                this_boot.acted.insert(uid(m));
                 self.act(m, &applied).await
             }
             Step::Verify => {
-                memory.healthy_since = None;
+                this_boot.healthy_since = None;
                 self.verify(m).await
             }
             Step::Complete => {
