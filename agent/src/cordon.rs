@@ -5,7 +5,6 @@
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::labels::CORDONED_BY_ANNOTATION;
-
 use nodeward_runtime::ApiError;
 
 use crate::Error;

@@ -5,9 +5,8 @@ use std::{collections::BTreeMap, fmt::Write, sync::Arc};
 
 use jiff::Timestamp;
 use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
-
 use nodeward_runtime::ApiError;
+use serde::de::DeserializeOwned;
 
 use crate::{
     Error,

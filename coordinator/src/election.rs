@@ -19,9 +19,8 @@ use kube::{
     Api,
     api::{ObjectMeta, PostParams},
 };
-use tokio::sync::watch;
-
 use nodeward_runtime::ApiError;
+use tokio::sync::watch;
 
 use crate::{Error, metrics::Metrics};
 

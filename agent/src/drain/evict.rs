@@ -16,11 +16,10 @@ use kube::{
     api::{DeleteParams, EvictParams, ListParams},
 };
 use nodeward_api::{DrainPlan, OnTimeout, PodType, maintenance::BlockingPod};
+use nodeward_runtime::ApiError;
 use tokio::time::Instant;
 
 use super::plan::{self, Ordered, PodInfo, Purpose};
-use nodeward_runtime::ApiError;
-
 use crate::{Error, backoff::Backoff};
 
 /// How often pods are re-read while waiting for them to go.

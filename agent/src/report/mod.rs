@@ -24,7 +24,7 @@ use nodeward_api::{
     report::PauseAcknowledgement,
     report::{AgentMode, Finding as ReportedFinding},
 };
-use nodeward_runtime::events::Events;
+use nodeward_runtime::{ApiError, events::Events};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::{mpsc, watch};
@@ -33,8 +33,6 @@ use self::{
     conditions::{NodeCondition, aggregate, is_node_condition},
     events::transitions,
 };
-use nodeward_runtime::ApiError;
-
 use crate::{
     Error,
     backoff::Backoff,

@@ -25,19 +25,15 @@ use nodeward_api::{
     maintenance::{AdmissionRecord, PhaseTransition},
     policy::StartupAction,
 };
-
-use nodeward_runtime::ApiError;
-
-use crate::{
-    metrics::{Metrics, PolicyLabels, ReasonLabels},
-    round::{self, Objects, Plan},
-};
-
-use nodeward_runtime::events::Events;
+use nodeward_runtime::{ApiError, events::Events};
 
 use super::{
     Controller,
     watch::{Changes, Fresh},
+};
+use crate::{
+    metrics::{Metrics, PolicyLabels, ReasonLabels},
+    round::{self, Objects, Plan},
 };
 
 /// A denial whose reason is unchanged and whose message follows the rollout's progress is
