@@ -80,6 +80,21 @@ pub fn revert(node: &mut Node, taint: &str, applied: &Applied) -> bool {
     changed
 }
 
+/// What a step recorded as `by` may have left on `node` without recording it in its status:
+/// the cordon if the node's record names `by`, and the `taint` if `taint_ours` (no one else
+/// holds the node under it).
+pub fn left_by(node: &Node, by: &str, taint_ours: bool) -> Applied {
+    let recorded = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDONED_BY_ANNOTATION));
+    Applied {
+        cordoned: recorded.is_some_and(|r| r == by),
+        tainted: taint_ours,
+    }
+}
+
 /// Reads the Node, applies `change`, writes it back with its resourceVersion; retries on
 /// conflict.
 async fn update<T>(
@@ -125,6 +140,21 @@ pub async fn undo(
 ) -> Result<(), Error> {
     update(client, name, "uncordoning", |node| {
         (revert(node, taint, applied), ())
+    })
+    .await
+}
+
+/// Undoes what `by` left on `name` (see [`left_by`]).
+pub async fn undo_left_by(
+    client: &Client,
+    name: &str,
+    taint: &str,
+    by: &str,
+    taint_ours: bool,
+) -> Result<(), Error> {
+    update(client, name, "uncordoning", |node| {
+        let applied = left_by(node, by, taint_ours);
+        (revert(node, taint, &applied), ())
     })
     .await
 }
@@ -185,6 +215,24 @@ mod tests {
         assert_eq!(
             taken_over.spec.as_ref().and_then(|s| s.unschedulable),
             Some(true)
+        );
+    }
+
+    #[test]
+    fn only_the_cordon_recorded_for_a_step_is_left_by_it() {
+        let mut node = Node::default();
+        cordon_and_taint(&mut node, "t", "maintenance/a");
+        assert_eq!(
+            left_by(&node, "maintenance/a", true),
+            Applied {
+                cordoned: true,
+                tainted: true
+            }
+        );
+        assert_eq!(
+            left_by(&node, "maintenance/b", false),
+            Applied::default(),
+            "another maintenance's cordon, and a taint someone else holds, stay"
         );
     }
 }

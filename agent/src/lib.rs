@@ -29,6 +29,14 @@ pub enum Error {
     Config { path: PathBuf, message: String },
     #[error(transparent)]
     Kube(#[from] nodeward_runtime::ApiError),
+    #[error(
+        "NodeMaintenance {maintenance} is {found:?} now, no longer {expected:?}: deciding its next step again"
+    )]
+    Moved {
+        maintenance: String,
+        expected: nodeward_api::MaintenancePhase,
+        found: nodeward_api::MaintenancePhase,
+    },
     #[error("serving peer probes: {0}")]
     PeerProbes(String),
     #[error(transparent)]

@@ -599,3 +599,121 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     drop((machine, coordinator));
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_once_back()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("no-return").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let node = env.node_name(0);
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "deadlines": {"reboot": "30s"}}),
+    )
+    .await?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
+    let name = format!("{node}-reboot");
+    env.create_maintenance(&name, &node, "Manual", "Reboot")
+        .await?;
+    nodeward_e2e::wait::eventually("the reboot", Duration::from_secs(60), || async {
+        Ok(machine.reboot_requested().then_some(()))
+    })
+    .await
+    .with_context(|| format!("{}\n{}", machine.output(), coordinator.output()))?;
+    // The machine goes down and stays down: nothing of it runs.
+    machine.agent = None;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let acting = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "the reboot deadline in the status",
+        Duration::from_secs(30),
+        |m| {
+            m.and_then(|m| m.status.as_ref()?.deadline.as_ref())
+                .is_some_and(|d| d.phase == MaintenancePhase::Acting)
+        },
+    )
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    let deadline = acting
+        .status
+        .and_then(|s| s.deadline)
+        .context("the reboot deadline")?;
+    assert_eq!(deadline.phase, MaintenancePhase::Acting);
+    assert_eq!(deadline.then, "Failed (NodeDidNotReturn)");
+    let failed = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "Failed (NodeDidNotReturn)",
+        Duration::from_secs(90),
+        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Failed),
+    )
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    let message = failed
+        .status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains("did not come back from its reboot within 30s"),
+        "{message}"
+    );
+    let spec = env.nodes().get(&node).await?.spec.unwrap_or_default();
+    assert_eq!(
+        spec.unschedulable,
+        Some(true),
+        "still cordoned while the machine is down: only the agent knows it is back"
+    );
+
+    // It comes back: its agent undoes the maintenance's taint and cordon, and says so.
+    machine.reboot().await?;
+    let restored = nodeward_e2e::wait::until(
+        &maintenances,
+        &name,
+        "NodeRestored=True",
+        Duration::from_secs(60),
+        |m| {
+            m.and_then(|m| m.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "NodeRestored" && c.status == "True")
+            })
+        },
+    )
+    .await
+    .with_context(|| machine.output())?
+    .context("maintenance")?;
+    assert_eq!(
+        restored.phase(),
+        MaintenancePhase::Failed,
+        "it stays Failed"
+    );
+    let spec = env.nodes().get(&node).await?.spec.unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true), "uncordoned");
+    assert!(
+        spec.taints
+            .unwrap_or_default()
+            .iter()
+            .all(|t| !t.key.starts_with("nodeward.io/")),
+        "untainted"
+    );
+    let reasons: Vec<String> = env
+        .events_about(&name, "")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["NodeDidNotReturn", "Restored"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    drop((machine, coordinator));
+    env.cleanup().await
+}

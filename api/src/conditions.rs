@@ -67,6 +67,19 @@ pub mod maintenance {
     pub const ADMITTED: &str = "Admitted";
     /// `True` while the node is drained (tainted and cordoned, pods evicted).
     pub const DRAINED: &str = "Drained";
+    /// `False` when the coordinator ended or sent back a maintenance whose node may still carry
+    /// its taint and cordon (a deadline passed without the agent): the agent undoes them when
+    /// it runs again and sets it `True`.
+    pub const NODE_RESTORED: &str = "NodeRestored";
+}
+
+/// Why the coordinator moved a maintenance on its own: a deadline of the policy's `deadlines`
+/// passed (the reason of its Event and of `NodeRestored=False`).
+pub mod overdue {
+    /// Admitted, but its agent did not start it within `deadlines.start`: back to Pending.
+    pub const NOT_STARTED: &str = "NotStarted";
+    /// Acting on a reboot and no new boot within `deadlines.reboot`: Failed.
+    pub const NODE_DID_NOT_RETURN: &str = "NodeDidNotReturn";
 }
 
 /// DisruptionPolicy condition types.
@@ -88,6 +101,8 @@ pub mod denial {
     pub const QUORUM_PROTECTED: &str = "QuorumProtected";
     pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
     pub const BLOCKED: &str = "Blocked";
+    /// The node's agent has not written its heartbeat within `deadlines.agentHeartbeat`.
+    pub const AGENT_UNAVAILABLE: &str = "AgentUnavailable";
 }
 
 #[cfg(test)]

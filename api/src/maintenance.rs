@@ -315,6 +315,10 @@ pub struct NodeMaintenanceStatus {
     /// Which policies' budget slots the coordinator took, when, and as which leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionRecord>,
+    /// The deadline the coordinator holds this maintenance to in its current phase: what it
+    /// does if the maintenance is still in `phase` at `time` (see the policy's `deadlines`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<PhaseDeadline>,
     /// Pods the drain has to evict in all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods_total: Option<i32>,
@@ -350,6 +354,17 @@ pub struct NodeMaintenanceStatus {
 pub struct PhaseTransition {
     pub phase: MaintenancePhase,
     pub time: Time,
+}
+
+/// A deadline of one phase, as the coordinator enforces it.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseDeadline {
+    pub phase: MaintenancePhase,
+    pub time: Time,
+    /// What happens then, e.g. `back to Pending (NotStarted)`.
+    #[schemars(length(max = 256))]
+    pub then: String,
 }
 
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]

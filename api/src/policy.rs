@@ -90,6 +90,9 @@ pub struct DisruptionPolicySpec {
     /// Allow disrupting the only control-plane node in scope (single-node control planes).
     #[serde(default)]
     pub allow_sole_control_plane: bool,
+    /// How long the coordinator waits on a node's agent before it acts without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadlines: Option<Deadlines>,
 }
 
 impl DisruptionPolicy {
@@ -103,6 +106,69 @@ impl DisruptionPolicy {
             None => Ok(true),
             Some(selector) => crate::selector::matches(selector, labels),
         }
+    }
+}
+
+/// How long the coordinator waits on a node's agent, each with a default. Where several
+/// policies admitted a maintenance, the longest of theirs applies.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Deadlines {
+    /// A node whose agent has not written its heartbeat (its NodeReport) for this long, or
+    /// never, is not admitted (`AgentUnavailable`): nothing would carry the maintenance out.
+    /// Default 5m; at least 1m (the agent writes one every minute by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.agentHeartbeat must be at least 1m, e.g. 5m"))]
+    pub agent_heartbeat: Option<Duration>,
+    /// An Admitted maintenance its agent has not started draining within this goes back to
+    /// Pending and its budget slots are freed (`NotStarted`). Default 10m; at least 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('30s')").message("deadlines.start must be at least 30s, e.g. 10m"))]
+    pub start: Option<Duration>,
+    /// A Reboot maintenance still Acting this long after it began (no new boot reported)
+    /// fails (`NodeDidNotReturn`); the node still counts against the budget while NotReady.
+    /// Default 30m; at least 30s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('30s')").message("deadlines.reboot must be at least 30s, e.g. 30m"))]
+    pub reboot: Option<Duration>,
+}
+
+impl Deadlines {
+    pub const DEFAULT_AGENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(300);
+    pub const DEFAULT_START: std::time::Duration = std::time::Duration::from_secs(600);
+    pub const DEFAULT_REBOOT: std::time::Duration = std::time::Duration::from_secs(1800);
+
+    /// Each deadline of `deadlines` (absent: the defaults), resolved.
+    pub fn resolve(deadlines: Option<&Deadlines>) -> ResolvedDeadlines {
+        let pick =
+            |d: Option<&Duration>, default| d.and_then(|d| d.to_std().ok()).unwrap_or(default);
+        let d = deadlines.cloned().unwrap_or_default();
+        ResolvedDeadlines {
+            agent_heartbeat: pick(d.agent_heartbeat.as_ref(), Self::DEFAULT_AGENT_HEARTBEAT),
+            start: pick(d.start.as_ref(), Self::DEFAULT_START),
+            reboot: pick(d.reboot.as_ref(), Self::DEFAULT_REBOOT),
+        }
+    }
+}
+
+/// [`Deadlines`] with their defaults filled in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResolvedDeadlines {
+    pub agent_heartbeat: std::time::Duration,
+    pub start: std::time::Duration,
+    pub reboot: std::time::Duration,
+}
+
+impl ResolvedDeadlines {
+    /// The longest of each deadline over `all` (none: the defaults).
+    pub fn longest(all: impl IntoIterator<Item = ResolvedDeadlines>) -> ResolvedDeadlines {
+        all.into_iter()
+            .reduce(|a, b| ResolvedDeadlines {
+                agent_heartbeat: a.agent_heartbeat.max(b.agent_heartbeat),
+                start: a.start.max(b.start),
+                reboot: a.reboot.max(b.reboot),
+            })
+            .unwrap_or_else(|| Deadlines::resolve(None))
     }
 }
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     pub leader: Gauge,
     pub admissions: Counter,
     pub denials: Family<ReasonLabels, Counter>,
+    /// Maintenances moved on by the coordinator because a deadline passed, by reason.
+    pub deadlines_passed: Family<ReasonLabels, Counter>,
     pub budget_used: Family<PolicyLabels, Gauge>,
     pub budget_max: Family<PolicyLabels, Gauge>,
     pub unhealthy: Family<PolicyLabels, Gauge>,
@@ -56,6 +58,7 @@ impl Metrics {
             leader: Gauge::default(),
             admissions: Counter::default(),
             denials: Family::default(),
+            deadlines_passed: Family::default(),
             budget_used: Family::default(),
             budget_max: Family::default(),
             unhealthy: Family::default(),
@@ -86,6 +89,11 @@ impl Metrics {
             "denials",
             "Admission denials newly recorded on a maintenance, by reason",
             metrics.denials.clone(),
+        );
+        registry.register(
+            "deadlines_passed",
+            "Maintenances the coordinator moved on because their agent missed a deadline, by reason",
+            metrics.deadlines_passed.clone(),
         );
         registry.register(
             "budget_used",

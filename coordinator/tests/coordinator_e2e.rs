@@ -62,6 +62,14 @@ fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon
     Daemon::start(COORDINATOR, &format!("{}-{identity}", env.id), &args)
 }
 
+/// Kwok nodes per `specs` whose NodeReports say their agents are alive (a heartbeat written
+/// now): no agent runs in these tests, and the coordinator admits nothing to a node without.
+async fn reporting_nodes(env: &TestEnv, specs: &[NodeSpec]) -> anyhow::Result<()> {
+    env.create_nodes(specs).await?;
+    let names: Vec<String> = (0..specs.len()).map(|i| env.node_name(i)).collect();
+    env.heartbeats(&names).await
+}
+
 /// A DrainOnly maintenance `<node>-m` of `node`; returns its name.
 async fn create_maintenance(env: &TestEnv, node: &str) -> anyhow::Result<String> {
     let name = format!("{node}-m");
@@ -163,7 +171,7 @@ async fn finish_admitted(
 async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("admit-fifty").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 50]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 50]).await?;
     let history = nodeward_e2e::history::watch(&env);
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 3}))
@@ -235,7 +243,7 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
 async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("two-leaders").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 20]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 20]).await?;
     let history = nodeward_e2e::history::watch(&env);
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
@@ -286,7 +294,7 @@ async fn lease_holder(env: &TestEnv) -> anyhow::Result<Option<String>> {
 async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("failover").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 3]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 3]).await?;
     let history = nodeward_e2e::history::watch(&env);
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
@@ -353,12 +361,15 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
 async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("quorum").await?;
-    env.create_nodes(&[
-        NodeSpec::control_plane("a"),
-        NodeSpec::control_plane("b"),
-        NodeSpec::worker("a"),
-        NodeSpec::worker("b"),
-    ])
+    reporting_nodes(
+        &env,
+        &[
+            NodeSpec::control_plane("a"),
+            NodeSpec::control_plane("b"),
+            NodeSpec::worker("a"),
+            NodeSpec::worker("b"),
+        ],
+    )
     .await?;
     // A third control-plane node that never becomes Ready (no kwok to run it).
     let not_ready = env.node_name(9);
@@ -435,7 +446,7 @@ async fn remediations(env: &TestEnv) -> anyhow::Result<Vec<NodeMaintenance>> {
 async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("max-unhealthy").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 4]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 4]).await?;
     let policy = env
         .create_policy(
             "pool",
@@ -544,7 +555,7 @@ async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::R
 async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("node-deleted").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
@@ -611,7 +622,7 @@ async fn report_ack(
 async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("pause").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 2, "paused": true}))
@@ -690,7 +701,7 @@ async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow
 async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("status").await?;
-    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
@@ -754,8 +765,7 @@ fn alerts(list: &[(&str, &str)]) -> String {
 async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("tenant").await?;
-    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
-        .await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
     let trusted = format!("{}-trusted", env.id);
     let policy = env
         .create_policy(
@@ -811,8 +821,7 @@ async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyh
 async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("blockers").await?;
-    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
-        .await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
     let prometheus = nodeward_e2e::http::Endpoint::start().await?;
     prometheus.reply(
         "/api/v1/alerts",
@@ -918,7 +927,7 @@ async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("forged-delete").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     let node = env.node_name(0);
@@ -958,7 +967,7 @@ async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_sti
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("pause-admitted").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
     let n0 = env.node_name(0);
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
@@ -1067,7 +1076,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("recreated").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     let node = env.node_name(0);
@@ -1089,7 +1098,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
         n.is_none()
     })
     .await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
     let new_uid = env.nodes().get(&node).await?.uid().context("uid")?;
     assert_ne!(new_uid, old_uid);
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -1117,6 +1126,157 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
         .await?
         .context("the new node stays")?;
     assert_eq!(now.uid().as_deref(), Some(new_uid.as_str()));
+    drop(coordinator);
+    env.cleanup().await
+}
+
+/// Writes `node`'s agent heartbeat as `age` old: its agent went silent that long ago.
+async fn silence_agent(env: &TestEnv, node: &str, age: Duration) -> anyhow::Result<()> {
+    let then = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age)?;
+    Api::<NodeReport>::all(env.client.clone())
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"heartbeatTime": then.to_string()}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("agentless").await?;
+    // Two nodes and no NodeReport: as if no agent ran there (crash-looping, or none at all).
+    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.create_policy("pool", json!({"maxConcurrent": 2}))
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let m0 = create_maintenance(&env, &n0).await?;
+    let message = wait_denied(&env, &m0, "AgentUnavailable")
+        .await
+        .with_context(|| coordinator.output())?;
+    assert!(
+        message.contains(&n0) && message.contains("no NodeReport"),
+        "{message}"
+    );
+
+    // An agent whose heartbeat is older than deadlines.agentHeartbeat (default 5m) is none.
+    env.heartbeats(std::slice::from_ref(&n1)).await?;
+    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
+    let m1 = create_maintenance(&env, &n1).await?;
+    let message = wait_denied(&env, &m1, "AgentUnavailable").await?;
+    assert!(
+        message.contains("last wrote its heartbeat")
+            && message.contains("deadlines.agentHeartbeat 300s"),
+        "{message}"
+    );
+
+    // The agents report: both are admitted.
+    env.heartbeats(&[n0, n1]).await?;
+    for m in [&m0, &m1] {
+        wait_admitted(&env, m, TIMEOUT)
+            .await
+            .with_context(|| coordinator.output())?;
+    }
+    drop(coordinator);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_its_slot()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("not-started").await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    let history = nodeward_e2e::history::watch(&env);
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"maxConcurrent": 1, "deadlines": {"start": "30s"}}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let stuck = create_maintenance(&env, &n0).await?;
+    let admitted = wait_admitted(&env, &stuck, TIMEOUT).await?;
+    let status = admitted.status.clone().unwrap_or_default();
+    let deadline = status
+        .deadline
+        .context("the start deadline is in the status")?;
+    let admitted_at = status.admission.context("admission")?.admitted_at.0;
+    assert_eq!(deadline.phase, MaintenancePhase::Admitted);
+    assert_eq!(deadline.then, "back to Pending (NotStarted)");
+    assert_eq!(
+        deadline.time.0.as_second() - admitted_at.as_second(),
+        30,
+        "deadlines.start after the admission"
+    );
+    let waiting = create_maintenance(&env, &n1).await?;
+    wait_denied(&env, &waiting, "BudgetExhausted").await?;
+    // The stuck node's agent dies before starting: nothing moves the maintenance on.
+    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let sent_back = wait::until(
+        &maintenances,
+        &stuck,
+        "back to Pending (NotStarted)",
+        Duration::from_secs(90),
+        |m| {
+            m.and_then(admitted_condition)
+                .is_some_and(|(status, reason, _)| status == "False" && reason == "NotStarted")
+        },
+    )
+    .await
+    .with_context(|| coordinator.output())?
+    .context("the maintenance disappeared")?;
+    let status = sent_back.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, MaintenancePhase::Pending);
+    assert!(status.admission.is_none(), "its admission is undone");
+    let phases: Vec<MaintenancePhase> = status.history.iter().map(|h| h.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            MaintenancePhase::Pending,
+            MaintenancePhase::Admitted,
+            MaintenancePhase::Pending
+        ]
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "NodeRestored" && c.status == "False" && c.reason == "NotStarted"),
+        "the agent is asked to undo what it may have left: {:?}",
+        status.conditions
+    );
+    // Its slot goes to the next in line, and it waits for its agent.
+    wait_admitted(&env, &waiting, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    wait_denied(&env, &stuck, "AgentUnavailable").await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let slots: Vec<String> = policies
+        .get(&policy)
+        .await?
+        .status
+        .map(|s| s.slots.into_iter().map(|s| s.maintenance).collect())
+        .unwrap_or_default();
+    assert_eq!(slots, vec![waiting.clone()]);
+    let reasons: Vec<String> = env
+        .events_about(&stuck, "")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "NotStarted"), "{reasons:?}");
+    let h = history.lock().expect("history").clone();
+    assert_eq!(h.max_active, 1, "never more than maxConcurrent at once");
+    assert_eq!(h.max_slots, 1);
     drop(coordinator);
     env.cleanup().await
 }

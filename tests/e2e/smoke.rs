@@ -88,6 +88,16 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "start and end must differ",
         ),
         (
+            json!({"deadlines": {"agentHeartbeat": "30s"}}),
+            "spec.deadlines.agentHeartbeat",
+            "deadlines.agentHeartbeat must be at least 1m",
+        ),
+        (
+            json!({"deadlines": {"start": "5s"}}),
+            "spec.deadlines.start",
+            "deadlines.start must be at least 30s",
+        ),
+        (
             json!({"drainTimeout": "10d"}),
             "spec.drainTimeout",
             "should match",

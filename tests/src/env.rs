@@ -483,6 +483,14 @@ impl TestEnv {
                     .await;
             }
         }
+        let reports: Api<nodeward_api::NodeReport> = Api::all(self.client.clone());
+        for report in reports.list(&ListParams::default()).await? {
+            if report.spec.node_name.starts_with(&prefix) {
+                let _ = reports
+                    .delete(&report.name_any(), &DeleteParams::default())
+                    .await;
+            }
+        }
         let nodes = self
             .nodes()
             .list(&ListParams::default().labels(&selector))

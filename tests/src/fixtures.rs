@@ -2,8 +2,12 @@
 //! cleanup removes them.
 
 use anyhow::Context;
-use kube::{Api, api::PostParams};
-use nodeward_api::{DisruptionPolicy, NodeMaintenance};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+};
+use nodeward_api::{DisruptionPolicy, NodeMaintenance, NodeReport};
 use serde_json::{Value, json};
 
 use crate::{TestEnv, env::TEST_LABEL};
@@ -26,6 +30,32 @@ impl TestEnv {
             .await
             .with_context(|| format!("creating DisruptionPolicy {name}"))?;
         Ok(name)
+    }
+
+    /// Writes a heartbeat now into the NodeReport of each of `nodes` (created if missing), as
+    /// their agents would: for tests in which no agent runs but the coordinator must see one
+    /// alive, since it admits nothing to a node without (`deadlines.agentHeartbeat`).
+    pub async fn heartbeats(&self, nodes: &[String]) -> anyhow::Result<()> {
+        let reports: Api<NodeReport> = Api::all(self.client.clone());
+        for node in nodes {
+            if reports.get_opt(node).await?.is_none() {
+                let report: NodeReport = serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                    "metadata": {"name": node, "labels": {TEST_LABEL: self.id}},
+                    "spec": {"nodeName": node},
+                }))?;
+                reports
+                    .create(&PostParams::default(), &report)
+                    .await
+                    .with_context(|| format!("creating NodeReport {node}"))?;
+            }
+            let beat = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
+            reports
+                .patch_status(node, &PatchParams::default(), &Patch::Merge(&beat))
+                .await
+                .with_context(|| format!("writing the heartbeat of NodeReport {node}"))?;
+        }
+        Ok(())
     }
 
     /// Creates the NodeMaintenance `name` of `node`, asking for `action` for `reason`

@@ -60,7 +60,8 @@ pub fn watch_where(
                     .or_default()
                     .entry(p)
                     .or_insert_with(Instant::now);
-                if p.is_finished() {
+                // Sent back to Pending (a deadline passed), it no longer holds its node.
+                if p.is_finished() || p == MaintenancePhase::Pending {
                     h.active.remove(&m.name_any());
                 } else if p != MaintenancePhase::Pending {
                     h.active.insert(m.name_any());

@@ -20,6 +20,7 @@ use kube::{
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
+    conditions::maintenance as maintenance_conditions,
     labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
 };
 use nodeward_runtime::{ApiError, events::Events};
@@ -118,6 +119,10 @@ impl Executor {
             rebooted: !recorded_boot.is_empty() && recorded_boot != self.boot_id,
             healthy: gate == Gate::Passed,
             gate_expired: matches!(gate, Gate::Expired(_)),
+            restore_asked: status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
         };
         let applied = Applied {
             cordoned: status.cordoned_by_nodeward.unwrap_or(false),
@@ -166,7 +171,70 @@ impl Executor {
                 self.finalizer(m, false).await
             }
             Step::Release => self.release(m, &applied).await,
+            Step::Restore => self.restore(m, store).await,
         }
+    }
+
+    /// Undoes what `m` left on the node after the coordinator sent it back or ended it: its
+    /// cordon if the node's record names it, the taint unless another maintenance of this node
+    /// holds the node; then `NodeRestored=True`.
+    async fn restore(
+        &self,
+        m: &NodeMaintenance,
+        store: &reflector::Store<NodeMaintenance>,
+    ) -> Result<(), crate::Error> {
+        let others_hold = store.state().iter().any(|other| {
+            other.uid() != m.uid()
+                && matches!(
+                    other.phase(),
+                    MaintenancePhase::Draining
+                        | MaintenancePhase::Acting
+                        | MaintenancePhase::Verifying
+                )
+        });
+        let by = format!("maintenance/{}", m.name_any());
+        cordon::undo_left_by(
+            &self.client,
+            &self.node,
+            MAINTENANCE_TAINT,
+            &by,
+            !others_hold,
+        )
+        .await?;
+        let condition = Condition {
+            type_: maintenance_conditions::NODE_RESTORED.to_owned(),
+            status: "True".to_owned(),
+            reason: "Restored".to_owned(),
+            message: "the agent undid the taint and cordon this maintenance left".to_owned(),
+            observed_generation: m.metadata.generation,
+            last_transition_time: Time(Timestamp::now()),
+        };
+        let patch = StatusPatch::default().condition(m, condition).to_patch();
+        Api::<NodeMaintenance>::all(self.client.clone())
+            .patch_status(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    "writing the status of",
+                    format!("NodeMaintenance {}", m.name_any()),
+                    e,
+                )
+            })?;
+        self.event(
+            m,
+            EventType::Normal,
+            "Restored",
+            format!(
+                "{:?} without this agent: the taint and cordon it left are undone",
+                m.phase()
+            ),
+        )
+        .await;
+        Ok(())
     }
 
     /// Takes the node out of service: finalizer, taint and cordon, then Draining.
@@ -178,7 +246,7 @@ impl Executor {
             m,
             MaintenancePhase::Draining,
             "tainted and cordoned; draining",
-            |s| {
+            |s, _| {
                 s.cordoned_by_nodeward = Some(done.cordoned);
                 s.started_at = Some(Time(Timestamp::now()));
             },
@@ -201,7 +269,7 @@ impl Executor {
             m,
             MaintenancePhase::Verifying,
             "back after the reboot; waiting for the health gate",
-            |_| {},
+            |_, _| {},
         )
         .await?;
         self.event(
@@ -332,9 +400,9 @@ impl Executor {
             observed_generation: m.metadata.generation,
             last_transition_time: Time(Timestamp::now()),
         };
-        self.transition(m, MaintenancePhase::Acting, message, |s| {
+        self.transition(m, MaintenancePhase::Acting, message, |s, current| {
             s.boot_id = Some(boot);
-            *s = std::mem::take(s).condition(m, condition);
+            *s = std::mem::take(s).condition(current, condition);
         })
         .await?;
         self.event(m, EventType::Normal, "Drained", message.to_owned())
@@ -366,7 +434,7 @@ impl Executor {
         };
         if m.spec.action == MaintenanceAction::PowerOff {
             // Nothing runs after the power-off: this is the last word.
-            self.transition(m, MaintenancePhase::Succeeded, "powering off", |s| {
+            self.transition(m, MaintenancePhase::Succeeded, "powering off", |s, _| {
                 s.finished_at = Some(Time(Timestamp::now()));
             })
             .await?;
@@ -421,7 +489,7 @@ impl Executor {
             m,
             phase,
             &format!("{why}; the node's taint and cordon are undone"),
-            |s| {
+            |s, _| {
                 s.finished_at = Some(Time(Timestamp::now()));
             },
         )
@@ -504,34 +572,45 @@ impl Executor {
     }
 
     /// Moves the maintenance to `phase` (with a history entry and message); `extra` adds
-    /// status fields.
+    /// status fields, given the maintenance as it is now. A compare-and-swap on the phase the
+    /// step was decided on: the coordinator moves a maintenance too (when a deadline passes),
+    /// and a step taken on an older view must not undo that.
     async fn transition(
         &self,
         m: &NodeMaintenance,
         phase: MaintenancePhase,
         message: &str,
-        extra: impl FnOnce(&mut StatusPatch),
+        extra: impl FnOnce(&mut StatusPatch, &NodeMaintenance),
     ) -> Result<(), crate::Error> {
-        let mut patch = StatusPatch::enter(m, phase, message, Time(Timestamp::now()));
-        extra(&mut patch);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        api.patch_status(
-            &m.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch.to_patch()),
-        )
-        .await
-        .map_err(|e| {
+        let name = m.name_any();
+        let context = |e| {
             ApiError::new(
                 "writing the status of",
-                format!("NodeMaintenance {}", m.name_any()),
+                format!("NodeMaintenance {name}"),
                 e,
             )
-        })?;
+        };
+        let current = api.get(&name).await.map_err(context)?;
+        if current.uid() != m.uid() || current.phase() != m.phase() {
+            return Err(crate::Error::Moved {
+                maintenance: name,
+                expected: m.phase(),
+                found: current.phase(),
+            });
+        }
+        let mut patch = StatusPatch::enter(&current, phase, message, Time(Timestamp::now()));
+        extra(&mut patch, &current);
+        let mut body = patch.to_patch();
+        // The resourceVersion read makes the write conditional on nothing having changed since.
+        body["metadata"] = json!({"resourceVersion": current.resource_version()});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+            .map_err(context)?;
         if let Ok(mut written) = self.written.lock() {
             written.insert(uid(m), phase);
         }
-        tracing::info!(maintenance = %m.name_any(), correlation = %uid(m), ?phase, %message, "maintenance phase");
+        tracing::info!(maintenance = %name, correlation = %uid(m), ?phase, %message, "maintenance phase");
         Ok(())
     }
 

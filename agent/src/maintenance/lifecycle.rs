@@ -8,7 +8,9 @@
 //! just before logind powers off; `DeleteNode` waits in Acting for the coordinator to delete
 //! the Node. Deleted before Acting: restored, Cancelled. A health gate that has not passed
 //! within its `timeout` after the reboot fails the maintenance (the node is restored: what is
-//! wrong with it is for its conditions and remediation to say).
+//! wrong with it is for its conditions and remediation to say). One the coordinator sent back
+//! or ended because a deadline passed (`NodeRestored=False`) is restored when the agent next
+//! runs (the node came back, or the agent did).
 
 use std::time::Duration;
 
@@ -29,6 +31,9 @@ pub struct Facts {
     pub healthy: bool,
     /// The health gate's timeout has passed without it holding.
     pub gate_expired: bool,
+    /// The coordinator moved it on without the agent (a deadline passed: `NodeRestored=False`),
+    /// so the node may still carry its taint and cordon.
+    pub restore_asked: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +57,16 @@ pub enum Step {
     /// Deleted after it finished or while drained (DrainOnly): restore the node (unless
     /// already restored) and remove the finalizer.
     Release,
+    /// Sent back to Pending or ended by the coordinator: undo what this maintenance left on
+    /// the node, and say so (`NodeRestored=True`).
+    Restore,
 }
 
 pub fn step(f: Facts) -> Step {
     use MaintenancePhase::*;
+    if f.restore_asked && (f.phase == Pending || f.phase.is_finished()) {
+        return Step::Restore;
+    }
     if f.deleting {
         if !f.finalized {
             return Step::Wait;
@@ -138,6 +149,7 @@ mod tests {
             rebooted: false,
             healthy: false,
             gate_expired: false,
+            restore_asked: false,
         }
     }
 
@@ -240,5 +252,30 @@ mod tests {
             Step::Wait,
             "not ours to finalize"
         );
+    }
+
+    #[test]
+    fn what_the_coordinator_sent_back_or_ended_is_restored_first() {
+        let asked = |phase| Facts {
+            restore_asked: true,
+            ..facts(phase, Reboot)
+        };
+        for phase in [Pending, Failed, Succeeded, Cancelled] {
+            assert_eq!(step(asked(phase)), Step::Restore, "{phase:?}");
+            assert_eq!(
+                step(Facts {
+                    deleting: true,
+                    ..asked(phase)
+                }),
+                Step::Restore,
+                "before the deletion is handled: {phase:?}"
+            );
+        }
+        assert_eq!(
+            step(asked(Admitted)),
+            Step::Prepare,
+            "admitted again: it goes ahead"
+        );
+        assert_eq!(step(asked(Draining)), Step::Drain);
     }
 }

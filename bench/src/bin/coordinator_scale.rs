@@ -113,9 +113,13 @@ async fn main() -> anyhow::Result<()> {
     seed(&env, &reports, args.nodes).await?;
     let selector = format!("{TEST_LABEL}={}", env.id);
 
-    // One policy over every node of the run, allowing them all at once.
-    env.create_policy("all", json!({"maxConcurrent": "100%"}))
-        .await?;
+    // One policy over every node of the run, allowing them all at once; the seeded heartbeats
+    // are not refreshed, so it trusts them for the run.
+    env.create_policy(
+        "all",
+        json!({"maxConcurrent": "100%", "deadlines": {"agentHeartbeat": "24h"}}),
+    )
+    .await?;
 
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let spawned = Instant::now();

@@ -153,9 +153,15 @@ async fn main() -> anyhow::Result<()> {
     let env = TestEnv::new("bench-rollout").await?;
     env.create_many_nodes(args.nodes, Duration::from_secs(300))
         .await?;
+    // The simulated agents' heartbeats, written once: the policy trusts them for the run.
+    let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    env.heartbeats(&names).await?;
     let history = history::watch(&env);
-    env.create_policy("all", json!({"maxConcurrent": args.max_concurrent}))
-        .await?;
+    env.create_policy(
+        "all",
+        json!({"maxConcurrent": args.max_concurrent, "deadlines": {"agentHeartbeat": "24h"}}),
+    )
+    .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let selector = format!("{TEST_LABEL}={}", env.id);
     let admitted: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();

@@ -2,12 +2,13 @@
 //! matches its node, (1) the disrupted nodes (admitted and unfinished, plus nodes NotReady for
 //! other reasons) stay under `maxConcurrent`, (2) a window is open and the policy is not
 //! paused, (3) for remediation, unhealthy nodes are within `maxUnhealthy`, (4) control-plane
-//! quorum holds, and (5) no reboot blocker is active. Pending maintenances are taken oldest
-//! first, each admission counting against the next.
+//! quorum holds, (5) no reboot blocker is active, and (6) the node's agent is alive to carry
+//! it out. Pending maintenances are taken oldest first, each admission counting against the
+//! next.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use nodeward_api::conditions::denial;
+use nodeward_api::{conditions::denial, policy::ResolvedDeadlines};
 
 /// What admission needs to know of a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -21,6 +22,8 @@ pub struct NodeState {
     /// Why a disruption of this node is blocked right now (a blocking pod, a firing alert);
     /// does not hold back remediation.
     pub blocker: Option<String>,
+    /// Why no agent can carry a maintenance of this node out (a missing or stale heartbeat).
+    pub agent_unavailable: Option<String>,
 }
 
 /// One policy, with its limits already resolved to counts.
@@ -38,6 +41,8 @@ pub struct PolicyState {
     /// Why the policy cannot be applied (an invalid selector, limit or window): nothing in
     /// its scope is admitted until it is fixed.
     pub invalid: Option<String>,
+    /// Its deadlines, defaults filled in.
+    pub deadlines: ResolvedDeadlines,
 }
 
 /// The cluster as admission sees it.
@@ -78,6 +83,9 @@ pub struct Pending {
     pub node: String,
     /// Reason `Remediation` (subject to `maxUnhealthy`).
     pub remediation: bool,
+    /// Whether the node's agent carries it out (a coordinator action, such as deleting a node
+    /// that never became Ready, needs none).
+    pub needs_agent: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,8 +104,8 @@ fn deny(reason: &'static str, message: String) -> Decision {
 }
 
 /// Decides one pending maintenance against the current state: the first rule it breaks
-/// denies it, checked in this order: the node, its policies' state, blockers, control-plane
-/// quorum, `maxUnhealthy`, the budgets.
+/// denies it, checked in this order: the node, its policies' state, blockers, the node's
+/// agent, control-plane quorum, `maxUnhealthy`, the budgets.
 pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     let Some(node) = cluster.nodes.get(&pending.node) else {
         return deny(
@@ -118,6 +126,7 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         .collect();
     let verdict = policies_allow(&policies)
         .and_then(|()| not_blocked(node, pending))
+        .and_then(|()| agent_available(node, pending))
         .and_then(|()| quorum_allows(cluster, node, pending, &policies))
         .and_then(|()| health_allows(cluster, pending, &policies))
         .and_then(|()| budgets_allow(cluster, pending, &policies));
@@ -160,6 +169,19 @@ fn not_blocked(node: &NodeState, pending: &Pending) -> Result<(), Decision> {
             denial::BLOCKED,
             format!("disruption of {} is blocked: {blocker}", pending.node),
         )),
+        None => Ok(()),
+    }
+}
+
+/// The node has an agent to carry the maintenance out, if it needs one: admitting it to a node
+/// without one would hold a budget slot that nothing frees until a deadline passes.
+fn agent_available(node: &NodeState, pending: &Pending) -> Result<(), Decision> {
+    match node
+        .agent_unavailable
+        .as_ref()
+        .filter(|_| pending.needs_agent)
+    {
+        Some(why) => Err(deny(denial::AGENT_UNAVAILABLE, why.clone())),
         None => Ok(()),
     }
 }
@@ -301,6 +323,7 @@ mod tests {
             window_open: true,
             allow_sole_control_plane: false,
             invalid: None,
+            deadlines: nodeward_api::policy::Deadlines::resolve(None),
         }
     }
 
@@ -313,6 +336,7 @@ mod tests {
             maintenance: format!("m-{node}"),
             node: node.into(),
             remediation: false,
+            needs_agent: true,
         }
     }
 
@@ -431,6 +455,30 @@ mod tests {
             reason(&decide(&c, &repair)),
             "Admit",
             "blockers do not hold back remediation"
+        );
+    }
+
+    #[test]
+    fn a_node_without_a_live_agent_is_admitted_only_for_what_needs_none() {
+        let mut c = cluster(2, 0);
+        node(&mut c, "w0").agent_unavailable = Some("node w0 has no agent heartbeat".into());
+        let denied = decide(&c, &pending("w0"));
+        assert_eq!(reason(&denied), denial::AGENT_UNAVAILABLE);
+        assert!(
+            matches!(&denied, Decision::Deny { message, .. } if message == "node w0 has no agent heartbeat"),
+            "{denied:?}"
+        );
+        assert_eq!(reason(&decide(&c, &pending("w1"))), "Admit");
+        let coordinator_action = Pending {
+            needs_agent: false,
+            ..pending("w0")
+        };
+        assert_eq!(reason(&decide(&c, &coordinator_action)), "Admit");
+        c.policies[0].paused = true;
+        assert_eq!(
+            reason(&decide(&c, &pending("w0"))),
+            denial::PAUSED,
+            "the policy's own state is said first"
         );
     }
 }

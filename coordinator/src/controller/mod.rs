@@ -184,6 +184,12 @@ impl Controller {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
         }
+        for overdue in &plan.overdue {
+            self.overdue(&objects, overdue).await;
+        }
+        for record in &plan.deadlines {
+            self.record_deadline(&objects, record).await;
+        }
         for round::NodeDeletion {
             maintenance,
             node,

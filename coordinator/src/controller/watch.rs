@@ -365,9 +365,10 @@ mod relevance {
         h.finish()
     }
 
-    /// Pause acknowledgements; heartbeat age is checked on every resync instead.
+    /// Pause acknowledgements and the boot; heartbeat age is checked on every resync instead.
     pub fn report(report: &NodeReport) -> u64 {
         let mut h = DefaultHasher::new();
+        report.status.as_ref().map(|s| &s.boot_id).hash(&mut h);
         for a in report
             .status
             .iter()

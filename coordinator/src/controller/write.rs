@@ -22,7 +22,7 @@ use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     conditions::{denial, maintenance as maintenance_conditions, node as node_conditions},
     labels::COORDINATOR_FIELD_MANAGER,
-    maintenance::{AdmissionRecord, PhaseTransition},
+    maintenance::{AdmissionRecord, PhaseDeadline, PhaseTransition},
     policy::StartupAction,
 };
 use nodeward_runtime::{ApiError, events::Events};
@@ -32,6 +32,7 @@ use super::{
     watch::{Changes, Fresh},
 };
 use crate::{
+    deadlines,
     metrics::{Metrics, PolicyLabels, ReasonLabels},
     round::{self, Objects, Plan},
 };
@@ -239,6 +240,79 @@ impl Controller {
         }
     }
 
+    /// Moves a maintenance whose deadline passed on without its agent: back to Pending (its
+    /// admission undone, so that its slots are freed) or Failed. The node may still carry the
+    /// maintenance's taint and cordon: `NodeRestored=False` asks the agent to undo them.
+    pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) {
+        let Some(current) = Self::maintenance(objects, &overdue.maintenance) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let generation = current.metadata.generation;
+        let written = self
+            .writer
+            .write_maintenance(current, |status| {
+                status.enter(overdue.to, Time(now));
+                status.deadline = None;
+                status.message = Some(overdue.message.clone());
+                if overdue.to == MaintenancePhase::Pending {
+                    status.admission = None;
+                    round::set_condition(
+                        &mut status.conditions,
+                        maintenance_conditions::ADMITTED,
+                        "False",
+                        overdue.reason,
+                        overdue.message.clone(),
+                        generation,
+                        now,
+                    );
+                } else {
+                    status.finished_at = Some(Time(now));
+                }
+                round::set_condition(
+                    &mut status.conditions,
+                    maintenance_conditions::NODE_RESTORED,
+                    "False",
+                    overdue.reason,
+                    "the node may still carry this maintenance's taint and cordon: its agent undoes them when it runs again".to_owned(),
+                    generation,
+                    now,
+                );
+            })
+            .await;
+        if written {
+            tracing::warn!(maintenance = %overdue.maintenance, to = ?overdue.to, reason = overdue.reason, message = %overdue.message, "deadline passed");
+            self.writer
+                .metrics
+                .deadlines_passed
+                .get_or_create(&ReasonLabels {
+                    reason: overdue.reason.to_owned(),
+                })
+                .inc();
+            self.writer.event(
+                current.as_ref(),
+                EventType::Warning,
+                overdue.reason,
+                overdue.message.clone(),
+            );
+        }
+    }
+
+    /// Records the deadline of a maintenance's current phase in its status.
+    pub(super) async fn record_deadline(
+        &mut self,
+        objects: &Objects,
+        record: &round::DeadlineRecord,
+    ) {
+        if let Some(current) = Self::maintenance(objects, &record.maintenance) {
+            self.writer
+                .write_maintenance(current, |status| {
+                    status.deadline = Some(record.deadline.clone());
+                })
+                .await;
+        }
+    }
+
     pub(super) async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
         let nodes: Api<Node> = Api::all(self.writer.client.clone());
         if !timeout.reported {
@@ -412,10 +486,24 @@ impl Writer {
         };
         let generation = current.metadata.generation;
         let note = message.clone();
+        let start = deadlines::due(
+            deadlines::Progress {
+                phase: MaintenancePhase::Admitted,
+                action: current.spec.action,
+                since: now,
+            },
+            admission.deadlines,
+        )
+        .map(|due| PhaseDeadline {
+            phase: due.phase,
+            time: Time(due.at),
+            then: due.then,
+        });
         let written = self
             .write_maintenance(current, |status| {
                 status.enter(MaintenancePhase::Admitted, Time(now));
                 status.admission = Some(record);
+                status.deadline = start;
                 status.message = Some(message.clone());
                 round::set_condition(
                     &mut status.conditions,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance, policy::BudgetSlot,
+    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    policy::{BudgetSlot, ResolvedDeadlines},
 };
 
 use super::{Admission, Denial, Plan, Standing, count, slots, timestamp, view::window_open};
@@ -58,6 +59,7 @@ pub(super) fn admit_pending(
             maintenance: name.clone(),
             node: node.clone(),
             remediation: m.spec.reason == MaintenanceReason::Remediation,
+            needs_agent: true,
         };
         match decide::decide(cluster, &request) {
             Decision::Admit { policies } => {
@@ -75,12 +77,20 @@ pub(super) fn admit_pending(
                         new_slots_in.push(policy.clone());
                     }
                 }
+                let deadlines = ResolvedDeadlines::longest(
+                    cluster
+                        .policies
+                        .iter()
+                        .filter(|p| policies.contains(&p.name))
+                        .map(|p| p.deadlines),
+                );
                 plan.admit.push(Admission {
                     maintenance: name,
                     uid,
                     node_uid,
                     policies,
                     new_slots_in,
+                    deadlines,
                 });
             }
             Decision::Deny { reason, message } => {

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
-    maintenance::AdmissionRecord, policy::BudgetSlot,
+    NodeReport, maintenance::AdmissionRecord, policy::BudgetSlot,
 };
 use serde_json::{Value, json};
 
@@ -20,13 +20,28 @@ pub fn t(seconds: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + seconds).expect("timestamp")
 }
 
-/// `n` Ready nodes `n0`… labelled `pool=a`, under one policy `pool` allowing 2 at once.
+/// `n` Ready nodes `n0`… labelled `pool=a`, each with an agent that wrote its heartbeat at
+/// `t(100)`, under one policy `pool` allowing 2 at once.
 pub fn cluster(n: usize) -> Objects {
     Objects {
         nodes: (0..n).map(|i| node(&format!("n{i}")).build()).collect(),
         policies: vec![policy(json!({"maxConcurrent": 2})).build()],
+        reports: (0..n).map(|i| report(&format!("n{i}"), 100)).collect(),
         ..Objects::default()
     }
+}
+
+/// The NodeReport of `node`'s agent, its heartbeat written at `t(heartbeat)`.
+pub fn report(node: &str, heartbeat: i64) -> Arc<NodeReport> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+            "metadata": {"name": node},
+            "spec": {"nodeName": node},
+            "status": {"heartbeatTime": t(heartbeat).to_string()},
+        }))
+        .expect("report"),
+    )
 }
 
 pub struct NodeFixture(Node);
@@ -133,6 +148,15 @@ impl MaintenanceFixture {
 
     pub fn phase(mut self, phase: MaintenancePhase) -> Self {
         self.0.status.get_or_insert_with(Default::default).phase = phase;
+        self
+    }
+
+    /// In `phase` since `t(seconds)`, as its history records.
+    pub fn entered(mut self, phase: MaintenancePhase, seconds: i64) -> Self {
+        self.0
+            .status
+            .get_or_insert_with(Default::default)
+            .enter(phase, Time(t(seconds)));
         self
     }
 

@@ -7,7 +7,8 @@
 //! A round goes in stages, one module each: [`view`] indexes the objects and resolves each
 //! policy, [`slots`] keeps the budget slots that still hold and ends maintenances whose node is
 //! gone, [`remediate`] judges node health and asks for remediation, [`admit`] decides pending
-//! maintenances, and [`policy_status`] writes each policy's status.
+//! maintenances, [`overdue`] holds admitted ones to their deadlines, and [`policy_status`]
+//! writes each policy's status.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,7 +18,9 @@ use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use nodeward_api::{
     DisruptionPolicy, DisruptionPolicyStatus, MaintenanceAction, MaintenancePhase, NodeMaintenance,
-    NodeReport, policy::StartupAction,
+    NodeReport,
+    maintenance::PhaseDeadline,
+    policy::{ResolvedDeadlines, StartupAction},
 };
 
 use crate::{admission::decide::Cluster, health::RemediationGate};
@@ -25,6 +28,7 @@ use crate::{admission::decide::Cluster, health::RemediationGate};
 mod admit;
 #[cfg(test)]
 mod fixtures;
+mod overdue;
 mod policy_status;
 mod remediate;
 mod slots;
@@ -80,6 +84,10 @@ pub struct Plan {
     pub deny: Vec<Denial>,
     /// Unfinished maintenances to end because their node is gone.
     pub end: Vec<Ending>,
+    /// Maintenances whose deadline passed, to move on without their agent.
+    pub overdue: Vec<Overdue>,
+    /// Deadlines to record in maintenances' statuses.
+    pub deadlines: Vec<DeadlineRecord>,
     /// Remediation maintenances to create.
     pub remediate: Vec<RemediationRequest>,
     /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
@@ -123,6 +131,8 @@ pub struct Admission {
     pub policies: Vec<String>,
     /// Policies whose slot is new in this round; the admission stands only once all are written.
     pub new_slots_in: Vec<String>,
+    /// Those policies' deadlines, the longest of each (its start deadline is written with it).
+    pub deadlines: ResolvedDeadlines,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -137,6 +147,24 @@ pub struct Ending {
     pub maintenance: String,
     pub phase: MaintenancePhase,
     pub message: String,
+}
+
+/// A maintenance whose deadline passed (see [`crate::deadlines`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Overdue {
+    pub maintenance: String,
+    /// Pending (sent back, its admission undone) or Failed.
+    pub to: MaintenancePhase,
+    /// The Event's reason (one of `conditions::overdue`).
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The deadline of a maintenance's current phase, to record in its status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadlineRecord {
+    pub maintenance: String,
+    pub deadline: PhaseDeadline,
 }
 
 /// A Node to delete for its drained DeleteNode maintenance; `uid` is the Node's as this
@@ -183,6 +211,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &health.unhealthy,
         &slots,
         &disrupted_by,
+        now,
     );
     let pending = admit::pending_oldest_first(index.maintenances.values().copied());
     admit::admit_pending(
@@ -194,6 +223,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &mut plan,
     );
     slots::end_where_node_gone(&index, memory, &slots, &mut plan);
+    overdue::enforce(&index, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
     plan.standing.cluster = cluster;

@@ -70,11 +70,7 @@ pub(super) fn assess<'a>(
             let observed = Observed {
                 created: timestamp(node.metadata.creation_timestamp.as_ref()),
                 conditions: node_conditions(node),
-                agent_heartbeat: index
-                    .reports
-                    .get(name)
-                    .and_then(|r| r.status.as_ref()?.heartbeat_time.as_ref())
-                    .map(|t| t.0),
+                agent_heartbeat: index.heartbeat(name),
                 ever_ready: memory.seen_ready.contains(name) || was_ready_before(node),
             };
             let h = health::assess(&observed, &p.rules, now);
@@ -119,6 +115,8 @@ fn admit_deletion(
         maintenance: format!("startup deletion of {node}"),
         node: node.to_owned(),
         remediation: true,
+        // The coordinator deletes the Node itself: a node that never became Ready has no agent.
+        needs_agent: false,
     };
     match decide(deciding, &pending) {
         Decision::Admit { .. } => {

@@ -585,3 +585,172 @@ fn a_node_created_again_under_the_name_is_not_the_one_a_maintenance_was_admitted
     assert_eq!(round.delete_nodes.len(), 1);
     assert_eq!(round.delete_nodes[0].uid, "uid-n0");
 }
+
+#[test]
+fn a_node_whose_agent_is_silent_is_not_admitted() {
+    let mut objects = cluster(3);
+    objects.reports = vec![report("n0", 100), report("n1", -300)];
+    for i in 0..3 {
+        objects
+            .maintenances
+            .push(maintenance(&format!("m{i}"), &format!("n{i}")).build());
+    }
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["m0"], "{plan:?}");
+    let denied: Vec<(&str, &str)> = plan
+        .deny
+        .iter()
+        .map(|d| (d.maintenance.as_str(), d.reason))
+        .collect();
+    assert_eq!(
+        denied,
+        [("m1", "AgentUnavailable"), ("m2", "AgentUnavailable")],
+        "a stale heartbeat (500s old, limit 300s) and none at all"
+    );
+    assert!(
+        plan.deny[1].message.contains("no NodeReport"),
+        "{:?}",
+        plan.deny[1]
+    );
+}
+
+#[test]
+fn an_agent_heartbeat_deadline_is_the_longest_of_the_nodes_policies() {
+    let mut objects = cluster(1);
+    objects.policies =
+        vec![policy(json!({"maxConcurrent": 2, "deadlines": {"agentHeartbeat": "20m"}})).build()];
+    objects.reports = vec![report("n0", -900)];
+    objects.maintenances.push(maintenance("m0", "n0").build());
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(
+        plan.admit.len(),
+        1,
+        "a heartbeat 1100s old is fresh under 20m: {plan:?}"
+    );
+}
+
+#[test]
+fn an_admitted_maintenance_not_started_in_time_goes_back_to_pending_and_gives_its_slot_back() {
+    let mut objects = cluster(2);
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 1, "deadlines": {"start": "5m"}}))
+            .slot("m0", "n0")
+            .build(),
+    ];
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .admitted_by(&["pool"])
+            .entered(MaintenancePhase::Admitted, 0)
+            .build(),
+        maintenance("m1", "n1").created(1).build(),
+    ];
+    let before = plan(&objects, &mut Memory::default(), t(299));
+    assert!(before.overdue.is_empty(), "{before:?}");
+    assert_eq!(before.deadlines.len(), 1, "the deadline is recorded");
+    assert_eq!(before.deadlines[0].deadline.time.0, t(300));
+    assert_eq!(
+        before.deadlines[0].deadline.phase,
+        MaintenancePhase::Admitted
+    );
+    assert_eq!(
+        before.deny[0].reason, "BudgetExhausted",
+        "m0 holds the one slot"
+    );
+
+    let at = plan(&objects, &mut Memory::default(), t(300));
+    assert_eq!(
+        at.overdue,
+        [Overdue {
+            maintenance: "m0".into(),
+            to: MaintenancePhase::Pending,
+            reason: "NotStarted",
+            message: at.overdue[0].message.clone(),
+        }]
+    );
+    assert!(
+        at.overdue[0].message.contains("300s (deadlines.start)"),
+        "{:?}",
+        at.overdue
+    );
+
+    // Sent back (its agent silent since): its slot goes to the next in line.
+    objects.maintenances[0] = maintenance("m0", "n0")
+        .phase(MaintenancePhase::Pending)
+        .build();
+    objects.reports[0] = report("n0", -300);
+    let after = plan(&objects, &mut Memory::default(), t(301));
+    let admitted: Vec<&str> = after.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["m1"], "{after:?}");
+    assert_eq!(after.deny[0].reason, "AgentUnavailable");
+    let slots = &after.policy_status["pool"].slots;
+    assert_eq!(slots.len(), 1);
+    assert_eq!(slots[0].maintenance, "m1");
+}
+
+#[test]
+fn a_reboot_that_never_returns_fails_and_its_not_ready_node_still_counts() {
+    let mut objects = cluster(3);
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 1, "deadlines": {"reboot": "10m"}}))
+            .slot("m0", "n0")
+            .build(),
+    ];
+    objects.nodes[0] = node("n0").not_ready().build();
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .admitted_by(&["pool"])
+            .entered(MaintenancePhase::Acting, 0)
+            .build(),
+        maintenance("m1", "n1").created(1).build(),
+    ];
+    let recorded = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(recorded.deadlines[0].deadline.time.0, t(600));
+    assert_eq!(
+        recorded.deadlines[0].deadline.then,
+        "Failed (NodeDidNotReturn)"
+    );
+    let late = plan(&objects, &mut Memory::default(), t(600));
+    assert_eq!(late.overdue.len(), 1, "{late:?}");
+    assert_eq!(
+        (late.overdue[0].to, late.overdue[0].reason),
+        (MaintenancePhase::Failed, "NodeDidNotReturn")
+    );
+
+    // Failed: the slot is freed, but the NotReady node fills the budget.
+    objects.maintenances[0] = maintenance("m0", "n0")
+        .admitted_by(&["pool"])
+        .entered(MaintenancePhase::Acting, 0)
+        .entered(MaintenancePhase::Failed, 600)
+        .build();
+    objects.reports[1] = report("n1", 590);
+    let after = plan(&objects, &mut Memory::default(), t(601));
+    assert!(after.admit.is_empty(), "{after:?}");
+    assert_eq!(after.deny[0].reason, "BudgetExhausted");
+    assert!(after.policy_status["pool"].slots.is_empty());
+}
+
+#[test]
+fn a_recorded_deadline_is_not_written_again() {
+    let mut objects = cluster(1);
+    let mut m = maintenance("m0", "n0")
+        .admitted_by(&["pool"])
+        .entered(MaintenancePhase::Admitted, 0)
+        .build();
+    let first = plan(&objects, &mut Memory::default(), t(10));
+    assert!(first.deadlines.is_empty(), "no maintenance yet");
+    objects.maintenances = vec![m.clone()];
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    let record = round.deadlines[0].deadline.clone();
+    Arc::make_mut(&mut m)
+        .status
+        .as_mut()
+        .expect("status")
+        .deadline = Some(record);
+    objects.maintenances = vec![m];
+    assert!(
+        plan(&objects, &mut Memory::default(), t(20))
+            .deadlines
+            .is_empty()
+    );
+}

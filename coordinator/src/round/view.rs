@@ -8,8 +8,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
-    DisruptionPolicy, NodeMaintenance, NodeReport, labels::CONTROL_PLANE_ROLE_LABEL,
-    node::is_ready, policy::BudgetSlot,
+    DisruptionPolicy, NodeMaintenance, NodeReport,
+    labels::CONTROL_PLANE_ROLE_LABEL,
+    node::is_ready,
+    policy::{BudgetSlot, Deadlines, ResolvedDeadlines},
 };
 
 use super::{Memory, Objects, std_duration, timestamp};
@@ -19,6 +21,7 @@ use crate::{
         decide::{Cluster, NodeState, PolicyState},
         window::{self, Window},
     },
+    deadlines::agent_unavailable,
     health::{ObservedCondition, Rules, UnhealthyRule},
 };
 
@@ -68,6 +71,35 @@ impl<'a> Index<'a> {
     }
 }
 
+impl Index<'_> {
+    /// The last heartbeat of `node`'s agent, if it wrote one.
+    pub fn heartbeat(&self, node: &str) -> Option<Timestamp> {
+        let report = self.reports.get(node)?;
+        Some(report.status.as_ref()?.heartbeat_time.as_ref()?.0)
+    }
+
+    /// The deadlines of the policies matching `node`, the longest of each.
+    pub fn deadlines_of_node(&self, node: &str) -> ResolvedDeadlines {
+        ResolvedDeadlines::longest(
+            self.policies
+                .iter()
+                .filter(|p| p.matched.contains(node))
+                .map(|p| p.deadlines),
+        )
+    }
+
+    /// The deadlines of the policies named (those a maintenance was admitted under), the
+    /// longest of each.
+    pub fn deadlines_of(&self, policies: &[String]) -> ResolvedDeadlines {
+        ResolvedDeadlines::longest(
+            self.policies
+                .iter()
+                .filter(|p| policies.contains(&p.name))
+                .map(|p| p.deadlines),
+        )
+    }
+}
+
 /// A policy as this round sees it.
 pub(super) struct PolicyView<'a> {
     pub policy: &'a DisruptionPolicy,
@@ -80,6 +112,7 @@ pub(super) struct PolicyView<'a> {
     pub max_unhealthy: Option<usize>,
     pub window_open: bool,
     pub rules: Rules,
+    pub deadlines: ResolvedDeadlines,
 }
 
 fn name_of<K: Resource>(object: &K) -> &str {
@@ -130,6 +163,7 @@ fn view<'a>(
         max_unhealthy,
         window_open,
         rules: rules(policy),
+        deadlines: Deadlines::resolve(policy.spec.deadlines.as_ref()),
         name,
     }
 }
@@ -204,13 +238,15 @@ pub(super) fn was_ready_before(node: &Node) -> bool {
 /// The cluster as admission sees it: every node's state, each policy with the nodes it
 /// counts (matched, and those holding one of its `slots` though no longer matched), and the
 /// nodes `disrupted_by` some maintenance. A node is unhealthy if it is not Ready or is in
-/// `unhealthy` (by some policy's rules).
+/// `unhealthy` (by some policy's rules); its agent is unavailable if its heartbeat is older
+/// than the longest `deadlines.agentHeartbeat` of the policies matching it at `now`.
 pub(super) fn cluster(
     index: &Index,
     blockers: &BTreeMap<String, String>,
     unhealthy: &BTreeSet<String>,
     slots: &BTreeMap<String, Vec<BudgetSlot>>,
     disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+    now: Timestamp,
 ) -> Cluster {
     Cluster {
         nodes: index
@@ -223,6 +259,12 @@ pub(super) fn cluster(
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
                     unhealthy: unhealthy.contains(*name) || !is_ready(node),
                     blocker: blockers.get(*name).cloned(),
+                    agent_unavailable: agent_unavailable(
+                        name,
+                        index.heartbeat(name),
+                        now,
+                        index.deadlines_of_node(name).agent_heartbeat,
+                    ),
                 };
                 ((*name).to_owned(), state)
             })
@@ -243,6 +285,7 @@ pub(super) fn cluster(
                     window_open: p.window_open,
                     allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
                     invalid: p.problem.clone(),
+                    deadlines: p.deadlines,
                 }
             })
             .collect(),

@@ -1,0 +1,203 @@
+//! The deadlines the coordinator holds nodes' agents to (a policy's `deadlines`): whether a
+//! node has an agent to carry a maintenance out at all, and what happens to a maintenance
+//! whose agent did not move it on in time. Only the agent moves a maintenance forward, so
+//! without these a dead agent or a node that never came back would hold its budget slot
+//! forever. Pure functions over plain data.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use nodeward_api::{
+    MaintenanceAction, MaintenancePhase, conditions::overdue, policy::ResolvedDeadlines,
+};
+
+/// Why no agent can carry a maintenance of this node out now (None: one can): its NodeReport
+/// `heartbeat` is missing or older than `limit`.
+pub fn agent_unavailable(
+    node: &str,
+    heartbeat: Option<Timestamp>,
+    now: Timestamp,
+    limit: Duration,
+) -> Option<String> {
+    let Some(beat) = heartbeat else {
+        return Some(format!(
+            "node {node} has no agent heartbeat (no NodeReport): nothing would carry the maintenance out"
+        ));
+    };
+    let age = Duration::try_from(now.duration_since(beat)).unwrap_or(Duration::ZERO);
+    (age > limit).then(|| {
+        format!(
+            "the agent of node {node} last wrote its heartbeat {}s ago (deadlines.agentHeartbeat {}s)",
+            age.as_secs(),
+            limit.as_secs()
+        )
+    })
+}
+
+/// A maintenance as its deadlines see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Progress {
+    pub phase: MaintenancePhase,
+    pub action: MaintenanceAction,
+    /// When it entered `phase`.
+    pub since: Timestamp,
+}
+
+/// The deadline of a maintenance's current phase, and what the coordinator does at it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Due {
+    pub phase: MaintenancePhase,
+    pub at: Timestamp,
+    /// The phase it is moved to: Pending (sent back, its slots freed) or Failed.
+    pub to: MaintenancePhase,
+    /// The Event's and condition's reason (one of [`overdue`]).
+    pub reason: &'static str,
+    /// What happens, for the status.
+    pub then: String,
+    /// Why, once it has passed.
+    pub message: String,
+}
+
+/// The deadline that applies to `m` now, if any: Admitted must become Draining within
+/// `start`; a Reboot Acting must come back (the agent moves it to Verifying on the new boot)
+/// within `reboot`. Other phases have their own limits, which the agent enforces (drain
+/// timeout, health gate timeout), or none (a DrainOnly maintenance holds until deleted).
+pub fn due(m: Progress, deadlines: ResolvedDeadlines) -> Option<Due> {
+    let after = |limit: Duration| m.since.checked_add(limit).unwrap_or(m.since);
+    match (m.phase, m.action) {
+        (MaintenancePhase::Admitted, _) => Some(Due {
+            phase: m.phase,
+            at: after(deadlines.start),
+            to: MaintenancePhase::Pending,
+            reason: overdue::NOT_STARTED,
+            then: format!("back to Pending ({})", overdue::NOT_STARTED),
+            message: format!(
+                "admitted, but the node's agent did not start draining within {}s (deadlines.start): back to Pending, its budget slots freed",
+                deadlines.start.as_secs()
+            ),
+        }),
+        (MaintenancePhase::Acting, MaintenanceAction::Reboot) => Some(Due {
+            phase: m.phase,
+            at: after(deadlines.reboot),
+            to: MaintenancePhase::Failed,
+            reason: overdue::NODE_DID_NOT_RETURN,
+            then: format!("Failed ({})", overdue::NODE_DID_NOT_RETURN),
+            message: format!(
+                "the node did not come back from its reboot within {}s (deadlines.reboot); it counts against the budget while it is NotReady",
+                deadlines.reboot.as_secs()
+            ),
+        }),
+        _ => None,
+    }
+}
+
+/// Whether `due` has passed at `now`.
+pub fn passed(due: &Due, now: Timestamp) -> bool {
+    now >= due.at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(second: i64) -> Timestamp {
+        Timestamp::from_second(second).expect("in range")
+    }
+
+    fn defaults() -> ResolvedDeadlines {
+        nodeward_api::policy::Deadlines::resolve(None)
+    }
+
+    #[test]
+    fn an_agent_is_unavailable_without_a_report_or_with_a_stale_heartbeat() {
+        let limit = Duration::from_secs(300);
+        let missing = agent_unavailable("n1", None, t(1000), limit).expect("no report");
+        assert!(missing.contains("no NodeReport"), "{missing}");
+        assert_eq!(agent_unavailable("n1", Some(t(700)), t(1000), limit), None);
+        let stale = agent_unavailable("n1", Some(t(699)), t(1000), limit).expect("stale");
+        assert!(
+            stale.contains("301s ago") && stale.contains("deadlines.agentHeartbeat 300s"),
+            "{stale}"
+        );
+        assert_eq!(
+            agent_unavailable("n1", Some(t(1010)), t(1000), limit),
+            None,
+            "a heartbeat ahead of the coordinator's clock is fresh"
+        );
+    }
+
+    #[test]
+    fn an_admitted_maintenance_goes_back_to_pending_after_the_start_deadline() {
+        let m = Progress {
+            phase: MaintenancePhase::Admitted,
+            action: MaintenanceAction::Reboot,
+            since: t(1000),
+        };
+        let due = due(m, defaults()).expect("Admitted has a deadline");
+        assert_eq!(due.at, t(1600), "default start deadline 10m");
+        assert_eq!(due.to, MaintenancePhase::Pending);
+        assert_eq!(due.reason, overdue::NOT_STARTED);
+        assert!(!passed(&due, t(1599)));
+        assert!(passed(&due, t(1600)));
+    }
+
+    #[test]
+    fn a_reboot_that_does_not_return_fails_after_the_reboot_deadline() {
+        let deadlines = ResolvedDeadlines {
+            reboot: Duration::from_secs(120),
+            ..defaults()
+        };
+        let acting = Progress {
+            phase: MaintenancePhase::Acting,
+            action: MaintenanceAction::Reboot,
+            since: t(1000),
+        };
+        let due = due(acting, deadlines).expect("a reboot under way has a deadline");
+        assert_eq!((due.at, due.to), (t(1120), MaintenancePhase::Failed));
+        assert_eq!(due.reason, overdue::NODE_DID_NOT_RETURN);
+    }
+
+    #[test]
+    fn phases_the_agent_times_or_that_hold_on_purpose_have_no_deadline() {
+        for (phase, action) in [
+            (MaintenancePhase::Pending, MaintenanceAction::Reboot),
+            (MaintenancePhase::Draining, MaintenanceAction::Reboot),
+            (MaintenancePhase::Acting, MaintenanceAction::DrainOnly),
+            (MaintenancePhase::Acting, MaintenanceAction::DeleteNode),
+            (MaintenancePhase::Verifying, MaintenanceAction::Reboot),
+            (MaintenancePhase::Succeeded, MaintenanceAction::Reboot),
+            (MaintenancePhase::Failed, MaintenanceAction::Reboot),
+        ] {
+            let m = Progress {
+                phase,
+                action,
+                since: t(0),
+            };
+            assert_eq!(due(m, defaults()), None, "{phase:?} {action:?}");
+        }
+    }
+
+    #[test]
+    fn the_longest_deadline_of_several_policies_applies() {
+        let short = ResolvedDeadlines {
+            agent_heartbeat: Duration::from_secs(60),
+            start: Duration::from_secs(900),
+            reboot: Duration::from_secs(120),
+        };
+        let long = ResolvedDeadlines {
+            agent_heartbeat: Duration::from_secs(600),
+            start: Duration::from_secs(60),
+            reboot: Duration::from_secs(3600),
+        };
+        let both = ResolvedDeadlines::longest([short, long]);
+        assert_eq!(
+            both,
+            ResolvedDeadlines {
+                agent_heartbeat: Duration::from_secs(600),
+                start: Duration::from_secs(900),
+                reboot: Duration::from_secs(3600),
+            }
+        );
+        assert_eq!(ResolvedDeadlines::longest([]), defaults());
+    }
+}
