@@ -5,7 +5,6 @@ pub use nodeward_runtime::{backoff, http, server};
 
 pub mod check;
 pub mod config;
-pub mod cordon;
 pub mod detect;
 pub mod drain;
 pub mod logind;

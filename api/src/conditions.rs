@@ -80,6 +80,8 @@ pub mod overdue {
     pub const NOT_STARTED: &str = "NotStarted";
     /// Acting on a reboot and no new boot within `deadlines.reboot`: Failed.
     pub const NODE_DID_NOT_RETURN: &str = "NodeDidNotReturn";
+    /// The node's agent silent for `deadlines.agentLost`: the coordinator finished it.
+    pub const AGENT_LOST: &str = "AgentLost";
 }
 
 /// DisruptionPolicy condition types.

@@ -131,12 +131,20 @@ pub struct Deadlines {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('30s')").message("deadlines.reboot must be at least 30s, e.g. 30m"))]
     pub reboot: Option<Duration>,
+    /// When a node's agent has been silent this long, the coordinator finishes its
+    /// maintenances in its place: one under way fails (`AgentLost`), the taint and cordon it
+    /// left are undone and the agent's finalizer removed (a drained DrainOnly holds until it is
+    /// deleted, then is released). Default 30m; at least 1m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.agentLost must be at least 1m, e.g. 30m"))]
+    pub agent_lost: Option<Duration>,
 }
 
 impl Deadlines {
     pub const DEFAULT_AGENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(300);
     pub const DEFAULT_START: std::time::Duration = std::time::Duration::from_secs(600);
     pub const DEFAULT_REBOOT: std::time::Duration = std::time::Duration::from_secs(1800);
+    pub const DEFAULT_AGENT_LOST: std::time::Duration = std::time::Duration::from_secs(1800);
 
     /// Each deadline of `deadlines` (absent: the defaults), resolved.
     pub fn resolve(deadlines: Option<&Deadlines>) -> ResolvedDeadlines {
@@ -147,6 +155,7 @@ impl Deadlines {
             agent_heartbeat: pick(d.agent_heartbeat.as_ref(), Self::DEFAULT_AGENT_HEARTBEAT),
             start: pick(d.start.as_ref(), Self::DEFAULT_START),
             reboot: pick(d.reboot.as_ref(), Self::DEFAULT_REBOOT),
+            agent_lost: pick(d.agent_lost.as_ref(), Self::DEFAULT_AGENT_LOST),
         }
     }
 }
@@ -157,6 +166,7 @@ pub struct ResolvedDeadlines {
     pub agent_heartbeat: std::time::Duration,
     pub start: std::time::Duration,
     pub reboot: std::time::Duration,
+    pub agent_lost: std::time::Duration,
 }
 
 impl ResolvedDeadlines {
@@ -167,6 +177,7 @@ impl ResolvedDeadlines {
                 agent_heartbeat: a.agent_heartbeat.max(b.agent_heartbeat),
                 start: a.start.max(b.start),
                 reboot: a.reboot.max(b.reboot),
+                agent_lost: a.agent_lost.max(b.agent_lost),
             })
             .unwrap_or_else(|| Deadlines::resolve(None))
     }

@@ -58,6 +58,14 @@ pub struct Due {
     pub message: String,
 }
 
+/// Whether a node's agent counts as lost at `now`: no heartbeat at all, or none for longer than
+/// `limit` (`deadlines.agentLost`).
+pub fn agent_lost(heartbeat: Option<Timestamp>, now: Timestamp, limit: Duration) -> bool {
+    heartbeat.is_none_or(|beat| {
+        Duration::try_from(now.duration_since(beat)).unwrap_or(Duration::ZERO) > limit
+    })
+}
+
 /// The deadline that applies to `m` now, if any: Admitted must become Draining within
 /// `start`; a Reboot Acting must come back (the agent moves it to Verifying on the new boot)
 /// within `reboot`. Other phases have their own limits, which the agent enforces (drain
@@ -89,6 +97,53 @@ pub fn due(m: Progress, deadlines: ResolvedDeadlines) -> Option<Due> {
         }),
         _ => None,
     }
+}
+
+/// A maintenance as the coordinator sees it when its node's agent is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub phase: MaintenancePhase,
+    pub action: MaintenanceAction,
+    pub deleting: bool,
+    /// The agent's finalizer is on it.
+    pub finalized: bool,
+    /// `NodeRestored=False`: it may have left its taint and cordon on the node.
+    pub restore_asked: bool,
+}
+
+/// What the coordinator does in place of a lost agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The phase it ends in (None: it has ended, or is going away as it is).
+    pub end_in: Option<MaintenancePhase>,
+    /// Undo the taint and cordon it may have left on the node.
+    pub restore: bool,
+    /// Remove the agent's finalizer, so that deleting it is not stuck.
+    pub unfinalize: bool,
+}
+
+/// What the coordinator finishes for a maintenance whose node's agent is lost (silent for
+/// `deadlines.agentLost`), or whose node is gone (`node_exists` false: nothing to restore), as
+/// the agent would have: one under way fails (`AgentLost`), one being deleted is released, the
+/// node is restored and the agent's finalizer removed. A drained `DrainOnly` holds on purpose
+/// and a `DeleteNode` is the coordinator's to finish; neither needs the agent until deleted.
+pub fn take_over(m: Held, node_exists: bool) -> Option<Takeover> {
+    use MaintenancePhase::*;
+    let (end_in, left_something) = match (m.phase, m.action) {
+        (Pending, _) => (m.deleting.then_some(Cancelled), m.restore_asked),
+        (Admitted | Draining, _) if m.deleting => (Some(Cancelled), true),
+        (Acting, MaintenanceAction::DrainOnly | MaintenanceAction::DeleteNode) => {
+            (None, m.deleting)
+        }
+        (Admitted | Draining | Acting | Verifying, _) => (Some(Failed), true),
+        (Succeeded | Failed | Cancelled, _) => (None, m.restore_asked),
+    };
+    let takeover = Takeover {
+        end_in,
+        restore: left_something && node_exists,
+        unfinalize: m.finalized && (end_in.is_some() || m.deleting || m.phase.is_finished()),
+    };
+    (takeover.end_in.is_some() || takeover.restore || takeover.unfinalize).then_some(takeover)
 }
 
 /// Whether `due` has passed at `now`.
@@ -177,17 +232,113 @@ mod tests {
         }
     }
 
+    fn held(phase: MaintenancePhase, action: MaintenanceAction) -> Held {
+        Held {
+            phase,
+            action,
+            deleting: false,
+            finalized: true,
+            restore_asked: false,
+        }
+    }
+
+    #[test]
+    fn a_lost_agents_maintenance_under_way_fails_and_its_node_is_restored() {
+        use MaintenanceAction::*;
+        use MaintenancePhase::*;
+        for phase in [Admitted, Draining, Acting, Verifying] {
+            assert_eq!(
+                take_over(held(phase, Reboot), true),
+                Some(Takeover {
+                    end_in: Some(Failed),
+                    restore: true,
+                    unfinalize: true
+                }),
+                "{phase:?}"
+            );
+        }
+        assert_eq!(
+            take_over(held(Draining, Reboot), false),
+            Some(Takeover {
+                end_in: Some(Failed),
+                restore: false,
+                unfinalize: true
+            }),
+            "a node that is gone has nothing to restore"
+        );
+    }
+
+    #[test]
+    fn what_holds_on_purpose_waits_until_it_is_deleted() {
+        use MaintenanceAction::*;
+        use MaintenancePhase::*;
+        assert_eq!(take_over(held(Acting, DrainOnly), true), None);
+        assert_eq!(take_over(held(Acting, DeleteNode), true), None);
+        let deleted = Held {
+            deleting: true,
+            ..held(Acting, DrainOnly)
+        };
+        assert_eq!(
+            take_over(deleted, true),
+            Some(Takeover {
+                end_in: None,
+                restore: true,
+                unfinalize: true
+            }),
+            "released as the agent would on deletion"
+        );
+    }
+
+    #[test]
+    fn an_ended_maintenance_is_restored_only_if_asked_and_loses_the_finalizer() {
+        use MaintenanceAction::*;
+        use MaintenancePhase::*;
+        assert_eq!(
+            take_over(held(Succeeded, Reboot), true),
+            Some(Takeover {
+                end_in: None,
+                restore: false,
+                unfinalize: true
+            })
+        );
+        let asked = Held {
+            restore_asked: true,
+            finalized: false,
+            ..held(Failed, Reboot)
+        };
+        assert_eq!(
+            take_over(asked, true),
+            Some(Takeover {
+                end_in: None,
+                restore: true,
+                unfinalize: false
+            })
+        );
+        let done = Held {
+            finalized: false,
+            ..held(Cancelled, Reboot)
+        };
+        assert_eq!(take_over(done, true), None, "nothing left to do");
+        let pending = Held {
+            finalized: false,
+            ..held(Pending, Reboot)
+        };
+        assert_eq!(take_over(pending, true), None, "a pending one waits");
+    }
+
     #[test]
     fn the_longest_deadline_of_several_policies_applies() {
         let short = ResolvedDeadlines {
             agent_heartbeat: Duration::from_secs(60),
             start: Duration::from_secs(900),
             reboot: Duration::from_secs(120),
+            agent_lost: Duration::from_secs(7200),
         };
         let long = ResolvedDeadlines {
             agent_heartbeat: Duration::from_secs(600),
             start: Duration::from_secs(60),
             reboot: Duration::from_secs(3600),
+            agent_lost: Duration::from_secs(60),
         };
         let both = ResolvedDeadlines::longest([short, long]);
         assert_eq!(
@@ -196,6 +347,7 @@ mod tests {
                 agent_heartbeat: Duration::from_secs(600),
                 start: Duration::from_secs(900),
                 reboot: Duration::from_secs(3600),
+                agent_lost: Duration::from_secs(7200),
             }
         );
         assert_eq!(ResolvedDeadlines::longest([]), defaults());

@@ -1280,3 +1280,130 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
     drop(coordinator);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_coordinator()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("agent-lost").await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"maxConcurrent": 2, "deadlines": {"agentLost": "1m"}}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    // Each node's agent (played here) takes its maintenance: finalizer, taint, recorded cordon.
+    let draining = create_maintenance(&env, &n0).await?;
+    let drained = create_maintenance(&env, &n1).await?;
+    for (name, node, phase) in [(&draining, &n0, "Draining"), (&drained, &n1, "Acting")] {
+        wait_admitted(&env, name, TIMEOUT).await?;
+        maintenances
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/maintenance"]}})),
+            )
+            .await?;
+        env.nodes()
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({
+                    "metadata": {"annotations": {"nodeward.io/cordoned-by": format!("maintenance/{name}")}},
+                    "spec": {"unschedulable": true, "taints": [{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]},
+                })),
+            )
+            .await?;
+        maintenances
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase, "cordonedByNodeward": true}})),
+            )
+            .await?;
+    }
+    // Both agents die. The draining maintenance is finished for its agent at once (its last
+    // heartbeat is long past deadlines.agentLost); the drained DrainOnly one holds on purpose.
+    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
+    let failed = wait::until(
+        &maintenances,
+        &draining,
+        "Failed, finalizer removed",
+        TIMEOUT,
+        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Failed && m.finalizers().is_empty()),
+    )
+    .await
+    .with_context(|| coordinator.output())?
+    .context("the maintenance disappeared")?;
+    let status = failed.status.clone().unwrap_or_default();
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("deadlines.agentLost"),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "NodeRestored" && c.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+    let restored = |node: Node| {
+        let spec = node.spec.unwrap_or_default();
+        spec.unschedulable != Some(true)
+            && spec
+                .taints
+                .unwrap_or_default()
+                .iter()
+                .all(|t| !t.key.starts_with("nodeward.io/"))
+            && !node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("nodeward.io/cordoned-by")
+    };
+    assert!(
+        restored(env.nodes().get(&n0).await?),
+        "n0 uncordoned and untainted"
+    );
+    assert!(
+        !restored(env.nodes().get(&n1).await?),
+        "the DrainOnly node stays drained until its maintenance is deleted"
+    );
+    let reasons: Vec<String> = env
+        .events_about(&draining, "")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "AgentLost"), "{reasons:?}");
+
+    // Deleting the DrainOnly maintenance is not stuck on the lost agent's finalizer.
+    maintenances
+        .delete(&drained, &DeleteParams::default())
+        .await?;
+    wait::until(&maintenances, &drained, "gone", TIMEOUT, |m| m.is_none())
+        .await
+        .with_context(|| coordinator.output())?;
+    wait::until(&env.nodes(), &n1, "n1 restored", TIMEOUT, |n| {
+        n.is_some_and(|n| restored(n.clone()))
+    })
+    .await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    wait::until(&policies, &policy, "every slot freed", TIMEOUT, |p| {
+        p.is_some_and(|p| p.status.as_ref().is_some_and(|s| s.slots.is_empty()))
+    })
+    .await?;
+    drop(coordinator);
+    env.cleanup().await
+}

@@ -4,6 +4,7 @@
 pub mod args;
 pub mod backoff;
 pub mod client;
+pub mod cordon;
 pub mod events;
 pub mod http;
 pub mod listener;

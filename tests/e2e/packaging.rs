@@ -613,6 +613,10 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             "written by the nodeward coordinator only",
         ),
         (
+            json!({"deadline": {"phase": "Draining", "time": "2030-01-01T00:00:00Z", "then": "never"}}),
+            "written by the nodeward coordinator only",
+        ),
+        (
             json!({"phase": "Admitted"}),
             "from Draining to Admitted: only the coordinator admits",
         ),
@@ -702,6 +706,147 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     );
     assert!(said.starts_with("403"), "{said}");
 
+    remove_chart(env, &documents).await
+}
+
+/// Reads Node `name` through `api`, applies `change` and writes it back (retried while the
+/// node changes underneath, as kwok's status updates make it).
+async fn update_node(
+    api: &Api<Node>,
+    name: &str,
+    change: impl Fn(&mut Node),
+) -> Result<Node, kube::Error> {
+    loop {
+        let mut node = api.get(name).await?;
+        change(&mut node);
+        match api.replace(name, &PostParams::default(), &node).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            other => return other,
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_node()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("coord-node").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-coord-node-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let account = format!("{}-nodeward-coordinator", env.id);
+    let coordinator: Api<Node> =
+        Api::all(client_as(Identity::Token(token(&env, &account, None).await?)).await?);
+    // node_b as a maintenance left it, beside an admin's dedicated taint.
+    env.nodes()
+        .patch(
+            &node_b,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/lost"}},
+                "spec": {"unschedulable": true, "taints": [
+                    {"key": "nodeward.io/maintenance", "effect": "NoSchedule"},
+                    {"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+                ]},
+            })),
+        )
+        .await?;
+    // Each attack: what, on which node (a or b), the change, what the refusal says.
+    type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
+    let attacks: [Attack; 5] = [
+        (
+            "relabel",
+            "b",
+            |n| {
+                n.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        "node-role.kubernetes.io/control-plane".into(),
+                        String::new(),
+                    );
+            },
+            "may only remove the nodeward.io/cordoned-by annotation",
+        ),
+        (
+            "drop the admin's taint",
+            "b",
+            |n| {
+                if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                    taints.retain(|t| t.key != "dedicated");
+                }
+            },
+            "may only remove nodeward.io/ taints",
+        ),
+        (
+            "uncordon keeping the record",
+            "b",
+            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(false),
+            "may uncordon it only where nodeward.io/cordoned-by says",
+        ),
+        (
+            "cordon",
+            "a",
+            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(true),
+            "may not cordon",
+        ),
+        (
+            "add a taint",
+            "a",
+            |n| {
+                n.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: "nodeward.io/maintenance".into(),
+                        effect: "NoExecute".into(),
+                        ..Default::default()
+                    });
+            },
+            "may only remove nodeward.io/ taints",
+        ),
+    ];
+    for (attack, which, change, expected) in attacks {
+        let node = if which == "a" { &node_a } else { &node_b };
+        let said = refusal(update_node(&coordinator, node, change).await);
+        assert!(
+            said.starts_with("403") && said.contains(expected),
+            "{attack}: {said}"
+        );
+    }
+    // What it is there for: the maintenance's taint and its recorded cordon go.
+    let restored = update_node(&coordinator, &node_b, |n| {
+        nodeward_runtime::cordon::revert(
+            n,
+            "nodeward.io/maintenance",
+            &nodeward_runtime::cordon::left_by(n, "maintenance/lost", true),
+        );
+    })
+    .await?;
+    let spec = restored.spec.unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true));
+    let keys: Vec<String> = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert_eq!(keys, ["dedicated"], "the admin's taint stays");
+    // An admin's cordon (no record) is not the coordinator's to lift.
+    env.nodes()
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await?;
+    let said = refusal(
+        update_node(&coordinator, &node_a, |n| {
+            n.spec.get_or_insert_with(Default::default).unschedulable = Some(false);
+        })
+        .await,
+    );
+    assert!(said.contains("may uncordon it only where"), "{said}");
     remove_chart(env, &documents).await
 }
 

@@ -23,12 +23,15 @@ use nodeward_api::{
     conditions::maintenance as maintenance_conditions,
     labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
 };
-use nodeward_runtime::{ApiError, events::Events};
+use nodeward_runtime::{
+    ApiError,
+    cordon::{self, Applied},
+    events::Events,
+};
 use serde_json::json;
 
 use super::lifecycle::{self, Facts, Gate, Step};
 use crate::{
-    cordon::{self, Applied},
     drain::{
         evict::{self, Drain, Outcome, Progress},
         plan::Purpose,

@@ -27,7 +27,10 @@ use nodeward_api::{
     labels::SHUTDOWN_TAINT,
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
-use nodeward_runtime::events::Events;
+use nodeward_runtime::{
+    cordon::{self, Applied},
+    events::Events,
+};
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
@@ -35,7 +38,6 @@ use super::{Settings, window::drain_window};
 use crate::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
-    cordon::{self, Applied},
     drain::{
         evict::{Drain, Outcome, Progress},
         plan::{self, Purpose},

@@ -117,7 +117,7 @@ async fn main() -> anyhow::Result<()> {
     // are not refreshed, so it trusts them for the run.
     env.create_policy(
         "all",
-        json!({"maxConcurrent": "100%", "deadlines": {"agentHeartbeat": "24h"}}),
+        json!({"maxConcurrent": "100%", "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h"}}),
     )
     .await?;
 

@@ -159,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     let history = history::watch(&env);
     env.create_policy(
         "all",
-        json!({"maxConcurrent": args.max_concurrent, "deadlines": {"agentHeartbeat": "24h"}}),
+        json!({"maxConcurrent": args.max_concurrent, "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h"}}),
     )
     .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());

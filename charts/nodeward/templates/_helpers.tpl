@@ -48,6 +48,10 @@ app.kubernetes.io/component: coordinator
 {{- end -}}
 
 {{/* The eviction webhook's Service, certificate Secret, configuration and webhook name. */}}
+{{- define "nodeward.coordinator.username" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodeward.coordinator.name" .) -}}
+{{- end -}}
+
 {{- define "nodeward.webhook.service" -}}
 {{- printf "%s-webhook" (include "nodeward.coordinator.name" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}

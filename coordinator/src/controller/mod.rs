@@ -190,6 +190,9 @@ impl Controller {
         for record in &plan.deadlines {
             self.record_deadline(&objects, record).await;
         }
+        for taking in &plan.take_over {
+            self.take_over(&objects, taking).await;
+        }
         for round::NodeDeletion {
             maintenance,
             node,

@@ -20,12 +20,12 @@ use kube::{
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
-    conditions::{denial, maintenance as maintenance_conditions, node as node_conditions},
-    labels::COORDINATOR_FIELD_MANAGER,
+    conditions::{denial, maintenance as maintenance_conditions, node as node_conditions, overdue},
+    labels::{COORDINATOR_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     maintenance::{AdmissionRecord, PhaseDeadline, PhaseTransition},
     policy::StartupAction,
 };
-use nodeward_runtime::{ApiError, events::Events};
+use nodeward_runtime::{ApiError, cordon, events::Events};
 
 use super::{
     Controller,
@@ -295,6 +295,103 @@ impl Controller {
                 overdue.reason,
                 overdue.message.clone(),
             );
+        }
+    }
+
+    /// Finishes a maintenance in place of its lost agent: undoes what it left on the node,
+    /// removes the agent's finalizer, then records how it ended. Each step is retried by the
+    /// next round if it fails.
+    pub(super) async fn take_over(&mut self, objects: &Objects, taking: &round::TakeOver) {
+        let Some(current) = Self::maintenance(objects, &taking.maintenance) else {
+            return;
+        };
+        let round::TakeOver {
+            maintenance,
+            node,
+            takeover,
+            untaint,
+            message,
+        } = taking;
+        if takeover.restore {
+            let by = format!("maintenance/{maintenance}");
+            if let Err(e) =
+                cordon::undo_left_by(&self.writer.client, node, MAINTENANCE_TAINT, &by, *untaint)
+                    .await
+            {
+                tracing::warn!(error = %e, %maintenance, "restoring the node of a lost agent");
+                return;
+            }
+        }
+        let mut current = current.as_ref().clone();
+        if takeover.unfinalize {
+            let finalizers: Vec<&String> = current
+                .finalizers()
+                .iter()
+                .filter(|f| *f != MAINTENANCE_FINALIZER)
+                .collect();
+            // The resourceVersion makes this a compare-and-swap on the finalizer list.
+            let patch = serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": current.resource_version()}});
+            let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
+            match api
+                .patch(maintenance, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(patched) => current = patched,
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return,
+                Err(e) => {
+                    tracing::warn!(error = %ApiError::new("removing the agent's finalizer from", format!("NodeMaintenance {maintenance}"), e), "taking over from a lost agent");
+                    return;
+                }
+            }
+            if current.metadata.deletion_timestamp.is_some() {
+                tracing::warn!(%maintenance, %message, "released in place of a lost agent");
+                return;
+            }
+        }
+        if takeover.end_in.is_none() && !takeover.restore {
+            return;
+        }
+        let now = Timestamp::now();
+        let generation = current.metadata.generation;
+        let written = self
+            .writer
+            .write_maintenance(&current, |status| {
+                if let Some(phase) = takeover.end_in {
+                    status.enter(phase, Time(now));
+                    status.finished_at = Some(Time(now));
+                    status.deadline = None;
+                    status.message = Some(message.clone());
+                }
+                if takeover.restore {
+                    round::set_condition(
+                        &mut status.conditions,
+                        maintenance_conditions::NODE_RESTORED,
+                        "True",
+                        "RestoredByCoordinator",
+                        "the coordinator undid the taint and cordon this maintenance left, in place of its lost agent".to_owned(),
+                        generation,
+                        now,
+                    );
+                }
+            })
+            .await;
+        if written {
+            tracing::warn!(%maintenance, end_in = ?takeover.end_in, restored = takeover.restore, %message, "took over from a lost agent");
+            if takeover.end_in.is_some() {
+                self.writer
+                    .metrics
+                    .deadlines_passed
+                    .get_or_create(&ReasonLabels {
+                        reason: overdue::AGENT_LOST.to_owned(),
+                    })
+                    .inc();
+                self.writer.event(
+                    &current,
+                    EventType::Warning,
+                    overdue::AGENT_LOST,
+                    message.clone(),
+                );
+            }
         }
     }
 

@@ -184,6 +184,13 @@ impl MaintenanceFixture {
         self
     }
 
+    /// Carrying the agent's finalizer.
+    pub fn finalized(mut self) -> Self {
+        self.0.metadata.finalizers =
+            Some(vec![nodeward_api::labels::MAINTENANCE_FINALIZER.to_owned()]);
+        self
+    }
+
     /// Asked by remediation.
     pub fn remediation(mut self) -> Self {
         self.0.spec.reason = MaintenanceReason::Remediation;

@@ -88,6 +88,8 @@ pub struct Plan {
     pub overdue: Vec<Overdue>,
     /// Deadlines to record in maintenances' statuses.
     pub deadlines: Vec<DeadlineRecord>,
+    /// Maintenances to finish in place of their lost agent.
+    pub take_over: Vec<TakeOver>,
     /// Remediation maintenances to create.
     pub remediate: Vec<RemediationRequest>,
     /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
@@ -160,6 +162,17 @@ pub struct Overdue {
     pub message: String,
 }
 
+/// A maintenance the coordinator finishes in place of its lost agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TakeOver {
+    pub maintenance: String,
+    pub node: String,
+    pub takeover: crate::deadlines::Takeover,
+    /// Whether the maintenance taint goes with it (no other maintenance holds the node).
+    pub untaint: bool,
+    pub message: String,
+}
+
 /// The deadline of a maintenance's current phase, to record in its status.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeadlineRecord {
@@ -224,6 +237,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     );
     slots::end_where_node_gone(&index, memory, &slots, &mut plan);
     overdue::enforce(&index, now, &mut plan);
+    overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
     plan.standing.cluster = cluster;

@@ -1,14 +1,20 @@
 //! The deadlines of admitted maintenances ([`crate::deadlines`]): each one's deadline in its
 //! current phase is recorded in its status, and one whose deadline passed is moved on by the
-//! coordinator (back to Pending, or Failed), since its agent did not.
+//! coordinator (back to Pending, or Failed), since its agent did not. The maintenances of a
+//! node whose agent is lost, or whose node is gone, the coordinator finishes in its place.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
-use nodeward_api::{MaintenancePhase, maintenance::PhaseDeadline};
+use kube::{Resource, ResourceExt};
+use nodeward_api::{
+    MaintenancePhase, conditions::maintenance as maintenance_conditions,
+    labels::MAINTENANCE_FINALIZER, maintenance::PhaseDeadline,
+};
 
-use super::{DeadlineRecord, Overdue, Plan, view::Index};
-use crate::deadlines::{self, Progress};
+use super::{DeadlineRecord, Gone, Memory, Overdue, Plan, TakeOver, view::Index};
+use crate::deadlines::{self, Held, Progress};
 
 /// Records or enforces the deadline of every maintenance in a phase that has one.
 pub(super) fn enforce(index: &Index, now: Timestamp, plan: &mut Plan) {
@@ -59,4 +65,73 @@ pub(super) fn enforce(index: &Index, now: Timestamp, plan: &mut Plan) {
 /// Equal to the second (a status keeps times to the second).
 fn same(a: &PhaseDeadline, b: &PhaseDeadline) -> bool {
     a.phase == b.phase && a.then == b.then && a.time.0.as_second() == b.time.0.as_second()
+}
+
+/// Finishes, in the agent's place, the maintenances of nodes whose agent is lost
+/// (`deadlines.agentLost`) and releases those whose node is confirmed gone. `disrupted_by`
+/// says which maintenances hold each node: the taint stays while another one does.
+pub(super) fn take_over(
+    index: &Index,
+    memory: &Memory,
+    disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+    now: Timestamp,
+    plan: &mut Plan,
+) {
+    let overdue: BTreeSet<&str> = plan
+        .overdue
+        .iter()
+        .map(|o| o.maintenance.as_str())
+        .collect();
+    let mut taken = Vec::new();
+    for m in index.maintenances.values() {
+        let name = m.name_any();
+        let node = m.spec.node_name.as_str();
+        let node_exists = index.nodes.contains_key(node);
+        let why = if node_exists {
+            let limit = index.deadlines_of_node(node).agent_lost;
+            if overdue.contains(name.as_str())
+                || !deadlines::agent_lost(index.heartbeat(node), now, limit)
+            {
+                continue;
+            }
+            format!(
+                "the agent of node {node} has been silent for longer than {}s (deadlines.agentLost): the coordinator finished this maintenance in its place",
+                limit.as_secs()
+            )
+        } else if memory.confirmed_gone.contains(&Gone::Node(node.to_owned())) {
+            format!("node {node} is gone, and its agent with it")
+        } else {
+            continue;
+        };
+        let status = m.status.clone().unwrap_or_default();
+        let held = Held {
+            phase: m.phase(),
+            action: m.spec.action,
+            deleting: m.meta().deletion_timestamp.is_some(),
+            finalized: m.finalizers().iter().any(|f| f == MAINTENANCE_FINALIZER),
+            restore_asked: status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
+        };
+        let Some(mut takeover) = deadlines::take_over(held, node_exists) else {
+            continue;
+        };
+        if !node_exists {
+            // Its end is `slots::end_where_node_gone`'s to write.
+            takeover.end_in = None;
+        }
+        let uid = m.uid().unwrap_or_default();
+        let others_hold = disrupted_by
+            .get(node)
+            .is_some_and(|by| by.iter().any(|other| *other != uid));
+        taken.push(TakeOver {
+            maintenance: name,
+            node: node.to_owned(),
+            takeover,
+            untaint: !others_hold,
+            message: why,
+        });
+    }
+    plan.take_over.extend(taken);
 }

@@ -754,3 +754,72 @@ fn a_recorded_deadline_is_not_written_again() {
             .is_empty()
     );
 }
+
+#[test]
+fn the_coordinator_takes_over_from_a_lost_agent_and_releases_what_a_gone_node_held() {
+    let mut objects = cluster(3);
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 3, "deadlines": {"agentLost": "10m"}}))
+            .slot("m0", "n0")
+            .slot("m1", "n1")
+            .build(),
+    ];
+    objects.reports = vec![report("n0", -1000), report("n1", 900), report("n2", -1000)];
+    let draining = |name: &str, node: &str| {
+        maintenance(name, node)
+            .admitted_by(&["pool"])
+            .entered(MaintenancePhase::Draining, 0)
+            .finalized()
+    };
+    objects.maintenances = vec![
+        draining("m0", "n0").build(),
+        draining("m1", "n1").build(),
+        maintenance("m2", "n2")
+            .action(MaintenanceAction::DrainOnly)
+            .entered(MaintenancePhase::Acting, 0)
+            .finalized()
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(1000));
+    assert_eq!(round.take_over.len(), 1, "{:?}", round.take_over);
+    let taken = &round.take_over[0];
+    assert_eq!(
+        (taken.maintenance.as_str(), taken.node.as_str()),
+        ("m0", "n0")
+    );
+    assert_eq!(
+        taken.takeover,
+        crate::deadlines::Takeover {
+            end_in: Some(MaintenancePhase::Failed),
+            restore: true,
+            unfinalize: true
+        }
+    );
+    assert!(taken.untaint, "no other maintenance holds n0");
+    assert!(
+        taken.message.contains("600s (deadlines.agentLost)"),
+        "{}",
+        taken.message
+    );
+
+    // The node is deleted, and confirmed gone: the maintenance's finalizer goes too.
+    objects.nodes.retain(|n| n.name_any() != "n1");
+    let mut memory = Memory::default();
+    memory.confirmed_gone.insert(Gone::Node("n1".into()));
+    let round = plan(&objects, &mut memory, t(1000));
+    let m1 = round
+        .take_over
+        .iter()
+        .find(|t| t.maintenance == "m1")
+        .expect("m1 released");
+    assert_eq!(
+        m1.takeover,
+        crate::deadlines::Takeover {
+            end_in: None,
+            restore: false,
+            unfinalize: true
+        },
+        "its end is written as the node's deletion's"
+    );
+    assert!(round.end.iter().any(|e| e.maintenance == "m1"));
+}

@@ -1,13 +1,13 @@
-//! Cordoning and tainting the agent's own node, recording what nodeward did, so that undoing
+//! Cordoning and tainting a node (the agent its own; the coordinator undoes what a lost
+//! agent left), recording what nodeward did, so that undoing
 //! it never uncordons a node an admin had cordoned. Read-modify-write with the Node's
 //! resourceVersion, retried on conflict (the kubelet and controllers write Nodes too).
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::labels::CORDONED_BY_ANNOTATION;
-use nodeward_runtime::ApiError;
 
-use crate::Error;
+use crate::ApiError;
 
 /// What `apply` did, so that `undo` reverts exactly that.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -102,7 +102,7 @@ async fn update<T>(
     name: &str,
     action: &'static str,
     mut change: impl FnMut(&mut Node) -> (bool, T),
-) -> Result<T, Error> {
+) -> Result<T, ApiError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut attempts = 0;
     loop {
@@ -117,13 +117,18 @@ async fn update<T>(
         match nodes.replace(name, &PostParams::default(), &node).await {
             Ok(_) => return Ok(result),
             Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
-            Err(e) => return Err(ApiError::new(action, format!("node {name}"), e).into()),
+            Err(e) => return Err(ApiError::new(action, format!("node {name}"), e)),
         }
     }
 }
 
 /// Cordons and taints `name`; returns what it did.
-pub async fn apply(client: &Client, name: &str, taint: &str, by: &str) -> Result<Applied, Error> {
+pub async fn apply(
+    client: &Client,
+    name: &str,
+    taint: &str,
+    by: &str,
+) -> Result<Applied, ApiError> {
     update(client, name, "cordoning", |node| {
         let applied = cordon_and_taint(node, taint, by);
         (applied != Applied::default(), applied)
@@ -137,7 +142,7 @@ pub async fn undo(
     name: &str,
     taint: &str,
     applied: &Applied,
-) -> Result<(), Error> {
+) -> Result<(), ApiError> {
     update(client, name, "uncordoning", |node| {
         (revert(node, taint, applied), ())
     })
@@ -151,7 +156,7 @@ pub async fn undo_left_by(
     taint: &str,
     by: &str,
     taint_ours: bool,
-) -> Result<(), Error> {
+) -> Result<(), ApiError> {
     update(client, name, "uncordoning", |node| {
         let applied = left_by(node, by, taint_ours);
         (revert(node, taint, &applied), ())
