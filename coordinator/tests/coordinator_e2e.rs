@@ -23,7 +23,7 @@ use nodeward_e2e::{
     NodeSpec, TestEnv, controlplane,
     daemon::Daemon,
     env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
-    wait,
+    node_restored, wait,
 };
 use serde_json::{Value, json};
 
@@ -1267,13 +1267,7 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
         .map(|s| s.slots.into_iter().map(|s| s.maintenance).collect())
         .unwrap_or_default();
     assert_eq!(slots, vec![waiting.clone()]);
-    let reasons: Vec<String> = env
-        .events_about(&stuck, "")
-        .await?
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    assert!(reasons.iter().any(|r| r == "NotStarted"), "{reasons:?}");
+    env.wait_event(&stuck, "", "NotStarted").await?;
     let h = history.lock().expect("history").clone();
     assert_eq!(h.max_active, 1, "never more than maxConcurrent at once");
     assert_eq!(h.max_slots, 1);
@@ -1358,35 +1352,15 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
         "{:?}",
         status.conditions
     );
-    let restored = |node: Node| {
-        let spec = node.spec.unwrap_or_default();
-        spec.unschedulable != Some(true)
-            && spec
-                .taints
-                .unwrap_or_default()
-                .iter()
-                .all(|t| !t.key.starts_with("nodeward.io/"))
-            && !node
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key("nodeward.io/cordoned-by")
-    };
     assert!(
-        restored(env.nodes().get(&n0).await?),
+        node_restored(&env.nodes().get(&n0).await?),
         "n0 uncordoned and untainted"
     );
     assert!(
-        !restored(env.nodes().get(&n1).await?),
+        !node_restored(&env.nodes().get(&n1).await?),
         "the DrainOnly node stays drained until its maintenance is deleted"
     );
-    let reasons: Vec<String> = env
-        .events_about(&draining, "")
-        .await?
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    assert!(reasons.iter().any(|r| r == "AgentLost"), "{reasons:?}");
+    env.wait_event(&draining, "", "AgentLost").await?;
 
     // Deleting the DrainOnly maintenance is not stuck on the lost agent's finalizer.
     maintenances
@@ -1396,7 +1370,7 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
         .await
         .with_context(|| coordinator.output())?;
     wait::until(&env.nodes(), &n1, "n1 restored", TIMEOUT, |n| {
-        n.is_some_and(|n| restored(n.clone()))
+        n.is_some_and(node_restored)
     })
     .await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());

@@ -25,3 +25,20 @@ pub fn repo_root() -> std::path::PathBuf {
         .map(std::path::Path::to_path_buf)
         .unwrap_or_default()
 }
+
+/// Whether `node` carries nothing of nodeward's: not cordoned, no `nodeward.io/` taint, no
+/// cordon record.
+pub fn node_restored(node: &k8s_openapi::api::core::v1::Node) -> bool {
+    let spec = node.spec.clone().unwrap_or_default();
+    spec.unschedulable != Some(true)
+        && spec
+            .taints
+            .unwrap_or_default()
+            .iter()
+            .all(|t| !t.key.starts_with("nodeward.io/"))
+        && !node
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(nodeward_api::labels::CORDONED_BY_ANNOTATION))
+}
