@@ -138,6 +138,11 @@ pub struct Deadlines {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.agentLost must be at least 1m, e.g. 30m"))]
     pub agent_lost: Option<Duration>,
+    /// A node deleted by a DeleteNode maintenance keeps its share of `maxConcurrent` this long
+    /// after the deletion, for its replacement to join: N DeleteNode maintenances do not remove
+    /// N nodes back to back. Default 10m; `0s` frees it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<Duration>,
 }
 
 impl Deadlines {
@@ -145,6 +150,7 @@ impl Deadlines {
     pub const DEFAULT_START: std::time::Duration = std::time::Duration::from_secs(600);
     pub const DEFAULT_REBOOT: std::time::Duration = std::time::Duration::from_secs(1800);
     pub const DEFAULT_AGENT_LOST: std::time::Duration = std::time::Duration::from_secs(1800);
+    pub const DEFAULT_REPLACEMENT: std::time::Duration = std::time::Duration::from_secs(600);
 
     /// Each deadline of `deadlines` (absent: the defaults), resolved.
     pub fn resolve(deadlines: Option<&Deadlines>) -> ResolvedDeadlines {
@@ -156,6 +162,7 @@ impl Deadlines {
             start: pick(d.start.as_ref(), Self::DEFAULT_START),
             reboot: pick(d.reboot.as_ref(), Self::DEFAULT_REBOOT),
             agent_lost: pick(d.agent_lost.as_ref(), Self::DEFAULT_AGENT_LOST),
+            replacement: pick(d.replacement.as_ref(), Self::DEFAULT_REPLACEMENT),
         }
     }
 }
@@ -167,6 +174,7 @@ pub struct ResolvedDeadlines {
     pub start: std::time::Duration,
     pub reboot: std::time::Duration,
     pub agent_lost: std::time::Duration,
+    pub replacement: std::time::Duration,
 }
 
 impl ResolvedDeadlines {
@@ -178,6 +186,7 @@ impl ResolvedDeadlines {
                 start: a.start.max(b.start),
                 reboot: a.reboot.max(b.reboot),
                 agent_lost: a.agent_lost.max(b.agent_lost),
+                replacement: a.replacement.max(b.replacement),
             })
             .unwrap_or_else(|| Deadlines::resolve(None))
     }

@@ -146,6 +146,14 @@ pub fn take_over(m: Held, node_exists: bool) -> Option<Takeover> {
     (takeover.end_in.is_some() || takeover.restore || takeover.unfinalize).then_some(takeover)
 }
 
+/// Whether a node deleted by a DeleteNode maintenance that finished at `deleted` still holds
+/// its share of the budget at `now`, its replacement not yet given `replacement` to join.
+pub fn awaiting_replacement(deleted: Timestamp, now: Timestamp, replacement: Duration) -> bool {
+    deleted
+        .checked_add(replacement)
+        .is_ok_and(|until| now < until)
+}
+
 /// Whether `due` has passed at `now`.
 pub fn passed(due: &Due, now: Timestamp) -> bool {
     now >= due.at
@@ -327,18 +335,28 @@ mod tests {
     }
 
     #[test]
+    fn a_deleted_node_holds_its_share_until_its_replacement_had_time_to_join() {
+        let ten_minutes = Duration::from_secs(600);
+        assert!(awaiting_replacement(t(1000), t(1599), ten_minutes));
+        assert!(!awaiting_replacement(t(1000), t(1600), ten_minutes));
+        assert!(!awaiting_replacement(t(1000), t(1000), Duration::ZERO));
+    }
+
+    #[test]
     fn the_longest_deadline_of_several_policies_applies() {
         let short = ResolvedDeadlines {
             agent_heartbeat: Duration::from_secs(60),
             start: Duration::from_secs(900),
             reboot: Duration::from_secs(120),
             agent_lost: Duration::from_secs(7200),
+            replacement: Duration::from_secs(60),
         };
         let long = ResolvedDeadlines {
             agent_heartbeat: Duration::from_secs(600),
             start: Duration::from_secs(60),
             reboot: Duration::from_secs(3600),
             agent_lost: Duration::from_secs(60),
+            replacement: Duration::ZERO,
         };
         let both = ResolvedDeadlines::longest([short, long]);
         assert_eq!(
@@ -348,6 +366,7 @@ mod tests {
                 start: Duration::from_secs(900),
                 reboot: Duration::from_secs(3600),
                 agent_lost: Duration::from_secs(7200),
+                replacement: Duration::from_secs(60),
             }
         );
         assert_eq!(ResolvedDeadlines::longest([]), defaults());

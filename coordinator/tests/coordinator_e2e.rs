@@ -1381,3 +1381,64 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
     drop(coordinator);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("replacement").await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "deadlines": {"replacement": "20s"}}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let first = format!("{n0}-delete");
+    env.create_maintenance(&first, &n0, "Manual", "DeleteNode")
+        .await?;
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    let second = format!("{n1}-delete");
+    env.create_maintenance(&second, &n1, "Manual", "DeleteNode")
+        .await?;
+    wait_denied(&env, &second, "BudgetExhausted").await?;
+    // The first node drained (as its agent would report it): the coordinator deletes it.
+    maintenances
+        .patch_status(
+            &first,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
+        )
+        .await?;
+    let deleted = wait::until(&maintenances, &first, "Succeeded", TIMEOUT, |m| {
+        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
+    })
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    let deleted_at = deleted
+        .status
+        .and_then(|s| s.finished_at)
+        .context("finishedAt")?
+        .0;
+    assert!(env.nodes().get_opt(&n0).await?.is_none(), "n0 deleted");
+    // Its share of the budget is held for its replacement: the second waits that long.
+    let admitted = wait_admitted(&env, &second, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    let admitted_at = admitted
+        .status
+        .and_then(|s| s.admission)
+        .context("admission")?
+        .admitted_at
+        .0;
+    let held = admitted_at.duration_since(deleted_at).as_secs_f64();
+    assert!(
+        held >= 19.0,
+        "admitted {held:.1}s after the first node's deletion, within the 20s replacement wait"
+    );
+    drop(coordinator);
+    env.cleanup().await
+}

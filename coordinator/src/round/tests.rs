@@ -823,3 +823,40 @@ fn the_coordinator_takes_over_from_a_lost_agent_and_releases_what_a_gone_node_he
     );
     assert!(round.end.iter().any(|e| e.maintenance == "m1"));
 }
+
+#[test]
+fn delete_node_maintenances_remove_one_node_per_replacement_wait_not_back_to_back() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).build()];
+    // n0 was deleted by m0 at t(100); n1 and n2 wait for theirs.
+    objects.nodes.retain(|n| n.name_any() != "n0");
+    objects.reports = vec![report("n1", 650), report("n2", 650)];
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .action(MaintenanceAction::DeleteNode)
+            .admitted_by(&["pool"])
+            .entered(MaintenancePhase::Acting, 50)
+            .entered(MaintenancePhase::Succeeded, 100)
+            .build(),
+        maintenance("m1", "n1")
+            .action(MaintenanceAction::DeleteNode)
+            .created(1)
+            .build(),
+        maintenance("m2", "n2")
+            .action(MaintenanceAction::DeleteNode)
+            .created(2)
+            .build(),
+    ];
+    let waiting = plan(&objects, &mut Memory::default(), t(699));
+    assert!(waiting.admit.is_empty(), "{waiting:?}");
+    assert_eq!(waiting.deny[0].reason, "BudgetExhausted");
+    assert!(
+        waiting.deny[0].message.contains("(n0)"),
+        "the deleted node holds the budget: {}",
+        waiting.deny[0].message
+    );
+    assert_eq!(waiting.budget_use["pool"], (1, 1));
+    let after = plan(&objects, &mut Memory::default(), t(700));
+    let admitted: Vec<&str> = after.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["m1"], "one more, after the 10m replacement wait");
+}

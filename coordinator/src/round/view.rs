@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
-    DisruptionPolicy, NodeMaintenance, NodeReport,
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, NodeReport,
     labels::CONTROL_PLANE_ROLE_LABEL,
     node::is_ready,
     policy::{BudgetSlot, Deadlines, ResolvedDeadlines},
@@ -21,7 +21,7 @@ use crate::{
         decide::{Cluster, NodeState, PolicyState},
         window::{self, Window},
     },
-    deadlines::agent_unavailable,
+    deadlines::{agent_unavailable, awaiting_replacement},
     health::{ObservedCondition, Rules, UnhealthyRule},
 };
 
@@ -71,7 +71,7 @@ impl<'a> Index<'a> {
     }
 }
 
-impl Index<'_> {
+impl<'a> Index<'a> {
     /// The last heartbeat of `node`'s agent, if it wrote one.
     pub fn heartbeat(&self, node: &str) -> Option<Timestamp> {
         let report = self.reports.get(node)?;
@@ -86,6 +86,31 @@ impl Index<'_> {
                 .filter(|p| p.matched.contains(node))
                 .map(|p| p.deadlines),
         )
+    }
+
+    /// Nodes deleted by a DeleteNode maintenance whose replacement may not have joined yet
+    /// (`deadlines.replacement`), each with the policies that admitted it: they still count
+    /// against those policies' budgets.
+    pub fn awaiting_replacement(&self, now: Timestamp) -> Vec<(&'a str, &'a [String])> {
+        self.maintenances
+            .values()
+            .filter(|m| {
+                m.spec.action == MaintenanceAction::DeleteNode
+                    && m.phase() == MaintenancePhase::Succeeded
+                    && !self.nodes.contains_key(m.spec.node_name.as_str())
+            })
+            .filter_map(|m| {
+                let deleted = m
+                    .status
+                    .as_ref()?
+                    .finished_at
+                    .as_ref()
+                    .or_else(|| m.entered(MaintenancePhase::Succeeded))?;
+                let replacement = self.deadlines_of(m.admitted_policies()).replacement;
+                awaiting_replacement(deleted.0, now, replacement)
+                    .then(|| (m.spec.node_name.as_str(), m.admitted_policies()))
+            })
+            .collect()
     }
 
     /// The deadlines of the policies named (those a maintenance was admitted under), the
@@ -239,7 +264,9 @@ pub(super) fn was_ready_before(node: &Node) -> bool {
 /// counts (matched, and those holding one of its `slots` though no longer matched), and the
 /// nodes `disrupted_by` some maintenance. A node is unhealthy if it is not Ready or is in
 /// `unhealthy` (by some policy's rules); its agent is unavailable if its heartbeat is older
-/// than the longest `deadlines.agentHeartbeat` of the policies matching it at `now`.
+/// than the longest `deadlines.agentHeartbeat` of the policies matching it at `now`. A node a
+/// DeleteNode maintenance deleted counts as disrupted in the policies that admitted it until
+/// its replacement had time to join.
 pub(super) fn cluster(
     index: &Index,
     blockers: &BTreeMap<String, String>,
@@ -248,7 +275,8 @@ pub(super) fn cluster(
     disrupted_by: &BTreeMap<String, BTreeSet<String>>,
     now: Timestamp,
 ) -> Cluster {
-    Cluster {
+    let awaiting = index.awaiting_replacement(now);
+    let mut cluster = Cluster {
         nodes: index
             .nodes
             .iter()
@@ -290,5 +318,16 @@ pub(super) fn cluster(
             })
             .collect(),
         disrupted: disrupted_by.keys().cloned().collect(),
+    };
+    for (node, policies) in awaiting {
+        cluster.disrupted.insert(node.to_owned());
+        for p in cluster
+            .policies
+            .iter_mut()
+            .filter(|p| policies.contains(&p.name))
+        {
+            p.matched.insert(node.to_owned());
+        }
     }
+    cluster
 }
