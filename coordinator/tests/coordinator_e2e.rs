@@ -1147,9 +1147,12 @@ async fn silence_agent(env: &TestEnv, node: &str, age: Duration) -> anyhow::Resu
 async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("agentless").await?;
-    // Two nodes and no NodeReport: as if no agent ran there (crash-looping, or none at all).
+    // n0 without a NodeReport: as if no agent ever ran there (a Windows node, a virtual
+    // kubelet); n1's agent last wrote its heartbeat 10 minutes ago (crash-looping since).
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.heartbeats(std::slice::from_ref(&n1)).await?;
+    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
     let coordinator = start(&env, "c1", &[])?;
@@ -1164,8 +1167,6 @@ async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyh
     );
 
     // An agent whose heartbeat is older than deadlines.agentHeartbeat (default 5m) is none.
-    env.heartbeats(std::slice::from_ref(&n1)).await?;
-    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
     let m1 = create_maintenance(&env, &n1).await?;
     let message = wait_denied(&env, &m1, "AgentUnavailable").await?;
     assert!(

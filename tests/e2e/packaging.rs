@@ -736,6 +736,27 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     let account = format!("{}-nodeward-coordinator", env.id);
     let coordinator: Api<Node> =
         Api::all(client_as(Identity::Token(token(&env, &account, None).await?)).await?);
+    // The policy in force (the API server loads it within seconds). A probe that gets through
+    // changes a label on node_a, each try another value, so that it is refused once in force.
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    wait::eventually(
+        "the policy to refuse the coordinator a label",
+        Duration::from_secs(30),
+        || async {
+            let n = tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let said = refusal(
+                update_node(&coordinator, &node_a, |node| {
+                    node.metadata
+                        .labels
+                        .get_or_insert_with(Default::default)
+                        .insert("e2e-probe".into(), n.to_string());
+                })
+                .await,
+            );
+            Ok(said.starts_with("403").then_some(()))
+        },
+    )
+    .await?;
     // node_b as a maintenance left it, beside an admin's dedicated taint.
     env.nodes()
         .patch(
@@ -825,11 +846,13 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     .await?;
     let spec = restored.spec.unwrap_or_default();
     assert_ne!(spec.unschedulable, Some(true));
+    // (node.kubernetes.io/unschedulable is the node controller's, following the cordon.)
     let keys: Vec<String> = spec
         .taints
         .unwrap_or_default()
         .into_iter()
         .map(|t| t.key)
+        .filter(|k| !k.starts_with("node.kubernetes.io/"))
         .collect();
     assert_eq!(keys, ["dedicated"], "the admin's taint stays");
     // An admin's cordon (no record) is not the coordinator's to lift.

@@ -859,4 +859,20 @@ fn delete_node_maintenances_remove_one_node_per_replacement_wait_not_back_to_bac
     let after = plan(&objects, &mut Memory::default(), t(700));
     let admitted: Vec<&str> = after.admit.iter().map(|a| a.maintenance.as_str()).collect();
     assert_eq!(admitted, ["m1"], "one more, after the 10m replacement wait");
+
+    // The round that sees the node gone (its maintenance still Acting, its slot freed once
+    // the absence is confirmed) already holds the share.
+    objects.maintenances[0] = maintenance("m0", "n0")
+        .action(MaintenanceAction::DeleteNode)
+        .admitted_by(&["pool"])
+        .entered(MaintenancePhase::Acting, 50)
+        .build();
+    let mut memory = Memory::default();
+    memory.confirmed_gone.insert(Gone::Node("n0".into()));
+    let deleting = plan(&objects, &mut memory, t(690));
+    assert!(
+        deleting.end.iter().any(|e| e.maintenance == "m0"),
+        "{deleting:?}"
+    );
+    assert!(deleting.admit.is_empty(), "{deleting:?}");
 }

@@ -96,18 +96,27 @@ impl<'a> Index<'a> {
             .values()
             .filter(|m| {
                 m.spec.action == MaintenanceAction::DeleteNode
-                    && m.phase() == MaintenancePhase::Succeeded
+                    && matches!(
+                        m.phase(),
+                        MaintenancePhase::Acting | MaintenancePhase::Succeeded
+                    )
                     && !self.nodes.contains_key(m.spec.node_name.as_str())
             })
             .filter_map(|m| {
-                let deleted = m
-                    .status
-                    .as_ref()?
-                    .finished_at
-                    .as_ref()
-                    .or_else(|| m.entered(MaintenancePhase::Succeeded))?;
+                // Still Acting: deleted just now, and ended Succeeded by this round.
+                let deleted = match m.phase() {
+                    MaintenancePhase::Acting => now,
+                    _ => {
+                        let status = m.status.as_ref()?;
+                        status
+                            .finished_at
+                            .as_ref()
+                            .or_else(|| m.entered(MaintenancePhase::Succeeded))?
+                            .0
+                    }
+                };
                 let replacement = self.deadlines_of(m.admitted_policies()).replacement;
-                awaiting_replacement(deleted.0, now, replacement)
+                awaiting_replacement(deleted, now, replacement)
                     .then(|| (m.spec.node_name.as_str(), m.admitted_policies()))
             })
             .collect()
