@@ -271,7 +271,8 @@ async fn run(
         config.reporting.heartbeat_interval,
         metrics,
         readiness,
-    );
+    )
+    .with_sightings(agent.peers.as_ref().map(|p| p.sightings.clone()));
     let boot_id = boot_id.unwrap_or_default();
     let pauses = maintain(
         &config,
@@ -332,6 +333,7 @@ async fn peer_context(
         directory,
         node_name: node_name.to_owned(),
         metrics: metrics.clone(),
+        sightings: peers::Sightings::default(),
     }))
 }
 

@@ -10,11 +10,13 @@ use std::{
     time::Duration,
 };
 
+use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api,
     api::{Patch, PatchParams},
 };
+use nodeward_api::NodeReport;
 use nodeward_e2e::{
     NodeSpec, TestEnv,
     proxy::{self, Proxy},
@@ -212,7 +214,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     std::fs::write(
         &config,
         format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 30s\n"
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 2s\n"
         ),
     )?;
     let mut agents = Agents(Vec::new());
@@ -240,6 +242,28 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     }
 
     wait_all(&nodes, &names, "peers reachable", "False", "").await?;
+    // Each agent reports its last probe of each peer: all answered.
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    for (i, name) in names.iter().enumerate() {
+        let others: Vec<&String> = names.iter().filter(|n| *n != name).collect();
+        wait::until(
+            &reports,
+            name,
+            "both peers sighted reachable",
+            TIMEOUT,
+            |r| {
+                let seen = r
+                    .and_then(|r| r.status.as_ref())
+                    .map(|s| s.peer_sightings.clone())
+                    .unwrap_or_default();
+                others
+                    .iter()
+                    .all(|o| seen.iter().any(|p| &&p.node == o && p.reachable))
+            },
+        )
+        .await
+        .with_context(|| format!("agent {i}"))?;
+    }
 
     for (rule, reason) in [
         (format!("udp dport {PROBE_PORT}"), "UDPBlocked"),
@@ -266,6 +290,24 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
         ),
     );
     wait_all(&nodes, &names[..1], "Isolated", "True", "Isolated").await?;
+    // Its peers report that their probes of it go unanswered: what the coordinator asks of
+    // them before it treats a node whose agent is silent as dead.
+    for name in &names[1..] {
+        wait::until(
+            &reports,
+            name,
+            "the cut-off node sighted unreachable",
+            TIMEOUT,
+            |r| {
+                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                    s.peer_sightings
+                        .iter()
+                        .any(|p| p.node == names[0] && !p.reachable)
+                })
+            },
+        )
+        .await?;
+    }
     for name in &names[1..] {
         let node = nodes.get(name).await?;
         assert_eq!(

@@ -82,6 +82,8 @@ pub mod overdue {
     pub const NODE_DID_NOT_RETURN: &str = "NodeDidNotReturn";
     /// The node's agent silent for `deadlines.agentLost`: the coordinator finished it.
     pub const AGENT_LOST: &str = "AgentLost";
+    /// An admitted DeleteNode of a dead node: Acting at once, the node deleted without a drain.
+    pub const NODE_DEAD: &str = "NodeDead";
 }
 
 /// DisruptionPolicy condition types.

@@ -16,6 +16,15 @@ pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
 /// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
 pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";
 
+/// Kubernetes' non-graceful node shutdown taint: on a NotReady node it has pods force-deleted
+/// and their volumes detached, so that stateful pods start elsewhere. Value and effect as
+/// Kubernetes documents them.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+/// Node annotation recording that nodeward put [`OUT_OF_SERVICE_TAINT`] there (and why), so that
+/// it removes only its own once the node is Ready again.
+pub const OUT_OF_SERVICE_ANNOTATION: &str = "nodeward.io/out-of-service";
+
 /// Label the agent puts on its own Node: peers probe only nodes that run an agent.
 pub const AGENT_LABEL: &str = "nodeward.io/agent";
 

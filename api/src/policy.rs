@@ -361,6 +361,14 @@ pub struct Remediation {
     /// count is back under the limit before remediating again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cooldown: Option<Duration>,
+    /// Put Kubernetes' `node.kubernetes.io/out-of-service` taint on a dead node (NotReady for
+    /// `deadlines.agentHeartbeat`, its agent silent, and unreachable from every peer that
+    /// probed it since), so that its pods are deleted and their volumes detached and stateful
+    /// pods start elsewhere; taken away once the node is Ready again. Decided like any
+    /// remediation (pause, windows, budgets, `maxUnhealthy`, the control-plane guard), so that
+    /// many nodes cut off at once are not all given up. Only with `enabled`.
+    #[serde(default)]
+    pub out_of_service_taint: bool,
 }
 
 fn default_remediation_action() -> crate::MaintenanceAction {

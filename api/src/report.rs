@@ -73,9 +73,31 @@ pub struct NodeReportStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["policy"]))]
     pub pause_acknowledgements: Vec<PauseAcknowledgement>,
+    /// The last probe of each peer this agent sampled (the most recent
+    /// [`PEER_SIGHTINGS_LIMIT`]): what the coordinator asks of the peers before it treats a
+    /// node whose agent is silent as dead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = PEER_SIGHTINGS_LIMIT))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub peer_sightings: Vec<PeerSighting>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The most peer sightings a NodeReport lists (the CRD's `maxItems`).
+pub const PEER_SIGHTINGS_LIMIT: usize = 32;
+
+/// One peer as this agent last probed it.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerSighting {
+    /// The peer's node name.
+    #[schemars(length(min = 1, max = 253))]
+    pub node: String,
+    /// Whether any probe (TCP, UDP or ICMP) was answered.
+    pub reachable: bool,
+    pub time: Time,
 }
 
 /// One detector's verdict, with the same type/status/reason/message shape as a Node condition.

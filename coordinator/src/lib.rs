@@ -1,13 +1,14 @@
 //! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits.
 //! Leader election on a Lease ([`election`]); the decisions as pure functions ([`admission`],
-//! [`deadlines`], [`health`], [`pause`], one round of them in [`round`]); the control loop
-//! that watches the cluster and writes the decisions ([`controller`]); the `status` report
-//! ([`cli_status`]).
+//! [`dead`], [`deadlines`], [`health`], [`pause`], one round of them in [`round`]); the
+//! control loop that watches the cluster and writes the decisions ([`controller`]); the
+//! `status` report ([`cli_status`]).
 
 pub mod admission;
 pub mod blockers;
 pub mod cli_status;
 pub mod controller;
+pub mod dead;
 pub mod deadlines;
 pub mod election;
 pub mod health;

@@ -1443,3 +1443,174 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
     drop(coordinator);
     env.cleanup().await
 }
+
+/// Writes the peer sightings `peer`'s agent reports: `seen` (node, answered) probed now.
+async fn report_sightings(env: &TestEnv, peer: &str, seen: &[(&str, bool)]) -> anyhow::Result<()> {
+    let now = jiff::Timestamp::now().to_string();
+    let sightings: Vec<Value> = seen
+        .iter()
+        .map(|(node, reachable)| json!({"node": node, "reachable": reachable, "time": now}))
+        .collect();
+    Api::<NodeReport>::all(env.client.clone())
+        .patch_status(
+            peer,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"heartbeatTime": now, "peerSightings": sightings}})),
+        )
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_when_it_returns()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("dead-node").await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 3]).await?;
+    let (n0, n1, n2) = (env.node_name(0), env.node_name(1), env.node_name(2));
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "deadlines": {"agentHeartbeat": "1m"},
+               "remediation": {"enabled": true, "outOfServiceTaint": true}}),
+    )
+    .await?;
+    env.replicaset("stateful", &n0, 1, &nodeward_e2e::PodOptions::default())
+        .await?;
+    let pod = env
+        .running_pods("stateful", 1)
+        .await?
+        .pop()
+        .context("the pod on n0")?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    // n0 dies: nothing runs it any more (kwok lets it go), it has been NotReady for ten
+    // minutes, its agent silent as long, and its peers' probes of it go unanswered.
+    env.nodes()
+        .patch(
+            &n0,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}})),
+        )
+        .await?;
+    let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
+    set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
+    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
+
+    let tainted = wait::until(
+        &env.nodes(),
+        &n0,
+        "the out-of-service taint",
+        TIMEOUT,
+        |n| {
+            n.and_then(|n| n.spec.as_ref()?.taints.as_ref())
+                .is_some_and(|t| {
+                    t.iter().any(|t| {
+                        t.key == "node.kubernetes.io/out-of-service"
+                            && t.value.as_deref() == Some("nodeshutdown")
+                            && t.effect == "NoExecute"
+                    })
+                })
+        },
+    )
+    .await
+    .with_context(|| coordinator.output())?
+    .context("n0")?;
+    let record = tainted
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .remove("nodeward.io/out-of-service")
+        .context("nodeward's record")?;
+    assert!(
+        record.contains(&format!("unreachable from 1 probe(s) by {n1}")),
+        "{record}"
+    );
+    env.wait_event(&n0, "", "OutOfService").await?;
+    // Kubernetes does the rest: the pod is evicted and, its kubelet gone, deleted for good.
+    let pods = env.pods();
+    let pod_name = pod.name_any();
+    wait::until(
+        &pods,
+        &pod_name,
+        "the dead node's pod deleted",
+        Duration::from_secs(90),
+        |p| p.is_none(),
+    )
+    .await?;
+
+    // n0 comes back: nodeward's taint goes.
+    set_condition(&env, &n0, "Ready", "True", jiff::Timestamp::now()).await?;
+    wait::until(&env.nodes(), &n0, "the taint taken away", TIMEOUT, |n| {
+        n.is_some_and(|n| {
+            !n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t.key == "node.kubernetes.io/out-of-service")
+                })
+                && !n.annotations().contains_key("nodeward.io/out-of-service")
+        })
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    drop(coordinator);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("dead-delete").await?;
+    reporting_nodes(&env, &vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    env.nodes()
+        .patch(
+            &n0,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}})),
+        )
+        .await?;
+    let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
+    set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
+    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    report_sightings(&env, &n1, &[(&n0, false)]).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = format!("{n0}-delete");
+    env.create_maintenance(&name, &n0, "Remediation", "DeleteNode")
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let done = wait::until(&maintenances, &name, "Succeeded", TIMEOUT, |m| {
+        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
+    })
+    .await
+    .with_context(|| coordinator.output())?
+    .context("maintenance")?;
+    assert!(
+        env.nodes().get_opt(&n0).await?.is_none(),
+        "the dead node is deleted"
+    );
+    let phases: Vec<MaintenancePhase> = done
+        .status
+        .map(|s| s.history.into_iter().map(|h| h.phase).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        phases,
+        [
+            MaintenancePhase::Pending,
+            MaintenancePhase::Admitted,
+            MaintenancePhase::Acting,
+            MaintenancePhase::Succeeded
+        ],
+        "no drain: nothing runs there"
+    );
+    env.wait_event(&name, "", "NodeDead").await?;
+    drop(coordinator);
+    env.cleanup().await
+}

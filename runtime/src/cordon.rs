@@ -5,7 +5,9 @@
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
-use nodeward_api::labels::CORDONED_BY_ANNOTATION;
+use nodeward_api::labels::{
+    CORDONED_BY_ANNOTATION, OUT_OF_SERVICE_ANNOTATION, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+};
 
 use crate::ApiError;
 
@@ -149,6 +151,61 @@ pub async fn undo(
     .await
 }
 
+/// Puts the out-of-service taint on `node` with nodeward's record of `why` (`on`), or takes
+/// away the one nodeward put there (not one an admin put); returns whether it changed the node.
+pub fn out_of_service(node: &mut Node, on: bool, why: &str) -> bool {
+    let recorded = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(OUT_OF_SERVICE_ANNOTATION));
+    let spec = node.spec.get_or_insert_with(Default::default);
+    let taints = spec.taints.get_or_insert_with(Vec::new);
+    let tainted = taints.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT);
+    if on && !tainted {
+        taints.push(Taint {
+            key: OUT_OF_SERVICE_TAINT.to_owned(),
+            value: Some(OUT_OF_SERVICE_VALUE.to_owned()),
+            effect: "NoExecute".to_owned(),
+            time_added: None,
+        });
+        node.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(OUT_OF_SERVICE_ANNOTATION.to_owned(), why.to_owned());
+        return true;
+    }
+    if !on && recorded {
+        taints.retain(|t| t.key != OUT_OF_SERVICE_TAINT);
+        if let Some(annotations) = node.metadata.annotations.as_mut() {
+            annotations.remove(OUT_OF_SERVICE_ANNOTATION);
+        }
+        return true;
+    }
+    false
+}
+
+/// Puts the out-of-service taint on `name` or takes nodeward's away (see [`out_of_service`]),
+/// but only on the Node with `uid` (not one created again under the name since).
+pub async fn set_out_of_service(
+    client: &Client,
+    name: &str,
+    uid: &str,
+    on: bool,
+    why: &str,
+) -> Result<bool, ApiError> {
+    let action = if on {
+        "tainting out of service"
+    } else {
+        "taking the out-of-service taint from"
+    };
+    update(client, name, action, |node| {
+        let changed = node.metadata.uid.as_deref() == Some(uid) && out_of_service(node, on, why);
+        (changed, changed)
+    })
+    .await
+}
+
 /// Undoes what `by` left on `name` (see [`left_by`]).
 pub async fn undo_left_by(
     client: &Client,
@@ -239,5 +296,44 @@ mod tests {
             Applied::default(),
             "another maintenance's cordon, and a taint someone else holds, stay"
         );
+    }
+
+    #[test]
+    fn only_the_out_of_service_taint_nodeward_put_is_taken_away() {
+        let mut node = Node::default();
+        assert!(out_of_service(&mut node, true, "dead"));
+        assert!(!out_of_service(&mut node, true, "dead"), "once");
+        let taint = &node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            (
+                OUT_OF_SERVICE_TAINT,
+                Some(OUT_OF_SERVICE_VALUE),
+                "NoExecute"
+            )
+        );
+        assert!(out_of_service(&mut node, false, ""));
+        assert_eq!(
+            node.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .map(Vec::len),
+            Some(0)
+        );
+
+        // An admin's (no record) stays.
+        let mut admins = Node::default();
+        out_of_service(&mut admins, true, "admin");
+        admins.metadata.annotations = None;
+        assert!(!out_of_service(&mut admins, false, ""));
+        assert_eq!(admins.spec.and_then(|s| s.taints).map(|t| t.len()), Some(1));
     }
 }

@@ -773,7 +773,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         .await?;
     // Each attack: what, on which node (a or b), the change, what the refusal says.
     type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
-    let attacks: [Attack; 5] = [
+    let attacks: [Attack; 6] = [
         (
             "relabel",
             "b",
@@ -826,6 +826,23 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
             },
             "may only remove nodeward.io/ taints",
         ),
+        (
+            "taint out of service without the record",
+            "a",
+            |n| {
+                n.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: "node.kubernetes.io/out-of-service".into(),
+                        value: Some("nodeshutdown".into()),
+                        effect: "NoExecute".into(),
+                        ..Default::default()
+                    });
+            },
+            "only with its record nodeward.io/out-of-service",
+        ),
     ];
     for (attack, which, change, expected) in attacks {
         let node = if which == "a" { &node_a } else { &node_b };
@@ -855,6 +872,51 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         .filter(|k| !k.starts_with("node.kubernetes.io/"))
         .collect();
     assert_eq!(keys, ["dedicated"], "the admin's taint stays");
+    // The out-of-service taint with its record, and only that one taken away again.
+    let tainted = update_node(&coordinator, &node_a, |n| {
+        nodeward_runtime::cordon::out_of_service(n, true, "dead (e2e)");
+    })
+    .await?;
+    assert!(
+        tainted
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service")
+    );
+    update_node(&coordinator, &node_a, |n| {
+        nodeward_runtime::cordon::out_of_service(n, false, "");
+    })
+    .await?;
+    env.nodes()
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
+            ]}})),
+        )
+        .await?;
+    let said = refusal(
+        update_node(&coordinator, &node_a, |n| {
+            if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                taints.retain(|t| t.key != "node.kubernetes.io/out-of-service");
+            }
+        })
+        .await,
+    );
+    assert!(
+        said.contains("take away only the one it recorded"),
+        "an admin's out-of-service taint stays: {said}"
+    );
+    env.nodes()
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": null}})),
+        )
+        .await?;
     // An admin's cordon (no record) is not the coordinator's to lift.
     env.nodes()
         .patch(

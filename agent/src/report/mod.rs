@@ -38,6 +38,7 @@ use crate::{
     backoff::Backoff,
     detect::Status,
     detect::kernel_log::NodeEvent,
+    detect::peers::Sightings,
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
     server::Readiness,
@@ -101,6 +102,8 @@ pub struct Reporter {
     report_only: Vec<NodeCondition>,
     /// The NodeReport exists and, once the Node does, is owned by it.
     report_owned: bool,
+    /// The peer detector's sightings, when it runs.
+    sightings: Option<Sightings>,
 }
 
 impl Reporter {
@@ -127,7 +130,14 @@ impl Reporter {
             status_since: BTreeMap::new(),
             report_only: Vec::new(),
             report_owned: false,
+            sightings: None,
         }
+    }
+
+    /// Publishes the peer detector's `sightings` in the NodeReport.
+    pub fn with_sightings(mut self, sightings: Option<Sightings>) -> Self {
+        self.sightings = sightings;
+        self
     }
 
     /// Writes what the snapshots say, and publishes the kernel-log Events, until the snapshot
@@ -356,6 +366,7 @@ impl Reporter {
                 "problems": problems,
                 "findings": findings,
                 "pauseAcknowledgements": pauses,
+                "peerSightings": self.sightings.as_ref().map(Sightings::latest).unwrap_or_default(),
             },
         });
         let report = reports

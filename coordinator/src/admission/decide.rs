@@ -24,6 +24,9 @@ pub struct NodeState {
     pub blocker: Option<String>,
     /// Why no agent can carry a maintenance of this node out (a missing or stale heartbeat).
     pub agent_unavailable: Option<String>,
+    /// Why the node is dead (NotReady, its agent silent, unreachable from its peers), if it is:
+    /// the coordinator may then act on it without its agent.
+    pub dead: Option<String>,
 }
 
 /// One policy, with its limits already resolved to counts.

@@ -193,6 +193,12 @@ impl Controller {
         for taking in &plan.take_over {
             self.take_over(&objects, taking).await;
         }
+        for change in &plan.out_of_service {
+            self.out_of_service(change).await;
+        }
+        for (node, why) in &plan.out_of_service_waits {
+            tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");
+        }
         for round::NodeDeletion {
             maintenance,
             node,

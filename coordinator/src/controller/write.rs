@@ -240,9 +240,10 @@ impl Controller {
         }
     }
 
-    /// Moves a maintenance whose deadline passed on without its agent: back to Pending (its
-    /// admission undone, so that its slots are freed) or Failed. The node may still carry the
-    /// maintenance's taint and cordon: `NodeRestored=False` asks the agent to undo them.
+    /// Moves a maintenance on without its agent: back to Pending (its admission undone, so that
+    /// its slots are freed) or Failed when a deadline passed, or on to Acting (a DeleteNode of a
+    /// dead node). A node sent back or failed may still carry the maintenance's taint and
+    /// cordon: `NodeRestored=False` asks the agent to undo them.
     pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) {
         let Some(current) = Self::maintenance(objects, &overdue.maintenance) else {
             return;
@@ -266,8 +267,13 @@ impl Controller {
                         generation,
                         now,
                     );
-                } else {
+                }
+                if overdue.to.is_finished() {
                     status.finished_at = Some(Time(now));
+                }
+                if overdue.to == MaintenancePhase::Acting {
+                    // On to the node's deletion: there is nothing on it to restore.
+                    return;
                 }
                 round::set_condition(
                     &mut status.conditions,
@@ -283,18 +289,7 @@ impl Controller {
         if written {
             tracing::warn!(maintenance = %overdue.maintenance, to = ?overdue.to, reason = overdue.reason, message = %overdue.message, "deadline passed");
             self.writer
-                .metrics
-                .deadlines_passed
-                .get_or_create(&ReasonLabels {
-                    reason: overdue.reason.to_owned(),
-                })
-                .inc();
-            self.writer.event(
-                current.as_ref(),
-                EventType::Warning,
-                overdue.reason,
-                overdue.message.clone(),
-            );
+                .deadline_passed(current.as_ref(), overdue.reason, &overdue.message);
         }
     }
 
@@ -379,19 +374,34 @@ impl Controller {
             tracing::warn!(%maintenance, end_in = ?takeover.end_in, restored = takeover.restore, %message, "took over from a lost agent");
             if takeover.end_in.is_some() {
                 self.writer
-                    .metrics
-                    .deadlines_passed
-                    .get_or_create(&ReasonLabels {
-                        reason: overdue::AGENT_LOST.to_owned(),
-                    })
-                    .inc();
-                self.writer.event(
-                    &current,
-                    EventType::Warning,
-                    overdue::AGENT_LOST,
-                    message.clone(),
-                );
+                    .deadline_passed(&current, overdue::AGENT_LOST, message);
             }
+        }
+    }
+
+    /// Puts the out-of-service taint on a dead node, or takes nodeward's from one Ready again.
+    pub(super) async fn out_of_service(&mut self, change: &round::OutOfService) {
+        let round::OutOfService {
+            node,
+            uid,
+            on,
+            message,
+        } = change;
+        match cordon::set_out_of_service(&self.writer.client, node, uid, *on, message).await {
+            Ok(true) => {
+                tracing::warn!(%node, on, %message, "out-of-service taint");
+                let (type_, reason) = if *on {
+                    (EventType::Warning, "OutOfService")
+                } else {
+                    (EventType::Normal, "BackInService")
+                };
+                let mut object = Node::default();
+                object.metadata.name = Some(node.clone());
+                object.metadata.uid = Some(uid.clone());
+                self.writer.event(&object, type_, reason, message.clone());
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "out-of-service taint not changed"),
         }
     }
 
@@ -623,6 +633,17 @@ impl Writer {
             self.event(current, EventType::Normal, "Admitted", note);
         }
         written
+    }
+
+    /// Counts a maintenance moved on because its agent missed a deadline, with an Event.
+    fn deadline_passed(&self, m: &NodeMaintenance, reason: &'static str, message: &str) {
+        self.metrics
+            .deadlines_passed
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+        self.event(m, EventType::Warning, reason, message.to_owned());
     }
 
     /// Publishes an Event off the decision path: a round does not wait for it.

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     policy::{BudgetSlot, ResolvedDeadlines},
 };
 
@@ -59,7 +59,9 @@ pub(super) fn admit_pending(
             maintenance: name.clone(),
             node: node.clone(),
             remediation: m.spec.reason == MaintenanceReason::Remediation,
-            needs_agent: true,
+            // Deleting a dead node is the coordinator's alone: there is nothing to drain.
+            needs_agent: !(m.spec.action == MaintenanceAction::DeleteNode
+                && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
         };
         match decide::decide(cluster, &request) {
             Decision::Admit { policies } => {

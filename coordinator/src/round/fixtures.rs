@@ -44,6 +44,20 @@ pub fn report(node: &str, heartbeat: i64) -> Arc<NodeReport> {
     )
 }
 
+/// The NodeReport of `node`'s agent (heartbeat at `t(heartbeat)`) with its last probes of
+/// `peers`: name, whether it answered, at `t(seconds)`.
+pub fn report_seeing(node: &str, heartbeat: i64, peers: &[(&str, bool, i64)]) -> Arc<NodeReport> {
+    let sightings: Vec<Value> = peers
+        .iter()
+        .map(|(peer, reachable, at)| json!({"node": peer, "reachable": reachable, "time": t(*at).to_string()}))
+        .collect();
+    let mut report = report(node, heartbeat).as_ref().clone();
+    if let Some(status) = report.status.as_mut() {
+        status.peer_sightings = serde_json::from_value(Value::Array(sightings)).expect("sightings");
+    }
+    Arc::new(report)
+}
+
 pub struct NodeFixture(Node);
 
 /// A Ready node (uid `uid-<name>`) labelled `pool=a`, created long before `t(0)`.

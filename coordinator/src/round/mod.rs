@@ -7,8 +7,9 @@
 //! A round goes in stages, one module each: [`view`] indexes the objects and resolves each
 //! policy, [`slots`] keeps the budget slots that still hold and ends maintenances whose node is
 //! gone, [`remediate`] judges node health and asks for remediation, [`admit`] decides pending
-//! maintenances, [`overdue`] holds admitted ones to their deadlines, and [`policy_status`]
-//! writes each policy's status.
+//! maintenances, [`overdue`] holds admitted ones to their deadlines, [`out_of_service`]
+//! taints dead nodes ([`dead_nodes`] judges them), and [`policy_status`] writes each policy's
+//! status.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -26,8 +27,10 @@ use nodeward_api::{
 use crate::{admission::decide::Cluster, health::RemediationGate};
 
 mod admit;
+mod dead_nodes;
 #[cfg(test)]
 mod fixtures;
+mod out_of_service;
 mod overdue;
 mod policy_status;
 mod remediate;
@@ -90,6 +93,10 @@ pub struct Plan {
     pub deadlines: Vec<DeadlineRecord>,
     /// Maintenances to finish in place of their lost agent.
     pub take_over: Vec<TakeOver>,
+    /// Dead nodes to taint out of service, and nodes Ready again to take nodeward's taint from.
+    pub out_of_service: Vec<OutOfService>,
+    /// Dead nodes a policy would taint out of service, and why not now.
+    pub out_of_service_waits: Vec<(String, String)>,
     /// Remediation maintenances to create.
     pub remediate: Vec<RemediationRequest>,
     /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
@@ -162,6 +169,16 @@ pub struct Overdue {
     pub message: String,
 }
 
+/// The out-of-service taint to put on a dead node (`on`) or to take from one Ready again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OutOfService {
+    pub node: String,
+    /// The Node's uid as this round saw it.
+    pub uid: String,
+    pub on: bool,
+    pub message: String,
+}
+
 /// A maintenance the coordinator finishes in place of its lost agent.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TakeOver {
@@ -224,6 +241,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &health.unhealthy,
         &slots,
         &disrupted_by,
+        &dead_nodes::judged(&index, now),
         now,
     );
     let pending = admit::pending_oldest_first(index.maintenances.values().copied());
@@ -236,9 +254,10 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &mut plan,
     );
     slots::end_where_node_gone(&index, memory, &slots, &mut plan);
-    overdue::enforce(&index, now, &mut plan);
+    overdue::enforce(&index, &cluster, now, &mut plan);
     overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
+    out_of_service::decide(&index, &cluster, &mut plan);
     policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
     plan.standing.cluster = cluster;
     plan

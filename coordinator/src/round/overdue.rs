@@ -9,17 +9,39 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
-    MaintenancePhase, conditions::maintenance as maintenance_conditions,
-    labels::MAINTENANCE_FINALIZER, maintenance::PhaseDeadline,
+    MaintenanceAction, MaintenancePhase,
+    conditions::{maintenance as maintenance_conditions, overdue},
+    labels::MAINTENANCE_FINALIZER,
+    maintenance::PhaseDeadline,
 };
 
 use super::{DeadlineRecord, Gone, Memory, Overdue, Plan, TakeOver, view::Index};
-use crate::deadlines::{self, Held, Progress};
+use crate::{
+    admission::decide::Cluster,
+    deadlines::{self, Held, Progress},
+};
 
-/// Records or enforces the deadline of every maintenance in a phase that has one.
-pub(super) fn enforce(index: &Index, now: Timestamp, plan: &mut Plan) {
+/// Records or enforces the deadline of every maintenance in a phase that has one; an admitted
+/// DeleteNode of a dead node goes straight to Acting (nothing to drain: the coordinator
+/// deletes the node).
+pub(super) fn enforce(index: &Index, cluster: &Cluster, now: Timestamp, plan: &mut Plan) {
     for m in index.maintenances.values() {
         let phase = m.phase();
+        let dead = cluster
+            .nodes
+            .get(&m.spec.node_name)
+            .and_then(|n| n.dead.as_ref());
+        if let Some(why) = dead.filter(|_| {
+            phase == MaintenancePhase::Admitted && m.spec.action == MaintenanceAction::DeleteNode
+        }) {
+            plan.overdue.push(Overdue {
+                maintenance: m.name_any(),
+                to: MaintenancePhase::Acting,
+                reason: overdue::NODE_DEAD,
+                message: format!("the node is dead ({why}): deleted without a drain"),
+            });
+            continue;
+        }
         // A maintenance whose node is gone ends another way (see `slots::end_where_node_gone`).
         if phase.is_finished()
             || phase == MaintenancePhase::Pending

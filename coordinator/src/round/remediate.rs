@@ -99,10 +99,12 @@ pub(super) fn assess<'a>(
 /// remediation start (and why not).
 pub(super) type Gate = Option<Result<(), String>>;
 
-/// Whether a node that never became Ready may be deleted now: as a remediation maintenance of
-/// it would be admitted (budgets, windows, pause, control-plane quorum, `maxUnhealthy`),
-/// counting the deletions this round already allowed. Why not, if not.
-fn admit_deletion(
+/// Whether the coordinator may act on `node` without its agent now (delete a node that never
+/// became Ready, taint a dead one out of service): as a remediation maintenance of it would be
+/// admitted (budgets, windows, pause, control-plane quorum, `maxUnhealthy`), counting what
+/// this round already allowed (in `deciding`, made from `cluster` at the first). Why not, if
+/// not.
+pub(super) fn admit_without_agent(
     cluster: &Cluster,
     deciding: &mut Option<Cluster>,
     node: &str,
@@ -112,10 +114,10 @@ fn admit_deletion(
         return Ok(());
     }
     let pending = Pending {
-        maintenance: format!("startup deletion of {node}"),
+        maintenance: format!("coordinator action on {node}"),
         node: node.to_owned(),
         remediation: true,
-        // The coordinator deletes the Node itself: a node that never became Ready has no agent.
+        // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
     };
     match decide(deciding, &pending) {
@@ -171,7 +173,7 @@ pub(super) fn remediate(
                 let (action, message) = match r.startup_action {
                     _ if !allowed => (StartupAction::None, message.clone()),
                     StartupAction::DeleteNode => {
-                        match admit_deletion(cluster, &mut deciding, name) {
+                        match admit_without_agent(cluster, &mut deciding, name) {
                             Ok(()) => (StartupAction::DeleteNode, message.clone()),
                             Err(why) => (
                                 StartupAction::None,

@@ -273,7 +273,8 @@ pub(super) fn was_ready_before(node: &Node) -> bool {
 /// counts (matched, and those holding one of its `slots` though no longer matched), and the
 /// nodes `disrupted_by` some maintenance. A node is unhealthy if it is not Ready or is in
 /// `unhealthy` (by some policy's rules); its agent is unavailable if its heartbeat is older
-/// than the longest `deadlines.agentHeartbeat` of the policies matching it at `now`. A node a
+/// than the longest `deadlines.agentHeartbeat` of the policies matching it at `now`; `dead`
+/// says which are dead, and why. A node a
 /// DeleteNode maintenance deleted counts as disrupted in the policies that admitted it until
 /// its replacement had time to join.
 pub(super) fn cluster(
@@ -282,6 +283,7 @@ pub(super) fn cluster(
     unhealthy: &BTreeSet<String>,
     slots: &BTreeMap<String, Vec<BudgetSlot>>,
     disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+    dead: &BTreeMap<&str, String>,
     now: Timestamp,
 ) -> Cluster {
     let awaiting = index.awaiting_replacement(now);
@@ -302,6 +304,7 @@ pub(super) fn cluster(
                         now,
                         index.deadlines_of_node(name).agent_heartbeat,
                     ),
+                    dead: dead.get(*name).cloned(),
                 };
                 ((*name).to_owned(), state)
             })

@@ -32,6 +32,14 @@ impl Directory {
             .collect()
     }
 
+    /// Whether `node` is a known peer.
+    pub fn contains(&self, node: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains_key(node)
+    }
+
     fn set(&self, name: String, address: Option<IpAddr>) {
         let mut map = self
             .0

@@ -6,6 +6,7 @@
 mod directory;
 mod probe;
 mod respond;
+mod sightings;
 
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
@@ -18,6 +19,7 @@ use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::{Directory, internal_ip, mark_own_node};
 pub use probe::{Protocol, probe};
 pub use respond::respond;
+pub use sightings::Sightings;
 
 super::section! {
     pub struct PeersConfig {
@@ -98,6 +100,8 @@ pub struct PeerContext {
     pub directory: Directory,
     pub node_name: String,
     pub metrics: Arc<Metrics>,
+    /// Each sampled peer's last probe, for the NodeReport.
+    pub sightings: Sightings,
 }
 
 /// Successes and failures of one protocol in one round.
@@ -119,10 +123,10 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
         .choose_multiple(&mut rand::rng(), config.sample_size)
         .cloned()
         .collect();
-    let probes = sample.iter().flat_map(|(_, address)| {
+    let probes = sample.iter().enumerate().flat_map(|(peer, (_, address))| {
         config.protocols.iter().map(move |&protocol| async move {
             let result = probe(protocol, *address, config.port, config.probe_timeout).await;
-            (protocol, result)
+            (peer, protocol, result)
         })
     });
     let mut tallies: BTreeMap<Protocol, Tally> = config
@@ -130,7 +134,9 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
         .iter()
         .map(|p| (*p, Tally::default()))
         .collect();
-    for (protocol, result) in join_all(probes).await {
+    let mut answered = vec![false; sample.len()];
+    for (peer, protocol, result) in join_all(probes).await {
+        answered[peer] |= result.is_ok();
         let tally = tallies.entry(protocol).or_default();
         if result.is_ok() {
             tally.ok += 1;
@@ -143,6 +149,15 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
                 result: if result.is_ok() { "ok" } else { "failed" }.to_owned(),
             };
             c.metrics.probes.get_or_create(&labels).inc();
+        }
+    }
+    if let Some(c) = context {
+        let now = jiff::Timestamp::now();
+        for ((name, _), reachable) in sample.iter().zip(answered) {
+            // Static peers are addresses, not nodes: only nodes are sighted for the coordinator.
+            if c.directory.contains(name) {
+                c.sightings.record(name, reachable, now);
+            }
         }
     }
     evaluate(&tallies, sample.len())

@@ -1,0 +1,75 @@
+//! Which NotReady nodes are dead ([`crate::dead`]): the evidence gathered from the round's
+//! objects, the peers' sightings among it.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use nodeward_api::node::is_ready;
+
+use super::{timestamp, view::Index};
+use crate::{
+    dead::{self, Evidence},
+    deadlines::agent_unavailable,
+};
+
+/// The dead nodes, each with why.
+pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str, String> {
+    let not_ready: Vec<&str> = index
+        .nodes
+        .iter()
+        .filter(|(_, node)| !is_ready(node))
+        .map(|(name, _)| *name)
+        .collect();
+    if not_ready.is_empty() {
+        return BTreeMap::new();
+    }
+    // What live agents saw of their peers: only an agent that still reports speaks for them.
+    let mut sightings: BTreeMap<&str, Vec<(String, bool, Timestamp)>> = BTreeMap::new();
+    let mut peers_exist = false;
+    for (peer, report) in &index.reports {
+        let limit = index.deadlines_of_node(peer).agent_heartbeat;
+        if agent_unavailable(peer, index.heartbeat(peer), now, limit).is_some() {
+            continue;
+        }
+        let seen = report
+            .status
+            .as_ref()
+            .map(|s| s.peer_sightings.as_slice())
+            .unwrap_or_default();
+        peers_exist |= !seen.is_empty();
+        for s in seen {
+            sightings.entry(s.node.as_str()).or_default().push((
+                (*peer).to_owned(),
+                s.reachable,
+                s.time.0,
+            ));
+        }
+    }
+    let mut dead = BTreeMap::new();
+    for name in not_ready {
+        let node = index.nodes[name];
+        let deadlines = index.deadlines_of_node(name);
+        let not_ready_since = nodeward_api::node::condition(node, "Ready")
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map_or_else(
+                || timestamp(node.metadata.creation_timestamp.as_ref()),
+                |t| t.0,
+            );
+        let evidence = Evidence {
+            ready: false,
+            not_ready_since,
+            agent_unavailable: agent_unavailable(
+                name,
+                index.heartbeat(name),
+                now,
+                deadlines.agent_heartbeat,
+            ),
+            sightings: sightings.remove(name).unwrap_or_default(),
+            peers_exist,
+        };
+        if let Ok(why) = dead::judge(&evidence, now, deadlines.agent_heartbeat) {
+            dead.insert(name, why);
+        }
+    }
+    dead
+}
