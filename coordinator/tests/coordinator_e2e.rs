@@ -1474,8 +1474,16 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
                "remediation": {"enabled": true, "outOfServiceTaint": true}}),
     )
     .await?;
-    env.replicaset("stateful", &n0, 1, &nodeward_e2e::PodOptions::default())
-        .await?;
+    // Like a stateful pod: it waits out its node being unreachable for as long as it takes, so
+    // only the out-of-service taint moves it.
+    let stays = nodeward_e2e::PodOptions {
+        tolerations: json!([
+            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+        ]),
+        ..Default::default()
+    };
+    env.replicaset("stateful", &n0, 1, &stays).await?;
     let pod = env
         .running_pods("stateful", 1)
         .await?

@@ -121,7 +121,10 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "Service",
         "ServiceAccount",
         "ServiceAccount",
+        // The agent's and the coordinator's admission policies, each with its binding.
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
     ];

@@ -79,6 +79,9 @@ pub struct PodOptions {
     pub service_account: Option<String>,
     /// An existing PriorityClass, e.g. `system-cluster-critical` (instead of `priority`).
     pub priority_class_name: Option<String>,
+    /// The pods' tolerations; by default every taint (the simulated nodes' own NoExecute
+    /// taints must not evict what a test placed there).
+    pub tolerations: serde_json::Value,
 }
 
 impl Default for PodOptions {
@@ -89,6 +92,7 @@ impl Default for PodOptions {
             labels: BTreeMap::new(),
             service_account: None,
             priority_class_name: None,
+            tolerations: json!([{"operator": "Exists"}]),
         }
     }
 }
@@ -289,7 +293,7 @@ impl TestEnv {
         let mut spec = json!({
             "terminationGracePeriodSeconds": options.grace_period_seconds,
             "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
-            "tolerations": [{"operator": "Exists"}],
+            "tolerations": options.tolerations,
         });
         if let Some(node) = node {
             spec["nodeName"] = json!(node);
