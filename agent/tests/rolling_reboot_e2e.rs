@@ -11,17 +11,13 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
 use kube::{Api, ResourceExt, api::DeleteParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history,
-    logind::Logind,
-};
+use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, env::TEST_LABEL, history, machine::Machine};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -34,110 +30,15 @@ const BLOCKER_LABEL: &str = "e2e-blocks-reboot";
 /// Coordinators watch the whole cluster: one test at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// One simulated machine: its logind, its agent, its boot id.
-struct Machine {
-    name: String,
+/// A machine for node `index` whose agent sends its notifications to `hook`.
+async fn machine(
+    env: &TestEnv,
     index: usize,
-    dir: PathBuf,
-    logind: Logind,
-    agent: Option<Daemon>,
-    boots: usize,
-    /// When the harness saw `StartUnit("reboot.target")`, per boot.
-    rebooted_at: Vec<Instant>,
-}
-
-impl Machine {
-    /// A machine for node `index`; `reboot_required` creates its reboot sentinel.
-    async fn start(
-        env: &TestEnv,
-        index: usize,
-        hook: &str,
-        reboot_required: bool,
-    ) -> anyhow::Result<Self> {
-        let name = env.node_name(index);
-        let dir = std::env::temp_dir().join(format!("nodeward-rolling-{}-{index}", env.id));
-        std::fs::create_dir_all(&dir)?;
-        if reboot_required {
-            std::fs::write(dir.join("reboot-required"), "")?;
-        }
-        let config = format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\nnotifications: {{url: {hook}}}\n",
-            dir.join("reboot-required").display()
-        );
-        std::fs::write(dir.join("agent.yaml"), config)?;
-        let logind = Logind::start(&format!("{}-{index}", env.id), 10).await?;
-        let mut machine = Self {
-            name,
-            index,
-            dir,
-            logind,
-            agent: None,
-            boots: 0,
-            rebooted_at: Vec::new(),
-        };
-        machine.boot()?;
-        Ok(machine)
-    }
-
-    /// Writes a new boot id and starts the agent.
-    fn boot(&mut self) -> anyhow::Result<()> {
-        self.boots += 1;
-        let boot_id = format!(
-            "{:04x}{:04x}-0000-4000-8000-{:012x}",
-            self.index,
-            self.boots,
-            std::process::id()
-        );
-        std::fs::write(self.dir.join("boot_id"), format!("{boot_id}\n"))?;
-        let args = vec![
-            "run".to_owned(),
-            "--node-name".into(),
-            self.name.clone(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-            "--config".into(),
-            self.dir.join("agent.yaml").display().to_string(),
-            "--boot-id-file".into(),
-            self.dir.join("boot_id").display().to_string(),
-        ];
-        self.agent = Some(Daemon::start_with_env(
-            AGENT,
-            &format!("{}-boot{}", self.name, self.boots),
-            &args,
-            &[("DBUS_SYSTEM_BUS_ADDRESS", &self.logind.bus.address)],
-        )?);
-        Ok(())
-    }
-
-    fn reboot_requested(&self) -> bool {
-        self.logind
-            .started_units()
-            .iter()
-            .any(|(unit, _)| unit == "reboot.target")
-    }
-
-    /// Everything on the machine stops; it comes back with a new boot id and without the
-    /// reboot-required sentinel (it lived in /run).
-    async fn reboot(&mut self) -> anyhow::Result<()> {
-        self.rebooted_at.push(Instant::now());
-        self.agent = None;
-        self.logind
-            .systemd
-            .started
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-        self.logind.restart_bus().await?;
-        match std::fs::remove_file(self.dir.join("reboot-required")) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-            _ => {}
-        }
-        self.boot()
-    }
-
-    fn output(&self) -> String {
-        self.agent.as_ref().map(Daemon::output).unwrap_or_default()
-    }
+    hook: &str,
+    reboot_required: bool,
+) -> anyhow::Result<Machine> {
+    let notify = format!("notifications: {{url: {hook}}}\n");
+    Machine::start(env, AGENT, index, &notify, reboot_required).await
 }
 
 fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
@@ -244,7 +145,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     let started = Instant::now();
     let mut machines = Vec::new();
     for i in 0..NODES {
-        machines.push(Machine::start(&env, i, &hook, true).await?);
+        machines.push(machine(&env, i, &hook, true).await?);
     }
 
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -441,8 +342,8 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
     .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let (receiver, hook) = hook_receiver().await?;
-    let power_off = Machine::start(&env, 0, &hook, false).await?;
-    let delete = Machine::start(&env, 1, &hook, false).await?;
+    let power_off = machine(&env, 0, &hook, false).await?;
+    let delete = machine(&env, 1, &hook, false).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     for (machine, action) in [(&power_off, "PowerOff"), (&delete, "DeleteNode")] {
         let name = format!("{}-{}", machine.name, action.to_lowercase());
@@ -536,7 +437,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     )
     .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
-    let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
+    let mut machine = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");
     env.create_maintenance(&name, &node, "Manual", "Reboot")
         .await?;
@@ -613,7 +514,7 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     )
     .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
-    let mut machine = Machine::start(&env, 0, "http://127.0.0.1:9/unused", false).await?;
+    let mut machine = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");
     env.create_maintenance(&name, &node, "Manual", "Reboot")
         .await?;
@@ -623,7 +524,7 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     .await
     .with_context(|| format!("{}\n{}", machine.output(), coordinator.output()))?;
     // The machine goes down and stays down: nothing of it runs.
-    machine.agent = None;
+    machine.kill_agent();
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let acting = nodeward_e2e::wait::until(
         &maintenances,

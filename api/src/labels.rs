@@ -9,6 +9,8 @@ pub const DRAIN_SKIP: &str = "skip";
 
 /// Taint put on a node that is shutting down (set with the cordon, removed after boot).
 pub const SHUTDOWN_TAINT: &str = "nodeward.io/shutdown";
+/// How the shutdown guard's cordon is recorded in `nodeward.io/cordoned-by`.
+pub const SHUTDOWN_CORDON_BY: &str = "shutdown";
 /// Taint put on a node under an admitted NodeMaintenance.
 pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
 

@@ -1292,10 +1292,15 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    // Each node's agent (played here) takes its maintenance: finalizer, taint, recorded cordon.
+    // Each node's agent (played here) takes its maintenance: finalizer, taint, recorded cordon;
+    // n0's shutdown guard had begun too (its taint) when the agent died.
     let draining = create_maintenance(&env, &n0).await?;
     let drained = create_maintenance(&env, &n1).await?;
     for (name, node, phase) in [(&draining, &n0, "Draining"), (&drained, &n1, "Acting")] {
+        let mut taints = vec![json!({"key": "nodeward.io/maintenance", "effect": "NoSchedule"})];
+        if node == &n0 {
+            taints.push(json!({"key": "nodeward.io/shutdown", "effect": "NoSchedule"}));
+        }
         wait_admitted(&env, name, TIMEOUT).await?;
         maintenances
             .patch(
@@ -1310,7 +1315,7 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
                 &PatchParams::default(),
                 &Patch::Merge(json!({
                     "metadata": {"annotations": {"nodeward.io/cordoned-by": format!("maintenance/{name}")}},
-                    "spec": {"unschedulable": true, "taints": [{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]},
+                    "spec": {"unschedulable": true, "taints": taints},
                 })),
             )
             .await?;
@@ -1355,7 +1360,7 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
     );
     assert!(
         node_restored(&env.nodes().get(&n0).await?),
-        "n0 uncordoned and untainted"
+        "n0 uncordoned and untainted, the shutdown guard's taint gone too"
     );
     assert!(
         !node_restored(&env.nodes().get(&n1).await?),

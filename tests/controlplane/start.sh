@@ -146,41 +146,49 @@ wait_for() { # description, deadline seconds, pid, command...
 
 # --- etcd --------------------------------------------------------------------------------------
 rm -rf "$state/etcd"
-"$bin/etcd" --name nodeward-test --data-dir "$state/etcd" \
-  --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
-  --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
-  --initial-cluster "nodeward-test=http://127.0.0.1:$etcd_peer_port" \
-  --unsafe-no-fsync --quota-backend-bytes 4294967296 --log-level warn \
-  >"$logs/etcd.log" 2>&1 &
-pids+=($!)
-wait_for etcd 30 "${pids[-1]}" curl -fsS "http://127.0.0.1:$etcd_port/health"
+start_etcd() { # keeps its data directory: a restart finds the cluster as it left it
+  "$bin/etcd" --name nodeward-test --data-dir "$state/etcd" \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$etcd_peer_port" \
+    --initial-cluster "nodeward-test=http://127.0.0.1:$etcd_peer_port" \
+    --unsafe-no-fsync --quota-backend-bytes 4294967296 --log-level warn \
+    >>"$logs/etcd.log" 2>&1 &
+  etcd_pid=$!
+  wait_for etcd 30 "$etcd_pid" curl -fsS "http://127.0.0.1:$etcd_port/health"
+}
+start_etcd
+pids+=("$etcd_pid")
 
 # --- kube-apiserver ----------------------------------------------------------------------------
 # Aggregator routing: webhooks behind a Service are called at an endpoint's address (the node
 # lab's pod subnets are routed from this machine; there is no kube-proxy here).
-"$bin/kube-apiserver" \
-  --etcd-servers "http://127.0.0.1:$etcd_port" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
-  --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
-  --client-ca-file "$pki/ca.crt" \
-  --authorization-mode Node,RBAC \
-  --enable-admission-plugins NodeRestriction \
-  --service-account-issuer https://kubernetes.default.svc \
-  --api-audiences https://kubernetes.default.svc \
-  --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-  --service-cluster-ip-range 10.96.0.0/16 \
-  --allow-privileged=true \
-  --profiling=false \
-  --endpoint-reconciler-type none \
-  --enable-aggregator-routing=true \
-  --audit-policy-file "$here/audit-policy.yaml" \
-  --audit-log-path "$logs/audit.log" --audit-log-format json --audit-log-mode blocking \
-  >"$logs/kube-apiserver.log" 2>&1 &
-pids+=($!)
+start_apiserver() {
+  "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction \
+    --service-account-issuer https://kubernetes.default.svc \
+    --api-audiences https://kubernetes.default.svc \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --service-cluster-ip-range 10.96.0.0/16 \
+    --allow-privileged=true \
+    --profiling=false \
+    --endpoint-reconciler-type none \
+    --enable-aggregator-routing=true \
+    --audit-policy-file "$here/audit-policy.yaml" \
+    --audit-log-path "$logs/audit.log" --audit-log-format json --audit-log-mode blocking \
+    >>"$logs/kube-apiserver.log" 2>&1 &
+  apiserver_pid=$!
+  wait_for kube-apiserver 90 "$apiserver_pid" api_ready
+}
 api_ready() {
   curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" "$server/readyz"
 }
-wait_for kube-apiserver 90 "${pids[-1]}" api_ready
+start_apiserver
+pids+=("$apiserver_pid")
 mv "$state/admin.kubeconfig.tmp" "$state/admin.kubeconfig"
 
 # --- kube-controller-manager -------------------------------------------------------------------
@@ -227,8 +235,25 @@ EOF
 touch "$state/ready"
 log "ready in ${elapsed_ms} ms: $server (kubeconfig $state/admin.kubeconfig)"
 
+# A crash of the API server and etcd, on request (the chaos soak): `touch STATE_DIR/restart`.
+# Both are killed (SIGKILL) and started again on the same ports and data; each restart that
+# completed appends a line to STATE_DIR/restarts.
+restart_api_and_etcd() {
+  log "restart requested: killing kube-apiserver and etcd"
+  kill -KILL "${pids[1]}" "${pids[0]}" 2>/dev/null || true
+  wait "${pids[1]}" "${pids[0]}" 2>/dev/null || true
+  start_etcd
+  pids[0]=$etcd_pid
+  start_apiserver
+  pids[1]=$apiserver_pid
+  rm -f "$state/restart"
+  date +%s%N >>"$state/restarts"
+  log "kube-apiserver and etcd are back"
+}
+
 names=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 while kill -0 "$parent" 2>/dev/null; do
+  [ -e "$state/restart" ] && restart_api_and_etcd
   for i in "${!pids[@]}"; do
     if ! kill -0 "${pids[i]}" 2>/dev/null; then
       log "${names[i]} died; its log:"

@@ -10,7 +10,10 @@ use std::{
 };
 
 use futures::StreamExt;
-use kube::{Api, ResourceExt, runtime::watcher};
+use kube::{
+    Api, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
 
 use crate::{TestEnv, env::TEST_LABEL};
@@ -49,30 +52,32 @@ pub fn watch_where(
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let recorded = history.clone();
     tokio::spawn(
-        watcher(maintenances, watcher::Config::default()).for_each(move |event| {
-            if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                && ours(&m)
-            {
-                let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                let p = m.phase();
-                h.phases
-                    .entry(m.name_any())
-                    .or_default()
-                    .entry(p)
-                    .or_insert_with(Instant::now);
-                // Sent back to Pending (a deadline passed), it no longer holds its node.
-                if p.is_finished() || p == MaintenancePhase::Pending {
-                    h.active.remove(&m.name_any());
-                } else if p != MaintenancePhase::Pending {
-                    h.active.insert(m.name_any());
-                    if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
-                        h.admitted.insert(m.name_any(), by.admitted_by.clone());
+        watcher(maintenances, watcher::Config::default())
+            .default_backoff()
+            .for_each(move |event| {
+                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                    && ours(&m)
+                {
+                    let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                    let p = m.phase();
+                    h.phases
+                        .entry(m.name_any())
+                        .or_default()
+                        .entry(p)
+                        .or_insert_with(Instant::now);
+                    // Sent back to Pending (a deadline passed), it no longer holds its node.
+                    if p.is_finished() || p == MaintenancePhase::Pending {
+                        h.active.remove(&m.name_any());
+                    } else if p != MaintenancePhase::Pending {
+                        h.active.insert(m.name_any());
+                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
+                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
+                        }
                     }
+                    h.max_active = h.max_active.max(h.active.len());
                 }
-                h.max_active = h.max_active.max(h.active.len());
-            }
-            futures::future::ready(())
-        }),
+                futures::future::ready(())
+            }),
     );
     let policies: Api<DisruptionPolicy> = Api::all(client.clone());
     let recorded = history.clone();
@@ -80,13 +85,17 @@ pub fn watch_where(
     if !policy_selector.is_empty() {
         config = config.labels(policy_selector);
     }
-    tokio::spawn(watcher(policies, config).for_each(move |event| {
-        if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
-            let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
-            let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-            h.max_slots = h.max_slots.max(slots);
-        }
-        futures::future::ready(())
-    }));
+    tokio::spawn(
+        watcher(policies, config)
+            .default_backoff()
+            .for_each(move |event| {
+                if let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event {
+                    let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
+                    let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                    h.max_slots = h.max_slots.max(slots);
+                }
+                futures::future::ready(())
+            }),
+    );
     history
 }

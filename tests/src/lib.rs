@@ -1,6 +1,7 @@
 //! Test support for nodeward's end-to-end tests: a real control plane shared by the whole test
 //! run, a namespace and node names per test, and fixtures (kwok nodes, workloads, PDBs).
 
+pub mod chaos;
 pub mod controlplane;
 pub mod daemon;
 pub mod env;
@@ -9,6 +10,7 @@ pub mod helm;
 pub mod history;
 pub mod http;
 pub mod logind;
+pub mod machine;
 pub mod nodelab;
 pub mod proxy;
 pub mod siege;

@@ -24,7 +24,7 @@ use kube::{
 };
 use nodeward_api::{
     NodeReport,
-    labels::SHUTDOWN_TAINT,
+    labels::{SHUTDOWN_CORDON_BY, SHUTDOWN_TAINT},
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
 use nodeward_runtime::{
@@ -457,18 +457,20 @@ impl Guard {
             seconds = left.as_secs(),
             "shutdown announced: draining the node"
         );
-        let applied = match cordon::apply(&self.client, &self.node, SHUTDOWN_TAINT, "shutdown")
-            .await
-        {
-            Ok(applied) => Applied {
-                cordoned: applied.cordoned || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
-                tainted: applied.tainted || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
-            },
-            Err(e) => {
-                tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
-                Applied::default()
-            }
-        };
+        let applied =
+            match cordon::apply(&self.client, &self.node, SHUTDOWN_TAINT, SHUTDOWN_CORDON_BY).await
+            {
+                Ok(applied) => Applied {
+                    cordoned: applied.cordoned
+                        || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
+                    tainted: applied.tainted
+                        || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
+                    Applied::default()
+                }
+            };
         let record = ShutdownProgress {
             phase: ShutdownPhase::Draining,
             boot_id: self.boot_id.clone(),

@@ -21,7 +21,10 @@ use kube::{
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     conditions::{denial, maintenance as maintenance_conditions, node as node_conditions, overdue},
-    labels::{COORDINATOR_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+    labels::{
+        COORDINATOR_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT, SHUTDOWN_CORDON_BY,
+        SHUTDOWN_TAINT,
+    },
     maintenance::{AdmissionRecord, PhaseDeadline, PhaseTransition},
     policy::StartupAction,
 };
@@ -309,10 +312,16 @@ impl Controller {
         } = taking;
         if takeover.restore {
             let by = format!("maintenance/{maintenance}");
-            if let Err(e) =
-                cordon::undo_left_by(&self.writer.client, node, MAINTENANCE_TAINT, &by, *untaint)
-                    .await
-            {
+            // The shutdown guard's taint and cordon too: a node that went down for the
+            // maintenance's reboot and never came back keeps them, and no one else takes them
+            // away (the agent would, after the next boot).
+            let client = &self.writer.client;
+            let undone = async {
+                cordon::undo_left_by(client, node, MAINTENANCE_TAINT, &by, *untaint).await?;
+                cordon::undo_left_by(client, node, SHUTDOWN_TAINT, SHUTDOWN_CORDON_BY, true).await
+            }
+            .await;
+            if let Err(e) = undone {
                 tracing::warn!(error = %e, %maintenance, "restoring the node of a lost agent");
                 return;
             }

@@ -1,0 +1,175 @@
+//! A simulated machine behind a kwok node: the real agent process with its own real
+//! systemd-logind (private bus, private mount namespace) and a boot id. The agent reboots
+//! through logind; when logind asks the systemd stand-in for `reboot.target`, the harness
+//! carries the reboot out ([`Machine::reboot`]): everything on the machine stops and starts
+//! again with a new boot id and without the reboot-required sentinel.
+
+use std::{path::PathBuf, time::Instant};
+
+use crate::{TestEnv, controlplane, daemon::Daemon, logind::Logind};
+
+/// The agent configuration every machine starts from: only the reboot-required detector (its
+/// sentinel in the machine's directory), the shutdown guard on.
+fn base_config(sentinel: &std::path::Path) -> String {
+    format!(
+        "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
+        sentinel.display()
+    )
+}
+
+pub struct Machine {
+    pub name: String,
+    pub index: usize,
+    pub dir: PathBuf,
+    pub logind: Logind,
+    agent_binary: String,
+    agent: Option<Daemon>,
+    /// Boots so far (the first start is boot 1).
+    pub boots: usize,
+    /// When the harness carried out each reboot.
+    pub rebooted_at: Vec<Instant>,
+    /// When the current boot began.
+    booted_at: jiff::Timestamp,
+}
+
+impl Machine {
+    /// A machine for node `index` of `env` running `agent_binary`, with `extra_config` (YAML
+    /// lines) after the base configuration; `reboot_required` creates its reboot sentinel.
+    pub async fn start(
+        env: &TestEnv,
+        agent_binary: &str,
+        index: usize,
+        extra_config: &str,
+        reboot_required: bool,
+    ) -> anyhow::Result<Self> {
+        let name = env.node_name(index);
+        let dir = std::env::temp_dir().join(format!("nodeward-machine-{}-{index}", env.id));
+        std::fs::create_dir_all(&dir)?;
+        let sentinel = dir.join("reboot-required");
+        if reboot_required {
+            std::fs::write(&sentinel, "")?;
+        }
+        std::fs::write(
+            dir.join("agent.yaml"),
+            format!("{}{extra_config}", base_config(&sentinel)),
+        )?;
+        let logind = Logind::start(&format!("{}-{index}", env.id), 10).await?;
+        let mut machine = Self {
+            name,
+            index,
+            dir,
+            logind,
+            agent_binary: agent_binary.to_owned(),
+            agent: None,
+            boots: 0,
+            rebooted_at: Vec::new(),
+            booted_at: jiff::Timestamp::now(),
+        };
+        machine.boot()?;
+        Ok(machine)
+    }
+
+    /// Writes a new boot id and starts the agent.
+    fn boot(&mut self) -> anyhow::Result<()> {
+        self.boots += 1;
+        let boot_id = format!(
+            "{:04x}{:04x}-0000-4000-8000-{:012x}",
+            self.index,
+            self.boots,
+            std::process::id()
+        );
+        std::fs::write(self.dir.join("boot_id"), format!("{boot_id}\n"))?;
+        self.booted_at = jiff::Timestamp::now();
+        self.start_agent()
+    }
+
+    /// Starts the agent in the current boot (again, after [`Machine::kill_agent`]).
+    pub fn start_agent(&mut self) -> anyhow::Result<()> {
+        let args = vec![
+            "run".to_owned(),
+            "--node-name".into(),
+            self.name.clone(),
+            "--kubeconfig".into(),
+            controlplane::shared().kubeconfig.display().to_string(),
+            "--config".into(),
+            self.dir.join("agent.yaml").display().to_string(),
+            "--boot-id-file".into(),
+            self.dir.join("boot_id").display().to_string(),
+        ];
+        self.agent = Some(Daemon::start_with_env(
+            &self.agent_binary,
+            &format!("{}-boot{}", self.name, self.boots),
+            &args,
+            &[("DBUS_SYSTEM_BUS_ADDRESS", &self.logind.bus.address)],
+        )?);
+        Ok(())
+    }
+
+    /// The agent dies (SIGKILL); the machine stays up.
+    pub fn kill_agent(&mut self) {
+        self.agent = None; // dropping a Daemon kills it
+    }
+
+    pub fn agent_running(&self) -> bool {
+        self.agent.is_some()
+    }
+
+    /// Whether logind asked for `reboot.target` in this boot.
+    pub fn reboot_requested(&self) -> bool {
+        self.logind
+            .started_units()
+            .iter()
+            .any(|(unit, _)| unit == "reboot.target")
+    }
+
+    /// The machine goes down for its reboot: agent, logind and bus stop.
+    pub async fn go_down(&mut self) -> anyhow::Result<()> {
+        self.rebooted_at.push(Instant::now());
+        self.agent = None;
+        self.logind
+            .systemd
+            .started
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.logind.restart_bus().await?;
+        Ok(())
+    }
+
+    /// Everything on the machine stops; it comes back with a new boot id and without the
+    /// reboot-required sentinel (it lived in /run).
+    pub async fn reboot(&mut self) -> anyhow::Result<()> {
+        self.go_down().await?;
+        self.come_up()
+    }
+
+    /// Back from a reboot: the sentinel gone, a new boot id, the agent started.
+    pub fn come_up(&mut self) -> anyhow::Result<()> {
+        match std::fs::remove_file(self.dir.join("reboot-required")) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        self.boot()
+    }
+
+    /// A reboot is needed again (a new package was installed).
+    pub fn require_reboot(&self) -> anyhow::Result<()> {
+        std::fs::write(self.dir.join("reboot-required"), "")?;
+        Ok(())
+    }
+
+    /// Whether the machine needs a reboot (its sentinel is there).
+    pub fn reboot_pending(&self) -> bool {
+        self.dir.join("reboot-required").exists()
+    }
+
+    /// When the current boot began, to the second (as the API server's timestamps are).
+    pub fn booted_at(&self) -> jiff::Timestamp {
+        jiff::Timestamp::from_second(self.booted_at.as_second()).unwrap_or(self.booted_at)
+    }
+
+    /// What the agent printed in this boot.
+    pub fn output(&self) -> String {
+        self.agent.as_ref().map(Daemon::output).unwrap_or_default()
+    }
+}
