@@ -201,6 +201,11 @@ impl NodeMaintenanceStatus {
         self.phase = phase;
         self.history = entered(&self.history, phase, now);
     }
+
+    /// Counts one more admission withdrawn ([`Self::admissions_withdrawn`]).
+    pub fn withdraw_admission(&mut self) {
+        self.admissions_withdrawn = Some(self.admissions_withdrawn.unwrap_or(0).saturating_add(1));
+    }
 }
 
 /// `history` with `phase` entered at `now` appended, capped at [`HISTORY_LIMIT`].
@@ -315,6 +320,13 @@ pub struct NodeMaintenanceStatus {
     /// Which policies' budget slots the coordinator took, when, and as which leader.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionRecord>,
+    /// How many times the coordinator withdrew an admission of this maintenance (a deadline
+    /// passed before its agent started, or a half-done admission no longer fit). Each
+    /// withdrawal is written before its budget slots are freed: the write changes the
+    /// object, so an admission write still on its way, made over the version before, fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub admissions_withdrawn: Option<i32>,
     /// The deadline the coordinator holds this maintenance to in its current phase: what it
     /// does if the maintenance is still in `phase` at `time` (see the policy's `deadlines`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1276,6 +1276,77 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
     env.cleanup().await
 }
 
+/// A leader writes a maintenance's slot, then its admission write is delayed (a partition, a
+/// slow connection) and another coordinator takes over, denies the maintenance and frees the
+/// slot. The late write must not land, or the maintenance would run without a slot while
+/// another one takes it.
+#[tokio::test]
+async fn a_half_done_admission_given_back_cannot_be_admitted_by_a_late_write() -> anyhow::Result<()>
+{
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("fence").await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
+    let n0 = env.node_name(0);
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1, "paused": true}))
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = create_maintenance(&env, &n0).await?;
+    wait_denied(&env, &name, "Paused").await?;
+    drop(coordinator);
+
+    // The other leader's half-done admission: its slot stood, and it holds the admission
+    // write over the version it decided on.
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let decided_on = maintenances.get(&name).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    policies
+        .patch_status(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"slots": [{
+                "maintenance": name,
+                "uid": decided_on.uid(),
+                "nodeName": n0,
+                "admittedAt": jiff::Timestamp::now().to_string(),
+            }]}})),
+        )
+        .await?;
+
+    // This coordinator finds the slot of a maintenance that is still Pending under a paused
+    // policy, and gives it back.
+    let coordinator = start(&env, "c2", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    wait::until(&policies, &policy, "the slot given back", TIMEOUT, |p| {
+        p.is_some_and(|p| p.status.as_ref().is_some_and(|s| s.slots.is_empty()))
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+
+    let mut late = decided_on.clone();
+    let status = late.status.get_or_insert_with(Default::default);
+    status.phase = MaintenancePhase::Admitted;
+    let written = maintenances
+        .replace_status(&name, &PostParams::default(), &late)
+        .await;
+    assert!(
+        matches!(&written, Err(kube::Error::Api(e)) if e.code == 409),
+        "the late admission write is refused once the slot is given back: {:?}\n{}",
+        written.map(|m| m.phase()),
+        coordinator.output()
+    );
+    let now = maintenances.get(&name).await?;
+    assert_eq!(now.phase(), MaintenancePhase::Pending);
+    assert_eq!(
+        now.status.and_then(|s| s.admissions_withdrawn),
+        Some(1),
+        "the withdrawal is counted"
+    );
+    drop(coordinator);
+    env.cleanup().await
+}
+
 #[tokio::test]
 async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_coordinator()
 -> anyhow::Result<()> {

@@ -616,6 +616,10 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             "written by the nodeward coordinator only",
         ),
         (
+            json!({"admissionsWithdrawn": 7}),
+            "written by the nodeward coordinator only",
+        ),
+        (
             json!({"deadline": {"phase": "Draining", "time": "2030-01-01T00:00:00Z", "then": "never"}}),
             "written by the nodeward coordinator only",
         ),

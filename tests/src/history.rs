@@ -2,6 +2,12 @@
 //! anything was created: the most maintenances ever admitted-and-unfinished at once and the
 //! most slots a policy ever held (the budget assertions), who admitted each, and when each
 //! reached each phase.
+//!
+//! A watch that restarts (the API server went away, or its resourceVersion expired) lists
+//! everything again. The list is taken in as one state at its end, not object by object: the
+//! objects of a list arrive in name order, so applying them one at a time would show a state
+//! the API server never held (one maintenance already admitted, the one whose slot it took
+//! not yet seen finished).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,11 +29,51 @@ pub struct History {
     /// Maintenances admitted and not finished, now.
     pub active: BTreeSet<String>,
     pub max_active: usize,
+    /// The maintenances active together when `max_active` was first reached.
+    pub max_active_were: BTreeSet<String>,
     /// The leader identity that admitted each maintenance.
     pub admitted: BTreeMap<String, String>,
     pub max_slots: usize,
     /// When the watch first saw each maintenance in each phase.
     pub phases: BTreeMap<String, BTreeMap<MaintenancePhase, Instant>>,
+}
+
+impl History {
+    /// Takes in one maintenance's new state.
+    fn apply(&mut self, m: &NodeMaintenance) {
+        let name = m.name_any();
+        let p = m.phase();
+        self.phases
+            .entry(name.clone())
+            .or_default()
+            .entry(p)
+            .or_insert_with(Instant::now);
+        // Sent back to Pending (a deadline passed), it no longer holds its node.
+        if p.is_finished() || p == MaintenancePhase::Pending {
+            self.active.remove(&name);
+        } else {
+            self.active.insert(name.clone());
+            if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
+                self.admitted.insert(name, by.admitted_by.clone());
+            }
+        }
+    }
+
+    /// Takes in a whole list: what it does not name is gone.
+    fn relisted(&mut self, listed: &[NodeMaintenance]) {
+        self.active.clear();
+        for m in listed {
+            self.apply(m);
+        }
+        self.count();
+    }
+
+    fn count(&mut self) {
+        if self.active.len() > self.max_active {
+            self.max_active = self.active.len();
+            self.max_active_were = self.active.clone();
+        }
+    }
 }
 
 /// Starts watching the maintenances of this test's nodes (whoever created them) and the
@@ -51,30 +97,25 @@ pub fn watch_where(
     let history = Arc::new(Mutex::new(History::default()));
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let recorded = history.clone();
+    // The objects of a list under way, taken in at its end.
+    let mut listing: Vec<NodeMaintenance> = Vec::new();
     tokio::spawn(
         watcher(maintenances, watcher::Config::default())
             .default_backoff()
             .for_each(move |event| {
-                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                    && ours(&m)
-                {
-                    let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                    let p = m.phase();
-                    h.phases
-                        .entry(m.name_any())
-                        .or_default()
-                        .entry(p)
-                        .or_insert_with(Instant::now);
-                    // Sent back to Pending (a deadline passed), it no longer holds its node.
-                    if p.is_finished() || p == MaintenancePhase::Pending {
-                        h.active.remove(&m.name_any());
-                    } else if p != MaintenancePhase::Pending {
-                        h.active.insert(m.name_any());
-                        if let Some(by) = m.status.as_ref().and_then(|s| s.admission.as_ref()) {
-                            h.admitted.insert(m.name_any(), by.admitted_by.clone());
-                        }
+                let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
+                match event {
+                    Ok(watcher::Event::Init) => listing.clear(),
+                    Ok(watcher::Event::InitApply(m)) if ours(&m) => listing.push(m),
+                    Ok(watcher::Event::InitDone) => h.relisted(&std::mem::take(&mut listing)),
+                    Ok(watcher::Event::Apply(m)) if ours(&m) => {
+                        h.apply(&m);
+                        h.count();
                     }
-                    h.max_active = h.max_active.max(h.active.len());
+                    Ok(watcher::Event::Delete(m)) => {
+                        h.active.remove(&m.name_any());
+                    }
+                    _ => {}
                 }
                 futures::future::ready(())
             }),

@@ -177,16 +177,19 @@ impl Controller {
         if self.admit_all(&objects, &plan).await {
             self.standing = Some(std::mem::take(&mut plan.standing));
         }
-        for denial in &plan.deny {
-            self.deny(&objects, denial).await;
-        }
+        let mut fenced = self.deny_all(&objects, &plan.deny).await;
         for ending in &plan.end {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
         }
         for overdue in &plan.overdue {
-            self.overdue(&objects, overdue).await;
+            if self.overdue(&objects, overdue).await && overdue.to == MaintenancePhase::Pending {
+                fenced.extend(
+                    Self::maintenance(&objects, &overdue.maintenance).and_then(|m| m.uid()),
+                );
+            }
         }
+        self.release(&objects, &fenced).await;
         for record in &plan.deadlines {
             self.record_deadline(&objects, record).await;
         }
@@ -280,10 +283,22 @@ impl Controller {
         if self.admit_all(&objects, &plan).await {
             self.standing = Some(standing);
         }
-        for denial in &plan.deny {
-            self.deny(&objects, denial).await;
-        }
+        let fenced = self.deny_all(&objects, &plan.deny).await;
+        self.release(&objects, &fenced).await;
         true
+    }
+
+    /// Writes the denials; returns the uids of the half-done admissions whose denial was
+    /// written, so that their slots can be freed.
+    async fn deny_all(&mut self, objects: &Objects, denials: &[round::Denial]) -> BTreeSet<String> {
+        let mut fenced = BTreeSet::new();
+        for denial in denials {
+            if self.deny(objects, denial).await && denial.gives_back_slots {
+                fenced
+                    .extend(Self::maintenance(objects, &denial.maintenance).and_then(|m| m.uid()));
+            }
+        }
+        fenced
     }
 
     /// Writes the plan's budget slots, then starts writing the admissions they hold (the
@@ -293,7 +308,9 @@ impl Controller {
     /// a full round looks), never less.
     async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
         let started = Instant::now();
-        let failed = self.write_policies(objects, plan).await;
+        let failed = self
+            .write_policies(&objects.policies, &plan.policy_status)
+            .await;
         let slot_writes = started.elapsed();
         // The coordinator's own share of each admission: from its watch event to its write,
         // less the budget writes (API server time).

@@ -3,7 +3,7 @@
 //! the plan's metrics.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -19,7 +19,7 @@ use kube::{
     runtime::events::EventType,
 };
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    DisruptionPolicy, DisruptionPolicyStatus, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     conditions::{denial, maintenance as maintenance_conditions, node as node_conditions, overdue},
     labels::{
         COORDINATOR_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT, SHUTDOWN_CORDON_BY,
@@ -100,17 +100,18 @@ impl Controller {
         }
     }
 
-    /// Writes each changed policy status with the resourceVersion it was decided on. Returns
-    /// the policies whose write failed (their new slots do not exist).
+    /// Writes each changed policy status with the resourceVersion of the version in
+    /// `policies` (the one it was decided on). Returns the policies whose write failed (their
+    /// new slots do not exist).
     pub(super) async fn write_policies(
         &mut self,
-        objects: &Objects,
-        plan: &Plan,
+        policies: &[Arc<DisruptionPolicy>],
+        statuses: &BTreeMap<String, DisruptionPolicyStatus>,
     ) -> BTreeSet<String> {
         let api: Api<DisruptionPolicy> = Api::all(self.writer.client.clone());
         let mut failed = BTreeSet::new();
-        for (name, status) in &plan.policy_status {
-            let Some(current) = objects.policies.iter().find(|p| p.name_any() == *name) else {
+        for (name, status) in statuses {
+            let Some(current) = policies.iter().find(|p| p.name_any() == *name) else {
                 continue;
             };
             let mut updated = current.as_ref().clone();
@@ -141,6 +142,36 @@ impl Controller {
         failed
     }
 
+    /// Frees the budget slots of the maintenances (by uid) in `fenced`: half-done admissions
+    /// whose denial, or maintenances whose return to Pending, was just written over the
+    /// version decided on. That write is the fence: an admission write of the same
+    /// maintenance still on its way from another coordinator (or decided on an older view)
+    /// now fails with a conflict, so the slot can go without the maintenance ever running
+    /// without one. A slot whose write fails stays; the next full round decides it again.
+    pub(super) async fn release(&mut self, objects: &Objects, fenced: &BTreeSet<String>) {
+        if fenced.is_empty() {
+            return;
+        }
+        let mut policies = objects.policies.clone();
+        self.fresh_policies.apply(&mut policies, false);
+        let mut statuses = BTreeMap::new();
+        for p in &policies {
+            let Some(status) = p.status.as_ref() else {
+                continue;
+            };
+            if status.slots.iter().any(|s| fenced.contains(&s.uid)) {
+                let mut status = status.clone();
+                status.slots.retain(|s| !fenced.contains(&s.uid));
+                statuses.insert(p.name_any(), status);
+            }
+        }
+        let failed = self.write_policies(&policies, &statuses).await;
+        tracing::info!(maintenances = ?fenced, ?failed, "slots of withdrawn admissions freed");
+        // What was decided on no longer stands; a waiting maintenance may take the slot.
+        self.standing = None;
+        self.writer.changed.anything();
+    }
+
     pub(super) fn maintenance<'a>(
         objects: &'a Objects,
         name: &str,
@@ -148,9 +179,11 @@ impl Controller {
         objects.maintenances.iter().find(|m| m.name_any() == name)
     }
 
-    pub(super) async fn deny(&mut self, objects: &Objects, denial: &round::Denial) {
+    /// Writes a denial; returns whether it was written (a denial unchanged since it was last
+    /// written is not, unless it gives slots back: then the write is what fences them).
+    pub(super) async fn deny(&mut self, objects: &Objects, denial: &round::Denial) -> bool {
         let Some(current) = Self::maintenance(objects, &denial.maintenance) else {
-            return;
+            return false;
         };
         let existing: Option<&Condition> = current.status.as_ref().and_then(|s| {
             s.conditions
@@ -159,15 +192,14 @@ impl Controller {
         });
         let same_reason =
             existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason);
-        if same_reason && existing.is_some_and(|c| c.message == denial.message) {
-            return;
-        }
         let recently = self
             .denied_at
             .get(&denial.maintenance)
             .is_some_and(|t| t.elapsed() < DENIAL_REFRESH);
-        if same_reason && recently && message_follows_progress(denial.reason) {
-            return;
+        let unchanged = existing.is_some_and(|c| c.message == denial.message)
+            || (recently && message_follows_progress(denial.reason));
+        if same_reason && unchanged && !denial.gives_back_slots {
+            return false;
         }
         let now = Timestamp::now();
         let generation = current.metadata.generation;
@@ -175,6 +207,9 @@ impl Controller {
             .writer
             .write_maintenance(current, |status| {
                 status.phase = MaintenancePhase::Pending;
+                if denial.gives_back_slots {
+                    status.withdraw_admission();
+                }
                 round::set_condition(
                     &mut status.conditions,
                     maintenance_conditions::ADMITTED,
@@ -206,6 +241,7 @@ impl Controller {
                 );
             }
         }
+        written
     }
 
     pub(super) async fn end(
@@ -247,9 +283,10 @@ impl Controller {
     /// its slots are freed) or Failed when a deadline passed, or on to Acting (a DeleteNode of a
     /// dead node). A node sent back or failed may still carry the maintenance's taint and
     /// cordon: `NodeRestored=False` asks the agent to undo them.
-    pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) {
+    /// Returns whether the move was written.
+    pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) -> bool {
         let Some(current) = Self::maintenance(objects, &overdue.maintenance) else {
-            return;
+            return false;
         };
         let now = Timestamp::now();
         let generation = current.metadata.generation;
@@ -261,6 +298,7 @@ impl Controller {
                 status.message = Some(overdue.message.clone());
                 if overdue.to == MaintenancePhase::Pending {
                     status.admission = None;
+                    status.withdraw_admission();
                     round::set_condition(
                         &mut status.conditions,
                         maintenance_conditions::ADMITTED,
@@ -294,6 +332,7 @@ impl Controller {
             self.writer
                 .deadline_passed(current.as_ref(), overdue.reason, &overdue.message);
         }
+        written
     }
 
     /// Finishes a maintenance in place of its lost agent: undoes what it left on the node,

@@ -34,8 +34,8 @@ pub(super) fn pending_oldest_first<'a>(
 
 /// Decides `pending` in order against `cluster`. An admission takes a slot in each policy
 /// matching the node (in `slots`, by policy; one it already holds from a half-done admission
-/// is not taken twice) and marks the node disrupted; a denial gives back the slots a half-done
-/// admission holds. `disrupted_by` says which maintenances (by uid) keep each node disrupted:
+/// is not taken twice) and marks the node disrupted; a half-done admission denied keeps its
+/// slots until its denial is written ([`Denial::gives_back_slots`]). `disrupted_by` says which maintenances (by uid) keep each node disrupted:
 /// a node disrupted only by the maintenance being decided is not disrupted for its decision.
 pub(super) fn admit_pending(
     cluster: &mut Cluster,
@@ -96,14 +96,19 @@ pub(super) fn admit_pending(
                 });
             }
             Decision::Deny { reason, message } => {
-                // A half-done admission that no longer fits gives its slots back.
-                for list in slots.values_mut() {
-                    list.retain(|s| s.uid != uid);
+                // A half-done admission that no longer fits keeps its slots and its node for
+                // this round. Another coordinator's admission write of it may still be on its
+                // way: only a denial written over the very version decided on fences that
+                // write out, and the slots go only after it.
+                let holds_slots = slots.values().flatten().any(|s| s.uid == uid);
+                if holds_slots {
+                    cluster.disrupted.insert(node);
                 }
                 plan.deny.push(Denial {
                     maintenance: name,
                     reason,
                     message,
+                    gives_back_slots: holds_slots,
                 });
             }
         }
@@ -150,7 +155,14 @@ pub fn admit_new(
     }
     let pending = pending_oldest_first(new.iter().map(AsRef::as_ref));
     for m in &pending {
-        m.uid()?;
+        let uid = m.uid()?;
+        // A half-done admission (a slot already written for it) is a full round's to decide.
+        if by_name
+            .values()
+            .any(|p| slots::of(p).iter().any(|s| s.uid == uid))
+        {
+            return None;
+        }
         let state = standing.cluster.nodes.get_mut(&m.spec.node_name)?;
         // Remediation goes ahead of blockers (decide ignores them), so it needs no lookup.
         if m.spec.reason != MaintenanceReason::Remediation {

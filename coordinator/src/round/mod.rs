@@ -149,6 +149,10 @@ pub struct Denial {
     pub maintenance: String,
     pub reason: &'static str,
     pub message: String,
+    /// A half-done admission (its slots written, the maintenance still Pending) that no longer
+    /// fits: its slots stay in this round's plan, and the writer frees them only once this
+    /// denial is written over the version decided on (see `controller::Controller::release`).
+    pub gives_back_slots: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]

@@ -243,6 +243,86 @@ fn a_half_done_admission_is_completed_without_a_second_slot() {
 }
 
 #[test]
+fn a_half_done_admission_that_no_longer_fits_keeps_its_slot_until_its_denial_is_written() {
+    let mut objects = cluster(3);
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 1, "paused": true}))
+            .slot("m0", "n0")
+            .build(),
+    ];
+    objects.maintenances = vec![
+        maintenance("m0", "n0").build(),
+        maintenance("m1", "n1").created(1).build(),
+    ];
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    assert!(plan.admit.is_empty(), "{plan:?}");
+    let m0 = plan
+        .deny
+        .iter()
+        .find(|d| d.maintenance == "m0")
+        .expect("m0 denied");
+    assert_eq!(m0.reason, "Paused");
+    assert!(
+        m0.gives_back_slots,
+        "the writer frees the slot once the denial is written"
+    );
+    let m1 = plan
+        .deny
+        .iter()
+        .find(|d| d.maintenance == "m1")
+        .expect("m1 denied");
+    assert!(!m1.gives_back_slots, "m1 holds no slot");
+    assert!(
+        plan.policy_status
+            .get("pool")
+            .is_none_or(|s| s.slots.len() == 1 && s.slots[0].maintenance == "m0"),
+        "the slot stays in this round: {plan:?}"
+    );
+
+    // Denied for its own reason (a blocker) while the budget has room: its node still counts
+    // as disrupted in this round, so nothing takes its place before its slot is freed.
+    objects.policies = vec![policy(json!({"maxConcurrent": 2})).slot("m0", "n0").build()];
+    objects.nodes[2] = node("n2").not_ready().build();
+    objects
+        .blockers
+        .insert("n0".into(), "an alert fires".into());
+    let plan = super::plan(&objects, &mut Memory::default(), t(200));
+    assert!(plan.admit.is_empty(), "{plan:?}");
+    let reasons: Vec<(&str, &str, bool)> = plan
+        .deny
+        .iter()
+        .map(|d| (d.maintenance.as_str(), d.reason, d.gives_back_slots))
+        .collect();
+    assert_eq!(
+        reasons,
+        [("m0", "Blocked", true), ("m1", "BudgetExhausted", false)]
+    );
+    assert_eq!(plan.budget_use["pool"], (2, 2));
+}
+
+#[test]
+fn a_new_maintenance_that_already_holds_a_slot_is_left_to_a_full_round() {
+    // The policy watch showed another coordinator's slot for m0 before the maintenance watch
+    // showed m0: the round kept the slot (not yet confirmed gone).
+    let mut objects = cluster(2);
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).slot("m0", "n0").build()];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let objects = written(objects, &round);
+    let new = [maintenance("m0", "n0").created(150).build()];
+    assert_eq!(
+        admit_new(
+            &mut round.standing.clone(),
+            &objects.policies,
+            &new,
+            &BTreeMap::new(),
+            t(201)
+        ),
+        None,
+        "a half-done admission is a full round's to decide"
+    );
+}
+
+#[test]
 fn not_ready_nodes_count_against_the_budget() {
     let mut objects = cluster(3);
     objects.nodes[2] = node("n2").not_ready().build();
@@ -674,10 +754,13 @@ fn an_admitted_maintenance_not_started_in_time_goes_back_to_pending_and_gives_it
         at.overdue
     );
 
-    // Sent back (its agent silent since): its slot goes to the next in line.
+    // Sent back (its agent silent since), and its slot freed by the writer once that was
+    // written: the slot goes to the next in line.
     objects.maintenances[0] = maintenance("m0", "n0")
         .phase(MaintenancePhase::Pending)
         .build();
+    objects.policies =
+        vec![policy(json!({"maxConcurrent": 1, "deadlines": {"start": "5m"}})).build()];
     objects.reports[0] = report("n0", -300);
     let after = plan(&objects, &mut Memory::default(), t(301));
     let admitted: Vec<&str> = after.admit.iter().map(|a| a.maintenance.as_str()).collect();

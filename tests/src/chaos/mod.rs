@@ -540,6 +540,7 @@ impl Soak<'_> {
             settled: self.settled,
             maintenances: all.len(),
             max_admitted: h.max_active,
+            max_admitted_were: h.max_active_were.iter().cloned().collect(),
             max_slots: h.max_slots,
             budget: self.settings.max_concurrent,
             ..Report::default()

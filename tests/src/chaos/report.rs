@@ -34,6 +34,8 @@ pub struct Report {
     /// Maintenances that did not succeed, by their message.
     pub not_succeeded: BTreeMap<String, usize>,
     pub max_admitted: usize,
+    /// The maintenances active together at that peak.
+    pub max_admitted_were: Vec<String>,
     pub max_slots: usize,
     pub budget: usize,
     /// Slots still held at the end.
@@ -55,8 +57,8 @@ impl Report {
         }
         if self.max_admitted > self.budget || self.max_slots > self.budget {
             v.push(format!(
-                "the budget {} was exceeded: {} admitted, {} slots at once",
-                self.budget, self.max_admitted, self.max_slots
+                "the budget {} was exceeded: {} admitted ({:?}), {} slots at once",
+                self.budget, self.max_admitted, self.max_admitted_were, self.max_slots
             ));
         }
         if self.leaked_slots > 0 {
