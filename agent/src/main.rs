@@ -294,20 +294,10 @@ async fn run(
 /// A client whose every request is counted in the agent's metrics.
 async fn connect(client_args: &ClientArgs, metrics: &Arc<Metrics>) -> Result<kube::Client, Error> {
     let user_agent = concat!("nodeward-agent/", env!("CARGO_PKG_VERSION"));
-    let counted = metrics.clone();
-    let on_request: nodeward_runtime::client::OnRequest = Arc::new(move |verb, resource| {
-        counted
-            .api_requests
-            .get_or_create(&nodeward_agent::metrics::RequestLabels {
-                verb: verb.to_owned(),
-                resource: resource.to_owned(),
-            })
-            .inc();
-    });
     nodeward_runtime::client::connect_counting(
         client_args.kubeconfig.as_deref(),
         user_agent,
-        Some(on_request),
+        Some(metrics.api_cost()),
     )
     .await
     .map_err(Into::into)
@@ -328,7 +318,8 @@ async fn peer_context(
     let directory = Directory::default();
     tasks.spawn(directory.clone().follow(client.clone()));
     tasks.spawn(peers::mark_own_node(client.clone(), node_name.to_owned()));
-    tasks.spawn(peers::respond(config.detectors.peers.port).await?);
+    let p = &config.detectors.peers;
+    tasks.spawn(peers::respond(p.listen_address, p.port).await?);
     Ok(Some(PeerContext {
         directory,
         node_name: node_name.to_owned(),

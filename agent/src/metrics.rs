@@ -36,6 +36,11 @@ pub struct RequestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProbeLabels {
     pub protocol: String,
     pub result: String,
@@ -57,6 +62,10 @@ pub struct Metrics {
     pub api_writes: Family<WriteLabels, Counter>,
     /// Every request sent to the API server (reads and watches included).
     pub api_requests: Family<RequestLabels, Counter>,
+    /// Bytes of the API server's responses, by the request's verb and resource.
+    pub api_received_bytes: Family<RequestLabels, Counter>,
+    /// Events received on watches, by resource (bookmarks included).
+    pub watch_events: Family<ResourceLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
 }
 
@@ -93,6 +102,18 @@ impl Metrics {
             "Requests sent to the Kubernetes API, by verb and resource (a watch counts when it is opened)",
             api_requests.clone(),
         );
+        let api_received_bytes = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "api_received_bytes",
+            "Bytes received from the Kubernetes API, by the request's verb and resource",
+            api_received_bytes.clone(),
+        );
+        let watch_events = Family::<ResourceLabels, Counter>::default();
+        registry.register(
+            "watch_events",
+            "Events received on watches of the Kubernetes API, by resource",
+            watch_events.clone(),
+        );
         let probes = Family::<ProbeLabels, Counter>::default();
         registry.register(
             "peer_probes",
@@ -105,6 +126,8 @@ impl Metrics {
             check_duration,
             api_writes,
             api_requests,
+            api_received_bytes,
+            watch_events,
             probes,
         }
     }
@@ -117,6 +140,11 @@ impl Metrics {
         self.api_writes.get_or_create(&labels).inc();
     }
 
+    /// What the API server is asked and sends: see [`nodeward_runtime::client::ApiCost`].
+    pub fn api_cost(self: &Arc<Self>) -> Arc<dyn nodeward_runtime::client::ApiCost> {
+        Arc::new(Cost(self.clone()))
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         nodeward_runtime::metrics::encode(&self.registry)
@@ -125,6 +153,39 @@ impl Metrics {
     /// The encoder the health and metrics server calls.
     pub fn encoder(self: &Arc<Self>) -> nodeward_runtime::server::Encode {
         nodeward_runtime::metrics::encoder(self.clone(), |m| &m.registry)
+    }
+}
+
+/// The agent's metrics as the client's [`nodeward_runtime::client::ApiCost`].
+struct Cost(Arc<Metrics>);
+
+impl nodeward_runtime::client::ApiCost for Cost {
+    fn request(&self, verb: &'static str, resource: &str) {
+        self.0
+            .api_requests
+            .get_or_create(&RequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+            })
+            .inc();
+    }
+
+    fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize) {
+        self.0
+            .api_received_bytes
+            .get_or_create(&RequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+            })
+            .inc_by(bytes as u64);
+        if events > 0 {
+            self.0
+                .watch_events
+                .get_or_create(&ResourceLabels {
+                    resource: resource.to_owned(),
+                })
+                .inc_by(events as u64);
+        }
     }
 }
 

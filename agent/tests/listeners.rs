@@ -75,7 +75,7 @@ async fn a_thousand_silent_connections_do_not_exhaust_the_peer_probe_port() -> a
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let responding = tokio::spawn(nodeward_agent::detect::peers::respond(port).await?);
+    let responding = tokio::spawn(nodeward_agent::detect::peers::respond(None, port).await?);
     let target = SocketAddr::from(([127, 0, 0, 1], port));
     let siege = Siege::start(IpAddr::from(NEIGHBOUR), target, SIEGE, b"").await?;
     let limits = Limits::default();

@@ -1,12 +1,25 @@
-//! The Kubernetes client both daemons use, counting its requests by verb and resource.
+//! The Kubernetes client both daemons use, counting what it costs the API server: requests by
+//! verb and resource, bytes received, and the events each watch delivers.
 
-use std::{path::Path, sync::Arc};
+use std::{
+    path::Path,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
 
 use crate::Error;
 
-/// Told of every request the client sends: (verb, resource), e.g. `("watch", "nodes")`,
-/// `("create", "pods/eviction")`.
-pub type OnRequest = Arc<dyn Fn(&'static str, &str) + Send + Sync>;
+/// Told of every request the client sends and of what comes back.
+pub trait ApiCost: Send + Sync {
+    /// A request: (verb, resource), e.g. `("watch", "nodes")`, `("create", "pods/eviction")`.
+    fn request(&self, verb: &'static str, resource: &str);
+    /// A chunk of a response body to a request of `verb` on `resource`: its size, and for a
+    /// watch the events it completes (a watch sends one JSON object a line).
+    fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize);
+}
 
 /// The Kubernetes verb and resource of a request, from its method, path and query:
 /// `GET /api/v1/nodes?watch=true` is ("watch", "nodes"),
@@ -54,11 +67,11 @@ pub async fn connect(
     connect_counting(kubeconfig, user_agent, None).await
 }
 
-/// As [`connect`], telling `on_request` of every request.
+/// As [`connect`], telling `cost` of every request and response.
 pub async fn connect_counting(
     kubeconfig: Option<&Path>,
     user_agent: &'static str,
-    on_request: Option<OnRequest>,
+    cost: Option<Arc<dyn ApiCost>>,
 ) -> Result<kube::Client, Error> {
     let mut config = match kubeconfig {
         Some(path) => {
@@ -84,27 +97,131 @@ pub async fn connect_counting(
     ));
     let builder =
         kube::client::ClientBuilder::try_from(config).map_err(|e| Error::Connect(e.to_string()))?;
-    let Some(on_request) = on_request else {
-        return Ok(builder.build());
-    };
-    let counting =
-        tower::util::MapRequestLayer::new(move |request: hyper::Request<kube::client::Body>| {
-            let (verb, resource) = classify(
-                request.method(),
-                request.uri().path(),
-                request.uri().query(),
-            );
-            on_request(verb, &resource);
-            request
-        });
-    Ok(builder.with_layer(&counting).build())
+    match cost {
+        None => Ok(builder.build()),
+        Some(cost) => Ok(builder.with_layer(&CountingLayer(cost)).build()),
+    }
+}
+
+/// Wraps the client's service so that [`ApiCost`] hears of every request and response.
+struct CountingLayer(Arc<dyn ApiCost>);
+
+impl<S> tower::Layer<S> for CountingLayer {
+    type Service = Counting<S>;
+
+    fn layer(&self, inner: S) -> Counting<S> {
+        Counting {
+            inner,
+            cost: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Counting<S> {
+    inner: S,
+    cost: Arc<dyn ApiCost>,
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B> tower::Service<hyper::Request<kube::client::Body>> for Counting<S>
+where
+    S: tower::Service<hyper::Request<kube::client::Body>, Response = hyper::Response<B>>,
+    S::Future: Send + 'static,
+    B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+{
+    type Response = hyper::Response<UnsyncBoxBody<bytes::Bytes, B::Error>>;
+    type Error = S::Error;
+    type Future = Boxed<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: hyper::Request<kube::client::Body>) -> Self::Future {
+        let (verb, resource) = classify(
+            request.method(),
+            request.uri().path(),
+            request.uri().query(),
+        );
+        self.cost.request(verb, &resource);
+        let cost = self.cost.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| {
+                body.map_frame(move |frame| {
+                    if let Some(data) = frame.data_ref() {
+                        let events = if verb == "watch" {
+                            data.iter().filter(|b| **b == b'\n').count()
+                        } else {
+                            0
+                        };
+                        cost.received(verb, &resource, data.len(), events);
+                    }
+                    frame
+                })
+                .boxed_unsync()
+            }))
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use hyper::Method;
+    use std::sync::Mutex;
 
-    use super::classify;
+    use hyper::Method;
+    use tower::{Layer, Service, ServiceExt};
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<String>>);
+
+    impl ApiCost for Seen {
+        fn request(&self, verb: &'static str, resource: &str) {
+            self.0
+                .lock()
+                .expect("seen")
+                .push(format!("{verb} {resource}"));
+        }
+        fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize) {
+            self.0
+                .lock()
+                .expect("seen")
+                .push(format!("{verb} {resource}: {bytes} bytes, {events} events"));
+        }
+    }
+
+    #[tokio::test]
+    async fn watch_events_and_bytes_are_counted_as_they_arrive() {
+        let seen = Arc::new(Seen::default());
+        let server = tower::service_fn(|_request: hyper::Request<kube::client::Body>| async {
+            let body = http_body_util::Full::new(bytes::Bytes::from_static(
+                b"{\"type\":\"ADDED\"}\n{\"type\":\"MODIFIED\"}\n",
+            ));
+            Ok::<_, std::convert::Infallible>(hyper::Response::new(body))
+        });
+        let mut client = CountingLayer(seen.clone()).layer(server);
+        let request = hyper::Request::get("/api/v1/nodes?watch=true&resourceVersion=1")
+            .body(kube::client::Body::empty())
+            .expect("request");
+        let response = client
+            .ready()
+            .await
+            .expect("ready")
+            .call(request)
+            .await
+            .expect("response");
+        let body = response.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes().len(), 37);
+        assert_eq!(
+            *seen.0.lock().expect("seen"),
+            ["watch nodes", "watch nodes: 37 bytes, 2 events"]
+        );
+    }
 
     #[test]
     fn requests_are_named_by_verb_and_resource() {

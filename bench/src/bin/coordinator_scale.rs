@@ -25,11 +25,9 @@ use kube::{
     runtime::watcher,
 };
 use nodeward_api::{MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_bench::{CLK_TCK, footprint, median, ms, percentile};
 use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
 use serde_json::json;
-
-/// Clock ticks per second of /proc/PID/stat on Linux.
-const CLK_TCK: f64 = 100.0;
 
 #[derive(Parser)]
 struct Args {
@@ -55,51 +53,6 @@ fn humantime_ms(text: &str) -> Result<Duration, String> {
         .and_then(|n| n.parse().ok())
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{text:?}: give milliseconds, e.g. 50ms"))
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values.get(values.len() / 2).copied().unwrap_or_default()
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
-}
-
-/// (RSS, peak RSS) in MiB and CPU ticks of a process.
-fn footprint(pid: u32) -> anyhow::Result<(f64, f64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kib = |key: &str| -> f64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    // utime and stime are fields 14 and 15; after the ")" they are the 12th and 13th.
-    let ticks = fields
-        .get(11)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        + fields
-            .get(12)
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    Ok((kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, ticks))
 }
 
 #[tokio::main]

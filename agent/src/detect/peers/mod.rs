@@ -25,6 +25,9 @@ super::section! {
     pub struct PeersConfig {
         /// The port every agent answers TCP and UDP probes on.
         pub port: u16,
+        /// The address this agent answers probes on (default: every address of the node);
+        /// peers probe the node's InternalIP, so it must be that one.
+        pub listen_address: Option<std::net::IpAddr>,
         /// Peers probed per round, chosen at random.
         pub sample_size: usize,
         pub protocols: Vec<Protocol>,
@@ -42,6 +45,7 @@ impl Default for PeersConfig {
         Self {
             enabled: true,
             port: 9471,
+            listen_address: None,
             sample_size: 5,
             protocols: vec![Protocol::Tcp, Protocol::Udp, Protocol::Icmp],
             probe_timeout: Duration::from_secs(2),

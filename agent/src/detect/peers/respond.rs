@@ -1,7 +1,7 @@
 //! Answering peers' probes: every agent answers on one port over TCP and UDP.
 
 use std::{
-    net::{Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -14,22 +14,19 @@ use super::probe::{MAX_PROBE, PING, PONG};
 use crate::Error;
 use nodeward_runtime::listener::{self, Limits};
 
-/// Answers TCP and UDP probes on `port` (all addresses, IPv4 and IPv6) until dropped.
-pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
-    let any = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-    let (tcp, udp) = match (TcpListener::bind(any).await, UdpSocket::bind(any).await) {
-        (Ok(tcp), Ok(udp)) => (tcp, udp),
-        // A kernel without IPv6: IPv4 only.
-        _ => {
-            let v4 = SocketAddr::from(([0, 0, 0, 0], port));
-            let tcp = TcpListener::bind(v4)
-                .await
-                .map_err(|e| Error::PeerProbes(format!("binding tcp {v4}: {e}")))?;
-            let udp = UdpSocket::bind(v4)
-                .await
-                .map_err(|e| Error::PeerProbes(format!("binding udp {v4}: {e}")))?;
-            (tcp, udp)
-        }
+/// Answers TCP and UDP probes on `port` of `address` (None: all addresses, IPv4 and IPv6)
+/// until dropped.
+pub async fn respond(
+    address: Option<IpAddr>,
+    port: u16,
+) -> Result<impl Future<Output = ()>, Error> {
+    let (tcp, udp) = match address {
+        Some(ip) => bind(SocketAddr::new(ip, port)).await?,
+        None => match bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port))).await {
+            Ok(both) => both,
+            // A kernel without IPv6: IPv4 only.
+            Err(_) => bind(SocketAddr::from(([0, 0, 0, 0], port))).await?,
+        },
     };
     Ok(async move {
         // Each probe connection gets 5 s to send its line (answer_tcp).
@@ -52,6 +49,16 @@ pub async fn respond(port: u16) -> Result<impl Future<Output = ()>, Error> {
         };
         tokio::join!(tcp_loop, udp_loop);
     })
+}
+
+async fn bind(address: SocketAddr) -> Result<(TcpListener, UdpSocket), Error> {
+    let tcp = TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::PeerProbes(format!("binding tcp {address}: {e}")))?;
+    let udp = UdpSocket::bind(address)
+        .await
+        .map_err(|e| Error::PeerProbes(format!("binding udp {address}: {e}")))?;
+    Ok((tcp, udp))
 }
 
 async fn answer_tcp(stream: TcpStream) {
@@ -81,7 +88,7 @@ mod tests {
             .and_then(|s| s.local_addr())
             .expect("port")
             .port();
-        let responder = respond(port).await.expect("bind");
+        let responder = respond(None, port).await.expect("bind");
         let task = tokio::spawn(responder);
         let local: IpAddr = "127.0.0.1".parse().expect("ip");
         let timeout = Duration::from_secs(2);

@@ -1,0 +1,674 @@
+//! What a fleet of agents costs the API server, against the real test control plane.
+//!
+//! `--nodes` kwok nodes, each made to look like a real one (an InternalIP, 50 images in its
+//! status, a status report every `--node-status-interval`, as the kubelet's
+//! `nodeStatusReportFrequency`), and each with an agent: `--agents` real agents (release
+//! builds, each its own process, client and watches, probing the others on its own loopback
+//! address), and for the other nodes simulated agents that write what an agent of this
+//! version writes at its rhythm (its liveness). One DisruptionPolicy over every node, and the
+//! release coordinator.
+//!
+//! Measured from each real agent's own metrics (`nodeward_watch_events_total`,
+//! `nodeward_api_received_bytes_total`, `nodeward_api_requests_total`), per minute:
+//! - steady state, after `--warmup`, over `--window`;
+//! - during a rolling reboot of the simulated nodes at `--max-concurrent` (simulated agents
+//!   cordon, take the node NotReady for `--reboot` and back, as a reboot does), over `--window`.
+//!
+//! The medians over the real agents are what one agent costs; the fleet's cost is that times
+//! the number of nodes, since every node runs one agent and each agent's cost is measured in a
+//! cluster of that size. The coordinator's RSS, CPU and own admission latency are measured in
+//! the same runs (it sees every node's liveness).
+//!
+//!   cargo build --release -p nodeward-agent -p nodeward-coordinator
+//!   cargo run --release -p nodeward-bench --bin fleet -- --nodes 1000 --agents 50
+//!
+//! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::Parser;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::watcher,
+};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use nodeward_bench::{CLK_TCK, footprint, label, median_f64, samples};
+use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
+use serde_json::json;
+
+#[derive(Parser)]
+struct Args {
+    /// Nodes in the cluster, each with an agent (real or simulated).
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    /// Real agents (the first nodes); at most 250.
+    #[arg(long, default_value_t = 50)]
+    agents: usize,
+    /// Runs (the figures are medians over them).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// Time for the agents' first findings and writes to settle before measuring.
+    #[arg(long, default_value = "150s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// How long each phase is measured.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration)]
+    window: Duration,
+    /// How often each node's status is reported (the kubelet's nodeStatusReportFrequency).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    node_status_interval: Duration,
+    /// How often a simulated agent writes its liveness (as a real one of this version).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    heartbeat: Duration,
+    /// The rollout's maxConcurrent.
+    #[arg(long, default_value_t = 50)]
+    max_concurrent: usize,
+    /// How long a simulated node's reboot takes, NotReady included.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    reboot: Duration,
+    #[arg(long, default_value = "target/release/nodeward-agent")]
+    agent: PathBuf,
+    #[arg(long, default_value = "target/release/nodeward-coordinator")]
+    coordinator: PathBuf,
+}
+
+/// One agent's cost over a phase, per minute.
+#[derive(Clone, Debug, Default)]
+struct Cost {
+    /// Watch events by resource.
+    events: BTreeMap<String, f64>,
+    /// Bytes received by resource (every verb).
+    bytes: BTreeMap<String, f64>,
+    /// Requests by verb.
+    requests: BTreeMap<String, f64>,
+}
+
+impl Cost {
+    /// The difference of two `/metrics` snapshots of one agent, per minute of `over`.
+    fn between(
+        before: &BTreeMap<String, f64>,
+        after: &BTreeMap<String, f64>,
+        over: Duration,
+    ) -> Self {
+        let per_minute = 60.0 / over.as_secs_f64();
+        let mut cost = Cost::default();
+        for (series, value) in after {
+            let delta = (value - before.get(series).copied().unwrap_or(0.0)) * per_minute;
+            let into = if series.starts_with("nodeward_watch_events_total{") {
+                label(series, "resource").map(|r| (&mut cost.events, r))
+            } else if series.starts_with("nodeward_api_received_bytes_total{") {
+                label(series, "resource").map(|r| (&mut cost.bytes, r))
+            } else if series.starts_with("nodeward_api_requests_total{") {
+                label(series, "verb").map(|v| (&mut cost.requests, v))
+            } else {
+                None
+            };
+            if let Some((map, key)) = into {
+                *map.entry(key.to_owned()).or_default() += delta;
+            }
+        }
+        cost
+    }
+
+    fn events_total(&self) -> f64 {
+        self.events.values().sum()
+    }
+
+    fn bytes_total(&self) -> f64 {
+        self.bytes.values().sum()
+    }
+
+    fn writes(&self) -> f64 {
+        ["create", "update", "patch", "delete"]
+            .iter()
+            .filter_map(|v| self.requests.get(*v))
+            .sum()
+    }
+
+    /// Per key, the median over `costs`.
+    fn median(costs: &[Cost]) -> Cost {
+        let keys = |pick: fn(&Cost) -> &BTreeMap<String, f64>| {
+            costs
+                .iter()
+                .flat_map(|c| pick(c).keys().cloned())
+                .collect::<HashSet<_>>()
+        };
+        let of = |pick: fn(&Cost) -> &BTreeMap<String, f64>| {
+            keys(pick)
+                .into_iter()
+                .map(|k| {
+                    let values = costs
+                        .iter()
+                        .map(|c| pick(c).get(&k).copied().unwrap_or(0.0))
+                        .collect();
+                    (k, median_f64(values))
+                })
+                .collect()
+        };
+        Cost {
+            events: of(|c| &c.events),
+            bytes: of(|c| &c.bytes),
+            requests: of(|c| &c.requests),
+        }
+    }
+
+    fn describe(&self) -> String {
+        let fmt = |m: &BTreeMap<String, f64>, unit: &str| {
+            m.iter()
+                .filter(|(_, v)| **v >= 0.005)
+                .map(|(k, v)| format!("{k} {v:.2}{unit}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "watch events {:.2}/min ({}); received {:.1} KiB/min ({}); requests/min {}; writes {:.2}/min",
+            self.events_total(),
+            fmt(&self.events, ""),
+            self.bytes_total() / 1024.0,
+            fmt(
+                &self
+                    .bytes
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v / 1024.0))
+                    .collect(),
+                " KiB"
+            ),
+            fmt(&self.requests, ""),
+            self.writes()
+        )
+    }
+}
+
+/// What one run measured.
+struct Figures {
+    /// Per-agent cost, medians over the real agents.
+    steady: Cost,
+    rollout: Cost,
+    /// The most any one agent received during the rollout (events per minute).
+    rollout_max_events: f64,
+    admissions_per_minute: f64,
+    agent_rss_mib: f64,
+    coordinator_rss_mib: f64,
+    coordinator_mcores_steady: f64,
+    coordinator_mcores_rollout: f64,
+    /// The coordinator's own share of admission latency, p99 (bucket bound) and how many.
+    coordinator_own_p99: Option<f64>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        (1..=250).contains(&args.agents) && args.agents < args.nodes,
+        "--agents: from 1 to 250, and fewer than --nodes"
+    );
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "cores: {cores}; {} nodes, {} real agents, node status every {:?}, simulated liveness every {:?}",
+        args.nodes, args.agents, args.node_status_interval, args.heartbeat
+    );
+    let mut runs = Vec::new();
+    for run in 1..=args.runs {
+        let figures = one_run(&args).await?;
+        print_figures(&format!("run {run}"), &args, &figures);
+        runs.push(figures);
+    }
+    let pick = |f: fn(&Figures) -> f64| median_f64(runs.iter().map(f).collect());
+    let steady = Cost::median(&runs.iter().map(|f| f.steady.clone()).collect::<Vec<_>>());
+    let rollout = Cost::median(&runs.iter().map(|f| f.rollout.clone()).collect::<Vec<_>>());
+    println!("\nmedians of {} runs at {} nodes:", runs.len(), args.nodes);
+    println!("  steady, per agent: {}", steady.describe());
+    println!(
+        "  rollout at maxConcurrent {} ({:.0} admissions/min), per agent: {} (max over agents {:.1} events/min)",
+        args.max_concurrent,
+        pick(|f| f.admissions_per_minute),
+        rollout.describe(),
+        pick(|f| f.rollout_max_events)
+    );
+    println!(
+        "  all {} agents' writes in steady state: {:.2}/s (per agent {:.3}/min x {} nodes)",
+        args.nodes,
+        steady.writes() * args.nodes as f64 / 60.0,
+        steady.writes(),
+        args.nodes
+    );
+    println!(
+        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB, CPU {:.0} mc steady / {:.0} mc rollout, own admission share p99 <= {}",
+        pick(|f| f.agent_rss_mib),
+        pick(|f| f.coordinator_rss_mib),
+        pick(|f| f.coordinator_mcores_steady),
+        pick(|f| f.coordinator_mcores_rollout),
+        runs.iter()
+            .filter_map(|f| f.coordinator_own_p99)
+            .map(|p| format!("{:.0} ms", p * 1000.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    );
+    Ok(())
+}
+
+fn print_figures(title: &str, args: &Args, f: &Figures) {
+    println!("{title}:");
+    println!(
+        "  steady, per agent (median of {}): {}",
+        args.agents,
+        f.steady.describe()
+    );
+    println!(
+        "  rollout ({:.0} admissions/min), per agent: {} (max {:.1} events/min)",
+        f.admissions_per_minute,
+        f.rollout.describe(),
+        f.rollout_max_events
+    );
+    println!(
+        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB, {:.0} mc steady, {:.0} mc rollout, own p99 {:?}",
+        f.agent_rss_mib,
+        f.coordinator_rss_mib,
+        f.coordinator_mcores_steady,
+        f.coordinator_mcores_rollout,
+        f.coordinator_own_p99
+    );
+}
+
+async fn one_run(args: &Args) -> anyhow::Result<Figures> {
+    let env = TestEnv::new("fleet").await?;
+    let started = Instant::now();
+    env.create_many_nodes(args.nodes, Duration::from_secs(600))
+        .await?;
+    let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    make_real(&env, &names, args.agents).await?;
+    println!(
+        "{} nodes ready and dressed in {:.0} s",
+        args.nodes,
+        started.elapsed().as_secs_f64()
+    );
+    let simulated = &names[args.agents..];
+    liveness::first(&env, simulated).await?;
+    let background = vec![
+        tokio::spawn(liveness::keep(
+            env.client.clone(),
+            simulated.to_vec(),
+            args.heartbeat,
+        )),
+        tokio::spawn(node_status_rhythm(
+            env.nodes(),
+            names.clone(),
+            args.node_status_interval,
+        )),
+    ];
+    env.create_policy(
+        "fleet",
+        json!({"maxConcurrent": args.max_concurrent,
+               "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h", "start": "1h", "reboot": "1h"}}),
+    )
+    .await?;
+    let coordinator = Daemon::start(
+        args.coordinator
+            .to_str()
+            .context("coordinator path is not UTF-8")?,
+        &format!("{}-coordinator", env.id),
+        &[
+            "run".into(),
+            "--kubeconfig".into(),
+            controlplane::shared().kubeconfig.display().to_string(),
+            "--leader-elect=false".into(),
+        ],
+    )?;
+    coordinator.wait_ready(Duration::from_secs(120)).await?;
+    let agents = start_agents(args, &env, &names[..args.agents])?;
+    for agent in &agents {
+        agent.wait_ready(Duration::from_secs(300)).await?;
+    }
+    println!(
+        "{} agents ready; warming up for {:?}",
+        agents.len(),
+        args.warmup
+    );
+    tokio::time::sleep(args.warmup).await;
+
+    let coordinator_pid = coordinator.child.id();
+    let (steady, _, coordinator_mcores_steady) =
+        measure(&agents, coordinator_pid, args.window).await?;
+
+    // The rolling reboot of the simulated nodes, played by their simulated agents.
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let admitted = Arc::new(Mutex::new(0usize));
+    let simulating = simulate_reboots(&env, maintenances.clone(), args.reboot, admitted.clone());
+    for node in simulated {
+        env.create_maintenance(&format!("{node}-reboot"), node, "Reboot", "Reboot")
+            .await?;
+    }
+    // The first wave admitted; then the window.
+    nodeward_e2e::wait::eventually("the rollout to start", Duration::from_secs(120), || {
+        let n = *admitted.lock().unwrap_or_else(|p| p.into_inner());
+        async move { Ok((n > 0).then_some(())) }
+    })
+    .await?;
+    let before = *admitted.lock().unwrap_or_else(|p| p.into_inner());
+    let (rollout, rollout_max_events, coordinator_mcores_rollout) =
+        measure(&agents, coordinator_pid, args.window).await?;
+    let after = *admitted.lock().unwrap_or_else(|p| p.into_inner());
+    let admissions_per_minute = (after - before) as f64 * 60.0 / args.window.as_secs_f64();
+
+    let agent_rss = agents
+        .iter()
+        .filter_map(|a| footprint(a.child.id()).ok().map(|f| f.0))
+        .collect();
+    let coordinator_rss_mib = footprint(coordinator_pid)?.0;
+    let coordinator_own_p99 = histogram_p99(
+        &samples(&coordinator.get("/metrics").await?.1),
+        "nodeward_coordinator_admission_coordinator_seconds_bucket",
+    );
+    simulating.abort();
+    for task in background {
+        task.abort();
+    }
+    drop(agents);
+    drop(coordinator);
+    env.cleanup().await?;
+    Ok(Figures {
+        steady: Cost::median(&steady),
+        rollout: Cost::median(&rollout),
+        rollout_max_events,
+        admissions_per_minute,
+        agent_rss_mib: median_f64(agent_rss),
+        coordinator_rss_mib,
+        coordinator_mcores_steady,
+        coordinator_mcores_rollout,
+        coordinator_own_p99,
+    })
+}
+
+/// Every agent's cost over `window` (per minute), the most events any one received per
+/// minute, and the coordinator's CPU in millicores meanwhile.
+async fn measure(
+    agents: &[Daemon],
+    coordinator: u32,
+    window: Duration,
+) -> anyhow::Result<(Vec<Cost>, f64, f64)> {
+    let before = snapshot(agents).await?;
+    let ticks = footprint(coordinator)?.2;
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    let after = snapshot(agents).await?;
+    let elapsed = started.elapsed();
+    let used = (footprint(coordinator)?.2 - ticks) as f64 / CLK_TCK;
+    let costs: Vec<Cost> = before
+        .iter()
+        .zip(&after)
+        .map(|(b, a)| Cost::between(b, a, elapsed))
+        .collect();
+    let max_events = costs.iter().map(Cost::events_total).fold(0.0, f64::max);
+    Ok((costs, max_events, used * 1000.0 / elapsed.as_secs_f64()))
+}
+
+async fn snapshot(agents: &[Daemon]) -> anyhow::Result<Vec<BTreeMap<String, f64>>> {
+    futures::stream::iter(agents)
+        .map(|a| async move { Ok::<_, anyhow::Error>(samples(&a.get("/metrics").await?.1)) })
+        .buffered(16)
+        .try_collect()
+        .await
+}
+
+/// The upper bound of the bucket holding the 99th percentile of a histogram's samples.
+fn histogram_p99(samples: &BTreeMap<String, f64>, bucket: &str) -> Option<f64> {
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|(series, _)| series.starts_with(bucket))
+        .filter_map(|(series, count)| {
+            let le = label(series, "le")?;
+            let bound = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((bound, *count))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total == 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= 0.99 * total)
+        .map(|(bound, _)| *bound)
+}
+
+/// The address of node `index`'s agent: the real agents each have their own loopback address;
+/// a simulated node shares a real agent's, so that whichever peer an agent samples answers.
+fn agent_address(index: usize, agents: usize) -> String {
+    let real = index % agents;
+    format!("127.0.1.{}", real + 1)
+}
+
+/// Makes each node look like a real one: labelled as running an agent, an InternalIP where an
+/// agent answers probes, and 50 images in its status (a kubelet reports up to 50).
+async fn make_real(env: &TestEnv, names: &[String], agents: usize) -> anyhow::Result<()> {
+    let nodes = env.nodes();
+    let images: Vec<serde_json::Value> = (0..50)
+        .map(|k| {
+            json!({
+                "names": [
+                    format!("registry.example.com/team-{k}/service-{k}@sha256:{:064x}", k * 7919),
+                    format!("registry.example.com/team-{k}/service-{k}:v1.{k}.3"),
+                ],
+                "sizeBytes": 50_000_000 + k * 1_000_003,
+            })
+        })
+        .collect();
+    futures::stream::iter(names.iter().enumerate())
+        .map(|(i, name)| {
+            let nodes = nodes.clone();
+            let images = images.clone();
+            async move {
+                let labels =
+                    json!({"metadata": {"labels": {nodeward_api::labels::AGENT_LABEL: "true"}}});
+                nodes
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
+                    .await
+                    .with_context(|| format!("labelling node {name}"))?;
+                let status = json!({"status": {
+                    "addresses": [
+                        {"type": "InternalIP", "address": agent_address(i, agents)},
+                        {"type": "Hostname", "address": name},
+                    ],
+                    "images": images,
+                }});
+                nodes
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await
+                    .with_context(|| format!("dressing node {name}"))?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// Reports each node's status every `interval`, spread evenly, as kubelets do when nothing
+/// changed (a new heartbeat time on the Ready condition).
+async fn node_status_rhythm(nodes: Api<Node>, names: Vec<String>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval.div_f64(names.len().max(1) as f64));
+    for name in names.iter().cycle() {
+        tick.tick().await;
+        let Ok(node) = nodes.get_status(name).await else {
+            continue;
+        };
+        let mut conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+        for c in &mut conditions {
+            c.last_heartbeat_time = Some(now.clone());
+        }
+        let patch = json!({"status": {"conditions": conditions}});
+        let _ = nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await;
+    }
+}
+
+/// The liveness a simulated agent of this version writes: its NodeReport's heartbeat.
+mod liveness {
+    use std::time::Duration;
+
+    use kube::{
+        Api,
+        api::{Patch, PatchParams},
+    };
+    use nodeward_api::NodeReport;
+    use nodeward_e2e::TestEnv;
+    use serde_json::json;
+
+    /// The NodeReports of `nodes`, with a first heartbeat.
+    pub async fn first(env: &TestEnv, nodes: &[String]) -> anyhow::Result<()> {
+        env.heartbeats(nodes).await
+    }
+
+    /// Writes each node's heartbeat every `interval`, spread evenly.
+    pub async fn keep(client: kube::Client, nodes: Vec<String>, interval: Duration) {
+        let reports: Api<NodeReport> = Api::all(client);
+        let mut tick = tokio::time::interval(interval.div_f64(nodes.len().max(1) as f64));
+        for node in nodes.iter().cycle() {
+            tick.tick().await;
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+            let beat = json!({"status": {"heartbeatTime": now}});
+            let _ = reports
+                .patch_status(node, &PatchParams::default(), &Patch::Merge(&beat))
+                .await;
+        }
+    }
+}
+
+/// Plays the simulated nodes' agents in a rolling reboot: an admitted maintenance drains (the
+/// node cordoned and tainted), acts (the node NotReady for `reboot`), and succeeds (the node
+/// Ready and uncordoned). Counts the admissions it saw.
+fn simulate_reboots(
+    env: &TestEnv,
+    maintenances: Api<NodeMaintenance>,
+    reboot: Duration,
+    admitted: Arc<Mutex<usize>>,
+) -> tokio::task::JoinHandle<()> {
+    let nodes = env.nodes();
+    let selector = format!("{TEST_LABEL}={}", env.id);
+    let taken: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let patcher = maintenances.clone();
+    tokio::spawn(
+        watcher(maintenances, watcher::Config::default().labels(&selector)).for_each(
+            move |event| {
+                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
+                    && m.phase() == MaintenancePhase::Admitted
+                    && taken.lock().is_ok_and(|mut t| t.insert(m.name_any()))
+                {
+                    *admitted.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+                    tokio::spawn(reboot_one(
+                        patcher.clone(),
+                        nodes.clone(),
+                        m.name_any(),
+                        m.spec.node_name.clone(),
+                        reboot,
+                    ));
+                }
+                futures::future::ready(())
+            },
+        ),
+    )
+}
+
+async fn reboot_one(
+    maintenances: Api<NodeMaintenance>,
+    nodes: Api<Node>,
+    name: String,
+    node: String,
+    reboot: Duration,
+) {
+    let phase = |phase: &str| json!({"status": {"phase": phase, "finishedAt": (phase == "Succeeded").then(|| jiff::Timestamp::now().to_string())}});
+    let ready = |status: &str| {
+        let now = jiff::Timestamp::now().to_string();
+        json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Reboot", "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
+    };
+    let cordon = |on: bool| json!({"spec": {"unschedulable": on, "taints": if on { json!([{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]) } else { json!([]) }}});
+    let steps: Vec<(
+        Duration,
+        serde_json::Value,
+        Option<serde_json::Value>,
+        Option<serde_json::Value>,
+    )> = vec![
+        (Duration::ZERO, phase("Draining"), None, Some(cordon(true))),
+        (
+            Duration::from_secs(1),
+            phase("Acting"),
+            Some(ready("Unknown")),
+            None,
+        ),
+        (
+            reboot,
+            phase("Succeeded"),
+            Some(ready("True")),
+            Some(cordon(false)),
+        ),
+    ];
+    for (wait, status, node_status, node_spec) in steps {
+        tokio::time::sleep(wait).await;
+        if let Some(s) = node_status {
+            let _ = nodes
+                .patch_status(&node, &PatchParams::default(), &Patch::Strategic(&s))
+                .await;
+        }
+        if let Some(s) = node_spec {
+            let _ = nodes
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&s))
+                .await;
+        }
+        if maintenances
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Starts one real agent per node in `nodes`, each answering probes on its own loopback
+/// address.
+fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<Vec<Daemon>> {
+    let dir = std::env::temp_dir().join(format!("nodeward-fleet-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let program = args.agent.to_str().context("agent path is not UTF-8")?;
+    let mut agents = Vec::new();
+    for (i, node) in nodes.iter().enumerate() {
+        let config = dir.join(format!("{node}.yaml"));
+        std::fs::write(
+            &config,
+            format!(
+                "shutdownGuard: {{enabled: false}}\ndetectors:\n  peers: {{listenAddress: \"{}\"}}\n",
+                agent_address(i, args.agents)
+            ),
+        )?;
+        agents.push(Daemon::start(
+            program,
+            &format!("{}-agent-{i}", env.id),
+            &[
+                "run".into(),
+                "--node-name".into(),
+                node.clone(),
+                "--kubeconfig".into(),
+                controlplane::shared().kubeconfig.display().to_string(),
+                "--config".into(),
+                config.display().to_string(),
+            ],
+        )?);
+    }
+    Ok(agents)
+}
