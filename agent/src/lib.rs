@@ -7,6 +7,7 @@ pub mod check;
 pub mod config;
 pub mod detect;
 pub mod drain;
+pub mod liveness;
 pub mod logind;
 pub mod maintenance;
 pub mod metrics;

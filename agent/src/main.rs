@@ -10,6 +10,7 @@ use nodeward_agent::{
         kernel_log::{self, KernelLog, NodeEvent},
         peers::{self, Directory, PeerContext},
     },
+    liveness::Liveness,
     metrics::Metrics,
     report::{Identity, Reporter},
     runner,
@@ -60,6 +61,10 @@ enum Command {
         /// Address for /healthz, /readyz and /metrics.
         #[arg(long, env = "NODEWARD_LISTEN", default_value = "0.0.0.0:9470")]
         listen: SocketAddr,
+        /// nodeward's namespace: the agent's Lease, and where the coordinator publishes the
+        /// peer directory and the policies for the agents.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "nodeward-system")]
+        namespace: String,
         /// Ask for a Reboot maintenance when the node needs a reboot, whatever the policies
         /// say (a policy's autoReboot turns it on for the nodes it selects).
         #[arg(long, env = "NODEWARD_AUTO_REBOOT")]
@@ -191,6 +196,7 @@ fn main() -> ExitCode {
             client,
             log,
             listen,
+            namespace,
             auto_reboot,
             boot_id_file,
             ..
@@ -203,14 +209,14 @@ fn main() -> ExitCode {
                     None
                 }
             };
-            match runtime.block_on(run(
-                config,
-                node_name.clone(),
-                client,
-                *listen,
-                *auto_reboot,
+            let agent = Running {
+                node_name: node_name.clone(),
+                namespace: namespace.clone(),
+                listen: *listen,
+                auto_reboot: *auto_reboot,
                 boot_id,
-            )) {
+            };
+            match runtime.block_on(run(config, client, agent)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!(error = %e, "nodeward-agent stopped");
@@ -221,14 +227,17 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(
-    config: Config,
+/// Who and where the running agent is.
+struct Running {
     node_name: String,
-    client_args: &ClientArgs,
+    namespace: String,
     listen: SocketAddr,
-    auto_reboot_flag: bool,
+    auto_reboot: bool,
     boot_id: Option<String>,
-) -> Result<(), Error> {
+}
+
+async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Result<(), Error> {
+    let node_name = running.node_name.clone();
     let mode = if client_args.kubeconfig.is_some() {
         AgentMode::Host
     } else {
@@ -239,11 +248,17 @@ async fn run(
     let identity = Identity {
         node_name: node_name.clone(),
         mode,
-        boot_id: boot_id.clone(),
+        boot_id: running.boot_id.clone(),
     };
     let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
     let mut tasks = JoinSet::new();
-    server::spawn(listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
+    server::spawn(
+        running.listen,
+        metrics.encoder(),
+        readiness.clone(),
+        &mut tasks,
+    )
+    .await?;
     if nodeward_agent::reaper::receives_orphans() {
         // PID 1 of its container: what checks leave behind is re-parented to the agent.
         tasks.spawn(nodeward_agent::reaper::reap(
@@ -255,7 +270,17 @@ async fn run(
         node_name: node_name.clone(),
         started: std::time::Instant::now(),
     };
-    let peers = peer_context(&config, &client, &node_name, &metrics, &mut tasks).await?;
+    tasks.spawn(
+        Liveness {
+            client: client.clone(),
+            namespace: running.namespace.clone(),
+            node: node_name.clone(),
+            every: config.reporting.heartbeat_interval,
+            metrics: metrics.clone(),
+        }
+        .run(),
+    );
+    let peers = peer_context(&config, &client, &running, &metrics, &mut tasks).await?;
     let (kernel_events_tx, kernel_events) = mpsc::channel(64);
     let kernel_log = kernel_log(&config, kernel_events_tx);
     let agent = AgentContext {
@@ -265,24 +290,10 @@ async fn run(
     };
     let detectors = config.detectors.enabled(Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
-    let reporter = Reporter::new(
-        client.clone(),
-        identity,
-        config.reporting.heartbeat_interval,
-        metrics,
-        readiness,
-    )
-    .with_sightings(agent.peers.as_ref().map(|p| p.sightings.clone()));
-    let boot_id = boot_id.unwrap_or_default();
-    let pauses = maintain(
-        &config,
-        &client,
-        &node_name,
-        &boot_id,
-        auto_reboot_flag,
-        &snapshots,
-        &mut tasks,
-    );
+    let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
+    let reporter =
+        Reporter::new(client.clone(), identity, metrics, readiness).with_sightings(sightings);
+    let pauses = maintain(&config, &client, &running, &snapshots, &mut tasks);
     tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let signal = nodeward_runtime::stop_signal().await?;
@@ -303,12 +314,12 @@ async fn connect(client_args: &ClientArgs, metrics: &Arc<Metrics>) -> Result<kub
     .map_err(Into::into)
 }
 
-/// The peer detector's context: this node marked as running an agent, the directory of the
-/// others followed and the probe responder started (in `tasks`).
+/// The peer detector's context: the directory of the others followed and the probe responder
+/// started (in `tasks`).
 async fn peer_context(
     config: &Config,
     client: &kube::Client,
-    node_name: &str,
+    running: &Running,
     metrics: &Arc<Metrics>,
     tasks: &mut JoinSet<()>,
 ) -> Result<Option<PeerContext>, Error> {
@@ -316,13 +327,16 @@ async fn peer_context(
         return Ok(None);
     }
     let directory = Directory::default();
-    tasks.spawn(directory.clone().follow(client.clone()));
-    tasks.spawn(peers::mark_own_node(client.clone(), node_name.to_owned()));
+    tasks.spawn(
+        directory
+            .clone()
+            .follow(client.clone(), running.namespace.clone()),
+    );
     let p = &config.detectors.peers;
     tasks.spawn(peers::respond(p.listen_address, p.port).await?);
     Ok(Some(PeerContext {
         directory,
-        node_name: node_name.to_owned(),
+        node_name: running.node_name.clone(),
         metrics: metrics.clone(),
         sightings: peers::Sightings::default(),
     }))
@@ -366,12 +380,13 @@ fn kernel_log(config: &Config, events: mpsc::Sender<NodeEvent>) -> Option<Kernel
 fn maintain(
     config: &Config,
     client: &kube::Client,
-    node_name: &str,
-    boot_id: &str,
-    auto_reboot_flag: bool,
+    running: &Running,
     snapshots: &watch::Receiver<runner::Snapshot>,
     tasks: &mut JoinSet<()>,
 ) -> watch::Receiver<Vec<PauseAcknowledgement>> {
+    let node_name = running.node_name.as_str();
+    let boot_id = running.boot_id.as_deref().unwrap_or_default();
+    let auto_reboot_flag = running.auto_reboot;
     let (maintenances, watching) =
         nodeward_agent::maintenance::watch::start(client.clone(), node_name);
     tasks.spawn(watching);
@@ -417,6 +432,7 @@ fn maintain(
     let (auto_reboot_tx, auto_reboot) = watch::channel(auto_reboot_flag);
     tasks.spawn(nodeward_agent::policies::follow(
         client.clone(),
+        running.namespace.clone(),
         node_name.to_owned(),
         policy_writer,
         pauses_tx,

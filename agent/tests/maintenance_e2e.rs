@@ -45,6 +45,8 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
         &format!("{}-agent", env.id),
         &[
             "run".into(),
+            "--namespace".into(),
+            env.namespace.clone(),
             "--node-name".into(),
             node.into(),
             "--kubeconfig".into(),
@@ -506,6 +508,8 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
         .await?;
+    // It publishes the policy for the agent (paused: it admits nothing).
+    let _coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
     let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let sentinel = dir.join("reboot-required");
@@ -520,6 +524,8 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
     )?;
     let args = vec![
         "run".to_owned(),
+        "--namespace".into(),
+        env.namespace.clone(),
         "--node-name".into(),
         node.clone(),
         "--kubeconfig".into(),

@@ -1,8 +1,10 @@
 //! Peer connectivity across real network namespaces: three agents, each in its own namespace
-//! on a bridge, each registered as a (kwok) Node whose InternalIP is its namespace address. A
-//! rule that drops one protocol makes every agent report `<PROTO>Blocked`; removing it clears
-//! it; cutting one namespace off from its peers makes that one report `Isolated`, and only it.
-//! The agents reach the API server through a forwarder on the bridge. Needs root.
+//! on a bridge, each registered as a (kwok) Node whose InternalIP is its namespace address; the
+//! coordinator publishes them as the peer directory. A rule that drops one protocol makes
+//! every agent report `<PROTO>Blocked`; removing it clears it; cutting one namespace off from
+//! its peers makes that one report `Isolated`, and only it, and its peers list it unreachable
+//! until it answers again. The agents reach the API server through a forwarder on the bridge.
+//! Needs root.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -11,10 +13,10 @@ use std::{
 };
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{core::v1::Node, discovery::v1::EndpointSlice};
 use kube::{
     Api,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
 };
 use nodeward_api::NodeReport;
 use nodeward_e2e::{
@@ -217,6 +219,8 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
             "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 2s\n"
         ),
     )?;
+    // The peer directory: the coordinator publishes each node with an agent (a NodeReport).
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
     let mut agents = Agents(Vec::new());
     for (i, name) in names.iter().enumerate() {
         let child = Command::new("ip")
@@ -230,6 +234,8 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
                 name,
                 "--listen",
                 "0.0.0.0:9470",
+                "--namespace",
+                &env.namespace,
             ])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -241,28 +247,44 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
         agents.0.push(child);
     }
 
-    wait_all(&nodes, &names, "peers reachable", "False", "").await?;
-    // Each agent reports its last probe of each peer: all answered.
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    for (i, name) in names.iter().enumerate() {
-        let others: Vec<&String> = names.iter().filter(|n| *n != name).collect();
-        wait::until(
-            &reports,
-            name,
-            "both peers sighted reachable",
-            TIMEOUT,
-            |r| {
-                let seen = r
-                    .and_then(|r| r.status.as_ref())
-                    .map(|s| s.peer_sightings.clone())
-                    .unwrap_or_default();
-                others
-                    .iter()
-                    .all(|o| seen.iter().any(|p| &&p.node == o && p.reachable))
-            },
-        )
+    // Once the coordinator published the directory, every agent probes the other two.
+    wait_all(&nodes, &names, "peers reachable", "False", "PeersReachable")
         .await
-        .with_context(|| format!("agent {i}"))?;
+        .with_context(|| coordinator.output())?;
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
+    let published: Vec<(String, String)> = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=nodeward-agents"))
+        .await?
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.clone())))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        assert!(
+            published.contains(&(name.clone(), topology.address(i).to_string())),
+            "{name} at its InternalIP in the peer directory: {published:?}"
+        );
+    }
+    // No peer is listed unreachable while all answer (one that did not answer before its
+    // agent started is listed as reached again): a report changes only when reachability does.
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    for name in &names {
+        let listed = wait::until(&reports, name, "no peer listed unreachable", TIMEOUT, |r| {
+            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                s.peer_sightings
+                    .iter()
+                    .all(|p| p.reachable || !names.contains(&p.node))
+            })
+        })
+        .await;
+        if listed.is_err() {
+            let report = reports.get(name).await?;
+            anyhow::bail!(
+                "{name} lists peers unreachable: {:?}; the directory: {published:?}",
+                report.status.map(|s| s.peer_sightings)
+            );
+        }
     }
 
     for (rule, reason) in [
@@ -318,8 +340,26 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     }
     topology.clear_rules();
     wait_all(&nodes, &names[..1], "isolation to clear", "False", "").await?;
+    // Probed again every round while listed, it is marked reachable once it answers.
+    for name in &names[1..] {
+        wait::until(
+            &reports,
+            name,
+            "the cut-off node sighted reachable again",
+            TIMEOUT,
+            |r| {
+                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                    s.peer_sightings
+                        .iter()
+                        .any(|p| p.node == names[0] && p.reachable)
+                })
+            },
+        )
+        .await?;
+    }
 
     drop(agents);
+    drop(coordinator);
     std::fs::remove_dir_all(&dir).ok();
     env.cleanup().await
 }

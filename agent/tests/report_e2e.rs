@@ -1,8 +1,7 @@
 //! `nodeward-agent run` against the real control plane: it writes its node's conditions with
 //! server-side apply (leaving the kubelet's own conditions alone), clears them when the check
 //! passes again, publishes Events, keeps a NodeReport owned by the Node, serves health and
-//! metrics, writes nothing but its heartbeat while nothing changes, and stops cleanly on
-//! SIGTERM.
+//! metrics, writes nothing but its Lease while nothing changes, and stops cleanly on SIGTERM.
 
 use std::{
     path::PathBuf,
@@ -10,7 +9,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::Node;
+use anyhow::Context;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::Api;
 use nodeward_api::NodeReport;
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
@@ -53,10 +53,10 @@ impl Default for Options<'_> {
 }
 
 impl Agent {
-    fn start(node: &str, test_id: &str, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
+    fn start(node: &str, env: &TestEnv, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
         Self::start_with(
             node,
-            test_id,
+            env,
             Options {
                 interval,
                 heartbeat,
@@ -65,7 +65,7 @@ impl Agent {
         )
     }
 
-    fn start_with(node: &str, test_id: &str, options: Options<'_>) -> anyhow::Result<Self> {
+    fn start_with(node: &str, test: &TestEnv, options: Options<'_>) -> anyhow::Result<Self> {
         let Options {
             kubeconfig,
             interval,
@@ -74,7 +74,7 @@ impl Agent {
             kernel_log,
             env,
         } = options;
-        let dir = std::env::temp_dir().join(format!("nodeward-agent-{test_id}"));
+        let dir = std::env::temp_dir().join(format!("nodeward-agent-{}", test.id));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("agent.yaml");
         std::fs::write(
@@ -92,6 +92,8 @@ impl Agent {
                 node,
                 "--listen",
                 &listen,
+                "--namespace",
+                &test.namespace,
                 "--kubeconfig",
             ])
             .arg(kubeconfig.unwrap_or_else(|| controlplane::shared().kubeconfig.clone()))
@@ -180,7 +182,9 @@ fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
         .filter(|e| field(e, "/userAgent").starts_with(USER_AGENT_PREFIX))
         .filter(|e| {
             let name = field(e, "/objectRef/name");
-            name == node || name.starts_with(&format!("{node}."))
+            name == node
+                || name.starts_with(&format!("{node}."))
+                || Some(name) == nodeward_api::fleet::lease_name(node)
         })
         .map(|e| {
             let resource = match field(e, "/objectRef/subresource").as_str() {
@@ -198,7 +202,7 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     let env = TestEnv::new("agent-report").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let mut agent = Agent::start(&node, &env.id, "500ms", "2s")?;
+    let mut agent = Agent::start(&node, &env, "500ms", "2s")?;
 
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "RebootRequired", "False").await?;
@@ -293,23 +297,23 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
 }
 
 #[tokio::test]
-async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
+async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
     let env = TestEnv::new("agent-quiet").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
     let heartbeat = Duration::from_secs(2);
-    let agent = Agent::start(&node, &env.id, "300ms", "2s")?;
+    let agent = Agent::start(&node, &env, "300ms", "2s")?;
     wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
 
     let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
-    let heartbeats = "nodeward_api_writes_total{resource=\"nodereports/status\",result=\"ok\"}";
-    // Measure between two heartbeats just sent, so that none is in flight at either end, and
+    let renewals = "nodeward_api_writes_total{resource=\"leases\",result=\"ok\"}";
+    // Measure between two renewals just sent, so that none is in flight at either end, and
     // read the audit log once it has caught up with the agent's own count.
-    let just_beat = || async {
-        let before = agent.metric(heartbeats).await?;
-        wait::eventually("a heartbeat", TIMEOUT, || async {
-            let now = agent.metric(heartbeats).await?;
+    let just_renewed = || async {
+        let before = agent.metric(renewals).await?;
+        wait::eventually("a renewal of the Lease", TIMEOUT, || async {
+            let now = agent.metric(renewals).await?;
             Ok((now > before).then_some(now))
         })
         .await
@@ -324,7 +328,7 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
             },
         )
     };
-    let start_heartbeats = just_beat().await?;
+    let start_renewals = just_renewed().await?;
     let start_writes = audited_after(node.clone(), 0).await?.len();
     let start_rounds = agent.metric(rounds).await?;
     let started = Instant::now();
@@ -334,29 +338,40 @@ async fn a_quiet_agent_writes_only_its_heartbeat() -> anyhow::Result<()> {
         Ok((agent.metric(rounds).await? >= start_rounds + 10.0).then_some(()))
     })
     .await?;
-    let end_heartbeats = just_beat().await?;
+    let end_renewals = just_renewed().await?;
     let elapsed = started.elapsed();
-    let heartbeats_sent = (end_heartbeats - start_heartbeats) as usize;
-    let writes: Vec<(String, String)> = audited_after(node.clone(), start_writes + heartbeats_sent)
+    let renewals_sent = (end_renewals - start_renewals) as usize;
+    let writes: Vec<(String, String)> = audited_after(node.clone(), start_writes + renewals_sent)
         .await?
         .split_off(start_writes);
 
     assert!(
         writes
             .iter()
-            .all(|(resource, verb)| resource == "nodereports/status" && verb == "patch"),
-        "only NodeReport heartbeats while nothing changes, got {writes:?}"
+            .all(|(resource, verb)| resource == "leases" && verb == "update"),
+        "only renewals of its Lease while nothing changes (no NodeReport write), got {writes:?}"
     );
     assert_eq!(
         writes.len(),
-        heartbeats_sent,
-        "the API server saw exactly the heartbeats the agent counted"
+        renewals_sent,
+        "the API server saw exactly the renewals the agent counted"
     );
     let expected = elapsed.as_secs_f64() / heartbeat.as_secs_f64();
     assert!(
-        (writes.len() as f64 - expected).abs() <= 1.0,
-        "{} heartbeats in {elapsed:?} at one per {heartbeat:?}",
+        (writes.len() as f64 - expected).abs() <= 1.5,
+        "{} renewals in {elapsed:?} at one per {heartbeat:?} (each 0.9x to 1.1x of it)",
         writes.len()
+    );
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lease = leases.get(&format!("nodeward-agent-{node}")).await?;
+    let spec = lease.spec.expect("spec");
+    assert_eq!(spec.holder_identity.as_deref(), Some(node.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(6), "three renewals");
+    let owner = lease.metadata.owner_references.unwrap_or_default();
+    assert_eq!(
+        owner.first().map(|o| (o.kind.as_str(), o.name.as_str())),
+        Some(("Node", node.as_str())),
+        "the Lease goes with its Node"
     );
     drop(agent);
     env.cleanup().await
@@ -368,7 +383,7 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     let node = env.node_name(0);
     let _agent = Agent::start_with(
         &node,
-        &env.id,
+        &env,
         Options {
             heartbeat: "1s",
             kubelet: "{interval: 500ms, timeout: 500ms, for: 0s, registrationTimeout: 1s, healthzURL: \"http://127.0.0.1:1/healthz\"}",
@@ -460,7 +475,7 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
     );
     let _agent = Agent::start_with(
         &node,
-        &env.id,
+        &env,
         Options {
             interval: "1s",
             heartbeat: "30s",
@@ -532,7 +547,7 @@ async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() ->
     );
     let _agent = Agent::start_with(
         &node,
-        &env.id,
+        &env,
         Options {
             kubelet: &kubelet,
             env: vec![("DBUS_SYSTEM_BUS_ADDRESS", bus.address.clone())],
@@ -565,7 +580,7 @@ async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> any
     std::fs::write(&kubeconfig, proxy::admin_kubeconfig_via(proxy.address))?;
     let agent = Agent::start_with(
         &node,
-        &env.id,
+        &env,
         Options {
             kubeconfig: Some(kubeconfig),
             heartbeat: "1s",
@@ -626,8 +641,10 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     let env = TestEnv::new("agent-pause").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let agent = Agent::start(&node, &env.id, "500ms", "30s")?;
+    let agent = Agent::start(&node, &env, "500ms", "30s")?;
     agent.wait_ready().await?;
+    // The agent learns of policies from what the coordinator publishes for agents.
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
 
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     let mut created = Vec::new();
@@ -662,11 +679,13 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
             })
             .unwrap_or_default()
     };
-    // Acknowledged at once (not at the next 30s heartbeat), and only the policy selecting it.
+    // Acknowledged as soon as published (not at the next 30s heartbeat), and only the policy
+    // selecting it.
     let report = wait::until(&reports, &node, "the pause acknowledged", TIMEOUT, |r| {
         !acks(r).is_empty()
     })
-    .await?;
+    .await
+    .with_context(|| coordinator.output())?;
     assert_eq!(acks(report.as_ref()), vec![(mine.clone(), generation)]);
 
     policies
@@ -685,5 +704,6 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     )
     .await?;
     drop(agent);
+    drop(coordinator);
     env.cleanup().await
 }

@@ -37,6 +37,8 @@ fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Res
     )?;
     let args: Vec<String> = vec![
         "run".into(),
+        "--namespace".into(),
+        env.namespace.clone(),
         "--node-name".into(),
         node.into(),
         "--kubeconfig".into(),

@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod crds;
 pub mod drain;
 mod duration;
+pub mod fleet;
 pub mod labels;
 pub mod maintenance;
 pub mod node;

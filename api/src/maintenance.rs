@@ -325,7 +325,7 @@ pub struct NodeMaintenanceStatus {
     /// withdrawal is written before its budget slots are freed: the write changes the
     /// object, so an admission write still on its way, made over the version before, fails.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0))]
+    #[x_kube(validation = Rule::new("self >= 0").message("admissionsWithdrawn counts withdrawals: 0 or more"))]
     pub admissions_withdrawn: Option<i32>,
     /// The deadline the coordinator holds this maintenance to in its current phase: what it
     /// does if the maintenance is still in `phase` at `time` (see the policy's `deadlines`).

@@ -20,6 +20,18 @@ pub fn is_ready(node: &Node) -> bool {
     condition(node, "Ready").is_some_and(|c| c.status == "True")
 }
 
+/// The node's InternalIP (IPv4 preferred): where its agent answers peers' probes.
+pub fn internal_ip(node: &Node) -> Option<std::net::IpAddr> {
+    let addresses = node.status.as_ref()?.addresses.as_ref()?;
+    let mut ips: Vec<std::net::IpAddr> = addresses
+        .iter()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    ips.sort_by_key(|ip| !ip.is_ipv4());
+    ips.first().copied()
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
@@ -43,6 +55,20 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn internal_ipv4_is_preferred() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n"},
+            "status": {"addresses": [
+                {"type": "Hostname", "address": "n"},
+                {"type": "InternalIP", "address": "fd00::5"},
+                {"type": "InternalIP", "address": "10.0.0.5"},
+            ]}
+        }))
+        .expect("node");
+        assert_eq!(internal_ip(&node), Some("10.0.0.5".parse().expect("ip")));
     }
 
     #[test]

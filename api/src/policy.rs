@@ -114,11 +114,12 @@ impl DisruptionPolicy {
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Deadlines {
-    /// A node whose agent has not written its heartbeat (its NodeReport) for this long, or
-    /// never, is not admitted (`AgentUnavailable`): nothing would carry the maintenance out.
-    /// Default 5m; at least 1m (the agent writes one every minute by default).
+    /// A node whose agent has not renewed its Lease (`nodeward-agent-<node>`, the agent's
+    /// heartbeat) for this long, or never, is not admitted (`AgentUnavailable`): nothing would
+    /// carry the maintenance out. Default 12m; at least 1m. Agents renew every
+    /// `reporting.heartbeatInterval` (5m by default): keep this above two of those.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.agentHeartbeat must be at least 1m, e.g. 5m"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.agentHeartbeat must be at least 1m, e.g. 12m"))]
     pub agent_heartbeat: Option<Duration>,
     /// An Admitted maintenance its agent has not started draining within this goes back to
     /// Pending and its budget slots are freed (`NotStarted`). Default 10m; at least 30s.
@@ -146,7 +147,7 @@ pub struct Deadlines {
 }
 
 impl Deadlines {
-    pub const DEFAULT_AGENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(300);
+    pub const DEFAULT_AGENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(720);
     pub const DEFAULT_START: std::time::Duration = std::time::Duration::from_secs(600);
     pub const DEFAULT_REBOOT: std::time::Duration = std::time::Duration::from_secs(1800);
     pub const DEFAULT_AGENT_LOST: std::time::Duration = std::time::Duration::from_secs(1800);

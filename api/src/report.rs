@@ -24,7 +24,7 @@ use crate::{Duration, maintenance::BlockingPod};
     printcolumn(name = "Mode", type_ = "string", json_path = ".status.mode"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.agentVersion"),
     printcolumn(name = "Problems", type_ = "integer", json_path = ".status.problems"),
-    printcolumn(name = "Heartbeat", type_ = "date", json_path = ".status.heartbeatTime"),
+    printcolumn(name = "Reported", type_ = "date", json_path = ".status.heartbeatTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
@@ -54,7 +54,9 @@ pub struct NodeReportStatus {
     /// The node's current boot id (`/proc/sys/kernel/random/boot_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
-    /// Last time the agent confirmed it is alive; refreshed at a fixed, low rate.
+    /// When the agent last wrote this report, which it does only when something in it
+    /// changed. Its liveness is its Lease (`nodeward-agent-<node>` in nodeward's namespace),
+    /// renewed every `reporting.heartbeatInterval`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_time: Option<Time>,
     /// Number of findings whose status is True.
@@ -73,9 +75,9 @@ pub struct NodeReportStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["policy"]))]
     pub pause_acknowledgements: Vec<PauseAcknowledgement>,
-    /// The last probe of each peer this agent sampled (the most recent
-    /// [`PEER_SIGHTINGS_LIMIT`]): what the coordinator asks of the peers before it treats a
-    /// node whose agent is silent as dead.
+    /// The peers this agent finds unreachable now (since when; probed again every round), and
+    /// those it reached again (when), the most recent [`PEER_SIGHTINGS_LIMIT`]: what the
+    /// coordinator asks of the peers before it treats a node whose agent is silent as dead.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = PEER_SIGHTINGS_LIMIT))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
@@ -88,15 +90,16 @@ pub struct NodeReportStatus {
 /// The most peer sightings a NodeReport lists (the CRD's `maxItems`).
 pub const PEER_SIGHTINGS_LIMIT: usize = 32;
 
-/// One peer as this agent last probed it.
+/// One peer whose reachability this agent saw change.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerSighting {
     /// The peer's node name.
     #[schemars(length(min = 1, max = 253))]
     pub node: String,
-    /// Whether any probe (TCP, UDP or ICMP) was answered.
+    /// Whether any probe (TCP, UDP or ICMP) is answered.
     pub reachable: bool,
+    /// Since when.
     pub time: Time,
 }
 

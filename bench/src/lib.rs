@@ -3,6 +3,8 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+pub mod fleet;
+
 /// Clock ticks per second of /proc/PID/stat on Linux.
 pub const CLK_TCK: f64 = 100.0;
 

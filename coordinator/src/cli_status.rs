@@ -4,7 +4,9 @@
 use std::{collections::BTreeMap, fmt::Write, sync::Arc};
 
 use jiff::Timestamp;
-use kube::{Api, Client, Resource, ResourceExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client, Resource, ResourceExt, api::ListParams};
+use nodeward_api::fleet::LEASE_LABEL;
 use nodeward_runtime::ApiError;
 use serde::de::DeserializeOwned;
 
@@ -149,11 +151,17 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
             .map_err(|e| ApiError::new("listing", K::plural(&()).into_owned(), e))?;
         Ok(listed.items.into_iter().map(Arc::new).collect())
     }
+    let leases: Api<Lease> = Api::all(client.clone());
+    let leases = leases
+        .list(&ListParams::default().labels(LEASE_LABEL))
+        .await
+        .map_err(|e| ApiError::new("listing", "the agents' leases".into(), e))?;
     Ok(Objects {
         nodes: list(client).await?,
         policies: list(client).await?,
         maintenances: list(client).await?,
         reports: list(client).await?,
+        leases: leases.items.into_iter().map(Arc::new).collect(),
         blockers: BTreeMap::new(),
     })
 }

@@ -1,8 +1,14 @@
 //! Whether a node is dead, so that the coordinator may act on it without its agent (the
 //! `node.kubernetes.io/out-of-service` taint, a DeleteNode that needs no drain): NotReady for
-//! a while, its own agent silent, and, where other agents probe their peers, none of those that
-//! probed it since it went NotReady could reach it. A node that is merely cut off from the API
-//! server still answers its peers, and is not dead. Pure functions over plain data.
+//! a while, its own agent silent, and, where other agents probe their peers, some live peer
+//! lists it as unreachable now and none reached it since it went NotReady. A node that is
+//! merely cut off from the API server still answers its peers, and is not dead. Pure functions
+//! over plain data.
+//!
+//! A peer lists a node when a probe of it fails and probes it again every round while it is
+//! listed (`agent/src/detect/peers/sightings.rs`): an unreachable entry holds now, whenever it
+//! began, as long as the peer's agent is alive; a reachable one records when the node answered
+//! again.
 
 use std::time::Duration;
 
@@ -16,7 +22,7 @@ pub struct Evidence {
     pub not_ready_since: Timestamp,
     /// Why its own agent cannot speak for it (None: it still writes its heartbeat).
     pub agent_unavailable: Option<String>,
-    /// Probes of it by peers whose own agents are alive: who, whether it answered, when.
+    /// What peers whose own agents are alive list of it: who, whether it answers, since when.
     pub sightings: Vec<(String, bool, Timestamp)>,
     /// Whether any live agent in the cluster probes its peers at all.
     pub peers_exist: bool,
@@ -39,27 +45,29 @@ pub fn judge(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, St
     let Some(silent) = &e.agent_unavailable else {
         return Err("its agent still writes its heartbeat".to_owned());
     };
-    let since: Vec<&(String, bool, Timestamp)> = e
+    if let Some((peer, _, at)) = e
         .sightings
         .iter()
-        .filter(|(_, _, at)| *at > e.not_ready_since)
-        .collect();
-    if let Some((peer, _, at)) = since.iter().find(|(_, reachable, _)| *reachable) {
+        .find(|(_, reachable, at)| *reachable && *at > e.not_ready_since)
+    {
         return Err(format!(
             "peer {peer} reached it at {at} although it is NotReady (cut off from the API server, not down)"
         ));
     }
-    let peers = match (since.len(), e.peers_exist) {
+    let mut unreachable: Vec<&str> = e
+        .sightings
+        .iter()
+        .filter(|(_, reachable, _)| !reachable)
+        .map(|(peer, _, _)| peer.as_str())
+        .collect();
+    unreachable.sort_unstable();
+    unreachable.dedup();
+    let peers = match (unreachable.len(), e.peers_exist) {
         (0, true) => {
-            return Err("no peer has probed it since it went NotReady".to_owned());
+            return Err("no peer finds it unreachable (yet)".to_owned());
         }
         (0, false) => "no agent probes peers to ask".to_owned(),
-        (n, _) => {
-            let mut names: Vec<&str> = since.iter().map(|(p, _, _)| p.as_str()).collect();
-            names.sort_unstable();
-            names.dedup();
-            format!("unreachable from {n} probe(s) by {}", names.join(", "))
-        }
+        (n, _) => format!("unreachable from {n} peer(s): {}", unreachable.join(", ")),
     };
     Ok(format!(
         "NotReady for {}s, {silent}, {peers}",
@@ -93,7 +101,7 @@ mod tests {
         assert!(
             why.contains("NotReady for 200s")
                 && why.contains("its agent is silent")
-                && why.contains("unreachable from 2 probe(s) by p1, p2"),
+                && why.contains("unreachable from 2 peer(s): p1, p2"),
             "{why}"
         );
     }
@@ -122,14 +130,22 @@ mod tests {
             ..dead_looking()
         };
         assert!(judge(&speaking, t(200), GRACE).is_err());
-        let stale = Evidence {
+        let unreachable_before = Evidence {
             sightings: vec![("p1".into(), false, t(-10))],
             ..dead_looking()
         };
+        assert!(
+            judge(&unreachable_before, t(200), GRACE).is_ok(),
+            "unreachable since before it went NotReady, and still"
+        );
+        let reached_before = Evidence {
+            sightings: vec![("p1".into(), true, t(-10))],
+            ..dead_looking()
+        };
         assert_eq!(
-            judge(&stale, t(200), GRACE),
-            Err("no peer has probed it since it went NotReady".to_owned()),
-            "probes from before it went NotReady say nothing"
+            judge(&reached_before, t(200), GRACE),
+            Err("no peer finds it unreachable (yet)".to_owned()),
+            "reached again before it went NotReady, and not found unreachable since"
         );
         let no_peers = Evidence {
             sightings: Vec::new(),

@@ -14,6 +14,7 @@ pub mod election;
 pub mod health;
 pub mod metrics;
 pub mod pause;
+pub mod publish;
 pub mod round;
 pub mod webhook;
 

@@ -6,6 +6,7 @@ use nodeward_coordinator::{
     controller::{Changes, Controller, Stores},
     election,
     metrics::Metrics,
+    publish::Publisher,
     webhook,
 };
 use nodeward_runtime::{
@@ -53,7 +54,9 @@ struct Run {
     /// Name of the leader election Lease.
     #[arg(long, default_value = "nodeward-coordinator")]
     lease_name: String,
-    /// The coordinator's namespace: its leader election Lease and webhook Secret are there.
+    /// The coordinator's namespace: its leader election Lease and webhook Secret are there, the
+    /// agents' Leases, and what it publishes for the agents (the peer directory's
+    /// EndpointSlices, the policies' ConfigMap).
     #[arg(long, env = "POD_NAMESPACE", default_value = "nodeward-system")]
     lease_namespace: String,
     /// Identity recorded as the Lease holder and in admissions (default: host name and a
@@ -202,50 +205,10 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     let readiness = Arc::new(Readiness::new(&[nodeward_coordinator::controller::SYNCED]));
     let mut tasks = tokio::task::JoinSet::new();
     server::spawn(run.listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
-    if let Some(address) = run.webhook_listen {
-        let serving = Arc::new(webhook::ServingCert::default());
-        readiness.close(webhook::CERTIFICATE_LOADED);
-        if let Some(secret) = &run.webhook_secret {
-            let mut dns_names = webhook::certificate::Wanted::service_names(
-                &run.webhook_service,
-                &run.lease_namespace,
-            );
-            dns_names.extend(run.webhook_extra_dns.iter().cloned());
-            tasks.spawn(
-                webhook::Keeper {
-                    client: client.clone(),
-                    namespace: run.lease_namespace.clone(),
-                    secret: secret.clone(),
-                    configuration: run.webhook_configuration.clone(),
-                    webhook: run.webhook_name.clone(),
-                    wanted: webhook::certificate::Wanted {
-                        dns_names,
-                        ca_lifetime: run.webhook_ca_validity,
-                        serving_lifetime: run.webhook_cert_validity,
-                    },
-                    serving: serving.clone(),
-                    readiness: readiness.clone(),
-                }
-                .run(),
-            );
-        } else if let Some(dir) = &run.webhook_cert_dir {
-            tasks.spawn(webhook::keeper::follow_files(
-                dir.clone(),
-                serving.clone(),
-                readiness.clone(),
-                Duration::from_secs(10),
-            ));
-        }
-        let acceptor = webhook::acceptor(serving).map_err(Error::Webhook)?;
-        let (bound, serving) = webhook::serve(address, acceptor, client.clone(), Limits::default())
-            .await
-            .map_err(Error::Webhook)?;
-        tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
-        tasks.spawn(serving);
-    }
+    start_webhook(&run, &client, &readiness, &mut tasks).await?;
 
     let changed = Arc::new(Changes::default());
-    let stores = Stores::watch(&client, &changed, &mut tasks);
+    let stores = Stores::watch(&client, &run.lease_namespace, &changed, &mut tasks);
 
     let (stop_tx, stop) = watch::channel(false);
     let (leader_tx, leader) = watch::channel(false);
@@ -275,6 +238,16 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         });
         None
     };
+    // What the agents read instead of watching every Node and policy: published by the leader.
+    tasks.spawn(
+        Publisher {
+            client: client.clone(),
+            namespace: run.lease_namespace.clone(),
+            stores: stores.clone(),
+            readiness: readiness.clone(),
+        }
+        .run(leader.clone(), run.resync, stop.clone()),
+    );
     let controller = Controller::new(client, identity.clone(), metrics, changed);
     let controlling = tokio::spawn(controller.run(stores, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
@@ -287,6 +260,57 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
     }
     tasks.abort_all();
+    Ok(())
+}
+
+/// Serves the eviction webhook when `--webhook-listen` asks for it, with the certificate the
+/// coordinator keeps (or the one in `--webhook-cert-dir`); ready only once one is loaded.
+async fn start_webhook(
+    run: &Run,
+    client: &kube::Client,
+    readiness: &Arc<Readiness>,
+    tasks: &mut tokio::task::JoinSet<()>,
+) -> Result<(), Error> {
+    let Some(address) = run.webhook_listen else {
+        return Ok(());
+    };
+    let serving = Arc::new(webhook::ServingCert::default());
+    readiness.close(webhook::CERTIFICATE_LOADED);
+    if let Some(secret) = &run.webhook_secret {
+        let mut dns_names =
+            webhook::certificate::Wanted::service_names(&run.webhook_service, &run.lease_namespace);
+        dns_names.extend(run.webhook_extra_dns.iter().cloned());
+        tasks.spawn(
+            webhook::Keeper {
+                client: client.clone(),
+                namespace: run.lease_namespace.clone(),
+                secret: secret.clone(),
+                configuration: run.webhook_configuration.clone(),
+                webhook: run.webhook_name.clone(),
+                wanted: webhook::certificate::Wanted {
+                    dns_names,
+                    ca_lifetime: run.webhook_ca_validity,
+                    serving_lifetime: run.webhook_cert_validity,
+                },
+                serving: serving.clone(),
+                readiness: readiness.clone(),
+            }
+            .run(),
+        );
+    } else if let Some(dir) = &run.webhook_cert_dir {
+        tasks.spawn(webhook::keeper::follow_files(
+            dir.clone(),
+            serving.clone(),
+            readiness.clone(),
+            Duration::from_secs(10),
+        ));
+    }
+    let acceptor = webhook::acceptor(serving).map_err(Error::Webhook)?;
+    let (bound, serving) = webhook::serve(address, acceptor, client.clone(), Limits::default())
+        .await
+        .map_err(Error::Webhook)?;
+    tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
+    tasks.spawn(serving);
     Ok(())
 }
 

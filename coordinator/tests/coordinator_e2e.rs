@@ -1133,14 +1133,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
 /// Writes `node`'s agent heartbeat as `age` old: its agent went silent that long ago.
 async fn silence_agent(env: &TestEnv, node: &str, age: Duration) -> anyhow::Result<()> {
     let then = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age)?;
-    Api::<NodeReport>::all(env.client.clone())
-        .patch_status(
-            node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"heartbeatTime": then.to_string()}})),
-        )
-        .await?;
-    Ok(())
+    env.heartbeats_at(&[node.to_owned()], then).await
 }
 
 #[tokio::test]
@@ -1148,11 +1141,10 @@ async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyh
     let _serial = SERIAL.lock().await;
     let env = TestEnv::new("agentless").await?;
     // n0 without a NodeReport: as if no agent ever ran there (a Windows node, a virtual
-    // kubelet); n1's agent last wrote its heartbeat 10 minutes ago (crash-looping since).
+    // kubelet); n1's agent last renewed its Lease 15 minutes ago (crash-looping since).
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
-    env.heartbeats(std::slice::from_ref(&n1)).await?;
-    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
+    silence_agent(&env, &n1, Duration::from_secs(900)).await?;
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
     let coordinator = start(&env, "c1", &[])?;
@@ -1166,12 +1158,13 @@ async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyh
         "{message}"
     );
 
-    // An agent whose heartbeat is older than deadlines.agentHeartbeat (default 5m) is none.
+    // An agent whose Lease was renewed longer ago than deadlines.agentHeartbeat (default 12m)
+    // is none.
     let m1 = create_maintenance(&env, &n1).await?;
     let message = wait_denied(&env, &m1, "AgentUnavailable").await?;
     assert!(
         message.contains("last wrote its heartbeat")
-            && message.contains("deadlines.agentHeartbeat 300s"),
+            && message.contains("deadlines.agentHeartbeat 720s"),
         "{message}"
     );
 
@@ -1219,7 +1212,7 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
     let waiting = create_maintenance(&env, &n1).await?;
     wait_denied(&env, &waiting, "BudgetExhausted").await?;
     // The stuck node's agent dies before starting: nothing moves the maintenance on.
-    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    silence_agent(&env, &n0, Duration::from_secs(900)).await?;
 
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let sent_back = wait::until(
@@ -1400,8 +1393,8 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
     }
     // Both agents die. The draining maintenance is finished for its agent at once (its last
     // heartbeat is long past deadlines.agentLost); the drained DrainOnly one holds on purpose.
-    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
-    silence_agent(&env, &n1, Duration::from_secs(600)).await?;
+    silence_agent(&env, &n0, Duration::from_secs(900)).await?;
+    silence_agent(&env, &n1, Duration::from_secs(900)).await?;
     let failed = wait::until(
         &maintenances,
         &draining,
@@ -1520,18 +1513,22 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
     env.cleanup().await
 }
 
-/// Writes the peer sightings `peer`'s agent reports: `seen` (node, answered) probed now.
+/// Writes what `peer`'s agent reports of its peers, as of now: `seen` (node, answers), and
+/// that its peer detector runs; and renews its Lease.
 async fn report_sightings(env: &TestEnv, peer: &str, seen: &[(&str, bool)]) -> anyhow::Result<()> {
+    env.heartbeats(&[peer.to_owned()]).await?;
     let now = jiff::Timestamp::now().to_string();
     let sightings: Vec<Value> = seen
         .iter()
         .map(|(node, reachable)| json!({"node": node, "reachable": reachable, "time": now}))
         .collect();
+    let probing = json!([{"type": "PeerConnectivityProblem", "status": "False", "reason": "PeersReachable",
+        "message": "answered", "detector": "peers", "since": now}]);
     Api::<NodeReport>::all(env.client.clone())
         .patch_status(
             peer,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"heartbeatTime": now, "peerSightings": sightings}})),
+            &Patch::Merge(json!({"status": {"peerSightings": sightings, "findings": probing}})),
         )
         .await?;
     Ok(())
@@ -1579,7 +1576,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
         .await?;
     let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
     set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
-    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    silence_agent(&env, &n0, Duration::from_secs(900)).await?;
     report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
 
     let tainted = wait::until(
@@ -1608,7 +1605,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
         .remove("nodeward.io/out-of-service")
         .context("nodeward's record")?;
     assert!(
-        record.contains(&format!("unreachable from 1 probe(s) by {n1}")),
+        record.contains(&format!("unreachable from 1 peer(s): {n1}")),
         "{record}"
     );
     env.wait_event(&n0, "", "OutOfService").await?;
@@ -1660,9 +1657,10 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
             &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}})),
         )
         .await?;
-    let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
-    set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
-    silence_agent(&env, &n0, Duration::from_secs(600)).await?;
+    // NotReady for longer than deadlines.agentHeartbeat (default 12m), its agent as long.
+    let fifteen_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(15);
+    set_condition(&env, &n0, "Ready", "False", fifteen_minutes_ago).await?;
+    silence_agent(&env, &n0, Duration::from_secs(900)).await?;
     report_sightings(&env, &n1, &[(&n0, false)]).await?;
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;

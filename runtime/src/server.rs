@@ -50,6 +50,14 @@ impl Readiness {
         }
     }
 
+    /// Whether `gate` has been passed (or was never closed).
+    pub fn passed(&self, gate: &'static str) -> bool {
+        self.closed
+            .lock()
+            .map(|c| !c.contains(&gate))
+            .unwrap_or(false)
+    }
+
     pub fn is_ready(&self) -> bool {
         self.closed.lock().map(|c| c.is_empty()).unwrap_or(false)
     }

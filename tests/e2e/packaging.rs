@@ -10,7 +10,9 @@ use anyhow::Context;
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
     authentication::v1::TokenRequest,
-    core::v1::{Node, Pod, Secret, ServiceAccount},
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount},
+    discovery::v1::EndpointSlice,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
@@ -114,7 +116,11 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "Deployment",
         "DisruptionPolicy",
         "PodDisruptionBudget",
+        // Each daemon's in nodeward's namespace (the agent: its Lease, what the coordinator
+        // publishes for it).
         "Role",
+        "Role",
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "Service",
@@ -553,6 +559,64 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     assert!(
         said.contains("may delete only pods on its own node"),
         "{said}"
+    );
+
+    // Its liveness: its own Lease, held by its node; not another node's, not another Lease.
+    let leases: Api<Lease> = Api::namespaced(agent.clone(), &env.namespace);
+    let lease = |name: &str, holder: &str| -> anyhow::Result<Lease> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"nodeward.io/agent-lease": "true"}},
+            "spec": {"holderIdentity": holder, "renewTime": "2026-11-25T00:00:00.000000Z"},
+        }))?)
+    };
+    let own_lease = format!("nodeward-agent-{node_a}");
+    let mut written = leases
+        .create(&PostParams::default(), &lease(&own_lease, &node_a)?)
+        .await?;
+    for (name, holder) in [
+        (format!("nodeward-agent-{node_b}"), node_b.as_str()),
+        (format!("nodeward-agent-{node_a}-x"), node_a.as_str()),
+        ("nodeward-coordinator".to_owned(), node_a.as_str()),
+    ] {
+        let said = refusal(
+            leases
+                .create(&PostParams::default(), &lease(&name, holder)?)
+                .await,
+        );
+        assert!(
+            said.contains(&format!(
+                "may write only the Lease nodeward-agent-{node_a}, held by its node; not {name}"
+            )),
+            "{name}: {said}"
+        );
+    }
+    if let Some(spec) = written.spec.as_mut() {
+        spec.holder_identity = Some(node_b.clone());
+    }
+    let said = refusal(
+        leases
+            .replace(&own_lease, &PostParams::default(), &written)
+            .await,
+    );
+    assert!(said.contains("held by its node"), "{said}");
+    // What it reads: the peer directory and the policies the coordinator publishes, not the
+    // DisruptionPolicies (their status changes with every admission) nor other ConfigMaps.
+    Api::<EndpointSlice>::namespaced(agent.clone(), &env.namespace)
+        .list(&ListParams::default())
+        .await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(agent.clone(), &env.namespace);
+    assert!(
+        refusal(configmaps.get("nodeward-agent-policies").await).starts_with("404"),
+        "the published policies may be read (there are none here)"
+    );
+    assert!(refusal(configmaps.get("kube-root-ca.crt").await).starts_with("403"));
+    assert!(
+        refusal(
+            Api::<DisruptionPolicy>::all(agent.clone())
+                .list(&ListParams::default())
+                .await
+        )
+        .starts_with("403")
     );
 
     // Maintenances: only Reboot ones of its own node may be asked for.

@@ -134,6 +134,25 @@ impl Daemon {
         Ok(Self { child, listen, log })
     }
 
+    /// Starts `program` with exactly `args` (a program that takes no `--listen`); its output
+    /// goes to a log file named after `label`.
+    pub fn start_plain(program: &str, label: &str, args: &[String]) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join("nodeward-e2e-logs");
+        std::fs::create_dir_all(&dir)?;
+        let log = dir.join(format!("{label}.log"));
+        let file = std::fs::File::create(&log)?;
+        let child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::from(file.try_clone()?))
+            .stderr(Stdio::from(file))
+            .spawn()?;
+        Ok(Self {
+            child,
+            listen: String::new(),
+            log,
+        })
+    }
+
     /// The daemon's output so far (for assertion messages).
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

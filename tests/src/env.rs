@@ -219,6 +219,18 @@ impl TestEnv {
         count: usize,
         ready_within: Duration,
     ) -> anyhow::Result<()> {
+        self.create_many_nodes_for(count, ready_within, "fake")
+            .await
+    }
+
+    /// As [`TestEnv::create_many_nodes`], for the kwok that manages nodes annotated
+    /// `kwok.x-k8s.io/node=<kwok>` (the control plane's own manages `fake`).
+    pub async fn create_many_nodes_for(
+        &self,
+        count: usize,
+        ready_within: Duration,
+        kwok: &str,
+    ) -> anyhow::Result<()> {
         use futures::{StreamExt, TryStreamExt};
         futures::stream::iter(0..count)
             .map(|index| async move {
@@ -226,7 +238,7 @@ impl TestEnv {
                 let node: Node = serde_json::from_value(json!({"metadata": {
                     "name": name,
                     "labels": {TEST_LABEL: self.id, "kubernetes.io/hostname": name},
-                    "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                    "annotations": {KWOK_NODE_ANNOTATION: kwok},
                 }}))?;
                 self.nodes()
                     .create(&PostParams::default(), &node)

@@ -2,7 +2,9 @@
 //! cleanup removes them.
 
 use anyhow::Context;
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use k8s_openapi::{
+    api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+};
 use kube::{
     Api,
     api::{Patch, PatchParams, PostParams},
@@ -32,11 +34,18 @@ impl TestEnv {
         Ok(name)
     }
 
-    /// Writes a heartbeat now into the NodeReport of each of `nodes` (created if missing), as
+    /// Gives each of `nodes` a NodeReport (created if missing) and a Lease renewed now, as
     /// their agents would: for tests in which no agent runs but the coordinator must see one
     /// alive, since it admits nothing to a node without (`deadlines.agentHeartbeat`).
     pub async fn heartbeats(&self, nodes: &[String]) -> anyhow::Result<()> {
+        self.heartbeats_at(nodes, Timestamp::now()).await
+    }
+
+    /// As [`TestEnv::heartbeats`], the Leases last renewed at `at` (in the past: an agent
+    /// silent since).
+    pub async fn heartbeats_at(&self, nodes: &[String], at: Timestamp) -> anyhow::Result<()> {
         let reports: Api<NodeReport> = Api::all(self.client.clone());
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         for node in nodes {
             if reports.get_opt(node).await?.is_none() {
                 let report: NodeReport = serde_json::from_value(json!({
@@ -49,11 +58,21 @@ impl TestEnv {
                     .await
                     .with_context(|| format!("creating NodeReport {node}"))?;
             }
-            let beat = json!({"status": {"heartbeatTime": Time(Timestamp::now())}});
-            reports
-                .patch_status(node, &PatchParams::default(), &Patch::Merge(&beat))
+            let name = nodeward_api::fleet::lease_name(node)
+                .with_context(|| format!("node name {node} too long for a Lease"))?;
+            let lease: Lease = serde_json::from_value(json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "labels": {nodeward_api::fleet::LEASE_LABEL: "true"}},
+                "spec": {"holderIdentity": node, "renewTime": MicroTime(at)},
+            }))?;
+            leases
+                .patch(
+                    &name,
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&lease),
+                )
                 .await
-                .with_context(|| format!("writing the heartbeat of NodeReport {node}"))?;
+                .with_context(|| format!("renewing Lease {name}"))?;
         }
         Ok(())
     }

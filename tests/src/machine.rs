@@ -22,6 +22,8 @@ pub struct Machine {
     pub index: usize,
     pub dir: PathBuf,
     pub logind: Logind,
+    /// The test's namespace: the agent's Lease and what the coordinator publishes are there.
+    namespace: String,
     agent_binary: String,
     agent: Option<Daemon>,
     /// Boots so far (the first start is boot 1).
@@ -59,6 +61,7 @@ impl Machine {
             index,
             dir,
             logind,
+            namespace: env.namespace.clone(),
             agent_binary: agent_binary.to_owned(),
             agent: None,
             boots: 0,
@@ -87,6 +90,8 @@ impl Machine {
     pub fn start_agent(&mut self) -> anyhow::Result<()> {
         let args = vec![
             "run".to_owned(),
+            "--namespace".into(),
+            self.namespace.clone(),
             "--node-name".into(),
             self.name.clone(),
             "--kubeconfig".into(),

@@ -1,4 +1,5 @@
-//! The DisruptionPolicies as this node's agent sees them, from one live store:
+//! The DisruptionPolicies as this node's agent sees them, from one live store filled with what
+//! the coordinator publishes for agents (name, generation, spec; see `nodeward_api::fleet`):
 //! - the pauses it obeys: every policy with `paused: true` whose selector matches this node's
 //!   labels. The agent acknowledges each with the policy generation it saw (in its
 //!   NodeReport), and the coordinator reports the policy `Paused=True` only once every agent
@@ -12,12 +13,16 @@ mod effective;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::{
     Api, Client, ResourceExt,
     runtime::{WatchStreamExt, reflector, watcher},
 };
-use nodeward_api::{DisruptionPolicy, NodeMaintenance, report::PauseAcknowledgement};
+use nodeward_api::{
+    DisruptionPolicy, NodeMaintenance,
+    fleet::{POLICIES_CONFIGMAP, POLICIES_KEY, PublishedPolicies},
+    report::PauseAcknowledgement,
+};
 use tokio::sync::{Notify, watch};
 
 pub use effective::{Effective, HealthGate};
@@ -72,38 +77,66 @@ pub fn auto_reboot(
         .any(|p| p.selects(labels).unwrap_or(false))
 }
 
-/// Follows the policies (into the store `writer` fills; its readers answer [`effective()`])
-/// and this node's labels, publishing the pauses that apply and whether auto-reboot is on (or
-/// `forced_auto_reboot`, the agent's flag) whenever they change. Runs until the task is
+/// Follows the policies as the coordinator publishes them for agents (into the store `writer`
+/// fills; its readers answer [`effective()`]) and this node's labels, publishing the pauses
+/// that apply and whether auto-reboot is on (or `forced_auto_reboot`, the agent's flag)
+/// whenever they change. The agent never watches the DisruptionPolicies themselves: their
+/// status changes with every admission anywhere in the cluster. Runs until the task is
 /// dropped.
 pub async fn follow(
     client: Client,
+    namespace: String,
     node_name: String,
-    writer: reflector::store::Writer<DisruptionPolicy>,
+    mut writer: reflector::store::Writer<DisruptionPolicy>,
     pauses: watch::Sender<Vec<PauseAcknowledgement>>,
     auto_reboots: watch::Sender<bool>,
     forced_auto_reboot: bool,
 ) {
     let changed = Arc::new(Notify::new());
     let policies = writer.as_reader();
-    let policy_events = reflector(
-        writer,
-        watcher(Api::all(client.clone()), watcher::Config::default()).default_backoff(),
-    );
-    let (nodes, writer) = reflector::store::<Node>();
+    let published = watcher(
+        Api::<ConfigMap>::namespaced(client.clone(), &namespace),
+        watcher::Config::default().fields(&format!("metadata.name={POLICIES_CONFIGMAP}")),
+    )
+    .default_backoff();
+    let (nodes, node_writer) = reflector::store::<Node>();
     let node_events = reflector(
-        writer,
+        node_writer,
         watcher(
             Api::all(client),
             watcher::Config::default().fields(&format!("metadata.name={node_name}")),
         )
         .default_backoff(),
     );
+    let notify = changed.clone();
+    let mut listed: Option<ConfigMap> = None;
+    let following_policies = published.for_each(move |event| {
+        let current = match event {
+            Ok(watcher::Event::Apply(c)) => Some(Some(c)),
+            Ok(watcher::Event::Delete(_)) => Some(None),
+            Ok(watcher::Event::Init) => {
+                listed = None;
+                None
+            }
+            Ok(watcher::Event::InitApply(c)) => {
+                listed = Some(c);
+                None
+            }
+            Ok(watcher::Event::InitDone) => Some(listed.take()),
+            Err(e) => {
+                tracing::warn!(error = %e, "watching the published policies failed; retrying");
+                None
+            }
+        };
+        if let Some(current) = current
+            && replace(&mut writer, current.as_ref())
+        {
+            notify.notify_one();
+        }
+        futures::future::ready(())
+    });
     let watching = futures::future::join(
-        policy_events.for_each(nodeward_runtime::watch::notifier(
-            changed.clone(),
-            "DisruptionPolicy".into(),
-        )),
+        following_policies,
         node_events.for_each(nodeward_runtime::watch::notifier(
             changed.clone(),
             "Node".into(),
@@ -132,6 +165,41 @@ pub async fn follow(
         }
     };
     futures::future::join(watching, publishing).await;
+}
+
+/// Fills the store with the policies `published` holds (none when it is missing: the
+/// coordinator has published nothing yet). Returns false, keeping the store as it was, when
+/// the ConfigMap cannot be read, which is logged with the fix.
+fn replace(
+    writer: &mut reflector::store::Writer<DisruptionPolicy>,
+    published: Option<&ConfigMap>,
+) -> bool {
+    let policies = match published.map(read) {
+        None => Vec::new(),
+        Some(Ok(policies)) => policies,
+        Some(Err(e)) => {
+            tracing::error!(error = %e, "the policies published for the agents cannot be read; keeping the last ones read (the coordinator rewrites them when a policy changes)");
+            return false;
+        }
+    };
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for policy in policies {
+        writer.apply_watcher_event(&watcher::Event::InitApply(policy));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    true
+}
+
+/// The policies in the coordinator's ConfigMap.
+fn read(published: &ConfigMap) -> Result<Vec<DisruptionPolicy>, String> {
+    let text = published
+        .data
+        .as_ref()
+        .and_then(|d| d.get(POLICIES_KEY))
+        .ok_or_else(|| format!("ConfigMap {POLICIES_CONFIGMAP} has no key {POLICIES_KEY}"))?;
+    let read: PublishedPolicies = serde_json::from_str(text)
+        .map_err(|e| format!("ConfigMap {POLICIES_CONFIGMAP}, key {POLICIES_KEY}: {e}"))?;
+    Ok(read.to_policies())
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Reporting to the cluster: the node's conditions (server-side apply under the agent's own
-//! field manager, written only when a condition changes) and the NodeReport (on every change
-//! of the findings, and as a heartbeat). Failed writes are retried with backoff; detection
-//! goes on meanwhile.
+//! field manager, written only when a condition changes) and the NodeReport (only when
+//! something in it changes: the findings, the pauses obeyed, the peers found unreachable; the
+//! agent's liveness is its Lease, [`crate::liveness`]). Failed writes are retried with
+//! backoff; detection goes on meanwhile.
 
 pub mod conditions;
 pub mod events;
@@ -47,7 +48,8 @@ use crate::{
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct ReportingConfig {
-    /// How often the NodeReport's heartbeat is refreshed (the only periodic write).
+    /// How often the agent renews its Lease (its liveness; the only periodic write). The
+    /// coordinator's `deadlines.agentHeartbeat` must be longer.
     #[serde(deserialize_with = "crate::values::duration")]
     pub heartbeat_interval: Duration,
 }
@@ -55,16 +57,24 @@ pub struct ReportingConfig {
 impl Default for ReportingConfig {
     fn default() -> Self {
         Self {
-            heartbeat_interval: Duration::from_secs(60),
+            heartbeat_interval: DEFAULT_HEARTBEAT,
         }
     }
 }
+
+/// One renewal per agent every 5 minutes: 17 writes/s for 5,000 nodes, small ones.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(300);
 
 impl ReportingConfig {
     pub fn validate(&self, place: &str) -> Result<(), String> {
         if self.heartbeat_interval < Duration::from_secs(1) {
             return Err(format!(
-                "{place}.heartbeatInterval: must be at least 1s, e.g. 60s"
+                "{place}.heartbeatInterval: must be at least 1s, e.g. 5m"
+            ));
+        }
+        if self.heartbeat_interval > Duration::from_secs(3600) {
+            return Err(format!(
+                "{place}.heartbeatInterval: must be at most 1h (the coordinator counts an agent silent for longer than deadlines.agentHeartbeat as gone), e.g. 5m"
             ));
         }
         Ok(())
@@ -89,7 +99,6 @@ pub const FIRST_REPORT: &str = "the first detection round has not been reported 
 pub struct Reporter {
     client: Client,
     identity: Identity,
-    heartbeat: Duration,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
     events: Events,
@@ -110,7 +119,6 @@ impl Reporter {
     pub fn new(
         client: Client,
         identity: Identity,
-        heartbeat: Duration,
         metrics: Arc<Metrics>,
         readiness: Arc<Readiness>,
     ) -> Self {
@@ -123,7 +131,6 @@ impl Reporter {
             .limited(EVENT_BURST, EVENT_REFILL),
             client,
             identity,
-            heartbeat,
             metrics,
             readiness,
             written: None,
@@ -150,10 +157,8 @@ impl Reporter {
     ) {
         let mut pauses_open = true;
         let mut kernel_open = true;
-        let mut heartbeat = tokio::time::interval(self.heartbeat);
-        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The first report is due anyway: the first heartbeat comes one interval after it.
-        heartbeat.reset();
+        let mut sightings = self.sightings.as_ref().map(Sightings::changes);
+        let mut sightings_open = sightings.is_some();
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut report_due = true;
         let mut retry_at: Option<tokio::time::Instant> = None;
@@ -165,7 +170,12 @@ impl Reporter {
                     }
                     report_due = true;
                 }
-                _ = heartbeat.tick() => report_due = true,
+                changed = async { sightings.as_mut()?.changed().await.ok() }, if sightings_open => {
+                    match changed {
+                        Some(()) => report_due = true,
+                        None => sightings_open = false,
+                    }
+                }
                 changed = pauses.changed(), if pauses_open => {
                     match changed {
                         Ok(()) => report_due = true,

@@ -7,11 +7,18 @@ use std::time::{Duration, Instant};
 
 use crate::detect::{Finding, Status};
 
+/// A new message with the same status and reason is reported at most this often (the first
+/// one after a status change at once): a message that carries a count or a latency must not
+/// turn every detection round into a write of the Node and the NodeReport.
+pub const DETAIL_REFRESH: Duration = Duration::from_secs(600);
+
 /// What one detector has reported, and what it is currently seeing.
 #[derive(Clone, Debug)]
 pub struct Debounced {
     reported: Option<Reported>,
     candidate: Option<(Status, Instant)>,
+    /// When a change of message alone was last reported (since the last status change).
+    detail_reported: Option<Instant>,
 }
 
 /// The finding as reported, with when its status last changed.
@@ -43,6 +50,7 @@ impl Debounced {
         Self {
             reported: None,
             candidate: None,
+            detail_reported: None,
         }
     }
 
@@ -58,10 +66,14 @@ impl Debounced {
         let current = self.reported.as_ref().map(|r| r.finding.status);
         if current == Some(finding.status) {
             self.candidate = None;
+            let due = self
+                .detail_reported
+                .is_none_or(|at| now.saturating_duration_since(at) >= DETAIL_REFRESH);
             let reported = self.reported.as_mut().map(|r| &mut r.finding);
             return match reported {
-                Some(r) if r.reason != finding.reason || r.message != finding.message => {
+                Some(r) if r.reason != finding.reason || (r.message != finding.message && due) => {
                     *r = finding;
+                    self.detail_reported = Some(now);
                     Change::Detail
                 }
                 _ => Change::None,
@@ -83,6 +95,7 @@ impl Debounced {
         };
         if now.saturating_duration_since(first_seen) >= hold {
             self.candidate = None;
+            self.detail_reported = None;
             self.reported = Some(Reported {
                 finding,
                 since: now,
@@ -265,6 +278,40 @@ mod tests {
                 HOLD
             ),
             Change::None
+        );
+    }
+
+    #[test]
+    fn a_message_that_keeps_changing_is_reported_at_most_every_refresh() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Ok, "latency 3 ms"), t0, HOLD);
+        assert_eq!(
+            d.observe(finding(Status::Ok, "latency 4 ms"), at(30), HOLD),
+            Change::Detail,
+            "the first new message at once"
+        );
+        assert_eq!(
+            d.observe(finding(Status::Ok, "latency 5 ms"), at(60), HOLD),
+            Change::None
+        );
+        assert_eq!(
+            d.reported().map(|r| r.finding.message.as_str()),
+            Some("latency 4 ms")
+        );
+        let mut reason = finding(Status::Ok, "latency 6 ms");
+        reason.reason = "Slow".into();
+        assert_eq!(
+            d.observe(reason, at(90), HOLD),
+            Change::Detail,
+            "a new reason is never held back"
+        );
+        let later = at(90) + DETAIL_REFRESH;
+        assert_eq!(
+            d.observe(finding(Status::Ok, "latency 7 ms"), later, HOLD),
+            Change::Detail,
+            "once the refresh has passed, the latest message"
         );
     }
 }

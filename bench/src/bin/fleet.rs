@@ -1,8 +1,9 @@
 //! What a fleet of agents costs the API server, against the real test control plane.
 //!
 //! `--nodes` kwok nodes, each made to look like a real one (an InternalIP, 50 images in its
-//! status, a status report every `--node-status-interval`, as the kubelet's
-//! `nodeStatusReportFrequency`), and each with an agent: `--agents` real agents (release
+//! status, a Lease renewed and a status report every `--node-status-interval`, as the kubelet's
+//! `nodeStatusReportFrequency`: a kwok of the benchmark's own with `bench/kwok/`'s stages),
+//! and each with an agent: `--agents` real agents (release
 //! builds, each its own process, client and watches, probing the others on its own loopback
 //! address), and for the other nodes simulated agents that write what an agent of this
 //! version writes at its rhythm (its liveness). One DisruptionPolicy over every node, and the
@@ -34,15 +35,17 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::watcher,
+use kube::Api;
+use nodeward_api::NodeMaintenance;
+use nodeward_bench::{
+    CLK_TCK,
+    fleet::{
+        AgentAddresses, KWOK, agent_address, kubelet_rhythm_kwok, liveness, make_real,
+        simulate_reboots,
+    },
+    footprint, label, median_f64, samples,
 };
-use nodeward_api::{MaintenancePhase, NodeMaintenance};
-use nodeward_bench::{CLK_TCK, footprint, label, median_f64, samples};
-use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
+use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -66,8 +69,12 @@ struct Args {
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     node_status_interval: Duration,
     /// How often a simulated agent writes its liveness (as a real one of this version).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     heartbeat: Duration,
+    /// What a simulated agent writes as its liveness: its Lease, or (agents before the
+    /// Lease) its NodeReport's heartbeat.
+    #[arg(long, value_enum, default_value = "lease")]
+    liveness: liveness::Kind,
     /// The rollout's maxConcurrent.
     #[arg(long, default_value_t = 50)]
     max_concurrent: usize,
@@ -164,7 +171,14 @@ impl Cost {
         let fmt = |m: &BTreeMap<String, f64>, unit: &str| {
             m.iter()
                 .filter(|(_, v)| **v >= 0.005)
-                .map(|(k, v)| format!("{k} {v:.2}{unit}"))
+                .map(|(k, v)| {
+                    let k = if k.is_empty() {
+                        "discovery"
+                    } else {
+                        k.as_str()
+                    };
+                    format!("{k} {v:.2}{unit}")
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -278,10 +292,86 @@ fn print_figures(title: &str, args: &Args, f: &Figures) {
     );
 }
 
+/// The running fleet of one run.
+struct Fleet {
+    env: TestEnv,
+    _kwok: Daemon,
+    _addresses: AgentAddresses,
+    simulated: Vec<String>,
+    liveness: tokio::task::JoinHandle<()>,
+    coordinator: Daemon,
+    agents: Vec<Daemon>,
+}
+
 async fn one_run(args: &Args) -> anyhow::Result<Figures> {
+    let fleet = start_fleet(args).await?;
+    println!(
+        "{} agents ready; warming up for {:?}",
+        fleet.agents.len(),
+        args.warmup
+    );
+    tokio::time::sleep(args.warmup).await;
+    let coordinator_pid = fleet.coordinator.child.id();
+    let (steady, _, coordinator_mcores_steady) =
+        measure(&fleet.agents, coordinator_pid, args.window).await?;
+
+    // The rolling reboot of the simulated nodes, played by their simulated agents.
+    let env = &fleet.env;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let admitted = Arc::new(Mutex::new(0usize));
+    let simulating = simulate_reboots(env, maintenances, args.reboot, admitted.clone());
+    for node in &fleet.simulated {
+        env.create_maintenance(&format!("{node}-reboot"), node, "Reboot", "Reboot")
+            .await?;
+    }
+    let count = || *admitted.lock().unwrap_or_else(|p| p.into_inner());
+    // The first wave admitted; then the window.
+    nodeward_e2e::wait::eventually("the rollout to start", Duration::from_secs(120), || {
+        let n = count();
+        async move { Ok((n > 0).then_some(())) }
+    })
+    .await?;
+    let before = count();
+    let (rollout, rollout_max_events, coordinator_mcores_rollout) =
+        measure(&fleet.agents, coordinator_pid, args.window).await?;
+    let admissions_per_minute = (count() - before) as f64 * 60.0 / args.window.as_secs_f64();
+
+    let agent_rss = fleet
+        .agents
+        .iter()
+        .filter_map(|a| footprint(a.child.id()).ok().map(|f| f.0))
+        .collect();
+    let coordinator_rss_mib = footprint(coordinator_pid)?.0;
+    let coordinator_own_p99 = histogram_p99(
+        &samples(&fleet.coordinator.get("/metrics").await?.1),
+        "nodeward_coordinator_admission_coordinator_seconds_bucket",
+    );
+    simulating.abort();
+    fleet.liveness.abort();
+    drop(fleet.agents);
+    drop(fleet.coordinator);
+    fleet.env.cleanup().await?;
+    Ok(Figures {
+        steady: Cost::median(&steady),
+        rollout: Cost::median(&rollout),
+        rollout_max_events,
+        admissions_per_minute,
+        agent_rss_mib: median_f64(agent_rss),
+        coordinator_rss_mib,
+        coordinator_mcores_steady,
+        coordinator_mcores_rollout,
+        coordinator_own_p99,
+    })
+}
+
+/// The nodes, the simulated agents' liveness, one policy over every node, the coordinator and
+/// the real agents, all ready.
+async fn start_fleet(args: &Args) -> anyhow::Result<Fleet> {
     let env = TestEnv::new("fleet").await?;
+    let kwok = kubelet_rhythm_kwok(&env, args.node_status_interval)?;
+    let addresses = AgentAddresses::add(args.agents)?;
     let started = Instant::now();
-    env.create_many_nodes(args.nodes, Duration::from_secs(600))
+    env.create_many_nodes_for(args.nodes, Duration::from_secs(600), KWOK)
         .await?;
     let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
     make_real(&env, &names, args.agents).await?;
@@ -290,20 +380,15 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
         args.nodes,
         started.elapsed().as_secs_f64()
     );
-    let simulated = &names[args.agents..];
-    liveness::first(&env, simulated).await?;
-    let background = vec![
-        tokio::spawn(liveness::keep(
-            env.client.clone(),
-            simulated.to_vec(),
-            args.heartbeat,
-        )),
-        tokio::spawn(node_status_rhythm(
-            env.nodes(),
-            names.clone(),
-            args.node_status_interval,
-        )),
-    ];
+    let simulated = names[args.agents..].to_vec();
+    liveness::first(&env, &simulated).await?;
+    let liveness = tokio::spawn(liveness::keep(
+        env.client.clone(),
+        env.namespace.clone(),
+        simulated.clone(),
+        args.heartbeat,
+        args.liveness,
+    ));
     env.create_policy(
         "fleet",
         json!({"maxConcurrent": args.max_concurrent,
@@ -320,6 +405,8 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
             "--kubeconfig".into(),
             controlplane::shared().kubeconfig.display().to_string(),
             "--leader-elect=false".into(),
+            "--lease-namespace".into(),
+            env.namespace.clone(),
         ],
     )?;
     coordinator.wait_ready(Duration::from_secs(120)).await?;
@@ -327,63 +414,14 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
     for agent in &agents {
         agent.wait_ready(Duration::from_secs(300)).await?;
     }
-    println!(
-        "{} agents ready; warming up for {:?}",
-        agents.len(),
-        args.warmup
-    );
-    tokio::time::sleep(args.warmup).await;
-
-    let coordinator_pid = coordinator.child.id();
-    let (steady, _, coordinator_mcores_steady) =
-        measure(&agents, coordinator_pid, args.window).await?;
-
-    // The rolling reboot of the simulated nodes, played by their simulated agents.
-    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let admitted = Arc::new(Mutex::new(0usize));
-    let simulating = simulate_reboots(&env, maintenances.clone(), args.reboot, admitted.clone());
-    for node in simulated {
-        env.create_maintenance(&format!("{node}-reboot"), node, "Reboot", "Reboot")
-            .await?;
-    }
-    // The first wave admitted; then the window.
-    nodeward_e2e::wait::eventually("the rollout to start", Duration::from_secs(120), || {
-        let n = *admitted.lock().unwrap_or_else(|p| p.into_inner());
-        async move { Ok((n > 0).then_some(())) }
-    })
-    .await?;
-    let before = *admitted.lock().unwrap_or_else(|p| p.into_inner());
-    let (rollout, rollout_max_events, coordinator_mcores_rollout) =
-        measure(&agents, coordinator_pid, args.window).await?;
-    let after = *admitted.lock().unwrap_or_else(|p| p.into_inner());
-    let admissions_per_minute = (after - before) as f64 * 60.0 / args.window.as_secs_f64();
-
-    let agent_rss = agents
-        .iter()
-        .filter_map(|a| footprint(a.child.id()).ok().map(|f| f.0))
-        .collect();
-    let coordinator_rss_mib = footprint(coordinator_pid)?.0;
-    let coordinator_own_p99 = histogram_p99(
-        &samples(&coordinator.get("/metrics").await?.1),
-        "nodeward_coordinator_admission_coordinator_seconds_bucket",
-    );
-    simulating.abort();
-    for task in background {
-        task.abort();
-    }
-    drop(agents);
-    drop(coordinator);
-    env.cleanup().await?;
-    Ok(Figures {
-        steady: Cost::median(&steady),
-        rollout: Cost::median(&rollout),
-        rollout_max_events,
-        admissions_per_minute,
-        agent_rss_mib: median_f64(agent_rss),
-        coordinator_rss_mib,
-        coordinator_mcores_steady,
-        coordinator_mcores_rollout,
-        coordinator_own_p99,
+    Ok(Fleet {
+        env,
+        _kwok: kwok,
+        _addresses: addresses,
+        simulated,
+        liveness,
+        coordinator,
+        agents,
     })
 }
 
@@ -444,202 +482,6 @@ fn histogram_p99(samples: &BTreeMap<String, f64>, bucket: &str) -> Option<f64> {
         .map(|(bound, _)| *bound)
 }
 
-/// The address of node `index`'s agent: the real agents each have their own loopback address;
-/// a simulated node shares a real agent's, so that whichever peer an agent samples answers.
-fn agent_address(index: usize, agents: usize) -> String {
-    let real = index % agents;
-    format!("127.0.1.{}", real + 1)
-}
-
-/// Makes each node look like a real one: labelled as running an agent, an InternalIP where an
-/// agent answers probes, and 50 images in its status (a kubelet reports up to 50).
-async fn make_real(env: &TestEnv, names: &[String], agents: usize) -> anyhow::Result<()> {
-    let nodes = env.nodes();
-    let images: Vec<serde_json::Value> = (0..50)
-        .map(|k| {
-            json!({
-                "names": [
-                    format!("registry.example.com/team-{k}/service-{k}@sha256:{:064x}", k * 7919),
-                    format!("registry.example.com/team-{k}/service-{k}:v1.{k}.3"),
-                ],
-                "sizeBytes": 50_000_000 + k * 1_000_003,
-            })
-        })
-        .collect();
-    futures::stream::iter(names.iter().enumerate())
-        .map(|(i, name)| {
-            let nodes = nodes.clone();
-            let images = images.clone();
-            async move {
-                let labels =
-                    json!({"metadata": {"labels": {nodeward_api::labels::AGENT_LABEL: "true"}}});
-                nodes
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
-                    .await
-                    .with_context(|| format!("labelling node {name}"))?;
-                let status = json!({"status": {
-                    "addresses": [
-                        {"type": "InternalIP", "address": agent_address(i, agents)},
-                        {"type": "Hostname", "address": name},
-                    ],
-                    "images": images,
-                }});
-                nodes
-                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await
-                    .with_context(|| format!("dressing node {name}"))?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
-}
-
-/// Reports each node's status every `interval`, spread evenly, as kubelets do when nothing
-/// changed (a new heartbeat time on the Ready condition).
-async fn node_status_rhythm(nodes: Api<Node>, names: Vec<String>, interval: Duration) {
-    let mut tick = tokio::time::interval(interval.div_f64(names.len().max(1) as f64));
-    for name in names.iter().cycle() {
-        tick.tick().await;
-        let Ok(node) = nodes.get_status(name).await else {
-            continue;
-        };
-        let mut conditions = node.status.and_then(|s| s.conditions).unwrap_or_default();
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-        for c in &mut conditions {
-            c.last_heartbeat_time = Some(now.clone());
-        }
-        let patch = json!({"status": {"conditions": conditions}});
-        let _ = nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await;
-    }
-}
-
-/// The liveness a simulated agent of this version writes: its NodeReport's heartbeat.
-mod liveness {
-    use std::time::Duration;
-
-    use kube::{
-        Api,
-        api::{Patch, PatchParams},
-    };
-    use nodeward_api::NodeReport;
-    use nodeward_e2e::TestEnv;
-    use serde_json::json;
-
-    /// The NodeReports of `nodes`, with a first heartbeat.
-    pub async fn first(env: &TestEnv, nodes: &[String]) -> anyhow::Result<()> {
-        env.heartbeats(nodes).await
-    }
-
-    /// Writes each node's heartbeat every `interval`, spread evenly.
-    pub async fn keep(client: kube::Client, nodes: Vec<String>, interval: Duration) {
-        let reports: Api<NodeReport> = Api::all(client);
-        let mut tick = tokio::time::interval(interval.div_f64(nodes.len().max(1) as f64));
-        for node in nodes.iter().cycle() {
-            tick.tick().await;
-            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
-            let beat = json!({"status": {"heartbeatTime": now}});
-            let _ = reports
-                .patch_status(node, &PatchParams::default(), &Patch::Merge(&beat))
-                .await;
-        }
-    }
-}
-
-/// Plays the simulated nodes' agents in a rolling reboot: an admitted maintenance drains (the
-/// node cordoned and tainted), acts (the node NotReady for `reboot`), and succeeds (the node
-/// Ready and uncordoned). Counts the admissions it saw.
-fn simulate_reboots(
-    env: &TestEnv,
-    maintenances: Api<NodeMaintenance>,
-    reboot: Duration,
-    admitted: Arc<Mutex<usize>>,
-) -> tokio::task::JoinHandle<()> {
-    let nodes = env.nodes();
-    let selector = format!("{TEST_LABEL}={}", env.id);
-    let taken: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let patcher = maintenances.clone();
-    tokio::spawn(
-        watcher(maintenances, watcher::Config::default().labels(&selector)).for_each(
-            move |event| {
-                if let Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) = event
-                    && m.phase() == MaintenancePhase::Admitted
-                    && taken.lock().is_ok_and(|mut t| t.insert(m.name_any()))
-                {
-                    *admitted.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-                    tokio::spawn(reboot_one(
-                        patcher.clone(),
-                        nodes.clone(),
-                        m.name_any(),
-                        m.spec.node_name.clone(),
-                        reboot,
-                    ));
-                }
-                futures::future::ready(())
-            },
-        ),
-    )
-}
-
-async fn reboot_one(
-    maintenances: Api<NodeMaintenance>,
-    nodes: Api<Node>,
-    name: String,
-    node: String,
-    reboot: Duration,
-) {
-    let phase = |phase: &str| json!({"status": {"phase": phase, "finishedAt": (phase == "Succeeded").then(|| jiff::Timestamp::now().to_string())}});
-    let ready = |status: &str| {
-        let now = jiff::Timestamp::now().to_string();
-        json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Reboot", "lastHeartbeatTime": now, "lastTransitionTime": now}]}})
-    };
-    let cordon = |on: bool| json!({"spec": {"unschedulable": on, "taints": if on { json!([{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]) } else { json!([]) }}});
-    let steps: Vec<(
-        Duration,
-        serde_json::Value,
-        Option<serde_json::Value>,
-        Option<serde_json::Value>,
-    )> = vec![
-        (Duration::ZERO, phase("Draining"), None, Some(cordon(true))),
-        (
-            Duration::from_secs(1),
-            phase("Acting"),
-            Some(ready("Unknown")),
-            None,
-        ),
-        (
-            reboot,
-            phase("Succeeded"),
-            Some(ready("True")),
-            Some(cordon(false)),
-        ),
-    ];
-    for (wait, status, node_status, node_spec) in steps {
-        tokio::time::sleep(wait).await;
-        if let Some(s) = node_status {
-            let _ = nodes
-                .patch_status(&node, &PatchParams::default(), &Patch::Strategic(&s))
-                .await;
-        }
-        if let Some(s) = node_spec {
-            let _ = nodes
-                .patch(&node, &PatchParams::default(), &Patch::Merge(&s))
-                .await;
-        }
-        if maintenances
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .is_err()
-        {
-            return;
-        }
-    }
-}
-
 /// Starts one real agent per node in `nodes`, each answering probes on its own loopback
 /// address.
 fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<Vec<Daemon>> {
@@ -656,7 +498,7 @@ fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<
                 agent_address(i, args.agents)
             ),
         )?;
-        agents.push(Daemon::start(
+        agents.push(Daemon::start_with_env(
             program,
             &format!("{}-agent-{i}", env.id),
             &[
@@ -668,6 +510,8 @@ fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<
                 "--config".into(),
                 config.display().to_string(),
             ],
+            // Where the agents' Leases and what the coordinator publishes for them are.
+            &[("POD_NAMESPACE", &env.namespace)],
         )?);
     }
     Ok(agents)

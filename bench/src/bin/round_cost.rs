@@ -94,7 +94,7 @@ fn cluster(nodes: usize, active: usize, now: &str) -> Objects {
         maintenances: (0..active)
             .map(|i| maintenance(&format!("m{i}"), &names[i], json!({"phase": "Draining"})))
             .collect(),
-        blockers: BTreeMap::new(),
+        ..Objects::default()
     }
 }
 

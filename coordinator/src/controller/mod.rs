@@ -23,6 +23,7 @@ use nodeward_api::{
 use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
+mod slots;
 mod watch;
 mod write;
 

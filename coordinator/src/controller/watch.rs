@@ -1,4 +1,4 @@
-//! What the controller watches: the four kinds in reflector stores, which of their changes
+//! What the controller watches: its kinds in reflector stores, which of their changes
 //! wake a round, and the coordinator's own writes until the watch shows them.
 
 use std::{
@@ -8,7 +8,11 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Node},
+    discovery::v1::EndpointSlice,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{
@@ -17,7 +21,10 @@ use kube::{
         watcher,
     },
 };
-use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport,
+    fleet::{LEASE_LABEL, PEERS_MANAGED_BY, POLICIES_CONFIGMAP},
+};
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
@@ -165,55 +172,100 @@ impl Drop for OwnWrite {
     }
 }
 
-/// The four watched kinds.
+/// The watched kinds: cluster-wide the four decisions read, and in the coordinator's
+/// namespace the agents' Leases (their liveness) and what it publishes for the agents.
 #[derive(Clone)]
 pub struct Stores {
     pub nodes: Store<Node>,
     pub policies: Store<DisruptionPolicy>,
     pub maintenances: Store<NodeMaintenance>,
     pub reports: Store<NodeReport>,
+    pub leases: Store<Lease>,
+    pub peers: Store<EndpointSlice>,
+    pub published: Store<ConfigMap>,
 }
 
 impl Stores {
     /// Starts a reflector for each kind; a change that can matter to a decision wakes
-    /// `changed` (heartbeats do not: at 1,000 nodes they would run a round every few ms).
+    /// `changed` (heartbeats and Lease renewals do not: at 1,000 nodes they would run a round
+    /// every few ms).
     pub fn watch(
         client: &Client,
+        namespace: &str,
         changed: &Arc<Changes>,
         tasks: &mut tokio::task::JoinSet<()>,
     ) -> Self {
-        let mut watch = Watch {
-            client,
-            changed,
-            tasks,
-        };
+        let mut watch = Watch { changed, tasks };
+        let all = watcher::Config::default;
         Self {
-            nodes: watch.reflect(Reflected {
-                trim: |node: &mut Node| {
-                    // Image lists are most of a Node's size and nothing here reads them.
-                    if let Some(status) = node.status.as_mut() {
-                        status.images = None;
-                    }
+            nodes: watch.reflect(
+                Api::all(client.clone()),
+                all(),
+                Reflected {
+                    trim: |node: &mut Node| {
+                        // Image lists are most of a Node's size and nothing here reads them.
+                        if let Some(status) = node.status.as_mut() {
+                            status.images = None;
+                        }
+                    },
+                    relevance: relevance::node,
+                    ..Reflected::default()
                 },
-                relevance: relevance::node,
-                ..Reflected::default()
-            }),
-            policies: watch.reflect(Reflected {
-                own_writes: true,
-                ..Reflected::default()
-            }),
-            maintenances: watch.reflect(Reflected {
-                new_pending: |m: &NodeMaintenance| {
-                    m.phase() == MaintenancePhase::Pending
-                        && m.metadata.deletion_timestamp.is_none()
+            ),
+            policies: watch.reflect(
+                Api::all(client.clone()),
+                all(),
+                Reflected {
+                    own_writes: true,
+                    ..Reflected::default()
                 },
-                own_writes: true,
-                ..Reflected::default()
-            }),
-            reports: watch.reflect(Reflected {
-                relevance: relevance::report,
-                ..Reflected::default()
-            }),
+            ),
+            maintenances: watch.reflect(
+                Api::all(client.clone()),
+                all(),
+                Reflected {
+                    new_pending: |m: &NodeMaintenance| {
+                        m.phase() == MaintenancePhase::Pending
+                            && m.metadata.deletion_timestamp.is_none()
+                    },
+                    own_writes: true,
+                    ..Reflected::default()
+                },
+            ),
+            reports: watch.reflect(
+                Api::all(client.clone()),
+                all(),
+                Reflected {
+                    relevance: relevance::report,
+                    ..Reflected::default()
+                },
+            ),
+            leases: watch.reflect(
+                Api::namespaced(client.clone(), namespace),
+                all().labels(LEASE_LABEL),
+                Reflected {
+                    relevance: relevance::lease,
+                    ..Reflected::default()
+                },
+            ),
+            peers: watch.reflect(
+                Api::namespaced(client.clone(), namespace),
+                all().labels(&format!(
+                    "endpointslice.kubernetes.io/managed-by={PEERS_MANAGED_BY}"
+                )),
+                Reflected {
+                    relevance: relevance::nothing,
+                    ..Reflected::default()
+                },
+            ),
+            published: watch.reflect(
+                Api::namespaced(client.clone(), namespace),
+                all().fields(&format!("metadata.name={POLICIES_CONFIGMAP}")),
+                Reflected {
+                    relevance: relevance::nothing,
+                    ..Reflected::default()
+                },
+            ),
         }
     }
 
@@ -225,7 +277,12 @@ impl Stores {
             self.maintenances.wait_until_ready(),
             self.reports.wait_until_ready(),
         );
-        a.is_ok() && b.is_ok() && c.is_ok() && d.is_ok()
+        let (e, f, g) = futures::join!(
+            self.leases.wait_until_ready(),
+            self.peers.wait_until_ready(),
+            self.published.wait_until_ready(),
+        );
+        [a, b, c, d, e, f, g].iter().all(Result::is_ok)
     }
 
     pub fn objects(&self) -> Objects {
@@ -234,6 +291,7 @@ impl Stores {
             policies: self.policies.state(),
             maintenances: self.maintenances.state(),
             reports: self.reports.state(),
+            leases: self.leases.state(),
             blockers: BTreeMap::new(),
         }
     }
@@ -262,16 +320,16 @@ impl<K: Resource> Default for Reflected<K> {
     }
 }
 
-/// Where reflectors start: the client, the wake-ups, the task set.
+/// Where reflectors start: the wake-ups, the task set.
 struct Watch<'a> {
-    client: &'a Client,
     changed: &'a Arc<Changes>,
     tasks: &'a mut tokio::task::JoinSet<()>,
 }
 
 impl Watch<'_> {
-    /// Starts a reflector of every `K`, waking `changed` as `how` says.
-    fn reflect<K>(&mut self, how: Reflected<K>) -> Store<K>
+    /// Starts a reflector of the `K` that `api` and `config` select, waking `changed` as `how`
+    /// says.
+    fn reflect<K>(&mut self, api: Api<K>, config: watcher::Config, how: Reflected<K>) -> Store<K>
     where
         K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
         K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -282,13 +340,12 @@ impl Watch<'_> {
             new_pending,
             own_writes,
         } = how;
-        let api: Api<K> = Api::all(self.client.clone());
         let (reader, writer) = reflector::store();
         let kind = K::kind(&K::DynamicType::default()).into_owned();
         let changed = self.changed.clone();
         let stream = reflector(
             writer,
-            watcher(api, watcher::Config::default())
+            watcher(api, config)
                 .default_backoff()
                 .modify(move |object: &mut K| {
                     object.managed_fields_mut().clear();
@@ -339,7 +396,7 @@ impl Watch<'_> {
 mod relevance {
     use std::hash::{DefaultHasher, Hash, Hasher};
 
-    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
     use kube::Resource;
     use nodeward_api::NodeReport;
 
@@ -363,6 +420,19 @@ mod relevance {
             c.last_transition_time.as_ref().map(|t| t.0).hash(&mut h);
         }
         h.finish()
+    }
+
+    /// An agent's Lease: who holds it (a new agent), not its renewals, whose age is checked
+    /// on every resync instead.
+    pub fn lease(lease: &Lease) -> u64 {
+        let mut h = DefaultHasher::new();
+        lease.spec.as_ref().map(|s| &s.holder_identity).hash(&mut h);
+        h.finish()
+    }
+
+    /// What the coordinator publishes: nothing it decides reads it.
+    pub fn nothing<K>(_: &K) -> u64 {
+        0
     }
 
     /// Pause acknowledgements and the boot; heartbeat age is checked on every resync instead.

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use nodeward_api::node::is_ready;
+use nodeward_api::{fleet::PEER_DETECTOR, node::is_ready};
 
 use super::{timestamp, view::Index};
 use crate::{
@@ -31,12 +31,17 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str,
         if agent_unavailable(peer, index.heartbeat(peer), now, limit).is_some() {
             continue;
         }
-        let seen = report
-            .status
-            .as_ref()
+        let status = report.status.as_ref();
+        let seen = status
             .map(|s| s.peer_sightings.as_slice())
             .unwrap_or_default();
-        peers_exist |= !seen.is_empty();
+        // It probes peers when its peer detector reports (an agent lists a peer only once it
+        // finds it unreachable).
+        peers_exist |= status.is_some_and(|s| {
+            s.findings
+                .iter()
+                .any(|f| f.detector == PEER_DETECTOR && f.reason != "NoPeers")
+        });
         for s in seen {
             sightings.entry(s.node.as_str()).or_default().push((
                 (*peer).to_owned(),

@@ -44,6 +44,17 @@ pub fn report(node: &str, heartbeat: i64) -> Arc<NodeReport> {
     )
 }
 
+/// The Lease of `node`'s agent, renewed at `t(renewed)`.
+pub fn lease(node: &str, renewed: i64) -> Arc<k8s_openapi::api::coordination::v1::Lease> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("nodeward-agent-{node}"), "namespace": "nodeward-system"},
+            "spec": {"holderIdentity": node, "renewTime": format!("{}", t(renewed))},
+        }))
+        .expect("lease"),
+    )
+}
+
 /// The NodeReport of `node`'s agent (heartbeat at `t(heartbeat)`) with its last probes of
 /// `peers`: name, whether it answered, at `t(seconds)`.
 pub fn report_seeing(node: &str, heartbeat: i64, peers: &[(&str, bool, i64)]) -> Arc<NodeReport> {
@@ -54,6 +65,12 @@ pub fn report_seeing(node: &str, heartbeat: i64, peers: &[(&str, bool, i64)]) ->
     let mut report = report(node, heartbeat).as_ref().clone();
     if let Some(status) = report.status.as_mut() {
         status.peer_sightings = serde_json::from_value(Value::Array(sightings)).expect("sightings");
+        // Its peer detector runs.
+        status.findings = serde_json::from_value(json!([{
+            "type": "PeerConnectivityProblem", "status": "False", "reason": "PeersReachable",
+            "message": "answered", "detector": "peers", "since": t(0).to_string(),
+        }]))
+        .expect("finding");
     }
     Arc::new(report)
 }

@@ -16,7 +16,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::{
+    api::{coordination::v1::Lease, core::v1::Node},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
 use nodeward_api::{
     DisruptionPolicy, DisruptionPolicyStatus, MaintenanceAction, MaintenancePhase, NodeMaintenance,
     NodeReport,
@@ -49,6 +52,8 @@ pub struct Objects {
     pub policies: Vec<Arc<DisruptionPolicy>>,
     pub maintenances: Vec<Arc<NodeMaintenance>>,
     pub reports: Vec<Arc<NodeReport>>,
+    /// The agents' Leases (their liveness).
+    pub leases: Vec<Arc<Lease>>,
     /// Why a disruption of a node is blocked now (see [`crate::blockers`]), by node.
     pub blockers: BTreeMap<String, String>,
 }

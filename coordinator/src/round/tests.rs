@@ -667,9 +667,27 @@ fn a_node_created_again_under_the_name_is_not_the_one_a_maintenance_was_admitted
 }
 
 #[test]
+fn an_agents_lease_is_its_heartbeat() {
+    let mut objects = cluster(2);
+    // n1's report was last written long ago (reports are written only on change), but its
+    // agent renews its Lease.
+    objects.reports = vec![report("n0", -700), report("n1", -700)];
+    objects.leases = vec![lease("n1", 150)];
+    for i in 0..2 {
+        objects
+            .maintenances
+            .push(maintenance(&format!("m{i}"), &format!("n{i}")).build());
+    }
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["m1"], "{plan:?}");
+    assert_eq!(plan.deny[0].reason, "AgentUnavailable");
+}
+
+#[test]
 fn a_node_whose_agent_is_silent_is_not_admitted() {
     let mut objects = cluster(3);
-    objects.reports = vec![report("n0", 100), report("n1", -300)];
+    objects.reports = vec![report("n0", 100), report("n1", -700)];
     for i in 0..3 {
         objects
             .maintenances
@@ -686,7 +704,7 @@ fn a_node_whose_agent_is_silent_is_not_admitted() {
     assert_eq!(
         denied,
         [("m1", "AgentUnavailable"), ("m2", "AgentUnavailable")],
-        "a stale heartbeat (500s old, limit 300s) and none at all"
+        "a stale heartbeat (900s old, limit 720s) and none at all"
     );
     assert!(
         plan.deny[1].message.contains("no NodeReport"),
@@ -761,7 +779,7 @@ fn an_admitted_maintenance_not_started_in_time_goes_back_to_pending_and_gives_it
         .build();
     objects.policies =
         vec![policy(json!({"maxConcurrent": 1, "deadlines": {"start": "5m"}})).build()];
-    objects.reports[0] = report("n0", -300);
+    objects.reports[0] = report("n0", -700);
     let after = plan(&objects, &mut Memory::default(), t(301));
     let admitted: Vec<&str> = after.admit.iter().map(|a| a.maintenance.as_str()).collect();
     assert_eq!(admitted, ["m1"], "{after:?}");
@@ -990,7 +1008,7 @@ fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
         ("n0", true, "uid-n0")
     );
     assert!(
-        oos.message.contains("unreachable from 1 probe(s) by n1"),
+        oos.message.contains("unreachable from 1 peer(s): n1"),
         "{}",
         oos.message
     );

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Resource, ResourceExt};
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, NodeReport,
+    fleet::LEASE_PREFIX,
     labels::CONTROL_PLANE_ROLE_LABEL,
     node::is_ready,
     policy::{BudgetSlot, Deadlines, ResolvedDeadlines},
@@ -30,6 +31,8 @@ pub(super) struct Index<'a> {
     // Keyed by borrowed names: at thousands of nodes, copies of names are much of a round.
     pub nodes: BTreeMap<&'a str, &'a Node>,
     pub reports: BTreeMap<&'a str, &'a NodeReport>,
+    /// When each node's agent last renewed its Lease.
+    pub renewed: BTreeMap<&'a str, Timestamp>,
     pub maintenances: BTreeMap<String, &'a NodeMaintenance>,
     pub policies: Vec<PolicyView<'a>>,
 }
@@ -55,6 +58,14 @@ impl<'a> Index<'a> {
             .collect();
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
+            renewed: objects
+                .leases
+                .iter()
+                .filter_map(|l| {
+                    let node = l.metadata.name.as_deref()?.strip_prefix(LEASE_PREFIX)?;
+                    Some((node, l.spec.as_ref()?.renew_time.as_ref()?.0))
+                })
+                .collect(),
             reports: objects
                 .reports
                 .iter()
@@ -72,10 +83,14 @@ impl<'a> Index<'a> {
 }
 
 impl<'a> Index<'a> {
-    /// The last heartbeat of `node`'s agent, if it wrote one.
+    /// The last sign of life of `node`'s agent, if it gave one: its Lease's renewal, or the
+    /// heartbeat in its NodeReport (agents of earlier versions), the later of the two.
     pub fn heartbeat(&self, node: &str) -> Option<Timestamp> {
-        let report = self.reports.get(node)?;
-        Some(report.status.as_ref()?.heartbeat_time.as_ref()?.0)
+        let reported = self
+            .reports
+            .get(node)
+            .and_then(|r| Some(r.status.as_ref()?.heartbeat_time.as_ref()?.0));
+        reported.max(self.renewed.get(node).copied())
     }
 
     /// The deadlines of the policies matching `node`, the longest of each.

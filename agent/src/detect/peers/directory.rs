@@ -1,5 +1,7 @@
-//! Where the peers are: a directory of agent addresses that follows the Node objects, and
-//! the label by which an agent makes its own node one of them.
+//! Where the peers are: the agents' addresses as the coordinator publishes them, EndpointSlices
+//! labelled `kubernetes.io/service-name: nodeward-agents` in nodeward's namespace (see
+//! `nodeward_api::fleet`). They change only when agents come and go, so following them costs
+//! an agent nothing while the cluster's nodes report their status or reboot.
 
 use std::{
     collections::BTreeMap,
@@ -9,83 +11,87 @@ use std::{
 };
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::{Api, runtime::watcher};
+use nodeward_api::fleet::PEERS_SERVICE;
 
 use crate::backoff::Backoff;
-use nodeward_api::labels::{AGENT_FIELD_MANAGER, AGENT_LABEL};
 
-/// The addresses of the other nodes, kept current by a watch on the Node objects.
+/// A slice's endpoints: each node with its agent's address.
+type Endpoints = Vec<(String, IpAddr)>;
+
+/// The addresses of the nodes with an agent, by the slice that lists them.
 #[derive(Clone, Debug, Default)]
-pub struct Directory(Arc<RwLock<BTreeMap<String, IpAddr>>>);
+pub struct Directory(Arc<RwLock<BTreeMap<String, Endpoints>>>);
 
 impl Directory {
-    /// Every known peer except `own`.
+    /// Every known peer except `own`, each once.
     pub fn peers(&self, own: &str) -> Vec<(String, IpAddr)> {
-        let map = self
-            .0
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        map.iter()
-            .filter(|(name, _)| name.as_str() != own)
-            .map(|(n, a)| (n.clone(), *a))
-            .collect()
+        let slices = self.0.read().unwrap_or_else(|p| p.into_inner());
+        let mut peers: BTreeMap<&String, IpAddr> = BTreeMap::new();
+        for (node, address) in slices.values().flatten() {
+            if node != own {
+                peers.entry(node).or_insert(*address);
+            }
+        }
+        peers.into_iter().map(|(n, a)| (n.clone(), a)).collect()
     }
 
     /// Whether `node` is a known peer.
     pub fn contains(&self, node: &str) -> bool {
         self.0
             .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .contains_key(node)
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+            .any(|(n, _)| n == node)
     }
 
-    fn set(&self, name: String, address: Option<IpAddr>) {
-        let mut map = self
-            .0
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match address {
-            Some(a) => map.insert(name, a),
-            None => map.remove(&name),
+    fn set(&self, slice: &EndpointSlice) {
+        let Some(name) = slice.metadata.name.clone() else {
+            return;
         };
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, endpoints(slice));
     }
 
-    /// Follows the Node objects that run an agent (labelled [`AGENT_LABEL`]) until dropped; a
-    /// re-list (after a lost watch) replaces the whole map, so nodes deleted meanwhile
-    /// disappear too.
-    pub async fn follow(self, client: kube::Client) {
-        let nodes: Api<Node> = Api::all(client);
+    fn remove(&self, slice: &EndpointSlice) {
+        if let Some(name) = &slice.metadata.name {
+            self.0
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
+        }
+    }
+
+    /// Follows the peer directory's slices in `namespace` until dropped; a re-list (after a
+    /// lost watch) replaces the whole directory, so slices deleted meanwhile disappear too.
+    pub async fn follow(self, client: kube::Client, namespace: String) {
+        let slices: Api<EndpointSlice> = Api::namespaced(client, &namespace);
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        let selector = watcher::Config::default().labels(AGENT_LABEL);
-        let mut stream = std::pin::pin!(watcher(nodes, selector));
+        let selector = watcher::Config::default()
+            .labels(&format!("kubernetes.io/service-name={PEERS_SERVICE}"));
+        let mut stream = std::pin::pin!(watcher(slices, selector));
         let mut relisted = BTreeMap::new();
         while let Some(event) = stream.next().await {
             match event {
-                Ok(watcher::Event::Apply(node)) => self.set(
-                    node.metadata.name.clone().unwrap_or_default(),
-                    internal_ip(&node),
-                ),
-                Ok(watcher::Event::Delete(node)) => {
-                    self.set(node.metadata.name.clone().unwrap_or_default(), None)
-                }
+                Ok(watcher::Event::Apply(slice)) => self.set(&slice),
+                Ok(watcher::Event::Delete(slice)) => self.remove(&slice),
                 Ok(watcher::Event::Init) => relisted.clear(),
-                Ok(watcher::Event::InitApply(node)) => {
-                    if let (Some(name), Some(ip)) = (node.metadata.name.clone(), internal_ip(&node))
-                    {
-                        relisted.insert(name, ip);
+                Ok(watcher::Event::InitApply(slice)) => {
+                    if let Some(name) = slice.metadata.name.clone() {
+                        relisted.insert(name, endpoints(&slice));
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
                     backoff.reset();
-                    let mut map = self
-                        .0
-                        .write()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    *map = std::mem::take(&mut relisted);
+                    *self.0.write().unwrap_or_else(|p| p.into_inner()) =
+                        std::mem::take(&mut relisted);
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "watching nodes for peer addresses failed; retrying");
+                    tracing::warn!(error = %e, %namespace, "watching the peer directory failed; retrying");
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
@@ -93,58 +99,44 @@ impl Directory {
     }
 }
 
-/// Labels this agent's own Node as running an agent, so that its peers probe it; retries
-/// with backoff until the Node exists and the write succeeds.
-pub async fn mark_own_node(client: kube::Client, node_name: String) {
-    let nodes: Api<Node> = Api::all(client);
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-    let patch = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": node_name, "labels": {AGENT_LABEL: "true"}},
-    });
-    let params = kube::api::PatchParams::apply(AGENT_FIELD_MANAGER);
-    loop {
-        match nodes
-            .patch(&node_name, &params, &kube::api::Patch::Apply(&patch))
-            .await
-        {
-            Ok(_) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, node = %node_name, "labelling the node as running an agent; will retry")
-            }
-        }
-        tokio::time::sleep(backoff.next_delay()).await;
-    }
-}
-
-/// A node's InternalIP (IPv4 preferred), where its agent answers probes.
-pub fn internal_ip(node: &Node) -> Option<IpAddr> {
-    let addresses = node.status.as_ref()?.addresses.as_ref()?;
-    let mut ips: Vec<IpAddr> = addresses
+/// A slice's endpoints: node and first address (those without either are skipped).
+fn endpoints(slice: &EndpointSlice) -> Endpoints {
+    slice
+        .endpoints
         .iter()
-        .filter(|a| a.type_ == "InternalIP")
-        .filter_map(|a| a.address.parse().ok())
-        .collect();
-    ips.sort_by_key(|ip| !ip.is_ipv4());
-    ips.first().copied()
+        .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.parse().ok()?)))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn internal_ipv4_is_preferred() {
-        let node: Node = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "n"},
-            "status": {"addresses": [
-                {"type": "Hostname", "address": "n"},
-                {"type": "InternalIP", "address": "fd00::5"},
-                {"type": "InternalIP", "address": "10.0.0.5"},
-            ]}
+    fn slice(name: &str, endpoints: &[(&str, &str)]) -> EndpointSlice {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "addressType": "IPv4",
+            "endpoints": endpoints.iter().map(|(node, address)| serde_json::json!({
+                "addresses": [address], "nodeName": node,
+            })).collect::<Vec<_>>(),
         }))
-        .expect("node");
-        assert_eq!(internal_ip(&node), Some("10.0.0.5".parse().expect("ip")));
+        .expect("slice")
+    }
+
+    #[test]
+    fn peers_are_every_slices_nodes_but_this_one_each_once() {
+        let directory = Directory::default();
+        directory.set(&slice("s0", &[("a", "10.0.0.1"), ("me", "10.0.0.9")]));
+        directory.set(&slice("s1", &[("b", "10.0.0.2"), ("a", "10.0.0.1")]));
+        let peers: Vec<String> = directory.peers("me").into_iter().map(|p| p.0).collect();
+        assert_eq!(peers, ["a", "b"]);
+        assert!(directory.contains("b"));
+        directory.remove(&slice("s1", &[]));
+        assert!(!directory.contains("b"));
+        directory.set(&slice("s0", &[("c", "not an address")]));
+        assert!(
+            directory.peers("me").is_empty(),
+            "an endpoint without an address is skipped"
+        );
     }
 }

@@ -16,7 +16,7 @@ use rand::seq::IndexedRandom;
 
 use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::metrics::{Metrics, ProbeLabels};
-pub use directory::{Directory, internal_ip, mark_own_node};
+pub use directory::Directory;
 pub use probe::{Protocol, probe};
 pub use respond::respond;
 pub use sightings::Sightings;
@@ -96,7 +96,7 @@ impl Section for PeersConfig {
     }
 }
 
-pub const DETECTOR: &str = "peers";
+pub const DETECTOR: &str = nodeward_api::fleet::PEER_DETECTOR;
 
 /// What the peer detector needs in a running agent.
 #[derive(Clone, Debug)]
@@ -127,7 +127,47 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
         .choose_multiple(&mut rand::rng(), config.sample_size)
         .cloned()
         .collect();
-    let probes = sample.iter().enumerate().flat_map(|(peer, (_, address))| {
+    // Peers listed as unreachable are probed again every round (for the sightings only, not
+    // the tallies), so that the list says what holds now.
+    let rechecks: Vec<(String, IpAddr)> = context
+        .map(|c| {
+            let listed = c.sightings.unreachable();
+            candidates
+                .iter()
+                .filter(|(name, _)| listed.contains(name) && !sample.iter().any(|(s, _)| s == name))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let (answered, tallies) = futures::join!(
+        probe_all(config, &sample, context),
+        probe_all(config, &rechecks, context)
+    );
+    if let Some(c) = context {
+        let now = jiff::Timestamp::now();
+        let probed = sample
+            .iter()
+            .zip(answered.0)
+            .chain(rechecks.iter().zip(tallies.0));
+        for ((name, _), reachable) in probed {
+            // Static peers are addresses, not nodes: only nodes are sighted for the coordinator.
+            if c.directory.contains(name) {
+                c.sightings.record(name, reachable, now);
+            }
+        }
+        c.sightings.keep_only(|node| c.directory.contains(node));
+    }
+    evaluate(&answered.1, sample.len())
+}
+
+/// Probes each of `peers` over every configured protocol: whether each answered at all, and
+/// the tallies per protocol.
+async fn probe_all(
+    config: &PeersConfig,
+    peers: &[(String, IpAddr)],
+    context: Option<&PeerContext>,
+) -> (Vec<bool>, BTreeMap<Protocol, Tally>) {
+    let probes = peers.iter().enumerate().flat_map(|(peer, (_, address))| {
         config.protocols.iter().map(move |&protocol| async move {
             let result = probe(protocol, *address, config.port, config.probe_timeout).await;
             (peer, protocol, result)
@@ -138,7 +178,7 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
         .iter()
         .map(|p| (*p, Tally::default()))
         .collect();
-    let mut answered = vec![false; sample.len()];
+    let mut answered = vec![false; peers.len()];
     for (peer, protocol, result) in join_all(probes).await {
         answered[peer] |= result.is_ok();
         let tally = tallies.entry(protocol).or_default();
@@ -155,16 +195,7 @@ pub async fn observe(config: &PeersConfig, context: Option<&PeerContext>) -> Fin
             c.metrics.probes.get_or_create(&labels).inc();
         }
     }
-    if let Some(c) = context {
-        let now = jiff::Timestamp::now();
-        for ((name, _), reachable) in sample.iter().zip(answered) {
-            // Static peers are addresses, not nodes: only nodes are sighted for the coordinator.
-            if c.directory.contains(name) {
-                c.sightings.record(name, reachable, now);
-            }
-        }
-    }
-    evaluate(&tallies, sample.len())
+    (answered, tallies)
 }
 
 /// Decides from one round's tallies over `peers` sampled peers.
@@ -200,11 +231,20 @@ pub fn evaluate(tallies: &BTreeMap<Protocol, Tally>, peers: usize) -> Finding {
         .map(|(p, _)| *p)
         .collect();
     match blocked.first() {
+        // Without the round's counts: a message that changes with every sample would be a
+        // write each time.
         None => Finding::ok(
             DETECTOR,
             PEER_CONNECTIVITY_PROBLEM,
             "PeersReachable",
-            format!("answered: {summary}"),
+            format!(
+                "sampled peers answer over {}",
+                tallies
+                    .keys()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         ),
         Some(first) => {
             let names: Vec<String> = blocked.iter().map(|p| p.name().to_uppercase()).collect();
