@@ -79,8 +79,10 @@ pub struct PriorityRange {
 #[x_kube(validation = Rule::new("has(self.podSelector) || has(self.namespaceSelector)").message("set podSelector, namespaceSelector or both"))]
 pub struct PodRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::bounds::optional_selector")]
     pub pod_selector: Option<LabelSelector>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::bounds::optional_selector")]
     pub namespace_selector: Option<LabelSelector>,
 }
 

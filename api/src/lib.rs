@@ -7,6 +7,7 @@
 // `#[kube(printcolumn(type_ = ...))]` repeats keys across columns by design.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod bounds;
 pub mod conditions;
 pub mod crds;
 pub mod drain;

@@ -271,7 +271,7 @@ impl StatusPatch {
         Self {
             phase: Some(phase),
             history: Some(entered(history, phase, now)),
-            message: Some(message.to_owned()),
+            message: Some(crate::bounds::cut(message, crate::bounds::MESSAGE_LIMIT)),
             ..Self::default()
         }
     }
@@ -343,6 +343,7 @@ pub struct NodeMaintenanceStatus {
     pub blocking_pods: Vec<BlockingPod>,
     /// The node's boot id when the action started; a different one after means it rebooted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub boot_id: Option<String>,
     /// Whether nodeward cordoned the node (so only then does it uncordon it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -353,9 +354,10 @@ pub struct NodeMaintenanceStatus {
     pub finished_at: Option<Time>,
     /// Human summary of the last thing that happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -384,9 +386,11 @@ pub struct PhaseDeadline {
 pub struct AdmissionRecord {
     /// Names of the DisruptionPolicies whose slots this maintenance holds.
     #[serde(default)]
+    #[schemars(length(max = 128), inner(length(max = 253)))]
     pub policies: Vec<String>,
     pub admitted_at: Time,
     /// Identity of the coordinator that admitted it (its Lease holder identity).
+    #[schemars(length(max = 253))]
     pub admitted_by: String,
     /// The uid of the Node it was admitted for: a Node re-created under the same name is
     /// another machine, which this maintenance no longer concerns.
@@ -398,12 +402,16 @@ pub struct AdmissionRecord {
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BlockingPod {
+    #[schemars(length(max = 63))]
     pub namespace: String,
+    #[schemars(length(max = 253))]
     pub name: String,
     /// Short reason, e.g. `DisruptionBudget`, `EvictionError`, `Terminating`.
+    #[schemars(length(max = 128))]
     pub reason: String,
     /// Details: the PodDisruptionBudget's name, or the error returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
     pub message: Option<String>,
 }
 

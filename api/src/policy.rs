@@ -45,6 +45,7 @@ const COUNT_OR_PERCENT_RULE: &str =
 pub struct DisruptionPolicySpec {
     /// Nodes this policy applies to; empty or absent selects every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::bounds::optional_selector")]
     pub node_selector: Option<LabelSelector>,
     /// How many matched nodes may be disrupted at once, as a count (`2`) or a percentage of
     /// the matched nodes (`10%`, rounded down, but at least 1 when above 0%). Nodes NotReady
@@ -267,7 +268,7 @@ pub enum Weekday {
 pub struct RebootBlockers {
     /// A node running a pod that matches any of these is not rebooted.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 16))]
+    #[schemars(schema_with = "crate::bounds::selectors")]
     pub pod_selectors: Vec<LabelSelector>,
     /// Only pods in these namespaces block (with `namespaceSelector`: in both). Unset, pods in
     /// every namespace do, so anyone who may label a pod on a node can hold its reboot: scope
@@ -283,6 +284,7 @@ pub struct RebootBlockers {
     pub namespaces: Vec<String>,
     /// Only pods in namespaces whose labels match this block (with `namespaces`: in both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::bounds::optional_selector")]
     pub namespace_selector: Option<LabelSelector>,
     /// Firing Prometheus alerts that block every reboot in scope.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -323,7 +325,7 @@ pub struct HealthGate {
     pub for_: Duration,
     /// Node condition types that must be False (default: every nodeward condition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 32))]
+    #[schemars(length(max = 32), inner(length(max = 316)))]
     pub problem_types: Vec<String>,
     /// The maintenance fails when the gate has not passed within this time after boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -384,7 +386,7 @@ pub struct UnhealthyCondition {
     #[serde(rename = "type")]
     pub type_: String,
     /// The status that counts as unhealthy: `True`, `False` or `Unknown`.
-    #[schemars(regex(pattern = r"^(True|False|Unknown)$"))]
+    #[schemars(regex(pattern = r"^(True|False|Unknown)$"), length(max = 7))]
     pub status: String,
     /// How long the condition must hold.
     #[serde(rename = "for")]
@@ -409,6 +411,7 @@ pub struct DisruptionPolicyStatus {
     /// Budget slots held by admitted, unfinished maintenances. Written only with a
     /// resourceVersion precondition so that concurrent coordinators cannot overbook.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = SLOTS_LIMIT))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["maintenance"]))]
     pub slots: Vec<BudgetSlot>,
     /// Nodes the selector matches.
@@ -422,20 +425,27 @@ pub struct DisruptionPolicyStatus {
     #[serde(default)]
     pub in_maintenance: i32,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }
+
+/// The most slots a policy holds: its `maxConcurrent` at 100% of the largest cluster
+/// Kubernetes supports (5,000 nodes), twice over.
+pub const SLOTS_LIMIT: usize = 10_000;
 
 /// One admitted maintenance holding part of a policy's budget.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BudgetSlot {
     /// Name of the NodeMaintenance.
+    #[schemars(length(max = 253))]
     pub maintenance: String,
     /// Its uid, so that a re-created object of the same name does not inherit the slot.
+    #[schemars(length(max = 64))]
     pub uid: String,
+    #[schemars(length(max = 253))]
     pub node_name: String,
     pub admitted_at: Time,
 }

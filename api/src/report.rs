@@ -48,11 +48,13 @@ pub enum AgentMode {
 #[serde(rename_all = "camelCase")]
 pub struct NodeReportStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub agent_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<AgentMode>,
     /// The node's current boot id (`/proc/sys/kernel/random/boot_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
     pub boot_id: Option<String>,
     /// When the agent last wrote this report, which it does only when something in it
     /// changed. Its liveness is its Lease (`nodeward-agent-<node>` in nodeward's namespace),
@@ -66,6 +68,7 @@ pub struct NodeReportStatus {
     /// feed one condition type (e.g. `NetworkProblem`), so the list is keyed by detector.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["detector"]))]
+    #[schemars(length(max = FINDINGS_LIMIT))]
     pub findings: Vec<Finding>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inhibitor: Option<InhibitorState>,
@@ -74,6 +77,7 @@ pub struct NodeReportStatus {
     /// Pauses this agent has seen and obeys: policy name and the generation it observed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["policy"]))]
+    #[schemars(length(max = 128))]
     pub pause_acknowledgements: Vec<PauseAcknowledgement>,
     /// The peers this agent finds unreachable now (since when; probed again every round), and
     /// those it reached again (when), the most recent [`PEER_SIGHTINGS_LIMIT`]: what the
@@ -83,9 +87,13 @@ pub struct NodeReportStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub peer_sightings: Vec<PeerSighting>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
 }
+
+/// The most findings a NodeReport lists: the built-in detectors and the custom checks an
+/// agent's configuration may add.
+pub const FINDINGS_LIMIT: usize = 128;
 
 /// The most peer sightings a NodeReport lists (the CRD's `maxItems`).
 pub const PEER_SIGHTINGS_LIMIT: usize = 32;
@@ -109,12 +117,17 @@ pub struct PeerSighting {
 pub struct Finding {
     /// CamelCase problem type, e.g. `NetworkProblem`, `KubeletUnregistered`.
     #[serde(rename = "type")]
+    #[schemars(length(max = 316))]
     pub type_: String,
     /// `True` means the problem is present, `Unknown` that the check could not tell.
+    #[schemars(length(max = 7))]
     pub status: String,
+    #[schemars(length(max = 1024))]
     pub reason: String,
+    #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
     pub message: String,
     /// Which detector produced it.
+    #[schemars(length(max = 63))]
     pub detector: String,
     /// When the status last changed.
     pub since: Time,
@@ -137,10 +150,12 @@ pub struct InhibitorState {
     pub configured_budget: Option<Duration>,
     /// logind.conf.d drop-ins that sort after nodeward's and override its delay.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(max = 255)))]
     pub overriding_drop_ins: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_acquired: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
     pub message: Option<String>,
 }
 
@@ -149,6 +164,7 @@ pub struct InhibitorState {
 #[serde(rename_all = "camelCase")]
 pub struct ShutdownProgress {
     pub phase: ShutdownPhase,
+    #[schemars(length(max = 64))]
     pub boot_id: String,
     pub started_at: Time,
     /// When the lock will be released whatever happens.
@@ -181,6 +197,7 @@ pub enum ShutdownPhase {
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PauseAcknowledgement {
+    #[schemars(length(max = 253))]
     pub policy: String,
     /// The policy generation at which the agent saw `paused: true`.
     pub observed_generation: i64,

@@ -7,6 +7,7 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
     authentication::v1::TokenRequest,
@@ -23,7 +24,7 @@ use kube::{
     discovery::{self, Scope},
 };
 use nodeward_api::{
-    DisruptionPolicy, NodeMaintenance,
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance,
     labels::{AGENT_LABEL, CORDONED_BY_ANNOTATION},
 };
 use nodeward_e2e::{
@@ -1787,4 +1788,132 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
         let _ = policies.delete(name, &DeleteParams::default()).await;
     }
     env.cleanup().await
+}
+
+/// How many maintenances the flood creates (issue: a few dozen large objects or 100k small
+/// ones from one node used to take both coordinator replicas past their memory limit).
+const FLOOD: usize = 10_000;
+
+/// The peak resident set of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmHWM")
+}
+
+/// One node's agent identity creates 10,000 reboot requests (every one the admission policy
+/// lets it: its node, its pinned name pattern, no drain plan). The coordinator decides only
+/// the newest of them and ends the others a few a round; meanwhile another node's maintenance
+/// is admitted, the flooding node's agent still evicts through the webhook, and the
+/// coordinator stays within the chart's memory limit.
+#[tokio::test]
+async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_webhook()
+-> anyhow::Result<()> {
+    let (env, documents, node_a, agent) = chart_and_agent("flood").await?;
+    let node_b = env.node_name(1);
+    // Only B's agent is alive: the flood's newest request waits (AgentUnavailable).
+    env.heartbeats(&[node_b.clone()]).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-flood-{}", env.id));
+    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &["--leader-elect=false"]).await?;
+    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
+    webhook.wait_ca_bundle(&env).await?;
+    let pid = webhook.coordinator.child.id();
+    let rss_before = rss_kib(pid)?;
+
+    let flooding: Api<NodeMaintenance> = Api::all(agent.clone());
+    let started = std::time::Instant::now();
+    futures::stream::iter(0..FLOOD)
+        .map(|i| {
+            let flooding = flooding.clone();
+            let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+                "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {TEST_LABEL: env.id}},
+                "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot"},
+            }))
+            .map_err(Into::into);
+            async move {
+                flooding
+                    .create(&PostParams::default(), &maintenance?)
+                    .await
+                    .context("the flood")?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let flooded_in = started.elapsed();
+
+    // Another node's maintenance is admitted with the flood there.
+    let other = format!("{node_b}-m");
+    env.create_maintenance(&other, &node_b, "Manual", "DrainOnly")
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let asked = std::time::Instant::now();
+    wait::until(
+        &maintenances,
+        &other,
+        "admitted",
+        Duration::from_secs(60),
+        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Admitted),
+    )
+    .await
+    .with_context(|| webhook.coordinator.output())?;
+    let admitted_in = asked.elapsed();
+
+    // The flooding node's agent still evicts its own pods through the webhook.
+    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    Api::<Pod>::namespaced(agent, &env.namespace)
+        .evict(&on_a.name_any(), &dry_run_eviction())
+        .await
+        .context("an eviction through the webhook during the flood")?;
+
+    // Older requests are ended a few a round; only the newest waits.
+    let superseded = wait::eventually(
+        "older requests superseded",
+        Duration::from_secs(60),
+        || async {
+            let failed = maintenances
+                .list(&ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)))
+                .await?
+                .items
+                .iter()
+                .filter(|m| {
+                    m.phase() == MaintenancePhase::Failed
+                        && m.status
+                            .as_ref()
+                            .and_then(|s| s.message.as_deref())
+                            .is_some_and(|t| t.starts_with("superseded by"))
+                })
+                .count();
+            Ok((failed >= 200).then_some(failed))
+        },
+    )
+    .await?;
+    let peak = peak_rss_kib(pid)?;
+    println!(
+        "{FLOOD} maintenances from one node's identity in {:.0} s; another node admitted {:.1} s after asking; {superseded} superseded so far; coordinator RSS {} MiB before, peak {} MiB (limit 256 MiB)",
+        flooded_in.as_secs_f64(),
+        admitted_in.as_secs_f64(),
+        rss_before / 1024,
+        peak / 1024
+    );
+    assert!(
+        peak < 256 * 1024,
+        "the coordinator peaked at {} MiB, over the chart's 256 MiB limit",
+        peak / 1024
+    );
+    drop(webhook);
+    maintenances
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)),
+        )
+        .await?;
+    remove_chart(env, &documents).await
 }

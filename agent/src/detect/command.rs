@@ -33,16 +33,6 @@ pub async fn run(argv: &[String]) -> Result<Outcome, String> {
     })
 }
 
-/// `text` cut to at most `max` characters, marked with an ellipsis when cut.
-pub fn cap(text: &str, max: usize) -> String {
-    if text.chars().count() <= max {
-        return text.to_owned();
-    }
-    let mut capped: String = text.chars().take(max.saturating_sub(1)).collect();
-    capped.push('…');
-    capped
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,12 +149,5 @@ mod tests {
         drop(running);
         let _ = std::fs::remove_file(&file);
         assert!(exited(pid).await, "a timed-out check's child {pid} went on");
-    }
-
-    #[test]
-    fn cap_cuts_on_characters() {
-        assert_eq!(cap("abc", 3), "abc");
-        assert_eq!(cap("abcdef", 4), "abc…");
-        assert_eq!(cap("ééééé", 3), "éé…");
     }
 }

@@ -61,16 +61,27 @@ impl CustomCheckConfig {
 }
 
 /// The `custom` list: each check is one detector.
+/// The most custom checks an agent runs: with the built-in detectors, they stay within a
+/// NodeReport's bounded list of findings.
+pub const MAX_CHECKS: usize = 64;
+
 impl Section for Vec<CustomCheckConfig> {
     /// Checks every custom check; `place` is the list's.
     fn validate(&self, place: &str) -> Result<(), String> {
+        if self.len() > MAX_CHECKS {
+            return Err(format!(
+                "{place}: at most {MAX_CHECKS} custom checks (each is a finding in the NodeReport, whose list is bounded), not {}",
+                self.len()
+            ));
+        }
         let mut names = std::collections::BTreeSet::new();
         for (index, check) in self.iter().enumerate() {
             let place = format!("{place}[{index}]");
             check.schedule().validate(&place)?;
-            if check.name.is_empty() || !names.insert(check.name.as_str()) {
+            if check.name.is_empty() || check.name.len() > 48 || !names.insert(check.name.as_str())
+            {
                 return Err(format!(
-                    "{place}.name: {:?} must be non-empty and unique among the custom checks",
+                    "{place}.name: {:?} must be 1 to 48 characters and unique among the custom checks",
                     check.name
                 ));
             }
@@ -113,7 +124,7 @@ pub async fn observe(check: &CustomCheckConfig) -> Finding {
 pub fn evaluate(check: &CustomCheckConfig, outcome: Result<command::Outcome, String>) -> Finding {
     let (status, reason, message) = match outcome {
         Ok(out) => {
-            let message = command::cap(&out.first_line, check.max_output_length);
+            let message = nodeward_api::bounds::cut(&out.first_line, check.max_output_length);
             match out.code {
                 Some(0) => (Status::Ok, format!("No{}", check.reason), message),
                 Some(1) => (Status::Problem, check.reason.clone(), message),

@@ -213,7 +213,7 @@ pub fn feed(
             None => events.push(NodeEvent {
                 warning: true,
                 reason: pattern.reason.clone(),
-                note: super::command::cap(message, 512),
+                note: nodeward_api::bounds::cut(message, 512),
             }),
             Some(_) => {
                 let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -252,7 +252,7 @@ pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<F
                 condition.to_owned(),
                 Status::Problem,
                 &pattern.reason,
-                format!("kernel: {}", super::command::cap(message, 512)),
+                format!("kernel: {}", nodeward_api::bounds::cut(message, 512)),
             ),
             None => Finding::new(
                 DETECTOR,

@@ -116,7 +116,7 @@ pub fn parse_groups(body: &[u8]) -> Result<BTreeSet<String>, String> {
             return Err(format!(
                 "line {} is not a security group name: {:?}",
                 index + 1,
-                super::command::cap(name, 60)
+                nodeward_api::bounds::cut(name, 60)
             ));
         }
         groups.insert(name.to_owned());

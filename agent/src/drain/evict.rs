@@ -177,7 +177,10 @@ fn refusal(pod: &PodInfo, error: &kube::Error) -> BlockingPod {
         namespace: pod.namespace.clone(),
         name: pod.name.clone(),
         reason: reason.to_owned(),
-        message: Some(message),
+        message: Some(nodeward_api::bounds::cut(
+            &message,
+            nodeward_api::bounds::MESSAGE_LIMIT,
+        )),
     }
 }
 

@@ -62,6 +62,8 @@ pub fn acknowledgements(
         })
         .collect();
     acks.sort_by(|a, b| a.policy.cmp(&b.policy));
+    // The report holds at most 128; a node under more paused policies than that stays paused.
+    acks.truncate(128);
     acks
 }
 

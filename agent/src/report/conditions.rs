@@ -65,7 +65,7 @@ pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<Nod
                 type_: type_.to_owned(),
                 status,
                 reason,
-                message: crate::detect::command::cap(&message, MAX_MESSAGE),
+                message: nodeward_api::bounds::cut(&message, MAX_MESSAGE),
             }
         })
         .collect()

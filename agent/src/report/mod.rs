@@ -19,6 +19,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::events::EventType,
 };
+use nodeward_api::bounds::{MESSAGE_LIMIT, cut};
 use nodeward_api::{
     NodeReport,
     labels::AGENT_FIELD_MANAGER,
@@ -469,8 +470,8 @@ fn reported(current: &Current) -> ReportedFinding {
     ReportedFinding {
         type_: f.condition.to_string(),
         status: f.status.condition_status().to_owned(),
-        reason: f.reason.clone(),
-        message: f.message.clone(),
+        reason: cut(&f.reason, 1024),
+        message: cut(&f.message, MESSAGE_LIMIT),
         detector: f.detector.to_string(),
         since: Time(Timestamp::try_from(current.since).unwrap_or_else(|_| Timestamp::now())),
     }

@@ -172,6 +172,29 @@ impl Guard {
         self.update(state, |s| s.shutdown = None).await;
     }
 
+    /// What the report says of the lock and the delay logind grants.
+    fn inhibitor_state(&self, delay: &Delay, delay_held: bool) -> InhibitorState {
+        InhibitorState {
+            delay_held,
+            block_held: false,
+            inhibit_delay_max: Some(seconds(delay.max)),
+            configured_budget: Some(seconds(self.settings.budget)),
+            // Within the report's bounds: a host with more overriding drop-ins than that has
+            // bigger problems, and the first ones say what matters.
+            overriding_drop_ins: delay
+                .overriding
+                .iter()
+                .take(32)
+                .map(|d| nodeward_api::bounds::cut(d, 255))
+                .collect(),
+            last_acquired: delay_held.then(|| Time(Timestamp::now())),
+            message: delay
+                .message
+                .as_deref()
+                .map(|m| nodeward_api::bounds::cut(m, nodeward_api::bounds::MESSAGE_LIMIT)),
+        }
+    }
+
     /// One connection to the bus: lock, watch, act. Returns when the connection or logind
     /// goes away.
     async fn session(
@@ -209,18 +232,8 @@ impl Guard {
             Some(self.inhibit(&manager).await?)
         };
         let delay_held = held.is_some();
-        self.update(state, |s| {
-            s.inhibitor = InhibitorState {
-                delay_held,
-                block_held: false,
-                inhibit_delay_max: Some(seconds(delay.max)),
-                configured_budget: Some(seconds(self.settings.budget)),
-                overriding_drop_ins: delay.overriding.clone(),
-                last_acquired: delay_held.then(|| Time(Timestamp::now())),
-                message: delay.message.clone(),
-            };
-        })
-        .await;
+        let inhibitor = self.inhibitor_state(&delay, delay_held);
+        self.update(state, |s| s.inhibitor = inhibitor).await;
         if preparing {
             tracing::warn!("logind is already preparing for shutdown");
             self.shutdown(state, &mut held, delay.max).await;

@@ -141,8 +141,20 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     }
 }
 
+/// The most policies an admission record names (the CRD's bound).
+pub const MAX_POLICIES_PER_NODE: usize = 128;
+
 /// Every policy counting the node is valid, not paused and in its window.
 fn policies_allow(policies: &[&PolicyState]) -> Result<(), Decision> {
+    if policies.len() > MAX_POLICIES_PER_NODE {
+        return Err(deny(
+            denial::BLOCKED,
+            format!(
+                "{} policies select the node; an admission names at most {MAX_POLICIES_PER_NODE} (narrow their nodeSelectors)",
+                policies.len()
+            ),
+        ));
+    }
     if let Some((p, problem)) = policies
         .iter()
         .find_map(|p| p.invalid.as_ref().map(|problem| (p, problem)))

@@ -183,6 +183,18 @@ impl Controller {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
         }
+        for s in &plan.superseded {
+            let message = format!(
+                "superseded by {}: a node's agent asks for one reboot at a time",
+                s.by
+            );
+            self.end(&objects, &s.maintenance, MaintenancePhase::Failed, &message)
+                .await;
+        }
+        if plan.superseded.len() == round::SUPERSEDED_PER_ROUND {
+            // More may wait: the next round ends the next ones.
+            self.writer.changed.anything();
+        }
         for overdue in &plan.overdue {
             if self.overdue(&objects, overdue).await && overdue.to == MaintenancePhase::Pending {
                 fenced.extend(

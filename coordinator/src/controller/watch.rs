@@ -224,6 +224,12 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
+                    // Only the spec's drain plan and note can be large, and only the agent reads
+                    // them. (Status is kept whole: the coordinator writes it back.)
+                    trim: |m: &mut NodeMaintenance| {
+                        m.spec.drain_plan = None;
+                        m.spec.message = None;
+                    },
                     new_pending: |m: &NodeMaintenance| {
                         m.phase() == MaintenancePhase::Pending
                             && m.metadata.deletion_timestamp.is_none()
@@ -236,6 +242,19 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
+                    // Decisions read the heartbeat, the pause acknowledgements, the peers'
+                    // sightings and which detectors report how: not the findings' messages, the
+                    // inhibitor or the shutdown progress.
+                    trim: |r: &mut NodeReport| {
+                        if let Some(s) = r.status.as_mut() {
+                            for f in &mut s.findings {
+                                f.message.clear();
+                            }
+                            s.inhibitor = None;
+                            s.shutdown = None;
+                            s.conditions.clear();
+                        }
+                    },
                     relevance: relevance::report,
                     ..Reflected::default()
                 },

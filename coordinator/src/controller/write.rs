@@ -523,6 +523,13 @@ impl Writer {
         }
         change(status);
         status.observed_generation = current.metadata.generation;
+        // Within the CRD's bounds, whatever the message was made of (node names, errors).
+        if let Some(message) = status.message.as_mut() {
+            *message = nodeward_api::bounds::cut(message, nodeward_api::bounds::MESSAGE_LIMIT);
+        }
+        for c in &mut status.conditions {
+            c.message = nodeward_api::bounds::cut(&c.message, 32768);
+        }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let write = self.changed.writing(&NodeMaintenance::kind(&()), &name);
         match api

@@ -16,20 +16,61 @@ use super::{Admission, Denial, Plan, Standing, count, slots, timestamp, view::wi
 use crate::admission::decide::{self, Cluster, Decision, Pending};
 
 /// Pending maintenances not being deleted, oldest first (ties by name): the order admission
-/// goes in.
+/// goes in. Of the reboot requests a node's agent made (`<node>-reboot-<boot>`), only the
+/// newest waits; the others are superseded (a node asks for one reboot at a time, and a
+/// node's identity creating thousands must not cost a decision, a denial and an Event each).
 pub(super) fn pending_oldest_first<'a>(
     maintenances: impl Iterator<Item = &'a NodeMaintenance>,
-) -> Vec<&'a NodeMaintenance> {
-    let mut pending: Vec<&NodeMaintenance> = maintenances
-        .filter(|m| m.phase() == MaintenancePhase::Pending && m.meta().deletion_timestamp.is_none())
+) -> (Vec<&'a NodeMaintenance>, Vec<Superseded>) {
+    let mut unfinished: Vec<&NodeMaintenance> = maintenances
+        .filter(|m| !m.phase().is_finished() && m.meta().deletion_timestamp.is_none())
         .collect();
-    pending.sort_by_key(|m| {
+    unfinished.sort_by_key(|m| {
         (
             timestamp(m.metadata.creation_timestamp.as_ref()),
             m.name_any(),
         )
     });
-    pending
+    // The newest unfinished request of each node, by node.
+    let mut newest: BTreeMap<&str, String> = BTreeMap::new();
+    for m in unfinished.iter().filter(|m| agent_request(m)) {
+        newest.insert(m.spec.node_name.as_str(), m.name_any());
+    }
+    let mut pending = unfinished;
+    pending.retain(|m| m.phase() == MaintenancePhase::Pending);
+    let mut superseded = Vec::new();
+    pending.retain(|m| {
+        let Some(by) = newest
+            .get(m.spec.node_name.as_str())
+            .filter(|_| agent_request(m))
+        else {
+            return true;
+        };
+        if *by == m.name_any() {
+            return true;
+        }
+        superseded.push(Superseded {
+            maintenance: m.name_any(),
+            by: by.clone(),
+        });
+        false
+    });
+    (pending, superseded)
+}
+
+/// A reboot its node's agent asked for (the name the agent is pinned to).
+fn agent_request(m: &NodeMaintenance) -> bool {
+    m.spec.reason == MaintenanceReason::Reboot
+        && m.name_any()
+            .strip_prefix(m.spec.node_name.as_str())
+            .is_some_and(|rest| rest.starts_with("-reboot-"))
+}
+
+/// A node's older reboot request, superseded by its newest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Superseded {
+    pub maintenance: String,
+    pub by: String,
 }
 
 /// Decides `pending` in order against `cluster`. An admission takes a slot in each policy
@@ -153,9 +194,13 @@ pub fn admit_new(
             return None;
         }
     }
-    let pending = pending_oldest_first(new.iter().map(AsRef::as_ref));
+    let (pending, _) = pending_oldest_first(new.iter().map(AsRef::as_ref));
     for m in &pending {
         let uid = m.uid()?;
+        // Whether it supersedes an older request of its node is a full round's to see.
+        if agent_request(m) {
+            return None;
+        }
         // A half-done admission (a slot already written for it) is a full round's to decide.
         if by_name
             .values()

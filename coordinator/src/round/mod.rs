@@ -42,7 +42,11 @@ mod slots;
 mod tests;
 mod view;
 
-pub use admit::admit_new;
+pub use admit::{Superseded, admit_new};
+
+/// The most superseded requests a round ends: the rest wait for the next rounds, so that a
+/// flood of them never holds up a round's other writes.
+pub const SUPERSEDED_PER_ROUND: usize = 20;
 pub use policy_status::set_condition;
 
 /// The watched objects of one round.
@@ -111,6 +115,8 @@ pub struct Plan {
     pub unhealthy: BTreeMap<String, usize>,
     /// Every unhealthy node (under any policy's rules, or NotReady), and why.
     pub unhealthy_nodes: BTreeMap<String, String>,
+    /// A node's older reboot requests, superseded by its newest (ended Failed, a few a round).
+    pub superseded: Vec<Superseded>,
     /// Missing objects to confirm gone before their slots are freed.
     pub confirm_gone: BTreeSet<Gone>,
     /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
@@ -253,7 +259,9 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &dead_nodes::judged(&index, now),
         now,
     );
-    let pending = admit::pending_oldest_first(index.maintenances.values().copied());
+    let (pending, superseded) = admit::pending_oldest_first(index.maintenances.values().copied());
+    // Written a few at a time: one node's identity may have created thousands.
+    plan.superseded = superseded.into_iter().take(SUPERSEDED_PER_ROUND).collect();
     admit::admit_pending(
         &mut cluster,
         &mut slots,

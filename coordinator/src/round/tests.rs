@@ -323,6 +323,43 @@ fn a_new_maintenance_that_already_holds_a_slot_is_left_to_a_full_round() {
 }
 
 #[test]
+fn a_nodes_older_reboot_requests_are_superseded_by_its_newest_a_few_a_round() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(json!({"maxConcurrent": 2})).build()];
+    // n0's identity asked 50 times (a flood); n1 asked once; an admin's maintenance of n0.
+    for i in 0..50 {
+        objects.maintenances.push(
+            maintenance(&format!("n0-reboot-{i:08}"), "n0")
+                .created(i)
+                .build(),
+        );
+    }
+    objects
+        .maintenances
+        .push(maintenance("n1-reboot-aaaaaaaa", "n1").created(10).build());
+    objects
+        .maintenances
+        .push(maintenance("n2-by-admin", "n2").created(20).build());
+    let plan = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = plan.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["n1-reboot-aaaaaaaa", "n2-by-admin"], "{plan:?}");
+    assert_eq!(plan.superseded.len(), SUPERSEDED_PER_ROUND);
+    assert!(
+        plan.superseded
+            .iter()
+            .all(|s| s.by == "n0-reboot-00000049" && s.maintenance != s.by)
+    );
+    assert_eq!(
+        plan.deny
+            .iter()
+            .map(|d| d.maintenance.as_str())
+            .collect::<Vec<_>>(),
+        ["n0-reboot-00000049"],
+        "only the newest of n0 is decided (and waits for the budget)"
+    );
+}
+
+#[test]
 fn not_ready_nodes_count_against_the_budget() {
     let mut objects = cluster(3);
     objects.nodes[2] = node("n2").not_ready().build();

@@ -125,7 +125,7 @@ fn check_pong(reply: &str, nonce: &str) -> Result<(), String> {
         Some(n) if n == nonce => Ok(()),
         _ => Err(format!(
             "unexpected answer {:?}",
-            crate::detect::command::cap(reply, 40)
+            nodeward_api::bounds::cut(reply, 40)
         )),
     }
 }

@@ -1,0 +1,119 @@
+//! Schemas with bounds for the Kubernetes types the CRDs embed (label selectors, conditions),
+//! whose own schemas have none: every list, map and string of a nodeward object has a size the
+//! API server enforces (`api/tests/crds_bounded.rs` checks every field). The limits are
+//! Kubernetes' own where it has them (a label key is at most 317 characters, a value 63; a
+//! condition's type 316, its reason 1024, its message 32768).
+
+use schemars::{Schema, SchemaGenerator, json_schema};
+use serde_json::{Value, json};
+
+/// The longest message a status field holds (the agent and the coordinator cut theirs to it).
+pub const MESSAGE_LIMIT: usize = 4096;
+
+/// `text` cut to `max` characters (an ellipsis marks the cut), as a field bounded to `max`
+/// takes it.
+pub fn cut(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// Requirements in one label selector; keys in its `matchLabels`.
+pub const SELECTOR_TERMS: usize = 32;
+/// Values of one `In`/`NotIn` requirement.
+pub const SELECTOR_VALUES: usize = 64;
+/// Conditions in one status.
+pub const CONDITIONS: usize = 16;
+
+fn label_selector() -> Value {
+    json!({
+        "type": "object",
+        "description": "A label selector: matchLabels and matchExpressions, both must match; empty selects everything.",
+        "properties": {
+            "matchLabels": {
+                "type": "object",
+                "maxProperties": SELECTOR_TERMS,
+                "additionalProperties": {"type": "string", "maxLength": 63},
+                "x-kubernetes-validations": [{
+                    "rule": "self.all(k, size(k) <= 317)",
+                    "message": "a label key is at most 317 characters (prefix/name)"
+                }]
+            },
+            "matchExpressions": {
+                "type": "array",
+                "maxItems": SELECTOR_TERMS,
+                "items": {
+                    "type": "object",
+                    "required": ["key", "operator"],
+                    "properties": {
+                        "key": {"type": "string", "maxLength": 317},
+                        "operator": {"type": "string", "enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "values": {
+                            "type": "array",
+                            "maxItems": SELECTOR_VALUES,
+                            "items": {"type": "string", "maxLength": 63}
+                        }
+                    }
+                }
+            }
+        },
+        "x-kubernetes-map-type": "atomic"
+    })
+}
+
+fn to_schema(value: Value) -> Schema {
+    Schema::try_from(value).unwrap_or_default()
+}
+
+/// An optional label selector.
+pub fn optional_selector(_: &mut SchemaGenerator) -> Schema {
+    let mut selector = label_selector();
+    selector["nullable"] = json!(true);
+    to_schema(selector)
+}
+
+/// Up to 16 label selectors.
+pub fn selectors(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": 16,
+        "items": label_selector()
+    })
+}
+
+/// A status's conditions, one per type.
+pub fn conditions(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "maxItems": CONDITIONS,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+            "properties": {
+                "type": {"type": "string", "maxLength": 316},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string", "maxLength": 1024},
+                "message": {"type": "string", "maxLength": 32768},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_cut_on_characters() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcdef", 4), "abc…");
+        assert_eq!(cut("ééééé", 3), "éé…");
+    }
+}
