@@ -1815,7 +1815,7 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
     let (env, documents, node_a, agent) = chart_and_agent("flood").await?;
     let node_b = env.node_name(1);
     // Only B's agent is alive: the flood's newest request waits (AgentUnavailable).
-    env.heartbeats(&[node_b.clone()]).await?;
+    env.heartbeats(std::slice::from_ref(&node_b)).await?;
     let dir = std::env::temp_dir().join(format!("nodeward-flood-{}", env.id));
     let webhook = EvictionWebhook::start(&env, &env.id, &dir, &["--leader-elect=false"]).await?;
     apply(&env.client, &[webhook.configuration(&documents)?]).await?;
