@@ -299,6 +299,35 @@ detectors:
     }
 
     #[test]
+    fn host_commands_need_absolute_paths_and_checks_are_bounded() {
+        let err = Config::parse(
+            "detectors:\n  custom:\n  - {name: a, condition: AProblem, reason: Bad, command: [systemctl, is-active, x], onHost: true}\n",
+        )
+        .expect_err("relative on the host");
+        assert!(
+            err.starts_with("detectors.custom[0].command[0]: a command run on the host"),
+            "{err}"
+        );
+        let err = Config::parse(
+            "detectors:\n  rebootRequired: {onHost: true, sentinelCommand: [needs-restarting, -r]}\n",
+        )
+        .expect_err("relative on the host");
+        assert!(
+            err.starts_with("detectors.rebootRequired.sentinelCommand[0]"),
+            "{err}"
+        );
+        let many: String = (0..65)
+            .map(|i| {
+                format!(
+                    "  - {{name: c{i}, condition: AProblem, reason: Bad, command: [/bin/true]}}\n"
+                )
+            })
+            .collect();
+        let err = Config::parse(&format!("detectors:\n  custom:\n{many}")).expect_err("65 checks");
+        assert!(err.contains("at most 64 custom checks"), "{err}");
+    }
+
+    #[test]
     fn metadata_url_must_be_http() {
         let err =
             Config::parse("detectors:\n  securityGroups:\n    metadataURL: 169.254.169.254\n")

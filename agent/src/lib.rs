@@ -7,6 +7,9 @@ pub mod check;
 pub mod config;
 pub mod detect;
 pub mod drain;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod host;
 pub mod liveness;
 pub mod logind;
 pub mod maintenance;

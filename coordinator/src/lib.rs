@@ -11,6 +11,8 @@ pub mod controller;
 pub mod dead;
 pub mod deadlines;
 pub mod election;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod health;
 pub mod metrics;
 pub mod pause;

@@ -1,7 +1,10 @@
 //! The chart as users install it, on real nodes: the agent DaemonSet pod Ready on every VM with
-//! no false findings, its logind lock real, the eviction webhook reached through its Service.
+//! no false findings, its logind lock real, host commands run on the host through systemd (no
+//! host mount), the eviction webhook reached through its Service.
 
 use std::time::Duration;
+
+use anyhow::Context;
 
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
@@ -83,6 +86,35 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
             .await?;
         assert_eq!(delay.trim(), "t 120000000", "{}", vm.name);
     }
+
+    // Host commands run on the host, through systemd (the pod mounts nothing of /var/run and
+    // its image has no systemctl): the custom check sees containerd active, and the reboot
+    // sentinel is found where Debian writes it.
+    let vm = &lab.lab.vms()[0];
+    let check = lab.report(&vm.name).await?.status.unwrap_or_default();
+    let containerd = check
+        .findings
+        .iter()
+        .find(|f| f.detector == "containerd-active")
+        .context("the custom check's finding")?;
+    assert_eq!(
+        (containerd.status.as_str(), containerd.message.as_str()),
+        ("False", "active"),
+        "{containerd:?}"
+    );
+    vm.run("touch /var/run/reboot-required").await?;
+    let reboot = |status: &'static str| {
+        wait::until(
+            &nodes,
+            &vm.name,
+            "RebootRequired",
+            Duration::from_secs(60),
+            move |n| wait::node_condition(n, "RebootRequired").is_some_and(|(s, _)| s == status),
+        )
+    };
+    reboot("True").await?;
+    vm.run("rm /var/run/reboot-required").await?;
+    reboot("False").await?;
 
     // Evictions go through the coordinator's webhook, reached by the API server through the
     // chart's Service (the coordinator issued its certificate and wrote the caBundle).

@@ -499,12 +499,17 @@ pub fn watch_departures(
     seen
 }
 
-/// The agent's kubelet and peer detectors run every 5 s and report what held 10 s (their
-/// defaults: 30 s and 60 s), so that a test sees a finding come and go in seconds; everything
-/// else is the chart's default.
+/// The agent's kubelet, peer and reboot-required detectors run every 5 s and report what held
+/// 10 s (their defaults: 30 s and 60 s), so that a test sees a finding come and go in seconds;
+/// one custom check runs on the host (the agent's image has no shell, let alone systemctl).
+/// Everything else is the chart's default.
 const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
-    "peers":{"interval":"5s","timeout":"5s","for":"10s"}}}"#;
+    "peers":{"interval":"5s","timeout":"5s","for":"10s"},
+    "rebootRequired":{"interval":"5s","timeout":"5s"},
+    "custom":[{"name":"containerd-active","condition":"ContainerdDown","reason":"NotActive",
+      "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
+      "interval":"5s","timeout":"5s"}]}}"#;
 
 /// The chart's agent stays off a node whose agent a test runs in host mode.
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{

@@ -7,6 +7,7 @@ set -euo pipefail
 declare -A pinned=(
   [cargo-deny]=0.20.2      # ./tests/run: licenses, bans, sources
   [cargo-cyclonedx]=0.5.9  # dist/release: the SBOM
+  [cargo-fuzz]=0.13.2      # fuzz/run
 )
 name=${1:?usage: cargo-tool.sh NAME}
 version=${pinned[$name]:?no version pinned for $name}

@@ -2,6 +2,8 @@
 //! is killed when it ends or when its check times out, so a hung program, or one it started,
 //! never outlives its check).
 
+use std::time::Duration;
+
 /// What a check's output is read into: a finding uses its first line.
 const KEEP: usize = 64 * 1024;
 
@@ -18,6 +20,29 @@ pub struct Outcome {
 pub async fn run(argv: &[String]) -> Result<Outcome, String> {
     let (program, args) = argv.split_first().ok_or("no program configured")?;
     let output = crate::reaper::run(program, args, KEEP).await?;
+    Ok(Outcome {
+        code: output.status.code(),
+        first_line: first_line(&output.stdout, &output.stderr),
+    })
+}
+
+/// Runs `argv` here, or on the host as a transient systemd service (`on_host`; see
+/// [`crate::host`]) within `timeout`.
+pub async fn run_where(
+    argv: &[String],
+    on_host: bool,
+    timeout: Duration,
+) -> Result<Outcome, String> {
+    if on_host {
+        crate::host::run(argv, timeout).await
+    } else {
+        run(argv).await
+    }
+}
+
+/// The first non-empty line of `stdout`, or of `stderr` when stdout has none (what the
+/// node-problem-detector plugin protocol reads as the message), whatever bytes they hold.
+pub fn first_line(stdout: &[u8], stderr: &[u8]) -> String {
     let first = |bytes: &[u8]| {
         String::from_utf8_lossy(bytes)
             .lines()
@@ -25,12 +50,7 @@ pub async fn run(argv: &[String]) -> Result<Outcome, String> {
             .find(|l| !l.is_empty())
             .map(str::to_owned)
     };
-    Ok(Outcome {
-        code: output.status.code(),
-        first_line: first(&output.stdout)
-            .or_else(|| first(&output.stderr))
-            .unwrap_or_default(),
-    })
+    first(stdout).or_else(|| first(stderr)).unwrap_or_default()
 }
 
 #[cfg(test)]

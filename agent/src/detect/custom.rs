@@ -36,6 +36,10 @@ pub struct CustomCheckConfig {
     /// Longest message kept from the output (node-problem-detector's default is 80).
     #[serde(default = "custom_max_output")]
     pub max_output_length: usize,
+    /// Run it on the host (a transient systemd service over the system bus), with the host's
+    /// tools and view, rather than in the agent's container.
+    #[serde(default)]
+    pub on_host: bool,
 }
 
 fn custom_interval() -> Duration {
@@ -97,6 +101,11 @@ impl Section for Vec<CustomCheckConfig> {
             if check.max_output_length == 0 {
                 return Err(format!("{place}.maxOutputLength: must be at least 1"));
             }
+            if check.on_host && !check.command[0].starts_with('/') {
+                return Err(format!(
+                    "{place}.command[0]: a command run on the host (onHost) needs an absolute path, e.g. /usr/bin/systemctl"
+                ));
+            }
         }
         Ok(())
     }
@@ -118,7 +127,10 @@ impl Section for Vec<CustomCheckConfig> {
 }
 
 pub async fn observe(check: &CustomCheckConfig) -> Finding {
-    evaluate(check, command::run(&check.command).await)
+    evaluate(
+        check,
+        command::run_where(&check.command, check.on_host, check.timeout).await,
+    )
 }
 
 pub fn evaluate(check: &CustomCheckConfig, outcome: Result<command::Outcome, String>) -> Finding {
@@ -165,6 +177,7 @@ mod tests {
             timeout: std::time::Duration::from_secs(10),
             hold: std::time::Duration::ZERO,
             max_output_length: 12,
+            on_host: false,
         }
     }
 

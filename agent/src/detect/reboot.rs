@@ -17,6 +17,10 @@ super::section! {
         /// When set, a reboot is required while this command exits 0 (kured's
         /// `--reboot-sentinel-command`); it replaces the sentinel file.
         pub sentinel_command: Vec<String>,
+        /// Look on the host: the sentinel file with `test -e`, the command as it is, each as a
+        /// transient systemd service over the system bus. The DaemonSet does, so that it
+        /// mounts nothing of the host's `/var/run`.
+        pub on_host: bool,
     }
 }
 
@@ -29,6 +33,7 @@ impl Default for RebootConfig {
             hold: Duration::ZERO,
             sentinel_file: PathBuf::from("/var/run/reboot-required"),
             sentinel_command: Vec::new(),
+            on_host: false,
         }
     }
 }
@@ -39,6 +44,16 @@ impl Section for RebootConfig {
         if self.sentinel_command.first().is_some_and(String::is_empty) {
             return Err(format!(
                 "{place}.sentinelCommand[0]: the program must not be empty"
+            ));
+        }
+        if self.on_host
+            && self
+                .sentinel_command
+                .first()
+                .is_some_and(|p| !p.starts_with('/'))
+        {
+            return Err(format!(
+                "{place}.sentinelCommand[0]: a command run on the host (onHost) needs an absolute path, e.g. /usr/bin/needs-restarting"
             ));
         }
         Ok(())
@@ -72,6 +87,9 @@ pub async fn observe(config: &RebootConfig) -> Finding {
 }
 
 async fn gather(config: &RebootConfig) -> Evidence {
+    if config.on_host {
+        return on_host(config).await;
+    }
     if config.sentinel_command.is_empty() {
         let path = config.sentinel_file.display().to_string();
         let present = tokio::fs::try_exists(&config.sentinel_file)
@@ -83,6 +101,34 @@ async fn gather(config: &RebootConfig) -> Evidence {
     Evidence::Command {
         command: config.sentinel_command.join(" "),
         result: command::run(&config.sentinel_command).await.map(|o| o.code),
+    }
+}
+
+/// The sentinel file or command, looked at on the host.
+async fn on_host(config: &RebootConfig) -> Evidence {
+    if config.sentinel_command.is_empty() {
+        let path = config.sentinel_file.display().to_string();
+        let test = vec!["/usr/bin/test".to_owned(), "-e".to_owned(), path.clone()];
+        return match command::run_where(&test, true, config.timeout).await {
+            Ok(out) if out.code == Some(0) || out.code == Some(1) => Evidence::Sentinel {
+                path,
+                present: out.code == Some(0),
+            },
+            Ok(out) => Evidence::Command {
+                command: test.join(" "),
+                result: Ok(out.code),
+            },
+            Err(e) => Evidence::Command {
+                command: test.join(" "),
+                result: Err(e),
+            },
+        };
+    }
+    Evidence::Command {
+        command: config.sentinel_command.join(" "),
+        result: command::run_where(&config.sentinel_command, true, config.timeout)
+            .await
+            .map(|o| o.code),
     }
 }
 

@@ -119,6 +119,7 @@ mod tests {
             timeout: Duration::from_millis(50),
             hold,
             max_output_length: 80,
+            on_host: false,
         }
     }
 

@@ -18,7 +18,7 @@ use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::Directory;
 pub use probe::{Protocol, probe};
-pub use respond::respond;
+pub use respond::{answer, respond};
 pub use sightings::Sightings;
 
 super::section! {

@@ -37,13 +37,8 @@ pub async fn respond(
                 let Ok((len, from)) = udp.recv_from(&mut buffer).await else {
                     continue;
                 };
-                if let Some(nonce) = std::str::from_utf8(&buffer[..len])
-                    .ok()
-                    .and_then(|t| t.strip_prefix(PING))
-                {
-                    let _ = udp
-                        .send_to(format!("{PONG}{}", nonce.trim_end()).as_bytes(), from)
-                        .await;
+                if let Some(pong) = answer(&buffer[..len]) {
+                    let _ = udp.send_to(&pong, from).await;
                 }
             }
         };
@@ -63,16 +58,23 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, UdpSocket), Error> {
 
 async fn answer_tcp(stream: TcpStream) {
     let (reader, mut writer) = stream.into_split();
-    let mut line = String::new();
+    let mut line = Vec::new();
     let mut reader = BufReader::new(reader.take(MAX_PROBE as u64));
-    let read = reader.read_line(&mut line);
+    let read = reader.read_until(b'\n', &mut line);
     if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(5), read).await
-        && let Some(nonce) = line.strip_prefix(PING)
+        && let Some(mut pong) = answer(&line)
     {
-        let _ = writer
-            .write_all(format!("{PONG}{}\n", nonce.trim_end()).as_bytes())
-            .await;
+        pong.push(b'\n');
+        let _ = writer.write_all(&pong).await;
     }
+}
+
+/// The answer to one probe (a UDP datagram or a TCP line), or None for anything that is not
+/// a probe. Never longer than the probe: the responder amplifies nothing.
+pub fn answer(probe: &[u8]) -> Option<Vec<u8>> {
+    let probe = probe.get(..probe.len().min(MAX_PROBE))?;
+    let nonce = std::str::from_utf8(probe).ok()?.strip_prefix(PING)?;
+    Some(format!("{PONG}{}", nonce.trim_end()).into_bytes())
 }
 
 #[cfg(test)]

@@ -1,0 +1,195 @@
+//! Commands run on the host, not in the agent's container: as transient systemd services
+//! started over the system bus the agent already holds (what `systemd-run --pipe --wait`
+//! does). The command runs in the host's namespaces with the host's tools, and its output comes
+//! back through a pipe whose write end is handed to systemd; the agent needs no host mount
+//! (not `/var/run`, which holds the container runtime's socket) and no host PID namespace.
+//!
+//! What this takes is what the agent already has: root on the host's system bus, which is
+//! root on the host (README, "Threat model").
+
+use std::{os::fd::OwnedFd, time::Duration};
+
+use futures::StreamExt;
+use tokio::io::AsyncReadExt;
+use zbus::{
+    proxy,
+    proxy::CacheProperties,
+    zvariant::{Fd, OwnedObjectPath, Value},
+};
+
+use crate::detect::command::{Outcome, first_line};
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1"
+)]
+trait Transient {
+    fn subscribe(&self) -> zbus::Result<()>;
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, Value<'_>)],
+        aux: &[(&str, &[(&str, Value<'_>)])],
+    ) -> zbus::Result<OwnedObjectPath>;
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
+}
+
+#[proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1"
+)]
+trait ExitedService {
+    /// How the main process ended: 1 (CLD_EXITED) with its exit status, else a signal.
+    #[zbus(property)]
+    fn exec_main_code(&self) -> zbus::Result<i32>;
+    #[zbus(property)]
+    fn exec_main_status(&self) -> zbus::Result<i32>;
+}
+
+/// `CLD_EXITED`: the main process exited (rather than being killed by a signal).
+const EXITED: i32 = 1;
+
+/// Output kept: what a first line needs, and no more however much the command writes.
+const KEEP: usize = 64 * 1024;
+
+/// Runs `argv` on the host within `timeout` (systemd stops it then) and returns its exit code
+/// and first line of output, as a local run would.
+pub async fn run(argv: &[String], timeout: Duration) -> Result<Outcome, String> {
+    let (program, _) = argv.split_first().ok_or("no program configured")?;
+    let connection = zbus::Connection::system()
+        .await
+        .map_err(|e| format!("connecting to the system bus to run {program} on the host: {e}"))?;
+    let systemd = TransientProxy::new(&connection)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Job signals come only to subscribers, and must be listened for before the job starts.
+    systemd
+        .subscribe()
+        .await
+        .map_err(|e| format!("subscribing to systemd's jobs: {e}"))?;
+    let mut jobs = systemd
+        .receive_job_removed()
+        .await
+        .map_err(|e| format!("listening for systemd's jobs: {e}"))?;
+    let (read, write) = nix::unistd::pipe().map_err(|e| format!("a pipe for {program}: {e}"))?;
+    let unit = format!("nodeward-host-{:016x}.service", rand::random::<u64>());
+    let started = start(&systemd, &unit, argv, timeout, write).await;
+    let job = started.map_err(|e| format!("running {program} on the host through systemd: {e}"))?;
+    let reading = tokio::spawn(read_at_most(read, KEEP));
+    // Type=oneshot: the start job ends when the command does (or its start timeout hits).
+    let ended = tokio::time::timeout(timeout + Duration::from_secs(10), async {
+        while let Some(signal) = jobs.next().await {
+            if signal.args().is_ok_and(|a| a.job == job) {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    let code = if ended {
+        exit_code(&connection, &systemd, &unit).await
+    } else {
+        Err(format!(
+            "{program} on the host: systemd did not report its end"
+        ))
+    };
+    // The unit goes (and systemd's copies of the pipe with it), whatever happened.
+    let _ = systemd.stop_unit(&unit, "replace").await;
+    let _ = systemd.reset_failed_unit(&unit).await;
+    let output = tokio::time::timeout(Duration::from_secs(2), reading)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Ok(Outcome {
+        code: code?,
+        first_line: first_line(&output, &[]),
+    })
+}
+
+/// Starts `argv` as the transient oneshot service `unit`, its stdout and stderr `output`.
+async fn start(
+    systemd: &TransientProxy<'_>,
+    unit: &str,
+    argv: &[String],
+    timeout: Duration,
+    output: OwnedFd,
+) -> zbus::Result<OwnedObjectPath> {
+    let micros = u64::try_from(timeout.as_micros()).unwrap_or(u64::MAX);
+    let exec = vec![(argv[0].clone(), argv.to_vec(), false)];
+    let properties: Vec<(&str, Value<'_>)> = vec![
+        (
+            "Description",
+            Value::from(format!("nodeward-agent: {}", argv.join(" "))),
+        ),
+        ("Type", Value::from("oneshot")),
+        // Kept after it exits, so that its exit status can be read; stopped right after.
+        ("RemainAfterExit", Value::from(true)),
+        ("ExecStart", Value::from(exec)),
+        ("TimeoutStartUSec", Value::from(micros)),
+        ("StandardInput", Value::from("null")),
+        (
+            "StandardOutputFileDescriptor",
+            Value::from(Fd::from(&output)),
+        ),
+        (
+            "StandardErrorFileDescriptor",
+            Value::from(Fd::from(&output)),
+        ),
+    ];
+    systemd
+        .start_transient_unit(unit, "fail", &properties, &[])
+        .await
+}
+
+/// The exit code of the unit's command (None: a signal ended it, e.g. its timeout).
+async fn exit_code(
+    connection: &zbus::Connection,
+    systemd: &TransientProxy<'_>,
+    unit: &str,
+) -> Result<Option<i32>, String> {
+    let read = |e: zbus::Error| format!("reading how {unit} ended: {e}");
+    let path = systemd.get_unit(unit).await.map_err(read)?;
+    let service = ExitedServiceProxy::builder(connection)
+        .path(path)
+        .map_err(read)?
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
+        .map_err(read)?;
+    let how = service.exec_main_code().await.map_err(read)?;
+    let status = service.exec_main_status().await.map_err(read)?;
+    Ok((how == EXITED).then_some(status))
+}
+
+/// Reads `fd` to its end, keeping at most `keep` bytes (the rest is read and dropped, so that
+/// the command never blocks on a full pipe).
+async fn read_at_most(fd: OwnedFd, keep: usize) -> Vec<u8> {
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return Vec::new();
+    };
+    let mut kept = Vec::new();
+    let mut buffer = [0u8; 8192];
+    loop {
+        match pipe.read(&mut buffer).await {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                let room = keep.saturating_sub(kept.len());
+                kept.extend_from_slice(&buffer[..n.min(room)]);
+            }
+        }
+    }
+}
