@@ -17,8 +17,6 @@ use zbus::{
     zvariant::{Fd, OwnedObjectPath, Value},
 };
 
-use crate::detect::command::{Outcome, first_line};
-
 #[proxy(
     interface = "org.freedesktop.systemd1.Manager",
     default_service = "org.freedesktop.systemd1",
@@ -64,9 +62,17 @@ const EXITED: i32 = 1;
 /// Output kept: what a first line needs, and no more however much the command writes.
 const KEEP: usize = 64 * 1024;
 
-/// Runs `argv` on the host within `timeout` (systemd stops it then) and returns its exit code
-/// and first line of output, as a local run would.
-pub async fn run(argv: &[String], timeout: Duration) -> Result<Outcome, String> {
+/// How a command on the host ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ran {
+    /// Its exit code; `None` when a signal ended it (its timeout among them).
+    pub code: Option<i32>,
+    /// Its output, standard output and error together, at most 64 KiB.
+    pub output: Vec<u8>,
+}
+
+/// Runs `argv` on the host within `timeout` (systemd stops it then).
+pub async fn run(argv: &[String], timeout: Duration) -> Result<Ran, String> {
     let (program, _) = argv.split_first().ok_or("no program configured")?;
     let connection = zbus::Connection::system()
         .await
@@ -114,9 +120,9 @@ pub async fn run(argv: &[String], timeout: Duration) -> Result<Outcome, String> 
         .ok()
         .and_then(Result::ok)
         .unwrap_or_default();
-    Ok(Outcome {
+    Ok(Ran {
         code: code?,
-        first_line: first_line(&output, &[]),
+        output,
     })
 }
 

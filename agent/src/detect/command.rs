@@ -34,7 +34,11 @@ pub async fn run_where(
     timeout: Duration,
 ) -> Result<Outcome, String> {
     if on_host {
-        crate::host::run(argv, timeout).await
+        let ran = crate::host::run(argv, timeout).await?;
+        Ok(Outcome {
+            code: ran.code,
+            first_line: first_line(&ran.output, &[]),
+        })
     } else {
         run(argv).await
     }
