@@ -12,49 +12,11 @@ use std::{os::fd::OwnedFd, time::Duration};
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 use zbus::{
-    proxy,
     proxy::CacheProperties,
     zvariant::{Fd, OwnedObjectPath, Value},
 };
 
-#[proxy(
-    interface = "org.freedesktop.systemd1.Manager",
-    default_service = "org.freedesktop.systemd1",
-    default_path = "/org/freedesktop/systemd1"
-)]
-trait Transient {
-    fn subscribe(&self) -> zbus::Result<()>;
-    fn start_transient_unit(
-        &self,
-        name: &str,
-        mode: &str,
-        properties: &[(&str, Value<'_>)],
-        aux: &[(&str, &[(&str, Value<'_>)])],
-    ) -> zbus::Result<OwnedObjectPath>;
-    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
-    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
-    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
-    #[zbus(signal)]
-    fn job_removed(
-        &self,
-        id: u32,
-        job: OwnedObjectPath,
-        unit: String,
-        result: String,
-    ) -> zbus::Result<()>;
-}
-
-#[proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1"
-)]
-trait ExitedService {
-    /// How the main process ended: 1 (CLD_EXITED) with its exit status, else a signal.
-    #[zbus(property)]
-    fn exec_main_code(&self) -> zbus::Result<i32>;
-    #[zbus(property)]
-    fn exec_main_status(&self) -> zbus::Result<i32>;
-}
+use crate::systemd::{ManagerProxy, ServiceProxy};
 
 /// `CLD_EXITED`: the main process exited (rather than being killed by a signal).
 const EXITED: i32 = 1;
@@ -77,7 +39,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Result<Ran, String> {
     let connection = zbus::Connection::system()
         .await
         .map_err(|e| format!("connecting to the system bus to run {program} on the host: {e}"))?;
-    let systemd = TransientProxy::new(&connection)
+    let systemd = ManagerProxy::new(&connection)
         .await
         .map_err(|e| e.to_string())?;
     // Job signals come only to subscribers, and must be listened for before the job starts.
@@ -128,7 +90,7 @@ pub async fn run(argv: &[String], timeout: Duration) -> Result<Ran, String> {
 
 /// Starts `argv` as the transient oneshot service `unit`, its stdout and stderr `output`.
 async fn start(
-    systemd: &TransientProxy<'_>,
+    systemd: &ManagerProxy<'_>,
     unit: &str,
     argv: &[String],
     timeout: Duration,
@@ -164,12 +126,12 @@ async fn start(
 /// The exit code of the unit's command (None: a signal ended it, e.g. its timeout).
 async fn exit_code(
     connection: &zbus::Connection,
-    systemd: &TransientProxy<'_>,
+    systemd: &ManagerProxy<'_>,
     unit: &str,
 ) -> Result<Option<i32>, String> {
     let read = |e: zbus::Error| format!("reading how {unit} ended: {e}");
     let path = systemd.get_unit(unit).await.map_err(read)?;
-    let service = ExitedServiceProxy::builder(connection)
+    let service = ServiceProxy::builder(connection)
         .path(path)
         .map_err(read)?
         .cache_properties(CacheProperties::No)

@@ -1,15 +1,38 @@
 //! Reading unit state from systemd over the system bus (`org.freedesktop.systemd1`).
 
-use zbus::{proxy, proxy::CacheProperties, zvariant::OwnedObjectPath};
+use zbus::{
+    proxy,
+    proxy::CacheProperties,
+    zvariant::{OwnedObjectPath, Value},
+};
 
 #[proxy(
     interface = "org.freedesktop.systemd1.Manager",
     default_service = "org.freedesktop.systemd1",
     default_path = "/org/freedesktop/systemd1"
 )]
-trait Manager {
+pub(crate) trait Manager {
     fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn reload_or_restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn subscribe(&self) -> zbus::Result<()>;
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, Value<'_>)],
+        aux: &[(&str, &[(&str, Value<'_>)])],
+    ) -> zbus::Result<OwnedObjectPath>;
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
 }
 
 #[proxy(
@@ -29,9 +52,14 @@ trait Unit {
     interface = "org.freedesktop.systemd1.Service",
     default_service = "org.freedesktop.systemd1"
 )]
-trait Service {
+pub(crate) trait Service {
     #[zbus(property, name = "NRestarts")]
     fn n_restarts(&self) -> zbus::Result<u32>;
+    /// How the main process ended: 1 (CLD_EXITED) with its exit status, else a signal.
+    #[zbus(property)]
+    fn exec_main_code(&self) -> zbus::Result<i32>;
+    #[zbus(property)]
+    fn exec_main_status(&self) -> zbus::Result<i32>;
 }
 
 /// A unit as systemd reports it.

@@ -28,7 +28,6 @@ struct Cluster {
 /// The coordinator and one agent for `node`; `extra_config` is appended to the agent's
 /// configuration file.
 async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<Cluster> {
-    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let coordinator = nodeward_e2e::daemon::coordinator(env, &[])?;
     let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
     std::fs::create_dir_all(&dir)?;
@@ -43,17 +42,12 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
     let agent = Daemon::start_with_env(
         AGENT,
         &format!("{}-agent", env.id),
-        &[
-            "run".into(),
-            "--namespace".into(),
-            env.namespace.clone(),
-            "--node-name".into(),
-            node.into(),
-            "--kubeconfig".into(),
-            kubeconfig,
-            "--config".into(),
-            config.display().to_string(),
-        ],
+        &nodeward_e2e::daemon::agent_args(
+            node,
+            &env.namespace,
+            &controlplane::shared().kubeconfig,
+            &config,
+        ),
         &[(
             "DBUS_SYSTEM_BUS_ADDRESS",
             "unix:path=/nonexistent/nodeward-e2e-bus",
@@ -522,17 +516,12 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
             sentinel.display()
         ),
     )?;
-    let args = vec![
-        "run".to_owned(),
-        "--namespace".into(),
-        env.namespace.clone(),
-        "--node-name".into(),
-        node.clone(),
-        "--kubeconfig".into(),
-        controlplane::shared().kubeconfig.display().to_string(),
-        "--config".into(),
-        config.display().to_string(),
-    ];
+    let args = nodeward_e2e::daemon::agent_args(
+        &node,
+        &env.namespace,
+        &controlplane::shared().kubeconfig,
+        &config,
+    );
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let mine = || async {
         anyhow::Ok(

@@ -35,17 +35,12 @@ fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Res
             dir.join("reboot-required").display()
         ),
     )?;
-    let args: Vec<String> = vec![
-        "run".into(),
-        "--namespace".into(),
-        env.namespace.clone(),
-        "--node-name".into(),
-        node.into(),
-        "--kubeconfig".into(),
-        controlplane::shared().kubeconfig.display().to_string(),
-        "--config".into(),
-        config.display().to_string(),
-    ];
+    let args = nodeward_e2e::daemon::agent_args(
+        node,
+        &env.namespace,
+        &controlplane::shared().kubeconfig,
+        &config,
+    );
     // The private bus is the agent's system bus.
     Daemon::start_with_env(
         AGENT,

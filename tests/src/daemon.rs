@@ -67,6 +67,27 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     Ok(path.display().to_string())
 }
 
+/// `nodeward-agent run` for `node`, with the Leases and what the coordinator publishes in
+/// `namespace`, the configuration in `config`, through `kubeconfig`.
+pub fn agent_args(
+    node: &str,
+    namespace: &str,
+    kubeconfig: &std::path::Path,
+    config: &std::path::Path,
+) -> Vec<String> {
+    vec![
+        "run".into(),
+        "--namespace".into(),
+        namespace.into(),
+        "--node-name".into(),
+        node.into(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--config".into(),
+        config.display().to_string(),
+    ]
+}
+
 /// The workspace's coordinator, electing its leader in the test's namespace and deciding
 /// every second (`--resync 1s`), with `extra` arguments.
 pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {
@@ -119,30 +140,33 @@ impl Daemon {
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let listen = free_address()?;
-        let dir = std::env::temp_dir().join("nodeward-e2e-logs");
-        std::fs::create_dir_all(&dir)?;
-        let log = dir.join(format!("{label}.log"));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(program)
-            .args(args)
-            .args(["--listen", &listen])
-            .env("NO_COLOR", "1")
-            .envs(env.iter().copied())
-            .stdout(Stdio::from(file.try_clone()?))
-            .stderr(Stdio::from(file))
-            .spawn()?;
-        Ok(Self { child, listen, log })
+        let mut args = args.to_vec();
+        args.extend(["--listen".to_owned(), listen.clone()]);
+        let mut daemon = Self::spawn(program, label, &args, env)?;
+        daemon.listen = listen;
+        Ok(daemon)
     }
 
     /// Starts `program` with exactly `args` (a program that takes no `--listen`); its output
     /// goes to a log file named after `label`.
     pub fn start_plain(program: &str, label: &str, args: &[String]) -> anyhow::Result<Self> {
+        Self::spawn(program, label, args, &[])
+    }
+
+    fn spawn(
+        program: &str,
+        label: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join("nodeward-e2e-logs");
         std::fs::create_dir_all(&dir)?;
         let log = dir.join(format!("{label}.log"));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(program)
             .args(args)
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .stdout(Stdio::from(file.try_clone()?))
             .stderr(Stdio::from(file))
             .spawn()?;

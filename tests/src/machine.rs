@@ -88,19 +88,16 @@ impl Machine {
 
     /// Starts the agent in the current boot (again, after [`Machine::kill_agent`]).
     pub fn start_agent(&mut self) -> anyhow::Result<()> {
-        let args = vec![
-            "run".to_owned(),
-            "--namespace".into(),
-            self.namespace.clone(),
-            "--node-name".into(),
-            self.name.clone(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-            "--config".into(),
-            self.dir.join("agent.yaml").display().to_string(),
+        let mut args = crate::daemon::agent_args(
+            &self.name,
+            &self.namespace,
+            &controlplane::shared().kubeconfig,
+            &self.dir.join("agent.yaml"),
+        );
+        args.extend([
             "--boot-id-file".into(),
             self.dir.join("boot_id").display().to_string(),
-        ];
+        ]);
         self.agent = Some(Daemon::start_with_env(
             &self.agent_binary,
             &format!("{}-boot{}", self.name, self.boots),

@@ -501,6 +501,8 @@ fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<
         agents.push(Daemon::start_with_env(
             program,
             &format!("{}-agent-{i}", env.id),
+            // Not --namespace: the namespace comes by its environment variable, which agents
+            // before the flag (measured for the "before" figures) ignore.
             &[
                 "run".into(),
                 "--node-name".into(),
@@ -510,7 +512,6 @@ fn start_agents(args: &Args, env: &TestEnv, nodes: &[String]) -> anyhow::Result<
                 "--config".into(),
                 config.display().to_string(),
             ],
-            // Where the agents' Leases and what the coordinator publishes for them are.
             &[("POD_NAMESPACE", &env.namespace)],
         )?);
     }

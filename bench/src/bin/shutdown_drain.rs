@@ -79,15 +79,12 @@ async fn run_once(args: &Args) -> anyhow::Result<(Duration, f64)> {
     let agent = Daemon::start_with_env(
         &args.agent,
         &format!("{}-agent", env.id),
-        &[
-            "run".into(),
-            "--node-name".into(),
-            node.clone(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-            "--config".into(),
-            config.display().to_string(),
-        ],
+        &nodeward_e2e::daemon::agent_args(
+            &node,
+            &env.namespace,
+            &controlplane::shared().kubeconfig,
+            &config,
+        ),
         &[("DBUS_SYSTEM_BUS_ADDRESS", logind.bus.address.as_str())],
     )?;
     agent.wait_ready(Duration::from_secs(60)).await?;
