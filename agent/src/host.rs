@@ -36,12 +36,9 @@ pub struct Ran {
 /// Runs `argv` on the host within `timeout` (systemd stops it then).
 pub async fn run(argv: &[String], timeout: Duration) -> Result<Ran, String> {
     let (program, _) = argv.split_first().ok_or("no program configured")?;
-    let connection = zbus::Connection::system()
+    let (connection, systemd) = crate::systemd::connect()
         .await
-        .map_err(|e| format!("connecting to the system bus to run {program} on the host: {e}"))?;
-    let systemd = ManagerProxy::new(&connection)
-        .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("running {program} on the host: {e}"))?;
     // Job signals come only to subscribers, and must be listened for before the job starts.
     systemd
         .subscribe()

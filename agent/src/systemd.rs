@@ -73,15 +73,21 @@ pub struct UnitState {
     pub restarts: Option<u32>,
 }
 
-/// Reads `unit` from systemd on the system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the standard
-/// socket). A fresh connection each time, so a restarted bus or systemd is simply picked up.
-pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
+/// A fresh connection to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the standard socket) and
+/// systemd's manager on it: a restarted bus or systemd is simply picked up next time.
+pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
     let connection = zbus::Connection::system()
         .await
         .map_err(|e| format!("connecting to the system bus: {e}"))?;
     let manager = ManagerProxy::new(&connection)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("systemd on the system bus: {e}"))?;
+    Ok((connection, manager))
+}
+
+/// Reads `unit` from systemd on the system bus.
+pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
+    let (connection, manager) = connect().await?;
     let path = manager
         .load_unit(unit)
         .await
@@ -116,12 +122,7 @@ pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
 /// reload-or-restart` does): logind reloads its configuration since systemd 254, and is
 /// restarted on older ones.
 pub async fn reload_or_restart_unit(unit: &str) -> Result<(), String> {
-    let connection = zbus::Connection::system()
-        .await
-        .map_err(|e| format!("connecting to the system bus: {e}"))?;
-    let manager = ManagerProxy::new(&connection)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (_connection, manager) = connect().await?;
     manager
         .reload_or_restart_unit(unit, "replace")
         .await

@@ -62,6 +62,33 @@ pub fn footprint(pid: u32) -> anyhow::Result<(f64, f64, u64)> {
     ))
 }
 
+/// The coordinator at `binary` for `env` (its Lease and what it publishes in the test's
+/// namespace, the admin's identity), with `extra` arguments.
+pub fn coordinator(
+    binary: &std::path::Path,
+    env: &nodeward_e2e::TestEnv,
+    identity: &str,
+    extra: &[&str],
+) -> anyhow::Result<nodeward_e2e::daemon::Daemon> {
+    let mut argv: Vec<String> = vec![
+        "run".into(),
+        "--kubeconfig".into(),
+        nodeward_e2e::controlplane::shared()
+            .kubeconfig
+            .display()
+            .to_string(),
+        "--lease-namespace".into(),
+        env.namespace.clone(),
+        "--identity".into(),
+        identity.into(),
+    ];
+    argv.extend(extra.iter().map(|a| (*a).to_owned()));
+    let program = binary
+        .to_str()
+        .ok_or_else(|| anyhow::anyhow!("{} is not UTF-8", binary.display()))?;
+    nodeward_e2e::daemon::Daemon::start(program, &format!("{}-{identity}", env.id), &argv)
+}
+
 /// The samples of a Prometheus text exposition: each series (name and labels, as written)
 /// and its value.
 pub fn samples(exposition: &str) -> BTreeMap<String, f64> {

@@ -16,7 +16,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context;
 use clap::Parser;
 use futures::{StreamExt, TryStreamExt};
 use kube::{
@@ -26,7 +25,7 @@ use kube::{
 };
 use nodeward_api::{MaintenancePhase, NodeMaintenance, NodeReport};
 use nodeward_bench::{CLK_TCK, footprint, median, ms, percentile};
-use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL};
+use nodeward_e2e::{TestEnv, daemon::Daemon, env::TEST_LABEL};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -74,19 +73,12 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
 
-    let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
     let spawned = Instant::now();
-    let coordinator = Daemon::start(
-        args.coordinator
-            .to_str()
-            .context("coordinator path is not UTF-8")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--leader-elect=false".into(),
-            "--kubeconfig".into(),
-            kubeconfig,
-        ],
+    let coordinator = nodeward_bench::coordinator(
+        &args.coordinator,
+        &env,
+        "coordinator",
+        &["--leader-elect=false"],
     )?;
     coordinator.wait_ready(Duration::from_secs(300)).await?;
     let time_to_ready = spawned.elapsed();

@@ -395,19 +395,11 @@ async fn start_fleet(args: &Args) -> anyhow::Result<Fleet> {
                "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h", "start": "1h", "reboot": "1h"}}),
     )
     .await?;
-    let coordinator = Daemon::start(
-        args.coordinator
-            .to_str()
-            .context("coordinator path is not UTF-8")?,
-        &format!("{}-coordinator", env.id),
-        &[
-            "run".into(),
-            "--kubeconfig".into(),
-            controlplane::shared().kubeconfig.display().to_string(),
-            "--leader-elect=false".into(),
-            "--lease-namespace".into(),
-            env.namespace.clone(),
-        ],
+    let coordinator = nodeward_bench::coordinator(
+        &args.coordinator,
+        &env,
+        "coordinator",
+        &["--leader-elect=false"],
     )?;
     coordinator.wait_ready(Duration::from_secs(120)).await?;
     let agents = start_agents(args, &env, &names[..args.agents])?;

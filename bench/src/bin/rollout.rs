@@ -38,7 +38,7 @@ use kube::{
 };
 use nix::sys::signal::Signal;
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{TestEnv, controlplane, daemon::Daemon, env::TEST_LABEL, history};
+use nodeward_e2e::{TestEnv, daemon::Daemon, env::TEST_LABEL, history};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -113,37 +113,20 @@ fn simulate_agents(
 }
 
 fn coordinator(args: &Args, env: &TestEnv, identity: &str, elect: bool) -> anyhow::Result<Daemon> {
-    let mut argv: Vec<String> = vec![
-        "run".into(),
-        "--kubeconfig".into(),
-        controlplane::shared().kubeconfig.display().to_string(),
-        "--lease-namespace".into(),
-        env.namespace.clone(),
-        "--identity".into(),
-        identity.into(),
+    let electing = [
+        "--lease-duration",
+        "2s",
+        "--renew-deadline",
+        "1500ms",
+        "--retry-period",
+        "500ms",
     ];
-    if elect {
-        argv.extend(
-            [
-                "--lease-duration",
-                "2s",
-                "--renew-deadline",
-                "1500ms",
-                "--retry-period",
-                "500ms",
-            ]
-            .map(String::from),
-        );
+    let extra: &[&str] = if elect {
+        &electing
     } else {
-        argv.push("--leader-elect=false".into());
-    }
-    Daemon::start(
-        args.coordinator
-            .to_str()
-            .context("coordinator path is not UTF-8")?,
-        &format!("{}-{identity}", env.id),
-        &argv,
-    )
+        &["--leader-elect=false"]
+    };
+    nodeward_bench::coordinator(&args.coordinator, env, identity, extra)
 }
 
 #[tokio::main]
