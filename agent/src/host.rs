@@ -11,10 +11,7 @@ use std::{os::fd::OwnedFd, time::Duration};
 
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
-use zbus::{
-    proxy::CacheProperties,
-    zvariant::{Fd, OwnedObjectPath, Value},
-};
+use zbus::zvariant::{Fd, OwnedObjectPath, Value};
 
 use crate::systemd::{ManagerProxy, ServiceProxy};
 
@@ -128,11 +125,7 @@ async fn exit_code(
 ) -> Result<Option<i32>, String> {
     let read = |e: zbus::Error| format!("reading how {unit} ended: {e}");
     let path = systemd.get_unit(unit).await.map_err(read)?;
-    let service = ServiceProxy::builder(connection)
-        .path(path)
-        .map_err(read)?
-        .cache_properties(CacheProperties::No)
-        .build()
+    let service: ServiceProxy = crate::systemd::uncached(connection, path)
         .await
         .map_err(read)?;
     let how = service.exec_main_code().await.map_err(read)?;

@@ -85,6 +85,21 @@ pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>
     Ok((connection, manager))
 }
 
+/// A proxy of `P` for the object at `path`, reading its properties afresh each time.
+pub(crate) async fn uncached<'a, P>(
+    connection: &zbus::Connection,
+    path: OwnedObjectPath,
+) -> zbus::Result<P>
+where
+    P: From<zbus::Proxy<'a>> + zbus::proxy::Defaults,
+{
+    zbus::proxy::Builder::<P>::new(connection)
+        .path(path)?
+        .cache_properties(CacheProperties::No)
+        .build()
+        .await
+}
+
 /// Reads `unit` from systemd on the system bus.
 pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
     let (connection, manager) = connect().await?;
@@ -93,23 +108,11 @@ pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
         .await
         .map_err(|e| format!("asking systemd for {unit}: {e}"))?;
     let read = |e: zbus::Error| format!("reading {unit} from systemd: {e}");
-    let unit_proxy = UnitProxy::builder(&connection)
-        .path(path.clone())
-        .map_err(read)?
-        .cache_properties(CacheProperties::No)
-        .build()
-        .await
-        .map_err(read)?;
+    let unit_proxy: UnitProxy = uncached(&connection, path.clone()).await.map_err(read)?;
     let load_state = unit_proxy.load_state().await.map_err(read)?;
     let active_state = unit_proxy.active_state().await.map_err(read)?;
     let sub_state = unit_proxy.sub_state().await.map_err(read)?;
-    let service = ServiceProxy::builder(&connection)
-        .path(path)
-        .map_err(read)?
-        .cache_properties(CacheProperties::No)
-        .build()
-        .await
-        .map_err(read)?;
+    let service: ServiceProxy = uncached(&connection, path).await.map_err(read)?;
     Ok(UnitState {
         load_state,
         active_state,

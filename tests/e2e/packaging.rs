@@ -1649,12 +1649,17 @@ fn dry_run_eviction() -> kube::api::EvictParams {
 
 /// A process's resident memory, from /proc.
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// A memory figure (`VmRSS`, `VmHWM`, ...) of a process, in KiB, from /proc.
+fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS")
+        .with_context(|| format!("{key} of process {pid}"))
 }
 
 #[tokio::test]
@@ -1794,16 +1799,6 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
 /// ones from one node used to take both coordinator replicas past their memory limit).
 const FLOOD: usize = 10_000;
 
-/// The peak resident set of a process, in KiB.
-fn peak_rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmHWM")
-}
-
 /// One node's agent identity creates 10,000 reboot requests (every one the admission policy
 /// lets it: its node, its pinned name pattern, no drain plan). The coordinator decides only
 /// the newest of them and ends the others a few a round; meanwhile another node's maintenance
@@ -1895,7 +1890,7 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
         },
     )
     .await?;
-    let peak = peak_rss_kib(pid)?;
+    let peak = status_kib(pid, "VmHWM")?;
     println!(
         "{FLOOD} maintenances from one node's identity in {:.0} s; another node admitted {:.1} s after asking; {superseded} superseded so far; coordinator RSS {} MiB before, peak {} MiB (limit 256 MiB)",
         flooded_in.as_secs_f64(),
