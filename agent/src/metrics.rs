@@ -66,6 +66,8 @@ pub struct Metrics {
     pub api_received_bytes: Family<RequestLabels, Counter>,
     /// Events received on watches, by resource (bookmarks included).
     pub watch_events: Family<ResourceLabels, Counter>,
+    /// Of those, the bookmarks (the API server's periodic note of its resourceVersion).
+    pub watch_bookmarks: Family<ResourceLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
 }
 
@@ -114,6 +116,12 @@ impl Metrics {
             "Events received on watches of the Kubernetes API, by resource",
             watch_events.clone(),
         );
+        let watch_bookmarks = Family::<ResourceLabels, Counter>::default();
+        registry.register(
+            "watch_bookmarks",
+            "Bookmarks among the events received on watches, by resource",
+            watch_bookmarks.clone(),
+        );
         let probes = Family::<ProbeLabels, Counter>::default();
         registry.register(
             "peer_probes",
@@ -128,6 +136,7 @@ impl Metrics {
             api_requests,
             api_received_bytes,
             watch_events,
+            watch_bookmarks,
             probes,
         }
     }
@@ -170,7 +179,13 @@ impl nodeward_runtime::client::ApiCost for Cost {
             .inc();
     }
 
-    fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize) {
+    fn received(
+        &self,
+        verb: &'static str,
+        resource: &str,
+        bytes: usize,
+        events: nodeward_runtime::client::Events,
+    ) {
         self.0
             .api_received_bytes
             .get_or_create(&RequestLabels {
@@ -178,13 +193,20 @@ impl nodeward_runtime::client::ApiCost for Cost {
                 resource: resource.to_owned(),
             })
             .inc_by(bytes as u64);
-        if events > 0 {
+        let labels = ResourceLabels {
+            resource: resource.to_owned(),
+        };
+        if events.all > 0 {
             self.0
                 .watch_events
-                .get_or_create(&ResourceLabels {
-                    resource: resource.to_owned(),
-                })
-                .inc_by(events as u64);
+                .get_or_create(&labels)
+                .inc_by(events.all as u64);
+        }
+        if events.bookmarks > 0 {
+            self.0
+                .watch_bookmarks
+                .get_or_create(&labels)
+                .inc_by(events.bookmarks as u64);
         }
     }
 }

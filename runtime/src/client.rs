@@ -12,13 +12,35 @@ use http_body_util::{BodyExt, combinators::UnsyncBoxBody};
 
 use crate::Error;
 
+/// What a chunk of a watch delivers: its events, and of them the bookmarks (the API server's
+/// periodic note of its resourceVersion, which carries no change).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    pub all: usize,
+    pub bookmarks: usize,
+}
+
+impl Events {
+    /// The events a chunk of a watch's body completes.
+    pub fn of(chunk: &[u8]) -> Self {
+        const BOOKMARK: &[u8] = b"\"type\":\"BOOKMARK\"";
+        Self {
+            all: chunk.iter().filter(|b| **b == b'\n').count(),
+            bookmarks: chunk
+                .windows(BOOKMARK.len())
+                .filter(|w| *w == BOOKMARK)
+                .count(),
+        }
+    }
+}
+
 /// Told of every request the client sends and of what comes back.
 pub trait ApiCost: Send + Sync {
     /// A request: (verb, resource), e.g. `("watch", "nodes")`, `("create", "pods/eviction")`.
     fn request(&self, verb: &'static str, resource: &str);
     /// A chunk of a response body to a request of `verb` on `resource`: its size, and for a
-    /// watch the events it completes (a watch sends one JSON object a line).
-    fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize);
+    /// watch what it delivers (a watch sends one JSON object a line).
+    fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: Events);
 }
 
 /// The Kubernetes verb and resource of a request, from its method, path and query:
@@ -154,9 +176,9 @@ where
                 body.map_frame(move |frame| {
                     if let Some(data) = frame.data_ref() {
                         let events = if verb == "watch" {
-                            data.iter().filter(|b| **b == b'\n').count()
+                            Events::of(data)
                         } else {
-                            0
+                            Events::default()
                         };
                         cost.received(verb, &resource, data.len(), events);
                     }
@@ -187,11 +209,11 @@ mod tests {
                 .expect("seen")
                 .push(format!("{verb} {resource}"));
         }
-        fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: usize) {
-            self.0
-                .lock()
-                .expect("seen")
-                .push(format!("{verb} {resource}: {bytes} bytes, {events} events"));
+        fn received(&self, verb: &'static str, resource: &str, bytes: usize, events: Events) {
+            self.0.lock().expect("seen").push(format!(
+                "{verb} {resource}: {bytes} bytes, {} events, {} bookmarks",
+                events.all, events.bookmarks
+            ));
         }
     }
 
@@ -200,7 +222,7 @@ mod tests {
         let seen = Arc::new(Seen::default());
         let server = tower::service_fn(|_request: hyper::Request<kube::client::Body>| async {
             let body = http_body_util::Full::new(bytes::Bytes::from_static(
-                b"{\"type\":\"ADDED\"}\n{\"type\":\"MODIFIED\"}\n",
+                b"{\"type\":\"ADDED\"}\n{\"type\":\"BOOKMARK\"}\n",
             ));
             Ok::<_, std::convert::Infallible>(hyper::Response::new(body))
         });
@@ -219,7 +241,10 @@ mod tests {
         assert_eq!(body.to_bytes().len(), 37);
         assert_eq!(
             *seen.0.lock().expect("seen"),
-            ["watch nodes", "watch nodes: 37 bytes, 2 events"]
+            [
+                "watch nodes",
+                "watch nodes: 37 bytes, 2 events, 1 bookmarks"
+            ]
         );
     }
 

@@ -9,8 +9,9 @@
 //! version writes at its rhythm (its liveness). One DisruptionPolicy over every node, and the
 //! release coordinator.
 //!
-//! Measured from each real agent's own metrics (`nodeward_watch_events_total`,
-//! `nodeward_api_received_bytes_total`, `nodeward_api_requests_total`), per minute:
+//! Measured from each real agent's own metrics (`nodeward_watch_events_total`, of them
+//! `nodeward_watch_bookmarks_total`, `nodeward_api_received_bytes_total`,
+//! `nodeward_api_requests_total`), per minute:
 //! - steady state, after `--warmup`, over `--window`;
 //! - during a rolling reboot of the simulated nodes at `--max-concurrent` (simulated agents
 //!   cordon, take the node NotReady for `--reboot` and back, as a reboot does), over `--window`.
@@ -92,6 +93,8 @@ struct Args {
 struct Cost {
     /// Watch events by resource.
     events: BTreeMap<String, f64>,
+    /// Of them, the bookmarks (no change; agents before the metric count none).
+    bookmarks: BTreeMap<String, f64>,
     /// Bytes received by resource (every verb).
     bytes: BTreeMap<String, f64>,
     /// Requests by verb.
@@ -111,6 +114,8 @@ impl Cost {
             let delta = (value - before.get(series).copied().unwrap_or(0.0)) * per_minute;
             let into = if series.starts_with("nodeward_watch_events_total{") {
                 label(series, "resource").map(|r| (&mut cost.events, r))
+            } else if series.starts_with("nodeward_watch_bookmarks_total{") {
+                label(series, "resource").map(|r| (&mut cost.bookmarks, r))
             } else if series.starts_with("nodeward_api_received_bytes_total{") {
                 label(series, "resource").map(|r| (&mut cost.bytes, r))
             } else if series.starts_with("nodeward_api_requests_total{") {
@@ -127,6 +132,11 @@ impl Cost {
 
     fn events_total(&self) -> f64 {
         self.events.values().sum()
+    }
+
+    /// Watch events that carry a change: all but the bookmarks.
+    fn changes_total(&self) -> f64 {
+        self.events_total() - self.bookmarks.values().sum::<f64>()
     }
 
     fn bytes_total(&self) -> f64 {
@@ -162,6 +172,7 @@ impl Cost {
         };
         Cost {
             events: of(|c| &c.events),
+            bookmarks: of(|c| &c.bookmarks),
             bytes: of(|c| &c.bytes),
             requests: of(|c| &c.requests),
         }
@@ -183,9 +194,11 @@ impl Cost {
                 .join(", ")
         };
         format!(
-            "watch events {:.2}/min ({}); received {:.1} KiB/min ({}); requests/min {}; writes {:.2}/min",
+            "watch events {:.2}/min ({}), of them changes {:.2}/min (bookmarks: {}); received {:.1} KiB/min ({}); requests/min {}; writes {:.2}/min",
             self.events_total(),
             fmt(&self.events, ""),
+            self.changes_total(),
+            fmt(&self.bookmarks, ""),
             self.bytes_total() / 1024.0,
             fmt(
                 &self
