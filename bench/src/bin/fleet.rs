@@ -16,6 +16,11 @@
 //! - during a rolling reboot of the simulated nodes at `--max-concurrent` (simulated agents
 //!   cordon, take the node NotReady for `--reboot` and back, as a reboot does), over `--window`.
 //!
+//! From the API server's own metrics over the same windows, for the whole cluster (agents,
+//! simulated agents, coordinator, kwok and the benchmark together): watch events and bytes
+//! sent by resource (`apiserver_watch_events_total`, `apiserver_watch_events_sizes_sum`) and
+//! writes by resource (`apiserver_request_total`), a cross-check of the agents' figures.
+//!
 //! The medians over the real agents are what one agent costs; the fleet's cost is that times
 //! the number of nodes, since every node runs one agent and each agent's cost is measured in a
 //! cluster of that size. The coordinator's RSS, CPU and own admission latency are measured in
@@ -214,11 +219,78 @@ impl Cost {
     }
 }
 
+/// What the API server sent and took over a phase, per minute, for the whole cluster.
+#[derive(Clone, Debug, Default)]
+struct ServerCost {
+    /// Watch events sent, by resource.
+    events: BTreeMap<String, f64>,
+    /// Watch bytes sent, by resource.
+    bytes: BTreeMap<String, f64>,
+    /// Writes (create, update, patch, delete) taken, by resource.
+    writes: BTreeMap<String, f64>,
+}
+
+impl ServerCost {
+    fn between(
+        before: &BTreeMap<String, f64>,
+        after: &BTreeMap<String, f64>,
+        over: Duration,
+    ) -> Self {
+        let per_minute = 60.0 / over.as_secs_f64();
+        let mut cost = ServerCost::default();
+        for (series, value) in after {
+            let delta = (value - before.get(series).copied().unwrap_or(0.0)) * per_minute;
+            let into = if series.starts_with("apiserver_watch_events_total{") {
+                Some(&mut cost.events)
+            } else if series.starts_with("apiserver_watch_events_sizes_sum{") {
+                Some(&mut cost.bytes)
+            } else if series.starts_with("apiserver_request_total{")
+                && label(series, "verb")
+                    .is_some_and(|v| ["POST", "PUT", "PATCH", "DELETE", "APPLY"].contains(&v))
+            {
+                Some(&mut cost.writes)
+            } else {
+                None
+            };
+            if let (Some(map), Some(resource)) = (into, label(series, "resource"))
+                && delta >= 0.005
+            {
+                *map.entry(resource.to_owned()).or_default() += delta;
+            }
+        }
+        cost
+    }
+
+    fn describe(&self) -> String {
+        let top = |m: &BTreeMap<String, f64>, scale: f64, unit: &str| {
+            let mut v: Vec<_> = m.iter().collect();
+            v.sort_by(|a, b| b.1.total_cmp(a.1));
+            v.iter()
+                .take(6)
+                .map(|(k, n)| format!("{k} {:.1}{unit}", *n / scale))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "watch events {:.0}/min ({}); watch egress {:.0} KiB/min ({}); writes {:.1}/s ({})",
+            self.events.values().sum::<f64>(),
+            top(&self.events, 1.0, ""),
+            self.bytes.values().sum::<f64>() / 1024.0,
+            top(&self.bytes, 1024.0, " KiB"),
+            self.writes.values().sum::<f64>() / 60.0,
+            top(&self.writes, 60.0, "/s"),
+        )
+    }
+}
+
 /// What one run measured.
 struct Figures {
     /// Per-agent cost, medians over the real agents.
     steady: Cost,
     rollout: Cost,
+    /// The API server's, whole cluster.
+    server_steady: ServerCost,
+    server_rollout: ServerCost,
     /// The most any one agent received during the rollout (events per minute).
     rollout_max_events: f64,
     admissions_per_minute: f64,
@@ -296,6 +368,14 @@ fn print_figures(title: &str, args: &Args, f: &Figures) {
         f.rollout_max_events
     );
     println!(
+        "  API server, whole cluster, steady: {}",
+        f.server_steady.describe()
+    );
+    println!(
+        "  API server, whole cluster, rollout: {}",
+        f.server_rollout.describe()
+    );
+    println!(
         "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB, {:.0} mc steady, {:.0} mc rollout, own p99 {:?}",
         f.agent_rss_mib,
         f.coordinator_rss_mib,
@@ -325,8 +405,8 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
     );
     tokio::time::sleep(args.warmup).await;
     let coordinator_pid = fleet.coordinator.child.id();
-    let (steady, _, coordinator_mcores_steady) =
-        measure(&fleet.agents, coordinator_pid, args.window).await?;
+    let (steady, server_steady, _, coordinator_mcores_steady) =
+        measure(&fleet, coordinator_pid, args.window).await?;
 
     // The rolling reboot of the simulated nodes, played by their simulated agents.
     let env = &fleet.env;
@@ -345,8 +425,8 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
     })
     .await?;
     let before = count();
-    let (rollout, rollout_max_events, coordinator_mcores_rollout) =
-        measure(&fleet.agents, coordinator_pid, args.window).await?;
+    let (rollout, server_rollout, rollout_max_events, coordinator_mcores_rollout) =
+        measure(&fleet, coordinator_pid, args.window).await?;
     let admissions_per_minute = (count() - before) as f64 * 60.0 / args.window.as_secs_f64();
 
     let agent_rss = fleet
@@ -367,6 +447,8 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
     Ok(Figures {
         steady: Cost::median(&steady),
         rollout: Cost::median(&rollout),
+        server_steady,
+        server_rollout,
         rollout_max_events,
         admissions_per_minute,
         agent_rss_mib: median_f64(agent_rss),
@@ -430,18 +512,21 @@ async fn start_fleet(args: &Args) -> anyhow::Result<Fleet> {
     })
 }
 
-/// Every agent's cost over `window` (per minute), the most events any one received per
-/// minute, and the coordinator's CPU in millicores meanwhile.
+/// Every agent's cost over `window` (per minute), the API server's, the most events any one
+/// agent received per minute, and the coordinator's CPU in millicores meanwhile.
 async fn measure(
-    agents: &[Daemon],
+    fleet: &Fleet,
     coordinator: u32,
     window: Duration,
-) -> anyhow::Result<(Vec<Cost>, f64, f64)> {
+) -> anyhow::Result<(Vec<Cost>, ServerCost, f64, f64)> {
+    let agents = &fleet.agents;
+    let server_before = server_metrics(&fleet.env).await?;
     let before = snapshot(agents).await?;
     let ticks = footprint(coordinator)?.2;
     let started = Instant::now();
     tokio::time::sleep(window).await;
     let after = snapshot(agents).await?;
+    let server_after = server_metrics(&fleet.env).await?;
     let elapsed = started.elapsed();
     let used = (footprint(coordinator)?.2 - ticks) as f64 / CLK_TCK;
     let costs: Vec<Cost> = before
@@ -450,7 +535,23 @@ async fn measure(
         .map(|(b, a)| Cost::between(b, a, elapsed))
         .collect();
     let max_events = costs.iter().map(Cost::events_total).fold(0.0, f64::max);
-    Ok((costs, max_events, used * 1000.0 / elapsed.as_secs_f64()))
+    Ok((
+        costs,
+        ServerCost::between(&server_before, &server_after, elapsed),
+        max_events,
+        used * 1000.0 / elapsed.as_secs_f64(),
+    ))
+}
+
+/// The API server's own metrics.
+async fn server_metrics(env: &TestEnv) -> anyhow::Result<BTreeMap<String, f64>> {
+    let request = hyper::Request::get("/metrics").body(Vec::new())?;
+    let text = env
+        .client
+        .request_text(request)
+        .await
+        .context("reading the API server's /metrics")?;
+    Ok(samples(&text))
 }
 
 async fn snapshot(agents: &[Daemon]) -> anyhow::Result<Vec<BTreeMap<String, f64>>> {
