@@ -113,10 +113,8 @@ impl Cost {
         after: &BTreeMap<String, f64>,
         over: Duration,
     ) -> Self {
-        let per_minute = 60.0 / over.as_secs_f64();
         let mut cost = Cost::default();
-        for (series, value) in after {
-            let delta = (value - before.get(series).copied().unwrap_or(0.0)) * per_minute;
+        for (series, delta) in per_minute(before, after, over) {
             let into = if series.starts_with("nodeward_watch_events_total{") {
                 label(series, "resource").map(|r| (&mut cost.events, r))
             } else if series.starts_with("nodeward_watch_bookmarks_total{") {
@@ -219,6 +217,21 @@ impl Cost {
     }
 }
 
+/// Each series' growth between two snapshots of a `/metrics`, per minute of `over`.
+fn per_minute<'a>(
+    before: &'a BTreeMap<String, f64>,
+    after: &'a BTreeMap<String, f64>,
+    over: Duration,
+) -> impl Iterator<Item = (&'a String, f64)> {
+    let scale = 60.0 / over.as_secs_f64();
+    after.iter().map(move |(series, value)| {
+        (
+            series,
+            (value - before.get(series).copied().unwrap_or(0.0)) * scale,
+        )
+    })
+}
+
 /// What the API server sent and took over a phase, per minute, for the whole cluster.
 #[derive(Clone, Debug, Default)]
 struct ServerCost {
@@ -236,10 +249,8 @@ impl ServerCost {
         after: &BTreeMap<String, f64>,
         over: Duration,
     ) -> Self {
-        let per_minute = 60.0 / over.as_secs_f64();
         let mut cost = ServerCost::default();
-        for (series, value) in after {
-            let delta = (value - before.get(series).copied().unwrap_or(0.0)) * per_minute;
+        for (series, delta) in per_minute(before, after, over) {
             let into = if series.starts_with("apiserver_watch_events_total{") {
                 Some(&mut cost.events)
             } else if series.starts_with("apiserver_watch_events_sizes_sum{") {
