@@ -84,9 +84,11 @@ fn spawn_daemon(dir: &std::path::Path, address: &str) -> anyhow::Result<Child> {
         .spawn()
         .context("starting dbus-daemon (Debian package dbus)")?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !socket.exists() {
+    // The socket file appears when dbus-daemon binds it, a moment before it listens (a
+    // connection then is refused): ready once a connection is accepted.
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         if Instant::now() > deadline {
-            bail!("dbus-daemon did not create {} in time", socket.display());
+            bail!("dbus-daemon did not listen on {} in time", socket.display());
         }
         std::thread::sleep(Duration::from_millis(20));
     }
