@@ -21,6 +21,29 @@ pub fn cut(text: &str, max: usize) -> String {
     cut
 }
 
+/// What a remote peer answered (an error page, a reply body), fit to quote in a status or an
+/// Event: decoded leniently, every control character (line breaks, escape sequences, NUL)
+/// shown as one space, runs of white space as one, cut to `max` characters.
+pub fn excerpt(body: &[u8], max: usize) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::with_capacity(text.len().min(max * 4));
+    for c in text.chars() {
+        let c = if c.is_control() || c.is_whitespace() {
+            ' '
+        } else {
+            c
+        };
+        if c == ' ' && (out.is_empty() || out.ends_with(' ')) {
+            continue;
+        }
+        out.push(c);
+        if out.len() > max * 4 {
+            break;
+        }
+    }
+    cut(out.trim_end(), max)
+}
+
 /// Requirements in one label selector; keys in its `matchLabels`.
 pub const SELECTOR_TERMS: usize = 32;
 /// Values of one `In`/`NotIn` requirement.
@@ -109,6 +132,17 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_excerpt_shows_no_control_characters() {
+        assert_eq!(
+            excerpt(b"  <html>\r\n<body>\x1b[31mred\x00</body>\n", 100),
+            "<html> <body> [31mred </body>"
+        );
+        assert_eq!(excerpt(&[0xff, b'o', b'k'], 10), "\u{fffd}ok");
+        assert_eq!(excerpt(b"abcdef", 4), "abc\u{2026}");
+        assert_eq!(excerpt(b"\n\t ", 10), "");
+    }
 
     #[test]
     fn text_is_cut_on_characters() {

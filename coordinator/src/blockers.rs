@@ -226,6 +226,7 @@ impl Lookups {
             .retain(|_, (at, _)| now.duration_since(*at) < PROMETHEUS_TTL);
         self.pods
             .retain(|_, (at, _)| now.duration_since(*at) < PODS_TTL);
+        self.fetch_alerts(lookups).await;
         let mut blocked = BTreeMap::new();
         for lookup in lookups {
             if blocked.contains_key(&lookup.node) {
@@ -236,6 +237,26 @@ impl Lookups {
             }
         }
         blocked
+    }
+
+    /// Asks every Prometheus the lookups name and the cache does not hold, all at once: a slow
+    /// or unreachable one costs the round at most one `LOOKUP_TIMEOUT`, however many there are.
+    async fn fetch_alerts(&mut self, lookups: &[Lookup]) {
+        let urls: BTreeSet<&str> = lookups
+            .iter()
+            .filter_map(|l| l.blockers.prometheus.as_ref())
+            .map(|p| p.url.as_str())
+            .filter(|url| !self.prometheus.contains_key(*url))
+            .collect();
+        let answers = futures::future::join_all(
+            urls.iter()
+                .map(|url| async move { (url.to_string(), fetch_alerts(url).await) }),
+        )
+        .await;
+        let now = Instant::now();
+        for (url, alerts) in answers {
+            self.prometheus.insert(url, (now, alerts));
+        }
     }
 
     async fn why_blocked(&mut self, lookup: &Lookup) -> Option<String> {
@@ -375,7 +396,7 @@ async fn fetch_alerts(base: &str) -> Result<Vec<Alert>, String> {
         return Err(format!(
             "GET {url} answered {}: {}",
             reply.status,
-            String::from_utf8_lossy(&reply.body[..reply.body.len().min(200)])
+            nodeward_api::bounds::excerpt(&reply.body, 200)
         ));
     }
     parse_alerts(&reply.body).map_err(|e| format!("GET {url}: {e}"))
@@ -414,6 +435,58 @@ mod tests {
         {"labels":{"alertname":"Watchdog"},"state":"firing"},
         {"labels":{"alertname":"DiskFilling"},"state":"pending"}
     ]}}"#;
+
+    /// Two policies' Prometheus servers that accept and never answer: both are asked at once
+    /// (the second connection arrives while the first is still held open), so a round waits
+    /// for one lookup deadline, not one per server; both answers are errors naming the URL.
+    #[tokio::test]
+    async fn every_prometheus_is_asked_at_once() {
+        let stalled = || async {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let url = format!("http://{}", listener.local_addr().expect("address"));
+            (listener, url)
+        };
+        let (first, first_url) = stalled().await;
+        let (second, second_url) = stalled().await;
+        let lookup = |node: &str, url: &str| Lookup {
+            node: node.into(),
+            policy: format!("policy-{node}"),
+            blockers: RebootBlockers {
+                prometheus: Some(PrometheusBlocker {
+                    url: url.into(),
+                    alert_filter: None,
+                    ignore_alerts: None,
+                    firing_only: true,
+                }),
+                ..RebootBlockers::default()
+            },
+        };
+        let client = Client::try_from(kube::Config::new(
+            "http://127.0.0.1:9".parse().expect("url"),
+        ))
+        .expect("client");
+        let mut lookups = Lookups::new(client);
+        let asked = [lookup("a", &first_url), lookup("b", &second_url)];
+        let round = tokio::spawn(async move { lookups.blocked(&asked).await });
+        let (held, _) = first.accept().await.expect("the first is asked");
+        let (_, _) = second.accept().await.expect("the second is asked");
+        // What the first connection holds: its request, then nothing yet (open), or its end.
+        let mut request = [0u8; 4096];
+        loop {
+            match held.try_read(&mut request) {
+                Ok(0) => panic!("the first lookup was given up before the second began"),
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("reading the first lookup's request: {e}"),
+            }
+        }
+        let blocked = round.await.expect("the round");
+        assert!(blocked["a"].contains(&first_url), "{blocked:?}");
+        assert!(blocked["b"].contains(&second_url), "{blocked:?}");
+        assert!(blocked["a"].contains("timed out"), "{blocked:?}");
+    }
 
     #[test]
     fn alerts_are_filtered_by_name_and_state() {

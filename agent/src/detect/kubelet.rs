@@ -156,7 +156,7 @@ pub async fn observe(config: &KubeletConfig, history: &Arc<Mutex<RestartHistory>
             "{} answered {}: {}",
             config.healthz_url,
             reply.status,
-            nodeward_api::bounds::cut(String::from_utf8_lossy(&reply.body).trim(), 80)
+            nodeward_api::bounds::excerpt(&reply.body, 80)
         )),
         Err(e) => Err(e.to_string()),
     };
