@@ -12,6 +12,7 @@ use nodeward_agent::{
     },
     liveness::Liveness,
     metrics::Metrics,
+    policies::Follow,
     report::{Identity, Reporter},
     runner,
     server::{self, Readiness},
@@ -265,10 +266,12 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
             std::time::Duration::from_secs(10),
         ));
     }
+    let (own_node, own_node_writer) = kube::runtime::reflector::store();
     let cluster = ClusterContext {
         client: client.clone(),
         node_name: node_name.clone(),
         started: std::time::Instant::now(),
+        own_node,
     };
     tasks.spawn(
         Liveness {
@@ -293,7 +296,14 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter =
         Reporter::new(client.clone(), identity, metrics, readiness).with_sightings(sightings);
-    let pauses = maintain(&config, &client, &running, &snapshots, &mut tasks);
+    let pauses = maintain(
+        &config,
+        &client,
+        &running,
+        &snapshots,
+        own_node_writer,
+        &mut tasks,
+    );
     tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let signal = nodeward_runtime::stop_signal().await?;
@@ -382,6 +392,7 @@ fn maintain(
     client: &kube::Client,
     running: &Running,
     snapshots: &watch::Receiver<runner::Snapshot>,
+    own_node: kube::runtime::reflector::store::Writer<k8s_openapi::api::core::v1::Node>,
     tasks: &mut JoinSet<()>,
 ) -> watch::Receiver<Vec<PauseAcknowledgement>> {
     let node_name = running.node_name.as_str();
@@ -430,15 +441,16 @@ fn maintain(
     );
     let (pauses_tx, pauses) = watch::channel(Vec::new());
     let (auto_reboot_tx, auto_reboot) = watch::channel(auto_reboot_flag);
-    tasks.spawn(nodeward_agent::policies::follow(
-        client.clone(),
-        running.namespace.clone(),
-        node_name.to_owned(),
-        policy_writer,
-        pauses_tx,
-        auto_reboot_tx,
-        auto_reboot_flag,
-    ));
+    tasks.spawn(nodeward_agent::policies::follow(Follow {
+        client: client.clone(),
+        namespace: running.namespace.clone(),
+        node_name: node_name.to_owned(),
+        policies: policy_writer,
+        node: own_node,
+        pauses: pauses_tx,
+        auto_reboots: auto_reboot_tx,
+        forced_auto_reboot: auto_reboot_flag,
+    }));
     tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
         client.clone(),
         node_name.to_owned(),

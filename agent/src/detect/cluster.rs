@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use kube::{Api, runtime::reflector};
 use nodeward_api::conditions::node::{KUBELET_UNREGISTERED, NETWORK_PROBLEM};
 
 use super::{Finding, Status};
@@ -21,6 +21,11 @@ pub struct ClusterContext {
     pub node_name: String,
     /// When the agent started: the registration timeout counts from here.
     pub started: Instant,
+    /// This node's Node as the agent's own watch of it holds it (see
+    /// [`crate::policies::follow`]): the registration check reads it from there and asks the
+    /// API server only while it is missing, so a registered node costs no periodic GET of
+    /// its Node (a whole Node object, tens of KiB with its image list, every detector round).
+    pub own_node: reflector::Store<Node>,
 }
 
 impl std::fmt::Debug for ClusterContext {
@@ -73,6 +78,13 @@ pub async fn observe_registration(cluster: Option<&ClusterContext>, timeout: Dur
     let Some(cluster) = cluster else {
         return skipped(REGISTRATION_DETECTOR, KUBELET_UNREGISTERED);
     };
+    if cluster
+        .own_node
+        .get(&reflector::ObjectRef::new(&cluster.node_name))
+        .is_some()
+    {
+        return evaluate_registration(&cluster.node_name, &Registration::Registered);
+    }
     let seen = match Api::<Node>::all(cluster.client.clone())
         .get_opt(&cluster.node_name)
         .await
@@ -167,5 +179,35 @@ mod tests {
         );
         let registration = observe_registration(None, Duration::from_secs(1)).await;
         assert_eq!(registration.status, Status::Skipped);
+    }
+
+    /// A registered node is read from the agent's own watch of it: the check succeeds with
+    /// an API server that answers nothing, and asks the API server only while the watch
+    /// has not delivered the Node.
+    #[tokio::test]
+    async fn a_watched_node_needs_no_request() {
+        // Nothing listens on port 1: any request fails at once.
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("a valid URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let (own_node, mut writer) = reflector::store::<Node>();
+        let cluster = ClusterContext {
+            client,
+            node_name: "n1".into(),
+            started: Instant::now(),
+            own_node,
+        };
+        let timeout = Duration::from_secs(600);
+        let before = observe_registration(Some(&cluster), timeout).await;
+        assert_eq!(
+            before.status,
+            Status::Unknown,
+            "asked the API server: {before:?}"
+        );
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(node));
+        observe_registration(Some(&cluster), timeout)
+            .await
+            .assert_is(Status::Ok, "NodeRegistered");
     }
 }

@@ -79,21 +79,36 @@ pub fn auto_reboot(
         .any(|p| p.selects(labels).unwrap_or(false))
 }
 
-/// Follows the policies as the coordinator publishes them for agents (into the store `writer`
-/// fills; its readers answer [`effective()`]) and this node's labels, publishing the pauses
-/// that apply and whether auto-reboot is on (or `forced_auto_reboot`, the agent's flag)
-/// whenever they change. The agent never watches the DisruptionPolicies themselves: their
-/// status changes with every admission anywhere in the cluster. Runs until the task is
-/// dropped.
-pub async fn follow(
-    client: Client,
-    namespace: String,
-    node_name: String,
-    mut writer: reflector::store::Writer<DisruptionPolicy>,
-    pauses: watch::Sender<Vec<PauseAcknowledgement>>,
-    auto_reboots: watch::Sender<bool>,
-    forced_auto_reboot: bool,
-) {
+/// What [`follow`] reads and where it publishes.
+pub struct Follow {
+    pub client: Client,
+    pub namespace: String,
+    pub node_name: String,
+    /// The store the published policies go into (its readers answer [`effective()`]).
+    pub policies: reflector::store::Writer<DisruptionPolicy>,
+    /// The store this node's Node goes into (the registration check reads it too).
+    pub node: reflector::store::Writer<Node>,
+    pub pauses: watch::Sender<Vec<PauseAcknowledgement>>,
+    pub auto_reboots: watch::Sender<bool>,
+    /// The agent's `--auto-reboot` flag: auto-reboot on whatever the policies say.
+    pub forced_auto_reboot: bool,
+}
+
+/// Follows the policies as the coordinator publishes them for agents and this node's labels,
+/// publishing the pauses that apply and whether auto-reboot is on whenever they change. The
+/// agent never watches the DisruptionPolicies themselves: their status changes with every
+/// admission anywhere in the cluster. Runs until the task is dropped.
+pub async fn follow(follow: Follow) {
+    let Follow {
+        client,
+        namespace,
+        node_name,
+        policies: mut writer,
+        node: node_writer,
+        pauses,
+        auto_reboots,
+        forced_auto_reboot,
+    } = follow;
     let changed = Arc::new(Notify::new());
     let policies = writer.as_reader();
     let published = watcher(
@@ -101,7 +116,7 @@ pub async fn follow(
         watcher::Config::default().fields(&format!("metadata.name={POLICIES_CONFIGMAP}")),
     )
     .default_backoff();
-    let (nodes, node_writer) = reflector::store::<Node>();
+    let nodes = node_writer.as_reader();
     let node_events = reflector(
         node_writer,
         watcher(
