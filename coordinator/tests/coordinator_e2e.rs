@@ -1565,8 +1565,11 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     let coordinator = start(&env, "c1", &[])?;
     coordinator.wait_ready(TIMEOUT).await?;
 
-    // n0 dies: nothing runs it any more (kwok lets it go), it has been NotReady for ten
-    // minutes, its agent silent as long, and its peers' probes of it go unanswered.
+    // n0 dies: its peers' probes of it go unanswered (reported first: a coordinator that
+    // saw n0 dead before any agent probed peers would rightly act without asking them),
+    // nothing runs it any more (kwok lets it go), it has been NotReady for ten minutes, and
+    // its agent silent as long.
+    report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
     env.nodes()
         .patch(
             &n0,
@@ -1577,7 +1580,6 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
     set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
     silence_agent(&env, &n0, Duration::from_secs(900)).await?;
-    report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
 
     let tainted = wait::until(
         &env.nodes(),
