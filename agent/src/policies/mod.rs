@@ -10,7 +10,7 @@
 
 mod effective;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
@@ -27,22 +27,54 @@ use tokio::sync::{Notify, watch};
 
 pub use effective::{Effective, HealthGate};
 
+/// How long an agent waits to receive a policy that admitted a maintenance. The coordinator
+/// publishes a new policy for the agents a moment after it exists, and may admit under it
+/// before an agent has it.
+pub const PUBLICATION_WAIT: Duration = Duration::from_secs(15);
+
 /// What applies to `m` under the policies in `store`; waits for the store's first list, so
 /// that an agent just started does not mistake "not seen yet" for "no policy".
 pub async fn effective(
     m: &NodeMaintenance,
     store: &reflector::Store<DisruptionPolicy>,
 ) -> Effective {
+    effective_within(m, store, PUBLICATION_WAIT).await
+}
+
+/// [`effective`], waiting up to `wait` for every policy that admitted `m`. One still missing
+/// then (deleted since, or too large to publish) is decided without, but it may have
+/// forbidden forcing the drain, so the drain is not forced.
+async fn effective_within(
+    m: &NodeMaintenance,
+    store: &reflector::Store<DisruptionPolicy>,
+    wait: Duration,
+) -> Effective {
     // The writer lives as long as the agent's watch task; once it is gone, the store is what
     // it last was.
     let _ = store.wait_until_ready().await;
-    let policies: Vec<Arc<DisruptionPolicy>> = m
-        .admitted_policies()
+    let admitted = m.admitted_policies();
+    let missing = || -> Vec<&String> {
+        admitted
+            .iter()
+            .filter(|name| store.get(&reflector::ObjectRef::new(name)).is_none())
+            .collect()
+    };
+    let give_up = tokio::time::Instant::now() + wait;
+    while !missing().is_empty() && tokio::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let policies: Vec<Arc<DisruptionPolicy>> = admitted
         .iter()
         .filter_map(|name| store.get(&reflector::ObjectRef::new(name)))
         .collect();
     let policies: Vec<&DisruptionPolicy> = policies.iter().map(|p| p.as_ref()).collect();
-    Effective::of(m, &policies)
+    let mut effective = Effective::of(m, &policies);
+    let missing = missing();
+    if !missing.is_empty() {
+        tracing::warn!(maintenance = %m.name_any(), policies = ?missing, "policies that admitted this maintenance are not published to the agents (deleted since, or not yet): deciding without them and never forcing the drain");
+        effective.force_on_timeout = false;
+    }
+    effective
 }
 
 /// The acknowledgements for `policies` as seen from a node with `labels`, sorted by policy.
@@ -282,5 +314,67 @@ mod tests {
             &labels
         ));
         assert!(!auto_reboot(&[policy("off", false, json!({}))], &labels));
+    }
+
+    fn forcing(name: &str) -> DisruptionPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+            "metadata": {"name": name},
+            "spec": {"onDrainTimeout": "Force", "drainTimeout": "1m"},
+        }))
+        .expect("policy")
+    }
+
+    fn admitted_by(policies: &[&str]) -> NodeMaintenance {
+        serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": "m"},
+            "spec": {"nodeName": "n1", "reason": "Reboot", "action": "Reboot"},
+            "status": {"phase": "Admitted", "admission": {"policies": policies,
+                "admittedAt": "2026-01-01T00:00:00Z", "admittedBy": "c1"}},
+        }))
+        .expect("maintenance")
+    }
+
+    fn store_of(
+        policies: Vec<DisruptionPolicy>,
+    ) -> (
+        reflector::Store<DisruptionPolicy>,
+        reflector::store::Writer<DisruptionPolicy>,
+    ) {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for p in policies {
+            writer.apply_watcher_event(&watcher::Event::InitApply(p));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        (store, writer)
+    }
+
+    /// A policy that admitted the maintenance but has not reached the agent yet may forbid
+    /// forcing: the agent waits for it, and without it never forces.
+    #[tokio::test]
+    async fn a_policy_not_yet_published_is_waited_for_and_never_lets_a_drain_be_forced() {
+        let m = admitted_by(&["a-forces", "b-later"]);
+        let (store, _writer) = store_of(vec![forcing("a-forces")]);
+        let without = effective_within(&m, &store, Duration::from_millis(300)).await;
+        assert!(!without.force_on_timeout, "forced without b-later's say");
+
+        let (store, mut writer) = store_of(vec![forcing("a-forces")]);
+        let arriving = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let mut vetoing = forcing("b-later");
+            vetoing.spec.on_drain_timeout = nodeward_api::policy::DrainTimeoutAction::Fail;
+            writer.apply_watcher_event(&watcher::Event::Apply(vetoing));
+            writer
+        });
+        let with = effective_within(&m, &store, Duration::from_secs(10)).await;
+        assert!(!with.force_on_timeout, "b-later's veto waited for");
+        assert_eq!(with.drain_timeout, Some(Duration::from_secs(60)));
+        drop(arriving.await);
+
+        let (store, _writer) = store_of(vec![forcing("a-forces"), forcing("b-later")]);
+        let both = effective_within(&m, &store, Duration::from_secs(10)).await;
+        assert!(both.force_on_timeout, "every policy forces");
     }
 }
