@@ -1,6 +1,8 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector;
 use nodeward_agent::{
     Error, check,
     config::{Config, Overrides},
@@ -266,7 +268,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
             std::time::Duration::from_secs(10),
         ));
     }
-    let (own_node, own_node_writer) = kube::runtime::reflector::store();
+    let (own_node, own_node_writer) = reflector::store();
     let cluster = ClusterContext {
         client: client.clone(),
         node_name: node_name.clone(),
@@ -392,7 +394,7 @@ fn maintain(
     client: &kube::Client,
     running: &Running,
     snapshots: &watch::Receiver<runner::Snapshot>,
-    own_node: kube::runtime::reflector::store::Writer<k8s_openapi::api::core::v1::Node>,
+    own_node: reflector::store::Writer<Node>,
     tasks: &mut JoinSet<()>,
 ) -> watch::Receiver<Vec<PauseAcknowledgement>> {
     let node_name = running.node_name.as_str();
@@ -421,7 +423,7 @@ fn maintain(
         };
         tasks.spawn(shutdown_guard.run());
     }
-    let (policies, policy_writer) = kube::runtime::reflector::store();
+    let (policies, policy_writer) = reflector::store();
     let (notifier, delivery) = nodeward_agent::notify::Notifier::new(&config.notifications);
     if let Some(delivery) = delivery {
         tasks.spawn(delivery);

@@ -308,6 +308,7 @@ impl Executor {
         store: &reflector::Store<NodeMaintenance>,
         applied: &Applied,
     ) -> Result<(), crate::Error> {
+        policies::wait_for_admitting(m, &self.policies).await;
         let effective = policies::effective(m, &self.policies).await;
         let started = m
             .status

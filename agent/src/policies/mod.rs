@@ -30,51 +30,66 @@ pub use effective::{Effective, HealthGate};
 /// How long an agent waits to receive a policy that admitted a maintenance. The coordinator
 /// publishes a new policy for the agents a moment after it exists, and may admit under it
 /// before an agent has it.
-pub const PUBLICATION_WAIT: Duration = Duration::from_secs(15);
+const PUBLICATION_WAIT: Duration = Duration::from_secs(15);
 
 /// What applies to `m` under the policies in `store`; waits for the store's first list, so
-/// that an agent just started does not mistake "not seen yet" for "no policy".
+/// that an agent just started does not mistake "not seen yet" for "no policy". A policy that
+/// admitted `m` and is not in the store (deleted since, not yet published, or too large to
+/// publish) may have forbidden forcing the drain, so the drain is not forced.
 pub async fn effective(
     m: &NodeMaintenance,
     store: &reflector::Store<DisruptionPolicy>,
 ) -> Effective {
-    effective_within(m, store, PUBLICATION_WAIT).await
-}
-
-/// [`effective`], waiting up to `wait` for every policy that admitted `m`. One still missing
-/// then (deleted since, or too large to publish) is decided without, but it may have
-/// forbidden forcing the drain, so the drain is not forced.
-async fn effective_within(
-    m: &NodeMaintenance,
-    store: &reflector::Store<DisruptionPolicy>,
-    wait: Duration,
-) -> Effective {
     // The writer lives as long as the agent's watch task; once it is gone, the store is what
     // it last was.
     let _ = store.wait_until_ready().await;
-    let admitted = m.admitted_policies();
-    let missing = || -> Vec<&String> {
-        admitted
-            .iter()
-            .filter(|name| store.get(&reflector::ObjectRef::new(name)).is_none())
-            .collect()
-    };
-    let give_up = tokio::time::Instant::now() + wait;
-    while !missing().is_empty() && tokio::time::Instant::now() < give_up {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let policies: Vec<Arc<DisruptionPolicy>> = admitted
-        .iter()
-        .filter_map(|name| store.get(&reflector::ObjectRef::new(name)))
-        .collect();
+    let (policies, missing) = admitting(m, store);
     let policies: Vec<&DisruptionPolicy> = policies.iter().map(|p| p.as_ref()).collect();
     let mut effective = Effective::of(m, &policies);
-    let missing = missing();
-    if !missing.is_empty() {
-        tracing::warn!(maintenance = %m.name_any(), policies = ?missing, "policies that admitted this maintenance are not published to the agents (deleted since, or not yet): deciding without them and never forcing the drain");
-        effective.force_on_timeout = false;
-    }
+    effective.force_on_timeout &= missing.is_empty();
     effective
+}
+
+/// Waits up to [`PUBLICATION_WAIT`] for every policy that admitted `m` to reach the agent:
+/// before a drain, whose forcing needs the say of each of them.
+pub async fn wait_for_admitting(m: &NodeMaintenance, store: &reflector::Store<DisruptionPolicy>) {
+    wait_for_admitting_within(m, store, PUBLICATION_WAIT).await;
+}
+
+async fn wait_for_admitting_within(
+    m: &NodeMaintenance,
+    store: &reflector::Store<DisruptionPolicy>,
+    wait: Duration,
+) {
+    let _ = store.wait_until_ready().await;
+    let give_up = tokio::time::Instant::now() + wait;
+    loop {
+        let (_, missing) = admitting(m, store);
+        if missing.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= give_up {
+            tracing::warn!(maintenance = %m.name_any(), policies = ?missing, "policies that admitted this maintenance are not published to the agents (deleted since, or not yet): deciding without them and never forcing the drain");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The policies that admitted `m` that the store holds, and the names of those it does not.
+fn admitting(
+    m: &NodeMaintenance,
+    store: &reflector::Store<DisruptionPolicy>,
+) -> (Vec<Arc<DisruptionPolicy>>, Vec<String>) {
+    let mut found = Vec::new();
+    let mut missing = Vec::new();
+    for name in m.admitted_policies() {
+        match store.get(&reflector::ObjectRef::new(name)) {
+            Some(policy) => found.push(policy),
+            None => missing.push(name.clone()),
+        }
+    }
+    (found, missing)
 }
 
 /// The acknowledgements for `policies` as seen from a node with `labels`, sorted by policy.
@@ -357,24 +372,31 @@ mod tests {
     async fn a_policy_not_yet_published_is_waited_for_and_never_lets_a_drain_be_forced() {
         let m = admitted_by(&["a-forces", "b-later"]);
         let (store, _writer) = store_of(vec![forcing("a-forces")]);
-        let without = effective_within(&m, &store, Duration::from_millis(300)).await;
+        wait_for_admitting_within(&m, &store, Duration::from_millis(300)).await;
+        let without = effective(&m, &store).await;
         assert!(!without.force_on_timeout, "forced without b-later's say");
 
         let (store, mut writer) = store_of(vec![forcing("a-forces")]);
         let arriving = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let mut vetoing = forcing("b-later");
-            vetoing.spec.on_drain_timeout = nodeward_api::policy::DrainTimeoutAction::Fail;
+            // Vetoes forcing, and its longer timeout shows it was waited for.
+            let vetoing: DisruptionPolicy = serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                "metadata": {"name": "b-later"},
+                "spec": {"onDrainTimeout": "Fail", "drainTimeout": "2m"},
+            }))
+            .expect("policy");
             writer.apply_watcher_event(&watcher::Event::Apply(vetoing));
             writer
         });
-        let with = effective_within(&m, &store, Duration::from_secs(10)).await;
+        wait_for_admitting_within(&m, &store, Duration::from_secs(10)).await;
+        let with = effective(&m, &store).await;
         assert!(!with.force_on_timeout, "b-later's veto waited for");
-        assert_eq!(with.drain_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(with.drain_timeout, Some(Duration::from_secs(120)));
         drop(arriving.await);
 
         let (store, _writer) = store_of(vec![forcing("a-forces"), forcing("b-later")]);
-        let both = effective_within(&m, &store, Duration::from_secs(10)).await;
+        let both = effective(&m, &store).await;
         assert!(both.force_on_timeout, "every policy forces");
     }
 }
