@@ -61,6 +61,12 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
     })
 }
 
+/// A policy's `workloadGate` for tests whose drain is to meet a PodDisruptionBudget that
+/// allows nothing (admission would otherwise wait for it).
+fn no_look_ahead() -> serde_json::Value {
+    json!({"checkDisruptionBudgets": false})
+}
+
 /// A policy over this test's nodes, `maxConcurrent: 1`, with the `extra` spec fields.
 async fn policy(env: &TestEnv, extra: serde_json::Value) -> anyhow::Result<String> {
     let mut spec = json!({"maxConcurrent": 1});
@@ -266,7 +272,8 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     env.guarded_pod("guarded", &node).await?;
-    policy(&env, json!({})).await?;
+    // The drain is to meet the PDB: admission does not look ahead at it.
+    policy(&env, json!({"workloadGate": no_look_ahead()})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -311,6 +318,104 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
 }
 
 #[tokio::test]
+async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordoned_until_it_does()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-workload").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let guarded = env.guarded_pod("guarded", &node).await?;
+    let policy = policy(&env, json!({})).await?;
+    let cluster = start(&env, &node, "").await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+
+    let name = drain_only(&env, &node).await?;
+    let m = wait::until(
+        &maintenances,
+        &name,
+        "Admitted=False WorkloadNotReady",
+        TIMEOUT,
+        |m| {
+            m.and_then(|m| m.status.as_ref()).is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Admitted" && c.status == "False" && c.reason == "WorkloadNotReady"
+                })
+            })
+        },
+    )
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    let status = m.status.clone().context("status")?;
+    let denied = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Admitted")
+        .context("Admitted")?;
+    assert!(
+        denied.message.contains(&format!(
+            "PodDisruptionBudget {}/guarded of ReplicaSet {}/guarded allows no disruption now",
+            env.namespace, env.namespace
+        )) && denied.message.contains(&guarded.name_any()),
+        "names the budget, its workload and the pod: {}",
+        denied.message
+    );
+    // Denied round after round (the coordinator decides every second): for 5 s it stays
+    // Pending, the node is never cordoned or tainted and no slot is taken.
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(5) {
+        assert_eq!(
+            maintenances.get(&name).await?.phase(),
+            MaintenancePhase::Pending
+        );
+        assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
+        let slots = policies.get(&policy).await?.status.map(|s| s.slots.len());
+        assert!(slots.unwrap_or(0) == 0, "no slot taken");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The budget allows a disruption again: admitted, and the drain evicts the pod.
+    Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+        env.client.clone(),
+        &env.namespace,
+    )
+    .patch(
+        "guarded",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"minAvailable": 0}})),
+    )
+    .await?;
+    let m = wait::until(&maintenances, &name, "Acting (drained)", TIMEOUT, |m| {
+        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    assert!(
+        m.status.as_ref().is_some_and(|s| s
+            .history
+            .iter()
+            .any(|h| h.phase == MaintenancePhase::Admitted)),
+        "admitted once the budget allowed it"
+    );
+    assert!(
+        env.pods()
+            .get_opt(&guarded.name_any())
+            .await?
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        "the pod was evicted"
+    );
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await?;
+    drop(cluster);
+    env.cleanup().await
+}
+
+#[tokio::test]
 async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_policy_forces()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
@@ -318,7 +423,11 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     let guarded = env.guarded_pod("guarded", &node).await?;
-    let policy = policy(&env, json!({"drainTimeout": "3s"})).await?;
+    let policy = policy(
+        &env,
+        json!({"drainTimeout": "3s", "workloadGate": no_look_ahead()}),
+    )
+    .await?;
     let cluster = start(&env, &node, "").await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
 
@@ -364,7 +473,8 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     let careful = env
         .create_policy(
             "careful",
-            json!({"maxConcurrent": 1, "drainTimeout": "3s", "onDrainTimeout": "Fail"}),
+            json!({"maxConcurrent": 1, "drainTimeout": "3s", "onDrainTimeout": "Fail",
+                   "workloadGate": no_look_ahead()}),
         )
         .await?;
     let vetoed = named_drain_only(&env, &node, &format!("{node}-vetoed")).await?;

@@ -107,6 +107,9 @@ pub mod denial {
     pub const BLOCKED: &str = "Blocked";
     /// The node's agent has not written its heartbeat within `deadlines.agentHeartbeat`.
     pub const AGENT_UNAVAILABLE: &str = "AgentUnavailable";
+    /// A PodDisruptionBudget covering a pod on the node allows no disruption now
+    /// (`workloadGate.checkDisruptionBudgets`).
+    pub const WORKLOAD_NOT_READY: &str = "WorkloadNotReady";
 }
 
 #[cfg(test)]

@@ -94,6 +94,31 @@ pub struct DisruptionPolicySpec {
     /// How long the coordinator waits on a node's agent before it acts without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadlines: Option<Deadlines>,
+    /// What admission checks of the workloads on a node before disrupting it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_gate: Option<WorkloadGate>,
+}
+
+impl DisruptionPolicySpec {
+    /// Whether admission looks at the PodDisruptionBudgets of a node's pods first (on unless
+    /// `workloadGate.checkDisruptionBudgets` is false).
+    pub fn checks_disruption_budgets(&self) -> bool {
+        self.workload_gate
+            .as_ref()
+            .is_none_or(|g| g.check_disruption_budgets)
+    }
+}
+
+/// Admission that looks ahead at the workloads on a node.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadGate {
+    /// Deny a node's maintenance (`WorkloadNotReady`, naming the budget and its workload)
+    /// while a PodDisruptionBudget covering one of its evictable, healthy pods allows no
+    /// disruption, instead of admitting it, cordoning the node and blocking in the drain.
+    /// Where several policies select a node, one that checks is enough.
+    #[serde(default = "default_true")]
+    pub check_disruption_budgets: bool,
 }
 
 impl DisruptionPolicy {

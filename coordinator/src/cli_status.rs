@@ -163,5 +163,6 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         reports: list(client).await?,
         leases: leases.items.into_iter().map(Arc::new).collect(),
         blockers: BTreeMap::new(),
+        workloads: BTreeMap::new(),
     })
 }

@@ -19,6 +19,7 @@ pub mod pause;
 pub mod publish;
 pub mod round;
 pub mod webhook;
+pub mod workloads;
 
 /// Everything that can go wrong in the coordinator, with what was being done.
 #[derive(Debug, thiserror::Error)]

@@ -267,10 +267,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
         if left_in_stage.is_empty() {
             continue;
         }
-        let names: Vec<String> = left_in_stage
-            .iter()
-            .map(|p| key(&p.namespace, &p.name))
-            .collect();
+        let names = why_left(&left_in_stage, &progress);
         match stage.stage.on_timeout {
             OnTimeout::Fail => {
                 tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; failing the drain");
@@ -307,7 +304,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
                     &mut report,
                 )
                 .await?;
-                carried_over.extend(still.iter().map(|p| key(&p.namespace, &p.name)));
+                carried_over.extend(why_left(&still, &progress));
             }
         }
     }
@@ -318,6 +315,34 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
             remaining: carried_over,
         })
     }
+}
+
+/// The pods a stage left, as `namespace/name` with why each is still there: its eviction
+/// refused (and by what), or asked for and the pod not yet gone.
+fn why_left(left: &[PodInfo], progress: &Progress) -> Vec<String> {
+    left.iter()
+        .map(|p| {
+            let id = key(&p.namespace, &p.name);
+            let refused = progress
+                .blocking
+                .iter()
+                .find(|b| b.namespace == p.namespace && b.name == p.name);
+            match refused {
+                Some(b) => format!(
+                    "{id} (eviction refused: {}{})",
+                    b.reason,
+                    b.message
+                        .as_ref()
+                        .map(|m| format!(", {m}"))
+                        .unwrap_or_default()
+                ),
+                None if progress.evicted.contains(&id) || p.terminating => {
+                    format!("{id} (asked to go, still terminating)")
+                }
+                None => id,
+            }
+        })
+        .collect()
 }
 
 /// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply); their names.
@@ -458,5 +483,53 @@ async fn wait_gone(
             return Ok(left);
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn left(name: &str, terminating: bool) -> PodInfo {
+        PodInfo {
+            namespace: "shop".into(),
+            name: name.into(),
+            pod_type: PodType::Default,
+            priority: 0,
+            labels: BTreeMap::new(),
+            namespace_labels: BTreeMap::new(),
+            terminating,
+            grace_period_seconds: None,
+            returns: false,
+        }
+    }
+
+    #[test]
+    fn a_pod_left_by_a_stage_says_why_it_is_still_there() {
+        let progress = Progress {
+            blocking: vec![BlockingPod {
+                namespace: "shop".into(),
+                name: "web-a".into(),
+                reason: "DisruptionBudget".into(),
+                message: Some("PodDisruptionBudget shop/web".into()),
+            }],
+            evicted: vec!["shop/web-b".into()],
+            ..Progress::default()
+        };
+        let pods = [
+            left("web-a", false),
+            left("web-b", false),
+            left("web-c", true),
+            left("web-d", false),
+        ];
+        assert_eq!(
+            why_left(&pods, &progress),
+            [
+                "shop/web-a (eviction refused: DisruptionBudget, PodDisruptionBudget shop/web)",
+                "shop/web-b (asked to go, still terminating)",
+                "shop/web-c (asked to go, still terminating)",
+                "shop/web-d",
+            ]
+        );
     }
 }

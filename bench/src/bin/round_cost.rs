@@ -127,8 +127,15 @@ fn main() {
         for _ in 0..args.runs {
             let mut fresh = standing.clone();
             let started = Instant::now();
-            let plan = round::admit_new(&mut fresh, &objects.policies, &new, &BTreeMap::new(), now)
-                .expect("the standing decides");
+            let plan = round::admit_new(
+                &mut fresh,
+                &objects.policies,
+                &new,
+                &BTreeMap::new(),
+                &BTreeMap::new(),
+                now,
+            )
+            .expect("the standing decides");
             admission.push(started.elapsed().as_secs_f64());
             assert_eq!(plan.admit.len(), 1, "the new maintenance is admitted");
         }

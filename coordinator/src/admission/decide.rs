@@ -2,8 +2,9 @@
 //! matches its node, (1) the disrupted nodes (admitted and unfinished, plus nodes NotReady for
 //! other reasons) stay under `maxConcurrent`, (2) a window is open and the policy is not
 //! paused, (3) for remediation, unhealthy nodes are within `maxUnhealthy`, (4) control-plane
-//! quorum holds, (5) no reboot blocker is active, and (6) the node's agent is alive to carry
-//! it out. Pending maintenances are taken oldest first, each admission counting against the
+//! quorum holds, (5) no reboot blocker is active, (6) the node's agent is alive to carry it
+//! out, and (7) no PodDisruptionBudget covering its pods allows no disruption (the workload
+//! gate, for maintenances its agent drains). Pending maintenances are taken oldest first, each admission counting against the
 //! next.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,6 +23,9 @@ pub struct NodeState {
     /// Why a disruption of this node is blocked right now (a blocking pod, a firing alert);
     /// does not hold back remediation.
     pub blocker: Option<String>,
+    /// Which PodDisruptionBudget allows no disruption of a pod on the node now (see
+    /// [`super::workload`]).
+    pub workload: Option<String>,
     /// Why no agent can carry a maintenance of this node out (a missing or stale heartbeat).
     pub agent_unavailable: Option<String>,
     /// Why the node is dead (NotReady, its agent silent, unreachable from its peers), if it is:
@@ -41,6 +45,8 @@ pub struct PolicyState {
     /// Whether one of its windows is open now (true when it has none).
     pub window_open: bool,
     pub allow_sole_control_plane: bool,
+    /// `workloadGate.checkDisruptionBudgets`.
+    pub checks_workloads: bool,
     /// Why the policy cannot be applied (an invalid selector, limit or window): nothing in
     /// its scope is admitted until it is fixed.
     pub invalid: Option<String>,
@@ -108,7 +114,7 @@ fn deny(reason: &'static str, message: String) -> Decision {
 
 /// Decides one pending maintenance against the current state: the first rule it breaks
 /// denies it, checked in this order: the node, its policies' state, blockers, the node's
-/// agent, control-plane quorum, `maxUnhealthy`, the budgets.
+/// agent, the workloads on it, control-plane quorum, `maxUnhealthy`, the budgets.
 pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     let Some(node) = cluster.nodes.get(&pending.node) else {
         return deny(
@@ -130,6 +136,7 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     let verdict = policies_allow(&policies)
         .and_then(|()| not_blocked(node, pending))
         .and_then(|()| agent_available(node, pending))
+        .and_then(|()| workloads_allow(node, pending, &policies))
         .and_then(|()| quorum_allows(cluster, node, pending, &policies))
         .and_then(|()| health_allows(cluster, pending, &policies))
         .and_then(|()| budgets_allow(cluster, pending, &policies));
@@ -174,6 +181,25 @@ fn policies_allow(policies: &[&PolicyState]) -> Result<(), Decision> {
         ));
     }
     Ok(())
+}
+
+/// No PodDisruptionBudget of a pod on the node allows no disruption, where a policy (or the
+/// default, when none selects the node) checks them and the node's agent would drain it:
+/// admitting it would cordon the node and then wait on the Eviction API's refusals.
+fn workloads_allow(
+    node: &NodeState,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
+    let checked = policies.is_empty() || policies.iter().any(|p| p.checks_workloads);
+    match node
+        .workload
+        .as_ref()
+        .filter(|_| checked && pending.needs_agent)
+    {
+        Some(why) => Err(deny(denial::WORKLOAD_NOT_READY, why.clone())),
+        None => Ok(()),
+    }
 }
 
 /// No blocker (an alert, a blocking pod) holds the node, unless it is being repaired.
@@ -337,6 +363,7 @@ mod tests {
             paused: false,
             window_open: true,
             allow_sole_control_plane: false,
+            checks_workloads: true,
             invalid: None,
             deadlines: nodeward_api::policy::Deadlines::resolve(None),
         }
@@ -471,6 +498,38 @@ mod tests {
             "Admit",
             "blockers do not hold back remediation"
         );
+    }
+
+    #[test]
+    fn a_node_a_disruption_budget_holds_back_waits_unless_every_policy_of_it_stops_checking() {
+        let mut c = cluster(2, 0);
+        let why = "PodDisruptionBudget shop/web of Deployment shop/web allows no disruption now";
+        node(&mut c, "w0").workload = Some(why.into());
+        let denied = decide(&c, &pending("w0"));
+        assert_eq!(reason(&denied), denial::WORKLOAD_NOT_READY);
+        assert!(
+            matches!(&denied, Decision::Deny { message, .. } if message == why),
+            "{denied:?}"
+        );
+        assert_eq!(reason(&decide(&c, &pending("w1"))), "Admit");
+        let coordinator_action = Pending {
+            needs_agent: false,
+            ..pending("w0")
+        };
+        assert_eq!(
+            reason(&decide(&c, &coordinator_action)),
+            "Admit",
+            "nothing is drained"
+        );
+        // One policy of several checking is enough; none selecting the node checks too.
+        let mut second = policy("second", c.policies[0].matched.clone(), 2);
+        second.checks_workloads = false;
+        c.policies.push(second);
+        assert_eq!(reason(&decide(&c, &pending("w0"))), "WorkloadNotReady");
+        c.policies[0].checks_workloads = false;
+        assert_eq!(reason(&decide(&c, &pending("w0"))), "Admit");
+        c.policies.clear();
+        assert_eq!(reason(&decide(&c, &pending("w0"))), "WorkloadNotReady");
     }
 
     #[test]

@@ -5,3 +5,4 @@
 pub mod budget;
 pub mod decide;
 pub mod window;
+pub mod workload;

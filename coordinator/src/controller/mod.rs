@@ -35,6 +35,7 @@ use crate::{
     blockers::{self, Lookups},
     metrics::{Metrics, RoundLabels},
     round::{self, Gone, Memory, Objects, Plan, Standing},
+    workloads,
 };
 
 /// The readiness gate the synced watches open: nothing is decided before.
@@ -50,6 +51,7 @@ pub struct Controller {
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
     blockers: Lookups,
+    budgets: workloads::Lookups,
     /// What the last full round left, while everything it decided was written.
     standing: Option<Standing>,
     /// When each maintenance first seen pending arrived, until it is admitted or denied.
@@ -66,6 +68,7 @@ impl Controller {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
             blockers: Lookups::new(client.clone()),
+            budgets: workloads::Lookups::new(client.clone()),
             writer: Writer {
                 client,
                 identity,
@@ -170,6 +173,7 @@ impl Controller {
         if !lookups.is_empty() {
             objects.blockers = self.blockers.blocked(&lookups).await;
         }
+        objects.workloads = self.held_by_budgets(&objects.maintenances).await;
         let started = Instant::now();
         let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
         if !self.decided("full", started, &plan, leader) {
@@ -280,12 +284,14 @@ impl Controller {
         } else {
             self.blockers.blocked(&lookups).await
         };
+        let held = self.held_by_budgets(&objects.maintenances).await;
         let started = Instant::now();
         let Some(plan) = round::admit_new(
             &mut standing,
             &objects.policies,
             &objects.maintenances,
             &blocked,
+            &held,
             Timestamp::now(),
         ) else {
             return false;
@@ -299,6 +305,40 @@ impl Controller {
         let fenced = self.deny_all(&objects, &plan.deny).await;
         self.release(&objects, &fenced).await;
         true
+    }
+
+    /// The nodes of pending `maintenances` that a PodDisruptionBudget holds back now, and why
+    /// (all of them when the budgets cannot be checked: nothing is admitted on a check that
+    /// could not be made). No lookup while nothing is pending.
+    async fn held_by_budgets(
+        &mut self,
+        maintenances: &[Arc<NodeMaintenance>],
+    ) -> BTreeMap<String, String> {
+        let pending: BTreeSet<&str> = maintenances
+            .iter()
+            .filter(|m| {
+                m.phase() == MaintenancePhase::Pending && m.metadata.deletion_timestamp.is_none()
+            })
+            .map(|m| m.spec.node_name.as_str())
+            .collect();
+        if pending.is_empty() {
+            return BTreeMap::new();
+        }
+        match self.budgets.held().await {
+            Ok(mut held) => {
+                held.retain(|node, _| pending.contains(node.as_str()));
+                held
+            }
+            Err(e) => pending
+                .into_iter()
+                .map(|node| {
+                    (
+                        node.to_owned(),
+                        format!("cannot check the PodDisruptionBudgets of its pods: {e}"),
+                    )
+                })
+                .collect(),
+        }
     }
 
     /// Writes the denials; returns the uids of the half-done admissions whose denial was

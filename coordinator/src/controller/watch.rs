@@ -312,6 +312,7 @@ impl Stores {
             reports: self.reports.state(),
             leases: self.leases.state(),
             blockers: BTreeMap::new(),
+            workloads: BTreeMap::new(),
         }
     }
 }

@@ -160,7 +160,7 @@ pub(super) fn admit_pending(
 /// round would have: a burst of creations then costs a decision each instead of a round over
 /// the whole cluster each. Valid only while nothing else changed since (the controller runs a
 /// full round on any other change and every resync). `blockers` holds the lookups for the new
-/// maintenances' nodes.
+/// maintenances' nodes, `workloads` the nodes a PodDisruptionBudget holds back now.
 ///
 /// Returns `None` when `standing` cannot decide them: a node or policy it does not know, a
 /// policy whose spec or slots differ from what it decided on (another writer came first), or
@@ -170,6 +170,7 @@ pub fn admit_new(
     policies: &[Arc<DisruptionPolicy>],
     new: &[Arc<NodeMaintenance>],
     blockers: &BTreeMap<String, String>,
+    workloads: &BTreeMap<String, String>,
     now: Timestamp,
 ) -> Option<Plan> {
     if policies.len() != standing.policies.len() {
@@ -213,6 +214,7 @@ pub fn admit_new(
         if m.spec.reason != MaintenanceReason::Remediation {
             state.blocker = blockers.get(&m.spec.node_name).cloned();
         }
+        state.workload = workloads.get(&m.spec.node_name).cloned();
     }
 
     let mut slots: BTreeMap<String, Vec<BudgetSlot>> = by_name

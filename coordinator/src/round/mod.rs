@@ -60,6 +60,8 @@ pub struct Objects {
     pub leases: Vec<Arc<Lease>>,
     /// Why a disruption of a node is blocked now (see [`crate::blockers`]), by node.
     pub blockers: BTreeMap<String, String>,
+    /// Which PodDisruptionBudget holds a node back now (see [`crate::workloads`]), by node.
+    pub workloads: BTreeMap<String, String>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -259,6 +261,11 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
         &dead_nodes::judged(&index, now),
         now,
     );
+    for (node, why) in &objects.workloads {
+        if let Some(state) = cluster.nodes.get_mut(node) {
+            state.workload = Some(why.clone());
+        }
+    }
     let (pending, superseded) = admit::pending_oldest_first(index.maintenances.values().copied());
     // Written a few at a time: one node's identity may have created thousands.
     plan.superseded = superseded.into_iter().take(SUPERSEDED_PER_ROUND).collect();

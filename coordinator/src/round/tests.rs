@@ -77,6 +77,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
         &objects.policies,
         &new,
         &BTreeMap::new(),
+        &BTreeMap::new(),
         t(400),
     )
     .expect("the standing decides");
@@ -101,6 +102,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
         &written(objects, &fast).policies,
         &[maintenance("m4", "n4").created(500).build()],
         &BTreeMap::new(),
+        &BTreeMap::new(),
         t(500),
     )
     .expect("the standing decides");
@@ -119,6 +121,7 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
             &mut round.standing.clone(),
             policies,
             new,
+            &BTreeMap::new(),
             &BTreeMap::new(),
             t(400),
         )
@@ -152,7 +155,7 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
 }
 
 #[test]
-fn the_standing_looks_at_windows_and_blockers_again() {
+fn the_standing_looks_at_windows_blockers_and_budgets_again() {
     let mut objects = cluster(3);
     objects.policies = vec![
         policy(json!({"maxConcurrent": 2, "windows": [{"start": "08:00", "end": "09:00"}]}))
@@ -162,19 +165,28 @@ fn the_standing_looks_at_windows_and_blockers_again() {
     let round = plan(&objects, &mut Memory::default(), t(200));
     let objects = written(objects, &round);
     let new = [maintenance("m1", "n1").created(300).build()];
+    let decide_held =
+        |blockers: &BTreeMap<String, String>, held: &BTreeMap<String, String>, now: i64| {
+            admit_new(
+                &mut round.standing.clone(),
+                &objects.policies,
+                &new,
+                blockers,
+                held,
+                t(now),
+            )
+        };
     let decide = |blockers: &BTreeMap<String, String>, now: i64| {
-        admit_new(
-            &mut round.standing.clone(),
-            &objects.policies,
-            &new,
-            blockers,
-            t(now),
-        )
+        decide_held(blockers, &BTreeMap::new(), now)
     };
     let open = decide(&BTreeMap::new(), 400).expect("decides");
     assert_eq!(open.admit.len(), 1);
     // Closed since: older pending maintenances may be affected, a full round decides.
     assert!(decide(&BTreeMap::new(), 4_000).is_none());
+    let held = BTreeMap::from([("n1".to_owned(), "PodDisruptionBudget ns/web".to_owned())]);
+    let waits = decide_held(&BTreeMap::new(), &held, 400).expect("decides");
+    assert!(waits.admit.is_empty());
+    assert_eq!(waits.deny[0].reason, "WorkloadNotReady");
     let blockers = BTreeMap::from([("n1".to_owned(), "pod ns/p".to_owned())]);
     let blocked = decide(&blockers, 400).expect("decides");
     assert_eq!(blocked.deny[0].reason, "Blocked");
@@ -182,6 +194,52 @@ fn the_standing_looks_at_windows_and_blockers_again() {
         blocked.deny[0].message.contains("pod ns/p"),
         "{:?}",
         blocked.deny
+    );
+}
+
+#[test]
+fn a_node_a_disruption_budget_holds_back_waits_and_the_next_one_takes_the_slot() {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).build()];
+    objects.maintenances = vec![
+        maintenance("m1", "n1").created(1).build(),
+        maintenance("m2", "n2").created(2).build(),
+    ];
+    objects.workloads = BTreeMap::from([(
+        "n1".to_owned(),
+        "PodDisruptionBudget shop/web of Deployment shop/web allows no disruption now".to_owned(),
+    )]);
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(
+        round
+            .admit
+            .iter()
+            .map(|a| a.maintenance.as_str())
+            .collect::<Vec<_>>(),
+        ["m2"],
+        "the older one waits for its workload, the slot goes on"
+    );
+    let denial = round
+        .deny
+        .iter()
+        .find(|d| d.maintenance == "m1")
+        .expect("m1 denied");
+    assert_eq!(denial.reason, "WorkloadNotReady");
+    assert!(denial.message.contains("shop/web"), "{denial:?}");
+
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 1, "workloadGate": {"checkDisruptionBudgets": false}}))
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(
+        round
+            .admit
+            .iter()
+            .map(|a| a.maintenance.as_str())
+            .collect::<Vec<_>>(),
+        ["m1"],
+        "a policy that does not check budgets takes the oldest"
     );
 }
 
@@ -314,6 +372,7 @@ fn a_new_maintenance_that_already_holds_a_slot_is_left_to_a_full_round() {
             &mut round.standing.clone(),
             &objects.policies,
             &new,
+            &BTreeMap::new(),
             &BTreeMap::new(),
             t(201)
         ),

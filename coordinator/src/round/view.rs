@@ -313,6 +313,7 @@ pub(super) fn cluster(
                     control_plane: node.labels().contains_key(CONTROL_PLANE_ROLE_LABEL),
                     unhealthy: unhealthy.contains(*name) || !is_ready(node),
                     blocker: blockers.get(*name).cloned(),
+                    workload: None,
                     agent_unavailable: agent_unavailable(
                         name,
                         index.heartbeat(name),
@@ -339,6 +340,7 @@ pub(super) fn cluster(
                     paused: p.policy.spec.paused,
                     window_open: p.window_open,
                     allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
+                    checks_workloads: p.policy.spec.checks_disruption_budgets(),
                     invalid: p.problem.clone(),
                     deadlines: p.deadlines,
                 }
