@@ -1,0 +1,206 @@
+//! The verbs' API calls: each reads what it needs, writes what the verb asks for, and says
+//! what it did, one line per object. A verb given several names does what it can for each and
+//! reports the ones it could not do at the end ([`Error::Refused`]).
+
+use std::path::Path;
+
+use k8s_openapi::api::{authentication::v1::SelfSubjectReview, core::v1::Node};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use nodeward_api::{DisruptionPolicy, NodeMaintenance, labels::CORDONED_BY_ANNOTATION};
+use nodeward_coordinator::cli_status;
+use nodeward_runtime::ApiError;
+
+use crate::{
+    Error,
+    request::{self, Verb},
+    why,
+};
+
+/// Who the plugin says it is to the API server.
+const USER_AGENT: &str = concat!("kubectl-nodeward/", env!("CARGO_PKG_VERSION"));
+
+/// A client as kubectl would make it: `kubeconfig` (else `$KUBECONFIG`, `~/.kube/config`, or
+/// the in-cluster service account) and its `context` (else the current one).
+pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Client, Error> {
+    let options = KubeConfigOptions {
+        context: context.map(str::to_owned),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path)
+                .map_err(|e| Error::Connect(format!("reading {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(|e| Error::Connect(format!("loading {}: {e}", path.display())))?
+        }
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::Connect(e.to_string()))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::Connect(e.to_string()))?,
+    };
+    config.headers.push((
+        hyper::header::USER_AGENT,
+        hyper::header::HeaderValue::from_static(USER_AGENT),
+    ));
+    Client::try_from(config).map_err(|e| Error::Connect(e.to_string()))
+}
+
+/// The user the API server knows this client as (for `requestedBy`).
+pub async fn requester(client: &Client) -> String {
+    let reviews: Api<SelfSubjectReview> = Api::all(client.clone());
+    reviews
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .ok()
+        .and_then(|r| r.status?.user_info?.username)
+        .unwrap_or_else(|| "kubectl-nodeward".to_owned())
+}
+
+/// `reboot` / `drain`: a maintenance of each node that exists and has none under way.
+pub async fn request(
+    client: &Client,
+    nodes: &[String],
+    verb: Verb,
+    message: Option<&str>,
+) -> Result<(), Error> {
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+    let existing = maintenances
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| ApiError::new("listing", "NodeMaintenances".into(), e))?
+        .items;
+    let by = requester(client).await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let mut refused = Vec::new();
+    for node in nodes {
+        match node_api.get_opt(node).await {
+            Err(e) => {
+                refused.push(ApiError::new("reading", format!("Node {node}"), e).to_string());
+                continue;
+            }
+            Ok(None) => {
+                refused.push(format!("{node}: no such node (kubectl get nodes)"));
+                continue;
+            }
+            Ok(Some(_)) => {}
+        }
+        if let Some(why) = request::refusal(&existing, node) {
+            refused.push(why);
+            continue;
+        }
+        let m = request::maintenance(node, verb, &by, message, jiff::Timestamp::now());
+        match maintenances.create(&PostParams::default(), &m).await {
+            Ok(created) => println!(
+                "nodemaintenance/{} created: {node} is {} once the coordinator admits it (kubectl nodeward why {node})",
+                created.name_any(),
+                match verb {
+                    Verb::Reboot => "drained and rebooted",
+                    Verb::Drain => "drained until `kubectl nodeward cancel` ends it",
+                }
+            ),
+            Err(e) => refused.push(
+                ApiError::new("creating", format!("NodeMaintenance {}", m.name_any()), e)
+                    .to_string(),
+            ),
+        }
+    }
+    done(refused)
+}
+
+/// `cancel` / `uncordon`: deletes every maintenance of each node that is under way; the node's
+/// agent undoes the taint and cordon it made (a cordon someone else made stays).
+pub async fn cancel(client: &Client, nodes: &[String]) -> Result<(), Error> {
+    let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+    let existing = maintenances
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| ApiError::new("listing", "NodeMaintenances".into(), e))?
+        .items;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let mut refused = Vec::new();
+    for node in nodes {
+        let open = request::under_way(&existing, node);
+        for m in &open {
+            let name = m.name_any();
+            let params = DeleteParams {
+                preconditions: m.uid().map(|uid| kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match maintenances.delete(&name, &params).await {
+                Ok(_) => println!(
+                    "nodemaintenance/{name} cancelled ({:?}): {node}'s agent undoes what nodeward did to it",
+                    m.phase()
+                ),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => refused.push(
+                    ApiError::new("deleting", format!("NodeMaintenance {name}"), e).to_string(),
+                ),
+            }
+        }
+        if open.is_empty() {
+            println!("{node}: no maintenance under way");
+        }
+        if let Ok(Some(n)) = node_api.get_opt(node).await {
+            let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+            if cordoned && !n.annotations().contains_key(CORDONED_BY_ANNOTATION) {
+                println!(
+                    "{node}: cordoned, not by nodeward: `kubectl uncordon {node}` if that is what you want"
+                );
+            }
+        }
+    }
+    done(refused)
+}
+
+/// `pause` / `resume`: sets each policy's `spec.paused`.
+pub async fn set_paused(client: &Client, policies: &[String], paused: bool) -> Result<(), Error> {
+    let api: Api<DisruptionPolicy> = Api::all(client.clone());
+    let patch = Patch::Merge(serde_json::json!({"spec": {"paused": paused}}));
+    let mut refused = Vec::new();
+    for name in policies {
+        match api.patch(name, &PatchParams::default(), &patch).await {
+            Ok(_) if paused => println!(
+                "disruptionpolicy/{name} paused: nothing new is admitted under it; maintenances under way finish"
+            ),
+            Ok(_) => println!("disruptionpolicy/{name} resumed"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                refused.push(format!(
+                    "{name}: no such policy (kubectl get disruptionpolicies)"
+                ));
+            }
+            Err(e) => refused
+                .push(ApiError::new("patching", format!("DisruptionPolicy {name}"), e).to_string()),
+        }
+    }
+    done(refused)
+}
+
+/// `status`: the coordinator's report.
+pub async fn status(client: &Client) -> Result<String, Error> {
+    let objects = cli_status::list_all(client).await?;
+    Ok(cli_status::render(&objects, jiff::Timestamp::now()))
+}
+
+/// `why NODE`.
+pub async fn why(client: &Client, node: &str) -> Result<String, Error> {
+    let objects = cli_status::list_all(client).await?;
+    why::explain(node, &objects, jiff::Timestamp::now()).map_err(|e| Error::Refused(vec![e]))
+}
+
+fn done(refused: Vec<String>) -> Result<(), Error> {
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Refused(refused))
+    }
+}

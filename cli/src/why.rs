@@ -1,0 +1,380 @@
+//! `why NODE`: what nodeward is doing with a node, or why it is waiting: the node's state as
+//! admission sees it (Ready, cordon, agent heartbeat, problems), the policies that count it
+//! with their budget use, and its maintenance with the coordinator's last word on it (the
+//! reason it is not admitted: budget, window, pause, blocker, workload, quorum, agent), its
+//! deadline and the pods holding its drain.
+
+use std::{fmt::Write, time::Duration};
+
+use jiff::Timestamp;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use kube::ResourceExt;
+use nodeward_api::{
+    MaintenancePhase, NodeMaintenance,
+    conditions::{self, maintenance::ADMITTED},
+    fleet::lease_name,
+    labels::{CORDONED_BY_ANNOTATION, MAINTENANCE_TAINT},
+    node::is_ready,
+};
+use nodeward_coordinator::round::{self, Memory, Objects};
+
+/// The explanation for `node`, or why there is none (no such node and nothing of it).
+pub fn explain(node: &str, objects: &Objects, now: Timestamp) -> Result<String, String> {
+    let found = objects.nodes.iter().find(|n| n.name_any() == node);
+    let mut theirs: Vec<&NodeMaintenance> = objects
+        .maintenances
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|m| m.spec.node_name == node)
+        .collect();
+    if found.is_none() && theirs.is_empty() {
+        return Err(format!("node {node} not found (kubectl get nodes)"));
+    }
+    let mut out = String::new();
+    match found {
+        Some(n) => node_lines(&mut out, n, objects, now),
+        None => {
+            let _ = writeln!(
+                out,
+                "node {node}: no Node object (deleted, or never registered)"
+            );
+        }
+    }
+    if let Some(n) = found {
+        policy_lines(&mut out, n, objects, now);
+    }
+    theirs.sort_by_key(|m| (m.metadata.creation_timestamp.clone(), m.name_any()));
+    let (open, done): (Vec<_>, Vec<_>) = theirs.into_iter().partition(|m| !m.phase().is_finished());
+    if open.is_empty() {
+        let _ = writeln!(out, "maintenance: none under way");
+        if let Some(last) = done.last() {
+            let status = last.status.clone().unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  last: {} {:?}{}{}",
+                last.name_any(),
+                status.phase,
+                status
+                    .finished_at
+                    .as_ref()
+                    .map(|t| format!(" {} ago", ago(t, now)))
+                    .unwrap_or_default(),
+                status.message.map(|m| format!(": {m}")).unwrap_or_default()
+            );
+        }
+    }
+    for m in open {
+        maintenance_lines(&mut out, m, now);
+    }
+    Ok(out)
+}
+
+fn node_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) {
+    let name = node.name_any();
+    let ready = if is_ready(node) { "Ready" } else { "NotReady" };
+    let spec = node.spec.clone().unwrap_or_default();
+    let ours = spec
+        .taints
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == MAINTENANCE_TAINT);
+    let cordon = match (
+        spec.unschedulable == Some(true),
+        node.annotations().get(CORDONED_BY_ANNOTATION),
+    ) {
+        (false, _) => "schedulable".to_owned(),
+        (true, Some(by)) => format!("cordoned by nodeward ({by})"),
+        (true, None) => {
+            format!("cordoned, not by nodeward (`kubectl uncordon {name}` is yours to run)")
+        }
+    };
+    let taint = if ours {
+        ", tainted for maintenance"
+    } else {
+        ""
+    };
+    let _ = writeln!(out, "node {name}: {ready}, {cordon}{taint}");
+
+    let renewed = lease_name(&name).and_then(|lease| {
+        objects
+            .leases
+            .iter()
+            .find(|l| l.name_any() == lease)
+            .and_then(|l| Some(l.spec.as_ref()?.renew_time.as_ref()?.0))
+    });
+    let reported = objects
+        .reports
+        .iter()
+        .find(|r| r.name_any() == name)
+        .and_then(|r| Some(r.status.as_ref()?.heartbeat_time.as_ref()?.0));
+    match renewed.max(reported) {
+        Some(t) => {
+            let _ = writeln!(out, "agent: last heartbeat {} ago", ago(&Time(t), now));
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "agent: no heartbeat (no agent runs on this node, or it cannot reach the API server): maintenances that need it are not admitted"
+            );
+        }
+    }
+    let problems: Vec<String> = nodeward_api::node::conditions(node)
+        .iter()
+        .filter(|c| {
+            c.status == "True"
+                && (conditions::node::WRITTEN_BY_AGENT.contains(&c.type_.as_str())
+                    || c.type_ == conditions::node::STARTUP_TIMED_OUT)
+        })
+        .map(|c| match c.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(m) => format!("{} ({m})", c.type_),
+            None => c.type_.clone(),
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "problems: {}",
+        if problems.is_empty() {
+            "none".to_owned()
+        } else {
+            problems.join("; ")
+        }
+    );
+}
+
+fn policy_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) {
+    let plan = round::plan(objects, &mut Memory::default(), now);
+    let mut any = false;
+    for policy in &objects.policies {
+        match policy.selects(node.labels()) {
+            Ok(false) => continue,
+            Ok(true) => {}
+            Err(e) => {
+                let _ = writeln!(
+                    out,
+                    "policy {}: its nodeSelector is invalid ({e}): it blocks every node",
+                    policy.name_any()
+                );
+                continue;
+            }
+        }
+        any = true;
+        let name = policy.name_any();
+        let (used, max) = plan.budget_use.get(&name).copied().unwrap_or_default();
+        let holders: Vec<String> = plan
+            .policy_status
+            .get(&name)
+            .or(policy.status.as_ref())
+            .map(|s| s.slots.iter().map(|s| s.node_name.clone()).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "policy {name}: {used} of {max} disrupted now{}{}",
+            if holders.is_empty() {
+                String::new()
+            } else {
+                format!(" (slots: {})", holders.join(", "))
+            },
+            if policy.spec.paused { ", paused" } else { "" }
+        );
+    }
+    if !any {
+        let _ = writeln!(out, "policy: none selects this node (no budget limits it)");
+    }
+}
+
+fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
+    let status = m.status.clone().unwrap_or_default();
+    let since = m
+        .entered(status.phase)
+        .or(m.metadata.creation_timestamp.as_ref())
+        .map(|t| format!(" for {}", ago(t, now)))
+        .unwrap_or_default();
+    let deleting = if m.metadata.deletion_timestamp.is_some() {
+        ", being cancelled"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "maintenance {} ({:?}, {:?}): {:?}{since}{deleting}",
+        m.name_any(),
+        m.spec.reason,
+        m.spec.action,
+        status.phase
+    );
+    if status.phase == MaintenancePhase::Pending {
+        match status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == ADMITTED && c.status == "False")
+        {
+            Some(c) => {
+                let _ = writeln!(out, "  waiting: {}: {}", c.reason, c.message);
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  waiting: not yet decided (is the coordinator running? kubectl -n nodeward-system get pods)"
+                );
+            }
+        }
+    }
+    if let Some(deadline) = &status.deadline {
+        let _ = writeln!(
+            out,
+            "  deadline: {} if still {:?} at {}",
+            deadline.then, deadline.phase, deadline.time.0
+        );
+    }
+    for pod in &status.blocking_pods {
+        let _ = writeln!(
+            out,
+            "  blocking: {}/{} ({}{})",
+            pod.namespace,
+            pod.name,
+            pod.reason,
+            pod.message
+                .as_ref()
+                .map(|m| format!(": {m}"))
+                .unwrap_or_default()
+        );
+    }
+    if let Some(message) = status
+        .message
+        .filter(|_| status.phase != MaintenancePhase::Pending)
+    {
+        let _ = writeln!(out, "  last: {message}");
+    }
+}
+
+/// How long ago `t` was, to the second.
+fn ago(t: &Time, now: Timestamp) -> String {
+    let seconds = u64::try_from(now.duration_since(t.0).as_secs()).unwrap_or(0);
+    humantime::format_duration(Duration::from_secs(seconds)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-11-25T12:10:00Z".parse().expect("a time")
+    }
+
+    fn node(name: &str, cordoned_by: Option<&str>, problem: bool) -> Arc<Node> {
+        let mut annotations = serde_json::Map::new();
+        if let Some(by) = cordoned_by {
+            annotations.insert(CORDONED_BY_ANNOTATION.into(), json!(by));
+        }
+        let mut conditions = vec![json!({"type": "Ready", "status": "True"})];
+        if problem {
+            conditions.push(json!({"type": "RebootRequired", "status": "True", "message": "/var/run/reboot-required"}));
+        }
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"pool": "a"}, "annotations": annotations},
+                "spec": {"unschedulable": cordoned_by.is_some()},
+                "status": {"conditions": conditions}
+            }))
+            .expect("a node"),
+        )
+    }
+
+    fn objects() -> Objects {
+        Objects {
+            nodes: vec![node("w0", Some("maintenance"), false), node("w1", None, true)],
+            policies: vec![Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                    "metadata": {"name": "pool-a"},
+                    "spec": {"maxConcurrent": 1, "nodeSelector": {"matchLabels": {"pool": "a"}}},
+                    "status": {"slots": [{"maintenance": "w0-reboot", "uid": "u0", "nodeName": "w0",
+                                          "admittedAt": "2026-11-25T12:00:00Z"}]}
+                }))
+                .expect("a policy"),
+            )],
+            maintenances: vec![
+                Arc::new(
+                    serde_json::from_value(json!({
+                        "metadata": {"name": "w0-reboot", "uid": "u0", "creationTimestamp": "2026-11-25T12:00:00Z"},
+                        "spec": {"nodeName": "w0", "reason": "Manual", "action": "Reboot"},
+                        "status": {"phase": "Draining",
+                                   "history": [{"phase": "Draining", "time": "2026-11-25T12:08:00Z"}],
+                                   "admission": {"policies": ["pool-a"], "admittedAt": "2026-11-25T12:07:00Z", "admittedBy": "c1"},
+                                   "blockingPods": [{"namespace": "shop", "name": "web-a", "reason": "DisruptionBudget",
+                                                     "message": "PodDisruptionBudget shop/web"}]}
+                    }))
+                    .expect("a maintenance"),
+                ),
+                Arc::new(
+                    serde_json::from_value(json!({
+                        "metadata": {"name": "w1-reboot", "creationTimestamp": "2026-11-25T12:05:00Z"},
+                        "spec": {"nodeName": "w1", "reason": "Reboot", "action": "Reboot"},
+                        "status": {"phase": "Pending", "conditions": [{
+                            "type": "Admitted", "status": "False", "reason": "BudgetExhausted",
+                            "message": "policy pool-a: 1 of 1 disrupted (w0)",
+                            "lastTransitionTime": "2026-11-25T12:05:01Z"}]}
+                    }))
+                    .expect("a maintenance"),
+                ),
+            ],
+            ..Objects::default()
+        }
+    }
+
+    #[test]
+    fn a_waiting_node_shows_its_state_its_policy_and_the_coordinators_reason() {
+        let text = explain("w1", &objects(), now()).expect("explained");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "node w1: Ready, schedulable");
+        assert!(lines[1].starts_with("agent: no heartbeat"), "{text}");
+        assert_eq!(
+            lines[2],
+            "problems: RebootRequired (/var/run/reboot-required)"
+        );
+        assert_eq!(lines[3], "policy pool-a: 1 of 1 disrupted now (slots: w0)");
+        assert_eq!(
+            lines[4],
+            "maintenance w1-reboot (Reboot, Reboot): Pending for 5m"
+        );
+        assert_eq!(
+            lines[5],
+            "  waiting: BudgetExhausted: policy pool-a: 1 of 1 disrupted (w0)"
+        );
+    }
+
+    #[test]
+    fn a_draining_node_shows_its_cordon_and_the_pods_holding_it() {
+        let text = explain("w0", &objects(), now()).expect("explained");
+        assert!(
+            text.starts_with("node w0: Ready, cordoned by nodeward (maintenance)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("maintenance w0-reboot (Manual, Reboot): Draining for 2m\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  blocking: shop/web-a (DisruptionBudget: PodDisruptionBudget shop/web)\n"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_node_is_an_error_and_an_idle_one_says_so() {
+        assert_eq!(
+            explain("ghost", &objects(), now()),
+            Err("node ghost not found (kubectl get nodes)".to_owned())
+        );
+        let mut idle = objects();
+        idle.maintenances.clear();
+        let text = explain("w1", &idle, now()).expect("explained");
+        assert!(text.ends_with("maintenance: none under way\n"), "{text}");
+    }
+}
