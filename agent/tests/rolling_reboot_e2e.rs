@@ -611,3 +611,235 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     drop((machine, coordinator));
     env.cleanup().await
 }
+
+/// The `WorkloadsAvailable` condition of `m`: status, reason, message.
+fn workloads_verdict(m: &NodeMaintenance) -> Option<(String, String, String)> {
+    m.status.as_ref()?.conditions.iter().find_map(|c| {
+        (c.type_ == "WorkloadsAvailable")
+            .then(|| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    })
+}
+
+#[tokio::test]
+async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_again()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("wgate").await?;
+    // The web replica may run only where the test says (the label), so it cannot come back
+    // before the test lets it.
+    env.create_nodes(&[
+        NodeSpec::worker("a").label("e2e-web", &env.id),
+        NodeSpec::worker("a"),
+    ])
+    .await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.create_policy(
+        "wgate",
+        json!({"maxConcurrent": 1, "healthGate": {"for": "1s"}}),
+    )
+    .await?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let app = format!("web-{}", env.id);
+    deployments
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": app}},
+                    "template": {
+                        "metadata": {"labels": {"app": app, TEST_LABEL: env.id}},
+                        "spec": {
+                            "terminationGracePeriodSeconds": 1,
+                            "nodeSelector": {"e2e-web": env.id},
+                            "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
+                            "tolerations": [
+                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                            ],
+                        },
+                    },
+                },
+            }))?,
+        )
+        .await?;
+    let available = |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
+        d.and_then(|d| d.status.as_ref()?.available_replicas)
+            .unwrap_or(0)
+    };
+    nodeward_e2e::wait::until(
+        &deployments,
+        "web",
+        "web available",
+        Duration::from_secs(60),
+        |d| available(d) == 1,
+    )
+    .await?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let mut first = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
+    let second = machine(&env, 1, "http://127.0.0.1:9/unused", false).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let (reboot, drain) = (format!("{n0}-reboot"), format!("{n1}-drain"));
+    env.create_maintenance(&reboot, &n0, "Manual", "Reboot")
+        .await?;
+    let output = |first: &Machine| {
+        format!(
+            "{}\n{}\n{}",
+            first.output(),
+            second.output(),
+            coordinator.output()
+        )
+    };
+
+    nodeward_e2e::wait::eventually("the reboot", Duration::from_secs(60), || async {
+        Ok(first.reboot_requested().then_some(()))
+    })
+    .await
+    .with_context(|| output(&first))?;
+    // Drained: web's replica was evicted. The next maintenance asks now; it must wait.
+    env.create_maintenance(&drain, &n1, "Manual", "DrainOnly")
+        .await?;
+    env.nodes()
+        .patch(
+            &n0,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"e2e-web": null}}})),
+        )
+        .await?;
+    first.reboot().await?;
+
+    // Healthy again: back in service (uncordoned) but Verifying, its slot held, while web is
+    // short; the coordinator says so.
+    let waiting = nodeward_e2e::wait::until(
+        &maintenances,
+        &reboot,
+        "WorkloadsAvailable=False Waiting",
+        Duration::from_secs(60),
+        |m| {
+            m.and_then(workloads_verdict)
+                .is_some_and(|(status, reason, _)| status == "False" && reason == "Waiting")
+        },
+    )
+    .await
+    .with_context(|| output(&first))?
+    .context("maintenance")?;
+    let (_, _, message) = workloads_verdict(&waiting).context("verdict")?;
+    assert_eq!(
+        message,
+        format!("Deployment {}/web 0 of 1 available", env.namespace)
+    );
+    assert_eq!(
+        waiting.status.as_ref().map(|s| s
+            .evicted_workloads
+            .iter()
+            .map(|w| w.kind.as_str())
+            .collect::<Vec<_>>()),
+        Some(vec!["ReplicaSet"])
+    );
+    nodeward_e2e::wait::eventually("back in service", Duration::from_secs(30), || async {
+        let spec = env.nodes().get(&n0).await?.spec.unwrap_or_default();
+        Ok((spec.unschedulable != Some(true)).then_some(()))
+    })
+    .await
+    .with_context(|| output(&first))?;
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            maintenances.get(&reboot).await?.phase(),
+            MaintenancePhase::Verifying
+        );
+        let next = maintenances.get(&drain).await?;
+        assert_eq!(
+            next.phase(),
+            MaintenancePhase::Pending,
+            "the next node waits"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let denied = denial(&maintenances.get(&drain).await?);
+    assert_eq!(
+        denied.as_ref().map(|d| d.0.as_str()),
+        Some("BudgetExhausted"),
+        "{denied:?}"
+    );
+
+    // Web may come back: it does, on the node back in service; then the reboot succeeds and
+    // only then is the next node admitted.
+    env.nodes()
+        .patch(
+            &n0,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"e2e-web": env.id}}})),
+        )
+        .await?;
+    let done = succeeded(&maintenances, &reboot)
+        .await
+        .with_context(|| output(&first))?;
+    assert_eq!(
+        workloads_verdict(&done).map(|v| (v.0, v.1)),
+        Some(("True".to_owned(), "Available".to_owned()))
+    );
+    assert!(
+        done.status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .is_some_and(|m| m.contains("the workloads it evicted are available again")),
+        "{:?}",
+        done.status
+    );
+    let next = nodeward_e2e::wait::until(
+        &maintenances,
+        &drain,
+        "the next node admitted",
+        Duration::from_secs(60),
+        |m| m.is_some_and(|m| !m.admitted_policies().is_empty()),
+    )
+    .await
+    .with_context(|| output(&first))?
+    .context("maintenance")?;
+    let succeeded_at = done
+        .entered(MaintenancePhase::Succeeded)
+        .context("Succeeded")?
+        .0;
+    let admitted_at = next
+        .status
+        .as_ref()
+        .and_then(|s| s.admission.as_ref())
+        .context("admission")?
+        .admitted_at
+        .0;
+    assert!(
+        admitted_at >= succeeded_at,
+        "the next node was admitted at {admitted_at}, before the reboot finished at {succeeded_at}"
+    );
+    let web = deployments.get("web").await?;
+    assert_eq!(available(Some(&web)), 1);
+    let reasons: Vec<String> = env
+        .events_about(&reboot, "")
+        .await?
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    for reason in ["BackInService", "WorkloadsWaiting", "WorkloadsAvailable"] {
+        assert!(
+            reasons.iter().any(|r| r == reason),
+            "{reason} in {reasons:?}"
+        );
+    }
+    maintenances
+        .delete(&drain, &DeleteParams::default())
+        .await?;
+    nodeward_e2e::wait::until(
+        &maintenances,
+        &drain,
+        "gone",
+        Duration::from_secs(60),
+        |m| m.is_none(),
+    )
+    .await
+    .with_context(|| output(&first))?;
+    drop((first, second, coordinator));
+    env.cleanup().await
+}

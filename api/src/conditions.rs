@@ -71,6 +71,25 @@ pub mod maintenance {
     /// its taint and cordon (a deadline passed without the agent): the agent undoes them when
     /// it runs again and sets it `True`.
     pub const NODE_RESTORED: &str = "NodeRestored";
+    /// Written by the coordinator while a reboot that evicted pods is Verifying: `True` once
+    /// the controllers of those pods are available again (or the gate is off), `False` while
+    /// they are short ([`workloads`](super::workloads) reasons).
+    pub const WORKLOADS_AVAILABLE: &str = "WorkloadsAvailable";
+}
+
+/// Reasons of a maintenance's `WorkloadsAvailable` condition.
+pub mod workloads {
+    /// Every controller of the evicted pods has all its replicas available.
+    pub const AVAILABLE: &str = "Available";
+    /// No policy of the maintenance waits for them (`workloadGate.waitForEvicted: false`).
+    pub const NOT_CHECKED: &str = "NotChecked";
+    /// Some are short; the message says which and by how much.
+    pub const WAITING: &str = "Waiting";
+    /// Still short after `workloadGate.timeout`: the maintenance succeeds, with this as the
+    /// warning (`onTimeout: Succeed`).
+    pub const TIMED_OUT: &str = "TimedOut";
+    /// Still short after `workloadGate.timeout`, and the policy says `onTimeout: Fail`.
+    pub const TIMED_OUT_FAILED: &str = "TimedOutFailed";
 }
 
 /// Why the coordinator moved a maintenance on its own: a deadline of the policy's `deadlines`

@@ -239,6 +239,8 @@ pub struct StatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocking_pods: Option<Vec<BlockingPod>>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub evicted_workloads: Option<Vec<WorkloadRef>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cordoned_by_nodeward: Option<bool>,
@@ -286,6 +288,23 @@ impl StatusPatch {
             blocking_pods: Some(blocking.iter().take(BLOCKING_PODS_LIMIT).cloned().collect()),
             ..Self::default()
         }
+    }
+
+    /// Adds `workloads` to the evicted workloads `current` records (each once, the first
+    /// [`EVICTED_WORKLOADS_LIMIT`]): a drain resumed after a restart keeps the earlier ones.
+    pub fn evicted(mut self, current: &NodeMaintenance, workloads: &[WorkloadRef]) -> Self {
+        let mut all = current
+            .status
+            .as_ref()
+            .map(|s| s.evicted_workloads.clone())
+            .unwrap_or_default();
+        for w in workloads {
+            if !all.contains(w) && all.len() < EVICTED_WORKLOADS_LIMIT {
+                all.push(w.clone());
+            }
+        }
+        self.evicted_workloads = Some(all);
+        self
     }
 
     /// Sets `condition` on `current`'s conditions, keeping the others and, while its status
@@ -341,6 +360,12 @@ pub struct NodeMaintenanceStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = BLOCKING_PODS_LIMIT))]
     pub blocking_pods: Vec<BlockingPod>,
+    /// The controllers of the pods the drain evicted (the first [`EVICTED_WORKLOADS_LIMIT`]):
+    /// with the policy's `workloadGate.waitForEvicted`, a reboot finishes only once they are
+    /// available again (`WorkloadsAvailable`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = EVICTED_WORKLOADS_LIMIT))]
+    pub evicted_workloads: Vec<WorkloadRef>,
     /// The node's boot id when the action started; a different one after means it rebooted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
@@ -397,6 +422,35 @@ pub struct AdmissionRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub node_uid: Option<String>,
+}
+
+/// The most evicted workloads a status lists (the CRD's `maxItems`).
+pub const EVICTED_WORKLOADS_LIMIT: usize = 64;
+
+/// A controller of evicted pods: a ReplicaSet, StatefulSet or ReplicationController.
+#[derive(
+    Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadRef {
+    #[schemars(length(max = 63))]
+    pub kind: String,
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    #[schemars(length(max = 253))]
+    pub name: String,
+}
+
+impl WorkloadRef {
+    /// Kinds whose pods a drain evicts and that bring them back elsewhere (DaemonSet pods come
+    /// back with the node; Jobs finish rather than serve).
+    pub const KINDS: &[&str] = &["ReplicaSet", "StatefulSet", "ReplicationController"];
+}
+
+impl std::fmt::Display for WorkloadRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
 }
 
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]

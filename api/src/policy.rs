@@ -119,6 +119,40 @@ pub struct WorkloadGate {
     /// Where several policies select a node, one that checks is enough.
     #[serde(default = "default_true")]
     pub check_disruption_budgets: bool,
+    /// A reboot that evicted pods finishes only once the controllers of those pods
+    /// (Deployment or ReplicaSet, StatefulSet, ReplicationController) have all their replicas
+    /// available again, or `timeout` passed; its slot is held until then, so the next node
+    /// waits. Where several policies admitted a maintenance, one that waits is enough.
+    #[serde(default = "default_true")]
+    pub wait_for_evicted: bool,
+    /// How long after the reboot (Verifying) the wait may last (default 10m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('30s')").message("workloadGate.timeout must be at least 30s, e.g. 10m"))]
+    pub timeout: Option<Duration>,
+    /// What a wait that runs out of time does: `Succeed` (with `WorkloadsAvailable=False` as
+    /// the warning) or `Fail`.
+    #[serde(default)]
+    pub on_timeout: WorkloadTimeoutAction,
+}
+
+/// What happens when the workloads a reboot evicted are not available again in time.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WorkloadTimeoutAction {
+    /// The maintenance succeeds; its `WorkloadsAvailable=False` condition says what is short.
+    #[default]
+    Succeed,
+    /// The maintenance fails (its slot is freed; the node is already back in service).
+    Fail,
+}
+
+/// The workload gate's timeout when a policy sets none.
+pub const WORKLOAD_GATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl WorkloadGate {
+    /// Whether `policy` waits for evicted workloads (absent gate: yes).
+    pub fn waits(gate: Option<&Self>) -> bool {
+        gate.is_none_or(|g| g.wait_for_evicted)
+    }
 }
 
 impl DisruptionPolicy {

@@ -2,7 +2,7 @@
 //! admission sees it (Ready, cordon, agent heartbeat, problems), the policies that count it
 //! with their budget use, and its maintenance with the coordinator's last word on it (the
 //! reason it is not admitted: budget, window, pause, blocker, workload, quorum, agent), its
-//! deadline and the pods holding its drain.
+//! deadline, the pods holding its drain and, after its reboot, the workloads it waits for.
 
 use std::{fmt::Write, time::Duration};
 
@@ -218,6 +218,14 @@ fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
                 );
             }
         }
+    }
+    if let Some(c) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::maintenance::WORKLOADS_AVAILABLE)
+        .filter(|_| status.phase == MaintenancePhase::Verifying)
+    {
+        let _ = writeln!(out, "  workloads: {}: {}", c.reason, c.message);
     }
     if let Some(deadline) = &status.deadline {
         let _ = writeln!(

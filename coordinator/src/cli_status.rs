@@ -164,5 +164,6 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         leases: leases.items.into_iter().map(Arc::new).collect(),
         blockers: BTreeMap::new(),
         workloads: BTreeMap::new(),
+        availability: BTreeMap::new(),
     })
 }

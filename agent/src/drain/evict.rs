@@ -15,7 +15,10 @@ use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, EvictParams, ListParams},
 };
-use nodeward_api::{DrainPlan, OnTimeout, PodType, maintenance::BlockingPod};
+use nodeward_api::{
+    DrainPlan, OnTimeout, PodType,
+    maintenance::{BlockingPod, EVICTED_WORKLOADS_LIMIT, WorkloadRef},
+};
 use nodeward_runtime::ApiError;
 use tokio::time::Instant;
 
@@ -37,6 +40,27 @@ pub struct Progress {
     /// Drained pods whose controller may put a replacement right back (they tolerate the
     /// drain taint): `namespace/name`.
     pub returning: Vec<String>,
+    /// The controllers of the pods evicted or deleted so far, each once (the first
+    /// [`EVICTED_WORKLOADS_LIMIT`]).
+    pub workloads: Vec<WorkloadRef>,
+}
+
+impl Progress {
+    /// Records that `pod` was asked to go: its name, and its controller.
+    fn asked(&mut self, pod: &PodInfo) {
+        self.evicted.push(key(&pod.namespace, &pod.name));
+        self.going(pod);
+    }
+
+    /// Records the controller of `pod`, which is going (asked now or before).
+    fn going(&mut self, pod: &PodInfo) {
+        if let Some(controller) = &pod.controller
+            && !self.workloads.contains(controller)
+            && self.workloads.len() < EVICTED_WORKLOADS_LIMIT
+        {
+            self.workloads.push(controller.clone());
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,6 +129,15 @@ fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>, taint
         labels: pod.labels().clone(),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         grace_period_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
+        controller: pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && WorkloadRef::KINDS.contains(&o.kind.as_str()))
+            .map(|o| WorkloadRef {
+                kind: o.kind.clone(),
+                namespace: pod.namespace().unwrap_or_default(),
+                name: o.name.clone(),
+            }),
     }
 }
 
@@ -288,7 +321,12 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
                     DeleteParams::default().grace_period(0),
                 )
                 .await;
-                progress.evicted.extend(deleted);
+                for pod in left_in_stage
+                    .iter()
+                    .filter(|p| deleted.contains(&key(&p.namespace, &p.name)))
+                {
+                    progress.asked(pod);
+                }
                 progress.blocking.clear();
                 report(&progress);
                 // Give the deletions until the overall deadline (or a few seconds) to land.
@@ -345,6 +383,33 @@ fn why_left(left: &[PodInfo], progress: &Progress) -> Vec<String> {
         .collect()
 }
 
+/// Why a drain that ended with `outcome` (`None`: past the policy's `drain_timeout`) did not
+/// drain the node; `None` when it did.
+pub fn failure(outcome: Option<Outcome>, drain_timeout: Option<Duration>) -> Option<String> {
+    let pods =
+        |remaining: &[String]| format!("{} pods left: {}", remaining.len(), remaining.join(", "));
+    match outcome {
+        Some(Outcome::Drained) => None,
+        // Stages that went on (`Continue`) left pods behind: the node is not drained.
+        Some(Outcome::Incomplete { remaining }) => Some(match drain_timeout {
+            Some(t) => format!(
+                "the drain did not finish within the policy's drainTimeout ({}s); {}",
+                t.as_secs(),
+                pods(&remaining)
+            ),
+            None => format!("the drain stages ran out of time; {}", pods(&remaining)),
+        }),
+        Some(Outcome::Failed { stage, remaining }) => Some(format!(
+            "drain stage {stage} timed out with {}",
+            pods(&remaining)
+        )),
+        None => Some(format!(
+            "the drain exceeded the policy's drainTimeout ({}s)",
+            drain_timeout.map_or(0, |t| t.as_secs())
+        )),
+    }
+}
+
 /// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply); their names.
 async fn delete(drain: &Drain<'_>, pods: &[PodInfo], params: DeleteParams) -> Vec<String> {
     let mut names = Vec::with_capacity(pods.len());
@@ -387,7 +452,10 @@ async fn evict_group(
     let mut asked: std::collections::HashSet<String> = group
         .iter()
         .filter(|p| p.terminating)
-        .map(|p| key(&p.namespace, &p.name))
+        .map(|p| {
+            progress.going(p);
+            key(&p.namespace, &p.name)
+        })
         .collect();
     loop {
         let now = Instant::now();
@@ -418,8 +486,8 @@ async fn evict_group(
             match api.evict(&pod.name, &params).await {
                 Ok(_) => {
                     tracing::info!(pod = %id, grace_seconds = grace, stage = %progress.stage, "evicted");
-                    asked.insert(id.clone());
-                    progress.evicted.push(id);
+                    asked.insert(id);
+                    progress.asked(pod);
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     asked.insert(id);
@@ -501,6 +569,7 @@ mod tests {
             terminating,
             grace_period_seconds: None,
             returns: false,
+            controller: None,
         }
     }
 
@@ -530,6 +599,40 @@ mod tests {
                 "shop/web-c (asked to go, still terminating)",
                 "shop/web-d",
             ]
+        );
+    }
+
+    #[test]
+    fn only_a_full_drain_is_no_failure() {
+        let left = vec!["a/p".to_owned()];
+        let ten = Some(Duration::from_secs(10));
+        assert_eq!(failure(Some(Outcome::Drained), ten), None);
+        let incomplete = failure(
+            Some(Outcome::Incomplete {
+                remaining: left.clone(),
+            }),
+            ten,
+        );
+        assert_eq!(
+            incomplete.as_deref(),
+            Some(
+                "the drain did not finish within the policy's drainTimeout (10s); 1 pods left: a/p"
+            )
+        );
+        let stage = failure(
+            Some(Outcome::Failed {
+                stage: "apps".into(),
+                remaining: left,
+            }),
+            None,
+        );
+        assert_eq!(
+            stage.as_deref(),
+            Some("drain stage apps timed out with 1 pods left: a/p")
+        );
+        assert_eq!(
+            failure(None, ten).as_deref(),
+            Some("the drain exceeded the policy's drainTimeout (10s)")
         );
     }
 }

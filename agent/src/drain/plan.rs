@@ -50,6 +50,9 @@ pub struct PodInfo {
     /// Owned by a controller and tolerating the drain taint: its replacement may be scheduled
     /// right back onto this node.
     pub returns: bool,
+    /// The controller that brings it back elsewhere once evicted (a ReplicaSet, StatefulSet
+    /// or ReplicationController).
+    pub controller: Option<nodeward_api::maintenance::WorkloadRef>,
 }
 
 /// Whether `toleration` tolerates the taint `key` with effect `NoSchedule` (and no value), by
@@ -303,6 +306,7 @@ mod tests {
             terminating: false,
             grace_period_seconds: Some(30),
             returns: false,
+            controller: None,
         }
     }
 

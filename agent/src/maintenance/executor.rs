@@ -30,10 +30,13 @@ use nodeward_runtime::{
 };
 use serde_json::json;
 
-use super::lifecycle::{self, Facts, Gate, Step};
+use super::{
+    lifecycle::{self, Facts, Gate, Step},
+    workloads,
+};
 use crate::{
     drain::{
-        evict::{self, Drain, Outcome, Progress},
+        evict::{self, Drain, Progress},
         plan::Purpose,
         watched::{Report, Watched},
     },
@@ -126,6 +129,8 @@ impl Executor {
                 .conditions
                 .iter()
                 .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
+            back_in_service: workloads::back_in_service(m),
+            workloads: workloads::judged(m),
         };
         let applied = Applied {
             cordoned: status.cordoned_by_nodeward.unwrap_or(false),
@@ -151,9 +156,17 @@ impl Executor {
                     &applied,
                     MaintenancePhase::Succeeded,
                     "Succeeded",
-                    "healthy after the reboot, the node is back in service".into(),
+                    workloads::completion(facts.workloads, m),
                 )
                 .await
+            }
+            Step::ReturnToService => self.return_to_service(m, &applied).await,
+            Step::WorkloadsFailed => {
+                let why = format!(
+                    "the evicted workloads were not available again within the workload gate's timeout (onTimeout: Fail): {}",
+                    workloads::verdict(m)
+                );
+                self.fail(m, &applied, "WorkloadsUnavailable", why).await
             }
             Step::GateFailed => {
                 let why = match &gate {
@@ -212,21 +225,7 @@ impl Executor {
             observed_generation: m.metadata.generation,
             last_transition_time: Time(Timestamp::now()),
         };
-        let patch = StatusPatch::default().condition(m, condition).to_patch();
-        Api::<NodeMaintenance>::all(self.client.clone())
-            .patch_status(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-            .map_err(|e| {
-                ApiError::new(
-                    "writing the status of",
-                    format!("NodeMaintenance {}", m.name_any()),
-                    e,
-                )
-            })?;
+        self.set_condition(m, condition).await?;
         self.event(
             m,
             EventType::Normal,
@@ -356,7 +355,7 @@ impl Executor {
         };
         drop(watched);
         let drained = match (
-            failure(outcome, effective.drain_timeout),
+            evict::failure(outcome, effective.drain_timeout),
             effective.force_on_timeout,
         ) {
             (None, _) => Ok("every pod of the drain plan is gone".to_owned()),
@@ -561,7 +560,9 @@ impl Executor {
     }
 
     async fn progress(&self, m: &NodeMaintenance, p: &Progress) {
-        let patch = StatusPatch::progress(p.total, p.remaining, &p.blocking).to_patch();
+        let patch = StatusPatch::progress(p.total, p.remaining, &p.blocking)
+            .evicted(m, &p.workloads)
+            .to_patch();
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         if let Err(e) = api
             .patch_status(
@@ -649,7 +650,37 @@ impl Executor {
             })
     }
 
-    async fn event(&self, m: &NodeMaintenance, type_: EventType, reason: &str, note: String) {
+    /// Sets `condition` on `m`'s status, keeping its other conditions.
+    pub(super) async fn set_condition(
+        &self,
+        m: &NodeMaintenance,
+        condition: Condition,
+    ) -> Result<(), crate::Error> {
+        let patch = StatusPatch::default().condition(m, condition).to_patch();
+        Api::<NodeMaintenance>::all(self.client.clone())
+            .patch_status(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    "writing the status of",
+                    format!("NodeMaintenance {}", m.name_any()),
+                    e,
+                )
+            })?;
+        Ok(())
+    }
+
+    pub(super) async fn event(
+        &self,
+        m: &NodeMaintenance,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let note = format!("{note} (correlation {})", uid(m));
         self.events
             .publish(&m.object_ref(&()), type_, "Maintenance", reason, note)
@@ -659,70 +690,4 @@ impl Executor {
 
 fn uid(m: &NodeMaintenance) -> String {
     m.uid().unwrap_or_default()
-}
-
-/// Why a drain that ended with `outcome` (`None`: past the policy's `drain_timeout`) did not
-/// drain the node; `None` when it did.
-fn failure(outcome: Option<Outcome>, drain_timeout: Option<Duration>) -> Option<String> {
-    let pods =
-        |remaining: &[String]| format!("{} pods left: {}", remaining.len(), remaining.join(", "));
-    match outcome {
-        Some(Outcome::Drained) => None,
-        // Stages that went on (`Continue`) left pods behind: the node is not drained.
-        Some(Outcome::Incomplete { remaining }) => Some(match drain_timeout {
-            Some(t) => format!(
-                "the drain did not finish within the policy's drainTimeout ({}s); {}",
-                t.as_secs(),
-                pods(&remaining)
-            ),
-            None => format!("the drain stages ran out of time; {}", pods(&remaining)),
-        }),
-        Some(Outcome::Failed { stage, remaining }) => Some(format!(
-            "drain stage {stage} timed out with {}",
-            pods(&remaining)
-        )),
-        None => Some(format!(
-            "the drain exceeded the policy's drainTimeout ({}s)",
-            drain_timeout.map_or(0, |t| t.as_secs())
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_full_drain_is_no_failure() {
-        let left = vec!["a/p".to_owned()];
-        let ten = Some(Duration::from_secs(10));
-        assert_eq!(failure(Some(Outcome::Drained), ten), None);
-        let incomplete = failure(
-            Some(Outcome::Incomplete {
-                remaining: left.clone(),
-            }),
-            ten,
-        );
-        assert_eq!(
-            incomplete.as_deref(),
-            Some(
-                "the drain did not finish within the policy's drainTimeout (10s); 1 pods left: a/p"
-            )
-        );
-        let stage = failure(
-            Some(Outcome::Failed {
-                stage: "apps".into(),
-                remaining: left,
-            }),
-            None,
-        );
-        assert_eq!(
-            stage.as_deref(),
-            Some("drain stage apps timed out with 1 pods left: a/p")
-        );
-        assert_eq!(
-            failure(None, ten).as_deref(),
-            Some("the drain exceeded the policy's drainTimeout (10s)")
-        );
-    }
 }

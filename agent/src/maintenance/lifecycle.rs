@@ -6,7 +6,10 @@
 //! node is restored; `Reboot` reboots through logind and, after the next boot, Verifying until
 //! the health gate holds, then the node is restored and Succeeded; `PowerOff` is Succeeded
 //! just before logind powers off; `DeleteNode` waits in Acting for the coordinator to delete
-//! the Node. Deleted before Acting: restored, Cancelled. A health gate that has not passed
+//! the Node. A reboot whose drain evicted pods waits, once healthy, with the node back in
+//! service, until the coordinator finds the controllers of those pods available again
+//! (`WorkloadsAvailable`, the policy's `workloadGate`): only then is it Succeeded, so its slot
+//! holds the next node back. Deleted before Acting: restored, Cancelled. A health gate that has not passed
 //! within its `timeout` after the reboot fails the maintenance (the node is restored: what is
 //! wrong with it is for its conditions and remediation to say). One the coordinator sent back
 //! or ended because a deadline passed (`NodeRestored=False`) is restored when the agent next
@@ -34,6 +37,26 @@ pub struct Facts {
     /// The coordinator moved it on without the agent (a deadline passed: `NodeRestored=False`),
     /// so the node may still carry its taint and cordon.
     pub restore_asked: bool,
+    /// The health gate passed earlier and the node is back in service (`NodeRestored=True`
+    /// while Verifying): only the workloads are waited for.
+    pub back_in_service: bool,
+    /// Where the evicted workloads stand.
+    pub workloads: Workloads,
+}
+
+/// Where the workloads a reboot's drain evicted stand, as the coordinator judged them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workloads {
+    /// The drain evicted nothing that comes back elsewhere.
+    NotNeeded,
+    /// Available again, or not waited for.
+    Available,
+    /// Short, or not judged yet.
+    Waiting,
+    /// Short after the policy's timeout; the maintenance succeeds with the warning.
+    TimedOut,
+    /// Short after the policy's timeout, and the policy says to fail.
+    TimedOutFailed,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,8 +71,13 @@ pub enum Step {
     Act,
     /// Back after the reboot: go to Verifying.
     Verify,
-    /// The health gate held: restore the node, Succeeded.
+    /// The health gate held (and the workloads are back): restore the node, Succeeded.
     Complete,
+    /// The health gate held but the evicted workloads are short: restore the node (so that
+    /// they may come back to it) and wait for them, still Verifying.
+    ReturnToService,
+    /// The evicted workloads were not back within the policy's timeout and it says to fail.
+    WorkloadsFailed,
     /// The health gate did not hold in time: restore the node, Failed.
     GateFailed,
     /// Deleted before the action: restore the node, Cancelled, remove the finalizer.
@@ -73,8 +101,11 @@ pub fn step(f: Facts) -> Step {
         }
         return match f.phase {
             Pending | Admitted | Draining => Step::Cancel,
-            // A reboot under way finishes first; the object goes when it is done.
-            Acting | Verifying if f.action == MaintenanceAction::Reboot => Step::Wait,
+            // A reboot under way finishes first; the object goes when it is done (one back in
+            // service, waiting only for its workloads, goes at once).
+            Acting | Verifying if f.action == MaintenanceAction::Reboot && !f.back_in_service => {
+                Step::Wait
+            }
             _ => Step::Release,
         };
     }
@@ -83,7 +114,12 @@ pub fn step(f: Facts) -> Step {
         (Draining, _) => Step::Drain,
         (Acting, MaintenanceAction::Reboot) if f.rebooted => Step::Verify,
         (Acting, MaintenanceAction::Reboot | MaintenanceAction::PowerOff) => Step::Act,
-        (Verifying, _) if f.healthy => Step::Complete,
+        (Verifying, _) if f.healthy || f.back_in_service => match f.workloads {
+            Workloads::NotNeeded | Workloads::Available | Workloads::TimedOut => Step::Complete,
+            Workloads::TimedOutFailed => Step::WorkloadsFailed,
+            Workloads::Waiting if f.back_in_service => Step::Wait,
+            Workloads::Waiting => Step::ReturnToService,
+        },
         (Verifying, _) if f.gate_expired => Step::GateFailed,
         _ => Step::Wait,
     }
@@ -150,7 +186,69 @@ mod tests {
             healthy: false,
             gate_expired: false,
             restore_asked: false,
+            back_in_service: false,
+            workloads: Workloads::NotNeeded,
         }
+    }
+
+    #[test]
+    fn a_healthy_reboot_that_evicted_pods_returns_to_service_and_waits_for_them() {
+        let healthy = Facts {
+            healthy: true,
+            workloads: Workloads::Waiting,
+            ..facts(Verifying, Reboot)
+        };
+        assert_eq!(step(healthy), Step::ReturnToService);
+        let back = Facts {
+            back_in_service: true,
+            ..healthy
+        };
+        assert_eq!(step(back), Step::Wait, "back in service: only waiting now");
+        // Back in service, the health gate is not judged again: a later wobble fails nothing.
+        let wobbling = Facts {
+            healthy: false,
+            gate_expired: true,
+            ..back
+        };
+        assert_eq!(step(wobbling), Step::Wait);
+        for (workloads, then) in [
+            (Workloads::Available, Step::Complete),
+            (Workloads::TimedOut, Step::Complete),
+            (Workloads::TimedOutFailed, Step::WorkloadsFailed),
+        ] {
+            assert_eq!(
+                step(Facts {
+                    workloads,
+                    ..wobbling
+                }),
+                then,
+                "{workloads:?}"
+            );
+        }
+        assert_eq!(
+            step(Facts {
+                deleting: true,
+                ..back
+            }),
+            Step::Release,
+            "deleted while waiting for its workloads: released at once"
+        );
+        assert_eq!(
+            step(Facts {
+                workloads: Workloads::NotNeeded,
+                ..healthy
+            }),
+            Step::Complete,
+            "nothing evicted: done once healthy"
+        );
+        assert_eq!(
+            step(Facts {
+                healthy: false,
+                ..healthy
+            }),
+            Step::Wait,
+            "not healthy yet: the gate first"
+        );
     }
 
     #[test]

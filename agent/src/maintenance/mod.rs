@@ -1,7 +1,9 @@
 //! Carrying out the admitted NodeMaintenances of this node: the lifecycle (pure) and the
-//! executor that drives it.
+//! executor that drives it; the agent's side of the workload gate.
 
+mod back_in_service;
 pub mod executor;
 pub mod lifecycle;
 pub mod reboot_request;
 pub mod watch;
+pub mod workloads;

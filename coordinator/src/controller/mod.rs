@@ -24,6 +24,7 @@ use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
 mod slots;
+mod verdicts;
 mod watch;
 mod write;
 
@@ -165,15 +166,7 @@ impl Controller {
                 .collect();
             self.arrived.retain(|name, _| pending.contains(name));
         }
-        let lookups = blockers::wanted(
-            &objects.maintenances,
-            &objects.policies,
-            blockers::by_labels(&objects.nodes),
-        );
-        if !lookups.is_empty() {
-            objects.blockers = self.blockers.blocked(&lookups).await;
-        }
-        objects.workloads = self.held_by_budgets(&objects.maintenances).await;
+        self.look_up(&mut objects).await;
         let started = Instant::now();
         let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
         if !self.decided("full", started, &plan, leader) {
@@ -183,6 +176,9 @@ impl Controller {
             self.standing = Some(std::mem::take(&mut plan.standing));
         }
         let mut fenced = self.deny_all(&objects, &plan.deny).await;
+        for verdict in &plan.workload_verdicts {
+            self.write_verdict(&objects, verdict).await;
+        }
         for ending in &plan.end {
             self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
                 .await;
@@ -243,6 +239,25 @@ impl Controller {
             self.remediate(&objects, request).await;
         }
         plan.confirm_gone
+    }
+
+    /// What a full round needs beyond the watched objects: the reboot blockers and the
+    /// PodDisruptionBudgets holding pending nodes, and the workloads Verifying reboots wait
+    /// for.
+    async fn look_up(&mut self, objects: &mut Objects) {
+        let lookups = blockers::wanted(
+            &objects.maintenances,
+            &objects.policies,
+            blockers::by_labels(&objects.nodes),
+        );
+        if !lookups.is_empty() {
+            objects.blockers = self.blockers.blocked(&lookups).await;
+        }
+        objects.workloads = self.held_by_budgets(&objects.maintenances).await;
+        let evicted = round::workload_gate::wanted(objects);
+        if !evicted.is_empty() {
+            objects.availability = self.budgets.availability(&evicted).await;
+        }
     }
 
     /// Decides maintenances that appeared pending since the last full round against what it

@@ -313,6 +313,7 @@ impl Stores {
             leases: self.leases.state(),
             blockers: BTreeMap::new(),
             workloads: BTreeMap::new(),
+            availability: BTreeMap::new(),
         }
     }
 }

@@ -23,7 +23,7 @@ use k8s_openapi::{
 use nodeward_api::{
     DisruptionPolicy, DisruptionPolicyStatus, MaintenanceAction, MaintenancePhase, NodeMaintenance,
     NodeReport,
-    maintenance::PhaseDeadline,
+    maintenance::{PhaseDeadline, WorkloadRef},
     policy::{ResolvedDeadlines, StartupAction},
 };
 
@@ -41,6 +41,7 @@ mod slots;
 #[cfg(test)]
 mod tests;
 mod view;
+pub mod workload_gate;
 
 pub use admit::{Superseded, admit_new};
 
@@ -62,6 +63,8 @@ pub struct Objects {
     pub blockers: BTreeMap<String, String>,
     /// Which PodDisruptionBudget holds a node back now (see [`crate::workloads`]), by node.
     pub workloads: BTreeMap<String, String>,
+    /// The availability of the workloads Verifying reboots evicted ([`workload_gate::wanted`]).
+    pub availability: BTreeMap<WorkloadRef, workload_gate::Looked>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -96,6 +99,8 @@ pub struct Plan {
     /// Maintenances to mark Admitted, with every policy whose slot they hold.
     pub admit: Vec<Admission>,
     pub deny: Vec<Denial>,
+    /// `WorkloadsAvailable` conditions to write on Verifying reboots.
+    pub workload_verdicts: Vec<workload_gate::WorkloadVerdict>,
     /// Unfinished maintenances to end because their node is gone.
     pub end: Vec<Ending>,
     /// Maintenances whose deadline passed, to move on without their agent.
@@ -282,6 +287,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     out_of_service::decide(&index, &cluster, &mut plan);
+    workload_gate::judge(objects, &objects.availability, now, &mut plan);
     policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
     plan.standing.cluster = cluster;
     plan
