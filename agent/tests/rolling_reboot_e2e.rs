@@ -17,7 +17,9 @@ use std::{
 use anyhow::Context;
 use kube::{Api, ResourceExt, api::DeleteParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, env::TEST_LABEL, history, machine::Machine};
+use nodeward_e2e::{
+    NodeSpec, PodOptions, TestEnv, env::TEST_LABEL, history, machine::Machine, workload,
+};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -841,5 +843,93 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     .await
     .with_context(|| output(&first))?;
     drop((first, second, coordinator));
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn three_replicas_under_a_budget_of_two_stay_two_ready_while_their_nodes_reboot_in_turn()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("wroll").await?;
+    env.create_nodes(&[
+        NodeSpec::worker("a"),
+        NodeSpec::worker("a"),
+        NodeSpec::worker("a"),
+    ])
+    .await?;
+    env.create_policy(
+        "wroll",
+        json!({"maxConcurrent": 1, "healthGate": {"for": "1s"}}),
+    )
+    .await?;
+    // Three replicas, one per node, each Ready 3 s after it runs; at least two must be up.
+    workload::spread_deployment(&env, "web", 3, "3s").await?;
+    env.pdb("web", &format!("web-{}", env.id), 2).await?;
+    let watch = workload::ReadyWatch::start(&env, "web");
+    nodeward_e2e::wait::eventually(
+        "three web replicas Ready",
+        Duration::from_secs(60),
+        || async { Ok((watch.readiness().ready.len() == 3).then_some(())) },
+    )
+    .await?;
+    watch.arm();
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let mut machines = Vec::new();
+    for index in 0..3 {
+        machines.push(machine(&env, index, "http://127.0.0.1:9/unused", false).await?);
+    }
+    let names = nodeward_e2e::machine::reboot_each(&env, 3).await?;
+    nodeward_e2e::machine::reboot_until_succeeded(
+        &mut machines,
+        &env.client,
+        &names,
+        Duration::from_secs(240),
+    )
+    .await
+    .with_context(|| coordinator.output())?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+
+    let seen = watch.readiness();
+    assert_eq!(
+        seen.fewest,
+        Some(2),
+        "never fewer than two Ready, and one down at a time: {:?}",
+        seen.timeline
+    );
+    // In admission order, each node went only after the last one's evicted replica was
+    // Ready again (its maintenance finished on WorkloadsAvailable=True).
+    let mut done: Vec<NodeMaintenance> = Vec::new();
+    for name in &names {
+        done.push(maintenances.get(name).await?);
+    }
+    let admitted = |m: &NodeMaintenance| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.admission.as_ref())
+            .map(|a| a.admitted_at.0)
+    };
+    done.sort_by_key(admitted);
+    for pair in done.windows(2) {
+        let (last, next) = (&pair[0], &pair[1]);
+        assert_eq!(
+            workloads_verdict(last).map(|v| (v.0, v.1)),
+            Some(("True".to_owned(), "Available".to_owned())),
+            "{}",
+            last.name_any()
+        );
+        let finished = last
+            .entered(MaintenancePhase::Succeeded)
+            .context("Succeeded")?
+            .0;
+        let started = admitted(next).context("admitted")?;
+        assert!(
+            started >= finished,
+            "{} admitted at {started}, before {} finished at {finished}",
+            next.name_any(),
+            last.name_any()
+        );
+    }
+    println!("web replicas Ready over the rollout: {:?}", seen.timeline);
+    drop((machines, coordinator));
     env.cleanup().await
 }

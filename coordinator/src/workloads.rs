@@ -22,7 +22,7 @@ use nodeward_api::maintenance::WorkloadRef;
 
 use crate::{
     admission::workload,
-    round::workload_gate::{Availability, Looked},
+    round::workload_gate::{Availability, Looked, Seen},
 };
 
 /// How long one answer is reused.
@@ -40,7 +40,7 @@ pub struct Lookups {
     client: Client,
     last: Option<(Instant, Held)>,
     /// Evicted workloads' availability, by workload.
-    available: HashMap<WorkloadRef, (Instant, Looked)>,
+    available: HashMap<WorkloadRef, (Instant, Seen)>,
 }
 
 impl Lookups {
@@ -56,7 +56,7 @@ impl Lookups {
     pub async fn availability(
         &mut self,
         workloads: &BTreeSet<WorkloadRef>,
-    ) -> BTreeMap<WorkloadRef, Looked> {
+    ) -> BTreeMap<WorkloadRef, Seen> {
         self.available
             .retain(|w, (at, _)| at.elapsed() < TTL && workloads.contains(w));
         let missing: Vec<WorkloadRef> = workloads
@@ -76,9 +76,9 @@ impl Lookups {
             .buffered(CONCURRENT_LISTS)
             .collect()
             .await;
-        let now = Instant::now();
+        let (now, at) = (Instant::now(), jiff::Timestamp::now());
         for (w, l) in looked {
-            self.available.insert(w, (now, l));
+            self.available.insert(w, (now, (at, l)));
         }
         workloads
             .iter()

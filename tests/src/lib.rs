@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod siege;
 pub mod systemd;
 pub mod wait;
+pub mod workload;
 
 pub use controlplane::Identity;
 pub use env::{NodeSpec, PodOptions, Role, TestEnv};

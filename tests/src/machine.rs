@@ -175,3 +175,55 @@ impl Machine {
         self.agent.as_ref().map(Daemon::output).unwrap_or_default()
     }
 }
+
+/// Carries out every reboot logind asks `machines` for until each NodeMaintenance in `names`
+/// has Succeeded; fails with the machines' output after `limit`.
+pub async fn reboot_until_succeeded(
+    machines: &mut [Machine],
+    client: &kube::Client,
+    names: &[String],
+    limit: std::time::Duration,
+) -> anyhow::Result<()> {
+    let maintenances: kube::Api<nodeward_api::NodeMaintenance> = kube::Api::all(client.clone());
+    let deadline = Instant::now() + limit;
+    loop {
+        for m in machines.iter_mut() {
+            if m.reboot_requested() {
+                m.reboot().await?;
+            }
+        }
+        let mut done = 0;
+        for name in names {
+            if maintenances.get(name).await?.phase() == nodeward_api::MaintenancePhase::Succeeded {
+                done += 1;
+            }
+        }
+        if done == names.len() {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the maintenances did not all succeed within {limit:?}:\n{}",
+            machines
+                .iter()
+                .map(Machine::output)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// Asks for a Manual Reboot of each of the first `count` nodes of `env` (`<node>-reboot`), all
+/// at once; their names.
+pub async fn reboot_each(env: &TestEnv, count: usize) -> anyhow::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for index in 0..count {
+        let node = env.node_name(index);
+        let name = format!("{node}-reboot");
+        env.create_maintenance(&name, &node, "Manual", "Reboot")
+            .await?;
+        names.push(name);
+    }
+    Ok(names)
+}

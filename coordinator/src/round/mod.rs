@@ -64,7 +64,7 @@ pub struct Objects {
     /// Which PodDisruptionBudget holds a node back now (see [`crate::workloads`]), by node.
     pub workloads: BTreeMap<String, String>,
     /// The availability of the workloads Verifying reboots evicted ([`workload_gate::wanted`]).
-    pub availability: BTreeMap<WorkloadRef, workload_gate::Looked>,
+    pub availability: BTreeMap<WorkloadRef, workload_gate::Seen>,
 }
 
 /// What the coordinator carries from one round to the next.

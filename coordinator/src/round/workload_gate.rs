@@ -30,6 +30,10 @@ pub struct Availability {
 /// for), an error when it could not be read.
 pub type Looked = Option<Result<Availability, String>>;
 
+/// A lookup and when it was made: a verdict counts only lookups made after the maintenance
+/// came back (Verifying), since before that the evicted pods may not yet show as missing.
+pub type Seen = (Timestamp, Looked);
+
 /// A `WorkloadsAvailable` condition to write on a maintenance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkloadVerdict {
@@ -68,7 +72,7 @@ fn judged(m: &NodeMaintenance) -> bool {
 /// Puts into `plan` each verdict that differs from what the maintenance carries.
 pub(super) fn judge(
     objects: &Objects,
-    availability: &BTreeMap<WorkloadRef, Looked>,
+    availability: &BTreeMap<WorkloadRef, Seen>,
     now: Timestamp,
     plan: &mut Plan,
 ) {
@@ -92,7 +96,7 @@ pub(super) fn judge(
 pub fn verdict(
     m: &NodeMaintenance,
     policies: &[std::sync::Arc<DisruptionPolicy>],
-    availability: &BTreeMap<WorkloadRef, Looked>,
+    availability: &BTreeMap<WorkloadRef, Seen>,
     now: Timestamp,
 ) -> WorkloadVerdict {
     let admitted: Vec<Option<&WorkloadGate>> = policies
@@ -135,27 +139,8 @@ pub fn verdict(
         .as_ref()
         .map(|s| s.evicted_workloads.as_slice())
         .unwrap_or_default();
-    let mut short = Vec::new();
-    let mut back = Vec::new();
-    for workload in evicted {
-        match availability.get(workload) {
-            Some(None) => {}
-            Some(Some(Ok(a))) if a.available >= a.desired => {
-                back.push(format!(
-                    "{} {} of {} available",
-                    a.shown, a.available, a.desired
-                ));
-            }
-            Some(Some(Ok(a))) => {
-                short.push(format!(
-                    "{} {} of {} available",
-                    a.shown, a.available, a.desired
-                ));
-            }
-            Some(Some(Err(e))) => short.push(format!("{workload}: cannot check ({e})")),
-            None => short.push(format!("{workload}: not looked up yet")),
-        }
-    }
+    let verifying = m.entered(MaintenancePhase::Verifying).map_or(now, |t| t.0);
+    let (short, back) = tally(evicted, availability, verifying);
     if short.is_empty() {
         let message = if back.is_empty() {
             "the evicted workloads no longer exist".to_owned()
@@ -164,7 +149,6 @@ pub fn verdict(
         };
         return to("True", reasons::AVAILABLE, cut(message));
     }
-    let verifying = m.entered(MaintenancePhase::Verifying).map_or(now, |t| t.0);
     let waited = now.duration_since(verifying).as_secs();
     let limit = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX);
     let shortfall = short.join("; ");
@@ -187,6 +171,41 @@ pub fn verdict(
         );
     }
     to("False", reasons::WAITING, cut(shortfall))
+}
+
+/// The evicted workloads that are short (or not known to be back) and those back, each as a
+/// line of the verdict, counting only lookups made since `verifying`.
+fn tally(
+    evicted: &[WorkloadRef],
+    availability: &BTreeMap<WorkloadRef, Seen>,
+    verifying: Timestamp,
+) -> (Vec<String>, Vec<String>) {
+    let mut short = Vec::new();
+    let mut back = Vec::new();
+    for workload in evicted {
+        let looked = availability
+            .get(workload)
+            .filter(|(at, _)| *at >= verifying)
+            .map(|(_, looked)| looked);
+        match looked {
+            Some(None) => {}
+            Some(Some(Ok(a))) if a.available >= a.desired => {
+                back.push(format!(
+                    "{} {} of {} available",
+                    a.shown, a.available, a.desired
+                ));
+            }
+            Some(Some(Ok(a))) => {
+                short.push(format!(
+                    "{} {} of {} available",
+                    a.shown, a.available, a.desired
+                ));
+            }
+            Some(Some(Err(e))) => short.push(format!("{workload}: cannot check ({e})")),
+            None => short.push(format!("{workload}: not looked up since the reboot yet")),
+        }
+    }
+    (short, back)
 }
 
 fn cut(mut message: String) -> String {
@@ -240,14 +259,18 @@ mod tests {
         )]
     }
 
-    fn web_available(available: i32) -> BTreeMap<WorkloadRef, Looked> {
+    /// Web's availability as looked up at 12:00:30, after the reboot.
+    fn web_available(available: i32) -> BTreeMap<WorkloadRef, Seen> {
         BTreeMap::from([(
             web(),
-            Some(Ok(Availability {
-                shown: "Deployment shop/web".into(),
-                available,
-                desired: 3,
-            })),
+            (
+                at("2026-11-25T12:00:30Z"),
+                Some(Ok(Availability {
+                    shown: "Deployment shop/web".into(),
+                    available,
+                    desired: 3,
+                })),
+            ),
         )])
     }
 
@@ -264,15 +287,26 @@ mod tests {
         assert_eq!(waiting.message, "Deployment shop/web 2 of 3 available");
         let back = verdict(&m, &policy(json!({})), &web_available(3), now);
         assert_eq!((back.status, back.reason), ("True", "Available"));
-        let gone = BTreeMap::from([(web(), None)]);
+        let gone = BTreeMap::from([(web(), (now, None))]);
         assert_eq!(verdict(&m, &policy(json!({})), &gone, now).status, "True");
-        let unreadable = BTreeMap::from([(web(), Some(Err("forbidden".to_owned())))]);
+        let unreadable = BTreeMap::from([(web(), (now, Some(Err("forbidden".to_owned()))))]);
         let unknown = verdict(&m, &policy(json!({})), &unreadable, now);
         assert_eq!(
             unknown.reason, "Waiting",
             "a check that failed does not pass"
         );
         assert!(unknown.message.contains("cannot check (forbidden)"));
+        // Looked up before the reboot: the pods it evicted may not show as missing yet.
+        let mut early = web_available(3);
+        if let Some(seen) = early.get_mut(&web()) {
+            seen.0 = at("2026-11-25T11:59:59Z");
+        }
+        let stale = verdict(&m, &policy(json!({})), &early, now);
+        assert_eq!((stale.status, stale.reason), ("False", "Waiting"));
+        assert!(
+            stale.message.contains("not looked up since the reboot yet"),
+            "{stale:?}"
+        );
     }
 
     #[test]
