@@ -145,19 +145,36 @@ fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
-/// The pods on `node` that are still running or terminating, by `namespace/name`.
+/// How long past the end of its grace period a terminating pod is still waited for.
+const PAST_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether `pod` is terminating and its grace period ended more than [`PAST_GRACE`] before
+/// `now`: the kubelet is killing it, and waiting for its report holds nothing back (kubectl
+/// drain's `--skip-wait-for-delete-timeout`). A slow kubelet then no longer runs a drain stage
+/// out of time for a pod that was already let go.
+fn past_grace(pod: &Pod, now: jiff::Timestamp) -> bool {
+    pod.metadata
+        .deletion_timestamp
+        .as_ref()
+        .and_then(|t| t.0.checked_add(PAST_GRACE).ok())
+        .is_some_and(|end| end < now)
+}
+
+/// The pods on `node` that are still running or terminating within their grace period, by
+/// `namespace/name`.
 async fn pods_on(client: &Client, node: &str) -> Result<HashMap<String, Pod>, Error> {
     let pods: Api<Pod> = Api::all(client.clone());
     let listed = pods
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .map_err(|e| ApiError::new("listing the pods of", format!("node {node}"), e))?;
+    let now = jiff::Timestamp::now();
     Ok(listed
         .items
         .into_iter()
         .filter(|p| {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed"))
+            !matches!(phase, Some("Succeeded" | "Failed")) && !past_grace(p, now)
         })
         .map(|p| (key(&p.namespace().unwrap_or_default(), &p.name_any()), p))
         .collect())
@@ -571,6 +588,28 @@ mod tests {
             returns: false,
             controller: None,
         }
+    }
+
+    #[test]
+    fn a_pod_past_its_grace_period_is_no_longer_waited_for() {
+        let at = |t: &str| -> jiff::Timestamp { t.parse().expect("a time") };
+        let mut pod = Pod::default();
+        assert!(
+            !past_grace(&pod, at("2026-11-25T12:00:00Z")),
+            "not terminating"
+        );
+        pod.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at("2026-11-25T12:00:00Z")),
+        );
+        assert!(
+            !past_grace(&pod, at("2026-11-25T11:59:50Z")),
+            "within its grace"
+        );
+        assert!(
+            !past_grace(&pod, at("2026-11-25T12:00:09Z")),
+            "just past it: still waited for"
+        );
+        assert!(past_grace(&pod, at("2026-11-25T12:00:11Z")));
     }
 
     #[test]
