@@ -71,11 +71,7 @@ pub async fn request(
     message: Option<&str>,
 ) -> Result<(), Error> {
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
-    let existing = maintenances
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| ApiError::new("listing", "NodeMaintenances".into(), e))?
-        .items;
+    let existing = every_maintenance(&maintenances).await?;
     let by = requester(client).await;
     let node_api: Api<Node> = Api::all(client.clone());
     let mut refused = Vec::new();
@@ -118,11 +114,7 @@ pub async fn request(
 /// agent undoes the taint and cordon it made (a cordon someone else made stays).
 pub async fn cancel(client: &Client, nodes: &[String]) -> Result<(), Error> {
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
-    let existing = maintenances
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| ApiError::new("listing", "NodeMaintenances".into(), e))?
-        .items;
+    let existing = every_maintenance(&maintenances).await?;
     let node_api: Api<Node> = Api::all(client.clone());
     let mut refused = Vec::new();
     for node in nodes {
@@ -195,6 +187,14 @@ pub async fn status(client: &Client) -> Result<String, Error> {
 pub async fn why(client: &Client, node: &str) -> Result<String, Error> {
     let objects = cli_status::list_all(client).await?;
     why::explain(node, &objects, jiff::Timestamp::now()).map_err(|e| Error::Refused(vec![e]))
+}
+
+async fn every_maintenance(api: &Api<NodeMaintenance>) -> Result<Vec<NodeMaintenance>, Error> {
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| ApiError::new("listing", "NodeMaintenances".into(), e))?
+        .items)
 }
 
 fn done(refused: Vec<String>) -> Result<(), Error> {

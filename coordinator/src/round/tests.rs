@@ -197,6 +197,11 @@ fn the_standing_looks_at_windows_blockers_and_budgets_again() {
     );
 }
 
+/// The maintenances `round` admits, by name.
+fn admitted(round: &Plan) -> Vec<&str> {
+    round.admit.iter().map(|a| a.maintenance.as_str()).collect()
+}
+
 #[test]
 fn a_node_a_disruption_budget_holds_back_waits_and_the_next_one_takes_the_slot() {
     let mut objects = cluster(3);
@@ -211,11 +216,7 @@ fn a_node_a_disruption_budget_holds_back_waits_and_the_next_one_takes_the_slot()
     )]);
     let round = plan(&objects, &mut Memory::default(), t(10));
     assert_eq!(
-        round
-            .admit
-            .iter()
-            .map(|a| a.maintenance.as_str())
-            .collect::<Vec<_>>(),
+        admitted(&round),
         ["m2"],
         "the older one waits for its workload, the slot goes on"
     );
@@ -233,11 +234,7 @@ fn a_node_a_disruption_budget_holds_back_waits_and_the_next_one_takes_the_slot()
     ];
     let round = plan(&objects, &mut Memory::default(), t(10));
     assert_eq!(
-        round
-            .admit
-            .iter()
-            .map(|a| a.maintenance.as_str())
-            .collect::<Vec<_>>(),
+        admitted(&round),
         ["m1"],
         "a policy that does not check budgets takes the oldest"
     );
