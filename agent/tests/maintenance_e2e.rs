@@ -29,6 +29,17 @@ struct Cluster {
 /// configuration file.
 async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<Cluster> {
     let coordinator = nodeward_e2e::daemon::coordinator(env, &[])?;
+    let agent = agent(env, node, extra_config, "agent")?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    agent.wait_ready(TIMEOUT).await?;
+    Ok(Cluster {
+        _coordinator: coordinator,
+        agent,
+    })
+}
+
+/// The agent of `node` (its log named for `label`); `extra_config` as in [`start`].
+fn agent(env: &TestEnv, node: &str, extra_config: &str, label: &str) -> anyhow::Result<Daemon> {
     let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let config = dir.join("agent.yaml");
@@ -39,9 +50,9 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
         ),
     )?;
     // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
-    let agent = Daemon::start_with_env(
+    Daemon::start_with_env(
         AGENT,
-        &format!("{}-agent", env.id),
+        &format!("{}-{label}", env.id),
         &nodeward_e2e::daemon::agent_args(
             node,
             &env.namespace,
@@ -52,13 +63,7 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
             "DBUS_SYSTEM_BUS_ADDRESS",
             "unix:path=/nonexistent/nodeward-e2e-bus",
         )],
-    )?;
-    coordinator.wait_ready(TIMEOUT).await?;
-    agent.wait_ready(TIMEOUT).await?;
-    Ok(Cluster {
-        _coordinator: coordinator,
-        agent,
-    })
+    )
 }
 
 /// A policy's `workloadGate` for tests whose drain is to meet a PodDisruptionBudget that
@@ -680,5 +685,207 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
         );
         drop(agent);
     }
+    env.cleanup().await
+}
+
+/// The surge of Deployment `name` in `m`'s status.
+fn surge_of<'a>(
+    m: &'a NodeMaintenance,
+    name: &str,
+) -> Option<&'a nodeward_api::maintenance::Surge> {
+    m.status
+        .as_ref()?
+        .surges
+        .iter()
+        .find(|s| s.deployment == name)
+}
+
+#[tokio::test]
+async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is_restored_though_both_daemons_were_killed()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::{apps::v1::Deployment, core::v1::Event};
+    use nix::sys::signal::Signal;
+    use nodeward_api::{labels::SURGE_FINALIZER, maintenance::SurgeState};
+    use nodeward_e2e::workload;
+
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("maint-surge").await?;
+    let (node, spare) = (env.node_name(0), env.node_name(1));
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("a")])
+        .await?;
+    // Both single-replica Deployments start on `node`: the spare one is cordoned until then.
+    let cordon = |on: bool| Patch::Merge(json!({"spec": {"unschedulable": on}}));
+    env.nodes()
+        .patch(&spare, &PatchParams::default(), &cordon(true))
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    workload::spread_deployment(&env, "cart", 1, "4s").await?;
+    deployments
+        .patch(
+            "cart",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"nodeward.io/surge-before-evict": "true"}}}),
+            ),
+        )
+        .await?;
+    workload::spread_deployment(&env, "solo", 1, "1s").await?;
+    let cart = workload::ReadyWatch::start(&env, "cart");
+    let solo = workload::ReadyWatch::start(&env, "solo");
+    wait::eventually("both single replicas Ready", TIMEOUT, || async {
+        Ok((cart.readiness().ready.len() == 1 && solo.readiness().ready.len() == 1).then_some(()))
+    })
+    .await?;
+    env.nodes()
+        .patch(&spare, &PatchParams::default(), &cordon(false))
+        .await?;
+    cart.arm();
+
+    // Before the rollout (paused, the maintenance pending): the policy lists the
+    // single-replica Deployment that did not ask to surge as a risk, with an Event.
+    let policy = policy(&env, json!({"paused": true})).await?;
+    let cluster = start(&env, &node, "").await?;
+    let name = drain_only(&env, &node).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let listed = wait::until(&policies, &policy, "a rollout risk listed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| !s.rollout_risks.is_empty())
+    })
+    .await?
+    .and_then(|p| p.status)
+    .context("policy status")?;
+    let risks: Vec<(String, String)> = listed
+        .rollout_risks
+        .iter()
+        .map(|r| (r.deployment.clone(), r.node_name.clone()))
+        .collect();
+    assert_eq!(
+        risks,
+        vec![("solo".to_owned(), node.clone())],
+        "cart asked to surge: no risk"
+    );
+    let events: Api<Event> = Api::all(env.client.clone());
+    wait::eventually("a RolloutRisk Event on the policy", TIMEOUT, || async {
+        let list = events
+            .list(
+                &kube::api::ListParams::default()
+                    .fields(&format!("involvedObject.name={policy},reason=RolloutRisk")),
+            )
+            .await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| e.message.as_deref().is_some_and(|m| m.contains("solo")))
+            .then_some(()))
+    })
+    .await?;
+
+    // The rollout: the surge is planned at admission, raised once the node is cordoned.
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let m = wait::until(&maintenances, &name, "cart surging", TIMEOUT, |m| {
+        m.and_then(|m| surge_of(m, "cart"))
+            .is_some_and(|s| s.state == SurgeState::Surging)
+    })
+    .await
+    .with_context(|| cluster.agent.output())?
+    .context("maintenance")?;
+    assert_eq!(
+        surge_of(&m, "cart").and_then(|s| s.replicas),
+        Some(1),
+        "the count to restore is recorded"
+    );
+    assert!(
+        m.finalizers().iter().any(|f| f == SURGE_FINALIZER),
+        "the record is kept by a finalizer"
+    );
+
+    // Both daemons die in the middle of the surge, with the Deployment raised (the record is
+    // written first, so the raise follows it).
+    wait::eventually("cart raised to 2", TIMEOUT, || async {
+        let replicas = deployments.get("cart").await?.spec.and_then(|s| s.replicas);
+        Ok((replicas == Some(2)).then_some(()))
+    })
+    .await?;
+    let Cluster {
+        _coordinator: mut killed_coordinator,
+        agent: mut killed_agent,
+    } = cluster;
+    killed_coordinator.signal(Signal::SIGKILL)?;
+    killed_agent.signal(Signal::SIGKILL)?;
+    killed_coordinator.wait_exit(TIMEOUT).await?;
+    killed_agent.wait_exit(TIMEOUT).await?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let agent = agent(&env, &node, "", "agent-restarted")?;
+
+    // Drained (DrainOnly holds the node in Acting): the old pod went only once the surge was
+    // available, and the recorded count is back.
+    let m = wait::until(
+        &maintenances,
+        &name,
+        "drained and the surge restored",
+        Duration::from_secs(120),
+        |m| {
+            m.is_some_and(|m| {
+                m.phase() == MaintenancePhase::Acting
+                    && surge_of(m, "cart").is_some_and(|s| s.state == SurgeState::Restored)
+            })
+        },
+    )
+    .await
+    .with_context(|| format!("{}\n{}", agent.output(), coordinator.output()))?
+    .context("maintenance")?;
+    assert_eq!(
+        deployments.get("cart").await?.spec.and_then(|s| s.replicas),
+        Some(1)
+    );
+    let history = surge_of(&m, "cart")
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default();
+    assert!(history.contains("restored"), "{history}");
+    wait::until(
+        &maintenances,
+        &name,
+        "the surge finalizer off",
+        TIMEOUT,
+        |m| m.is_some_and(|m| !m.finalizers().iter().any(|f| f == SURGE_FINALIZER)),
+    )
+    .await?;
+    let seen = cart.readiness();
+    assert_eq!(
+        seen.fewest,
+        Some(1),
+        "cart never had no Ready replica: {:?}",
+        seen.timeline
+    );
+    assert!(
+        seen.timeline.iter().any(|(_, n)| *n == 2),
+        "two Ready while surged: {:?}",
+        seen.timeline
+    );
+    let pods = env
+        .pods()
+        .list(&kube::api::ListParams::default().labels(&format!("app=cart-{}", env.id)))
+        .await?;
+    assert!(
+        pods.items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str())),
+        "no cart pod left on the drained node"
+    );
+
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await?;
+    drop((agent, coordinator, cart, solo));
     env.cleanup().await
 }

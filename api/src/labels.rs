@@ -42,6 +42,15 @@ pub fn naming_node(node: &str) -> Option<std::collections::BTreeMap<String, Stri
 /// Finalizer that keeps a NodeMaintenance until its node's cordon and taint are undone.
 pub const MAINTENANCE_FINALIZER: &str = "nodeward.io/maintenance";
 
+/// Finalizer the coordinator keeps on a NodeMaintenance while a Deployment it surged is above
+/// the replica count recorded in its status: a deleted maintenance keeps the record until
+/// the count is restored.
+pub const SURGE_FINALIZER: &str = "nodeward.io/surge";
+
+/// Annotation on a Deployment (value `"true"`) asking that a drain raise it by one replica and
+/// wait for the new one to be available before evicting its pod (single-replica Deployments).
+pub const SURGE_ANNOTATION: &str = "nodeward.io/surge-before-evict";
+
 /// Field managers for server-side apply; each program owns only its own fields.
 pub const AGENT_FIELD_MANAGER: &str = "nodeward-agent";
 pub const COORDINATOR_FIELD_MANAGER: &str = "nodeward-coordinator";

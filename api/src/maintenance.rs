@@ -366,6 +366,13 @@ pub struct NodeMaintenanceStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = EVICTED_WORKLOADS_LIMIT))]
     pub evicted_workloads: Vec<WorkloadRef>,
+    /// Single-replica Deployments opted in to surge before their pods here are evicted
+    /// (`nodeward.io/surge-before-evict`): the coordinator plans them at admission, raises
+    /// each by one once the node is cordoned, and restores the count it recorded here; the
+    /// drain holds their pods until the surge is available. Written by the coordinator only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = SURGES_LIMIT))]
+    pub surges: Vec<Surge>,
     /// The node's boot id when the action started; a different one after means it rebooted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
@@ -422,6 +429,72 @@ pub struct AdmissionRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 128))]
     pub node_uid: Option<String>,
+}
+
+/// The most surges a status lists (the CRD's `maxItems`).
+pub const SURGES_LIMIT: usize = 16;
+/// The most pods one surge goes before.
+pub const SURGE_PODS_LIMIT: usize = 8;
+
+/// One Deployment raised by one replica before its pods on the node are evicted.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Surge {
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    /// The Deployment's name.
+    #[schemars(length(max = 253))]
+    pub deployment: String,
+    /// Its pods on the node, which the drain holds until the surge is available.
+    #[serde(default)]
+    #[schemars(length(max = SURGE_PODS_LIMIT), inner(length(max = 253)))]
+    pub pods: Vec<String>,
+    pub state: SurgeState,
+    /// The replica count before the surge, recorded before it is raised: what is restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub replicas: Option<i32>,
+    /// Why it is in this state (how many are available, why it was skipped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
+    pub message: Option<String>,
+}
+
+/// Where a surge is: `Planned` → `Surging` → `Ready` → `Restored`, or `Skipped`.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SurgeState {
+    /// Planned at admission; raised once the node is cordoned. The drain holds its pods.
+    Planned,
+    /// Raised by one; waiting for the new replica to be available. The drain holds its pods.
+    Surging,
+    /// The new replica is available: the drain may evict.
+    Ready,
+    /// Back to the recorded count (or left as someone else set it, said in the message).
+    Restored,
+    /// Not raised (the drain ended first, the Deployment changed or is gone): its pods are
+    /// drained as any other.
+    Skipped,
+}
+
+impl SurgeState {
+    /// Whether the drain holds the surge's pods.
+    pub fn holds(self) -> bool {
+        matches!(self, Self::Planned | Self::Surging)
+    }
+
+    /// Whether the Deployment may be above its recorded count (so a restore is owed).
+    pub fn raised(self) -> bool {
+        matches!(self, Self::Surging | Self::Ready)
+    }
+}
+
+impl NodeMaintenanceStatus {
+    /// The surge that holds pod `namespace/name` back from eviction now, if any.
+    pub fn surge_holding(&self, namespace: &str, name: &str) -> Option<&Surge> {
+        self.surges.iter().find(|s| {
+            s.state.holds() && s.namespace == namespace && s.pods.iter().any(|p| p == name)
+        })
+    }
 }
 
 /// The most evicted workloads a status lists (the CRD's `maxItems`).

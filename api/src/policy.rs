@@ -483,11 +483,32 @@ pub struct DisruptionPolicyStatus {
     /// Matched nodes with an admitted, unfinished maintenance.
     #[serde(default)]
     pub in_maintenance: i32,
+    /// Single-replica Deployments that the drains of this policy's pending maintenances
+    /// would take out of service (no surge asked for), the first [`ROLLOUT_RISKS_LIMIT`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = ROLLOUT_RISKS_LIMIT))]
+    pub rollout_risks: Vec<RolloutRisk>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// The most rollout risks a policy status lists.
+pub const ROLLOUT_RISKS_LIMIT: usize = 32;
+
+/// A Deployment whose only replica runs on a node waiting for maintenance.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutRisk {
+    #[schemars(length(max = 63))]
+    pub namespace: String,
+    #[schemars(length(max = 253))]
+    pub deployment: String,
+    /// The node whose drain would evict it.
+    #[schemars(length(max = 253))]
+    pub node_name: String,
 }
 
 /// The most slots a policy holds: its `maxConcurrent` at 100% of the largest cluster

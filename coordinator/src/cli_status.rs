@@ -165,5 +165,7 @@ pub async fn list_all(client: &Client) -> Result<Objects, Error> {
         blockers: BTreeMap::new(),
         workloads: BTreeMap::new(),
         availability: BTreeMap::new(),
+        scans: BTreeMap::new(),
+        surged: BTreeMap::new(),
     })
 }

@@ -22,8 +22,16 @@ use nodeward_api::maintenance::WorkloadRef;
 
 use crate::{
     admission::workload,
-    round::workload_gate::{Availability, Looked, Seen},
+    round::{
+        surge::{self, Observed, Scan},
+        workload_gate::{Availability, Looked, Seen},
+    },
 };
+
+/// How long a scan of a node's pods is reused.
+const SCAN_TTL: Duration = Duration::from_secs(30);
+/// The most nodes scanned in one round (the others say they wait for it, and go next).
+const SCANS_PER_ROUND: usize = 32;
 
 /// How long one answer is reused.
 const TTL: Duration = Duration::from_secs(2);
@@ -41,6 +49,8 @@ pub struct Lookups {
     last: Option<(Instant, Held)>,
     /// Evicted workloads' availability, by workload.
     available: HashMap<WorkloadRef, (Instant, Seen)>,
+    /// The single-replica Deployments found on each pending node, by node.
+    scans: HashMap<String, (Instant, Scan)>,
 }
 
 impl Lookups {
@@ -49,7 +59,71 @@ impl Lookups {
             client,
             last: None,
             available: HashMap::new(),
+            scans: HashMap::new(),
         }
+    }
+
+    /// The single-replica Deployments on each of `nodes` (pending ones, oldest first): a scan
+    /// is reused for [`SCAN_TTL`]; at most [`SCANS_PER_ROUND`] are made, and a node left for
+    /// a later round gets an error saying so.
+    pub async fn scans(&mut self, nodes: &[String]) -> BTreeMap<String, Scan> {
+        let wanted: BTreeSet<&String> = nodes.iter().collect();
+        self.scans
+            .retain(|n, (at, _)| at.elapsed() < SCAN_TTL && wanted.contains(n));
+        let missing: Vec<String> = nodes
+            .iter()
+            .filter(|n| !self.scans.contains_key(*n))
+            .take(SCANS_PER_ROUND)
+            .cloned()
+            .collect();
+        let client = self.client.clone();
+        let scanned: Vec<(String, Scan)> = stream::iter(missing)
+            .map(move |node| {
+                let client = client.clone();
+                async move {
+                    let found = scan(&client, &node).await;
+                    (node, found)
+                }
+            })
+            .buffered(CONCURRENT_LISTS)
+            .collect()
+            .await;
+        let now = Instant::now();
+        for (node, found) in scanned {
+            if let Err(e) = &found {
+                tracing::warn!(%node, error = %e, "cannot look at the pods of a node waiting for maintenance");
+            }
+            self.scans.insert(node, (now, found));
+        }
+        nodes
+            .iter()
+            .map(|n| {
+                let found = self.scans.get(n).map_or_else(
+                    || Err("its pods are looked at in a later round".to_owned()),
+                    |(_, s)| s.clone(),
+                );
+                (n.clone(), found)
+            })
+            .collect()
+    }
+
+    /// The surged Deployments of `wanted` (namespace, name, node), read now.
+    pub async fn surged(
+        &self,
+        wanted: &BTreeSet<(String, String, String)>,
+    ) -> BTreeMap<(String, String, String), surge::Looked> {
+        let client = self.client.clone();
+        stream::iter(wanted.iter().cloned())
+            .map(move |key| {
+                let client = client.clone();
+                async move {
+                    let looked = observe(&client, &key.0, &key.1, &key.2).await;
+                    (key, looked)
+                }
+            })
+            .buffered(CONCURRENT_LISTS)
+            .collect()
+            .await
     }
 
     /// How available each of `workloads` is now.
@@ -238,5 +312,132 @@ where
         Err(_) => Err(format!("reading {what} timed out after {LOOKUP_TIMEOUT:?}")),
         Ok(Err(e)) => Err(format!("reading {what}: {e}")),
         Ok(Ok(found)) => Ok(found),
+    }
+}
+
+/// The single-replica Deployments with pods on `node`.
+async fn scan(client: &Client, node: &str) -> Scan {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let params = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let pods = match tokio::time::timeout(LOOKUP_TIMEOUT, pods.list(&params)).await {
+        Err(_) => {
+            return Err(format!(
+                "listing its pods timed out after {LOOKUP_TIMEOUT:?}"
+            ));
+        }
+        Ok(Err(e)) => return Err(format!("listing its pods: {e}")),
+        Ok(Ok(list)) => list.items,
+    };
+    let names: BTreeSet<(String, String)> = pods
+        .iter()
+        .filter_map(|p| Some((p.namespace()?, surge::deployment_of(p)?)))
+        .collect();
+    let mut deployments = Vec::new();
+    for (namespace, name) in names {
+        if let Some(d) = get::<Deployment>(client, &namespace, &name).await? {
+            deployments.push(d);
+        }
+    }
+    Ok(surge::single_replicas(&pods, &deployments))
+}
+
+/// A surged Deployment as it is now, with its pods on `node` that are not terminating.
+async fn observe(client: &Client, namespace: &str, name: &str, node: &str) -> surge::Looked {
+    let Some(d) = get::<Deployment>(client, namespace, name).await? else {
+        return Ok(None);
+    };
+    let selector = d
+        .spec
+        .as_ref()
+        .map(|s| s.selector.clone())
+        .ok_or_else(|| format!("Deployment {namespace}/{name} has no spec"))?;
+    let selector = Selector::try_from(selector)
+        .map_err(|e| format!("the selector of Deployment {namespace}/{name}: {e}"))?;
+    let params = ListParams::default()
+        .labels_from(&selector)
+        .fields(&format!("spec.nodeName={node}"));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let on_node = match tokio::time::timeout(LOOKUP_TIMEOUT, pods.list(&params)).await {
+        Err(_) => {
+            return Err(format!(
+                "listing the pods of Deployment {namespace}/{name} timed out after {LOOKUP_TIMEOUT:?}"
+            ));
+        }
+        Ok(Err(e)) => {
+            return Err(format!(
+                "listing the pods of Deployment {namespace}/{name}: {e}"
+            ));
+        }
+        Ok(Ok(list)) => list
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| p.name_any())
+            .collect(),
+    };
+    let status = d.status.clone().unwrap_or_default();
+    Ok(Some(Observed {
+        replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        available: status.available_replicas.unwrap_or(0),
+        current: status.observed_generation >= d.metadata.generation,
+        annotated: d
+            .annotations()
+            .get(nodeward_api::labels::SURGE_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        on_node,
+    }))
+}
+
+/// What a change of a Deployment's replica count found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Scaled {
+    /// Set to the count asked for.
+    Set,
+    /// It was at that count already.
+    Already,
+    /// Someone else set it to this count (neither the one expected nor the one asked for):
+    /// left alone.
+    Changed(i32),
+    Gone,
+}
+
+/// Sets Deployment `namespace/name` to `to` replicas through its scale subresource, only if
+/// it is at `from` now (a compare-and-swap on its resourceVersion).
+pub async fn scale(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    from: i32,
+    to: i32,
+) -> Result<Scaled, String> {
+    let what = format!("Deployment {namespace}/{name}");
+    let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let current = match tokio::time::timeout(LOOKUP_TIMEOUT, api.get_scale(name)).await {
+        Err(_) => return Err(format!("reading the scale of {what} timed out")),
+        Ok(Err(kube::Error::Api(e))) if e.code == 404 => return Ok(Scaled::Gone),
+        Ok(Err(e)) => return Err(format!("reading the scale of {what}: {e}")),
+        Ok(Ok(s)) => s,
+    };
+    let replicas = current.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    if replicas == to {
+        return Ok(Scaled::Already);
+    }
+    if replicas != from {
+        return Ok(Scaled::Changed(replicas));
+    }
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {"replicas": to},
+    });
+    let params = kube::api::PatchParams::default();
+    match tokio::time::timeout(
+        LOOKUP_TIMEOUT,
+        api.patch_scale(name, &params, &kube::api::Patch::Merge(&patch)),
+    )
+    .await
+    {
+        Err(_) => Err(format!("scaling {what} to {to} timed out")),
+        Ok(Err(e)) => Err(format!("scaling {what} from {from} to {to}: {e}")),
+        Ok(Ok(_)) => Ok(Scaled::Set),
     }
 }

@@ -684,6 +684,19 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
             json!({"deadline": {"phase": "Draining", "time": "2030-01-01T00:00:00Z", "then": "never"}}),
             "written by the nodeward coordinator only",
         ),
+        // Forging the workload gate's verdict, keeping the admission as it is.
+        (
+            json!({"conditions": [
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "fits", "lastTransitionTime": "2026-11-21T10:00:00Z"},
+                {"type": "WorkloadsAvailable", "status": "True", "reason": "Available", "message": "forged", "lastTransitionTime": "2026-11-21T10:00:00Z"},
+            ]}),
+            "written by the nodeward coordinator only",
+        ),
+        // A surge record the coordinator would "restore": another namespace's Deployment to 0.
+        (
+            json!({"surges": [{"namespace": "kube-system", "deployment": "coredns", "pods": [], "state": "Surging", "replicas": 0}]}),
+            "written by the nodeward coordinator only",
+        ),
         (
             json!({"phase": "Admitted"}),
             "from Draining to Admitted: only the coordinator admits",
@@ -701,6 +714,21 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         );
         assert!(said.contains(expected), "{status}: {said}");
     }
+
+    // Nor may it add (or take away) the finalizer that keeps a surge's record.
+    let said = refusal(
+        maintenances
+            .patch(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/surge"]}})),
+            )
+            .await,
+    );
+    assert!(
+        said.contains("the nodeward.io/surge finalizer is the nodeward coordinator's"),
+        "{said}"
+    );
 
     // Then on along the lifecycle, and no way back out of a finished phase.
     for phase in ["Acting", "Verifying", "Succeeded"] {

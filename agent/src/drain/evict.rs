@@ -14,9 +14,10 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, EvictParams, ListParams},
+    runtime::reflector::{ObjectRef, Store},
 };
 use nodeward_api::{
-    DrainPlan, OnTimeout, PodType,
+    DrainPlan, NodeMaintenance, OnTimeout, PodType,
     maintenance::{BlockingPod, EVICTED_WORKLOADS_LIMIT, WorkloadRef},
 };
 use nodeward_runtime::ApiError;
@@ -89,6 +90,30 @@ pub struct Drain<'a> {
     pub deadline: Option<Instant>,
     /// The taint the node carries while drained (pods tolerating it may come back).
     pub taint: &'a str,
+    /// The maintenance drained (the store holds its live status), whose surges hold their
+    /// pods back until the coordinator has their replacement available.
+    pub surges: Option<(Store<NodeMaintenance>, String)>,
+}
+
+/// Why `pod` waits for a surge of the maintenance being drained, if it does.
+fn held_by_surge(drain: &Drain<'_>, pod: &PodInfo) -> Option<BlockingPod> {
+    let (store, name) = drain.surges.as_ref()?;
+    let m = store.get(&ObjectRef::new(name))?;
+    let surge = m
+        .status
+        .as_ref()?
+        .surge_holding(&pod.namespace, &pod.name)?;
+    Some(BlockingPod {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        reason: "SurgePending".to_owned(),
+        message: Some(format!(
+            "Deployment {}/{} surges first: {}",
+            surge.namespace,
+            surge.deployment,
+            surge.message.as_deref().unwrap_or("planned")
+        )),
+    })
 }
 
 /// Kinds of pods, as the plan sees them.
@@ -480,6 +505,10 @@ async fn evict_group(
         for pod in group {
             let id = key(&pod.namespace, &pod.name);
             if asked.contains(&id) {
+                continue;
+            }
+            if let Some(held) = held_by_surge(drain, pod) {
+                blocking.push(held);
                 continue;
             }
             if backoff.get(&id).is_some_and(|(_, next)| *next > now) {

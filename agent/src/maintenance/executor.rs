@@ -328,6 +328,7 @@ impl Executor {
             own_pod: self.own_pod.clone(),
             deadline,
             taint: MAINTENANCE_TAINT,
+            surges: Some((store.clone(), m.name_any())),
         };
         let mut watched = Watched::start(&drain);
         let outcome = loop {

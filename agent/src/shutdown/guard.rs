@@ -403,6 +403,8 @@ impl Guard {
             own_pod: self.settings.own_pod.clone(),
             deadline: Some(tokio::time::Instant::now() + left),
             taint: SHUTDOWN_TAINT,
+            // Going down now: nothing can wait for a surge.
+            surges: None,
         };
         self.event(
             EventType::Warning,

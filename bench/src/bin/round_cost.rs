@@ -133,6 +133,7 @@ fn main() {
                 &new,
                 &BTreeMap::new(),
                 &BTreeMap::new(),
+                &BTreeMap::new(),
                 now,
             )
             .expect("the standing decides");

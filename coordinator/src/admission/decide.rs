@@ -26,6 +26,11 @@ pub struct NodeState {
     /// Which PodDisruptionBudget allows no disruption of a pod on the node now (see
     /// [`super::workload`]).
     pub workload: Option<String>,
+    /// The surges an admission of the node plans (see [`crate::round::surge`]).
+    pub surges: Vec<nodeward_api::maintenance::Surge>,
+    /// Why the node's pods are not known (not looked at yet, or the lookup failed): without
+    /// them an admission could not plan the surges its Deployments ask for.
+    pub unscanned: Option<String>,
     /// Why no agent can carry a maintenance of this node out (a missing or stale heartbeat).
     pub agent_unavailable: Option<String>,
     /// Why the node is dead (NotReady, its agent silent, unreachable from its peers), if it is:
@@ -114,7 +119,8 @@ fn deny(reason: &'static str, message: String) -> Decision {
 
 /// Decides one pending maintenance against the current state: the first rule it breaks
 /// denies it, checked in this order: the node, its policies' state, blockers, the node's
-/// agent, the workloads on it, control-plane quorum, `maxUnhealthy`, the budgets.
+/// agent, the workloads on it, control-plane quorum, `maxUnhealthy`, the budgets, and last
+/// whether its pods are known.
 pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
     let Some(node) = cluster.nodes.get(&pending.node) else {
         return deny(
@@ -139,7 +145,8 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         .and_then(|()| workloads_allow(node, pending, &policies))
         .and_then(|()| quorum_allows(cluster, node, pending, &policies))
         .and_then(|()| health_allows(cluster, pending, &policies))
-        .and_then(|()| budgets_allow(cluster, pending, &policies));
+        .and_then(|()| budgets_allow(cluster, pending, &policies))
+        .and_then(|()| pods_known(node, pending, &policies));
     match verdict {
         Ok(()) => Decision::Admit {
             policies: policies.iter().map(|p| p.name.clone()).collect(),
@@ -194,6 +201,24 @@ fn workloads_allow(
     let checked = policies.is_empty() || policies.iter().any(|p| p.checks_workloads);
     match node
         .workload
+        .as_ref()
+        .filter(|_| checked && pending.needs_agent)
+    {
+        Some(why) => Err(deny(denial::WORKLOAD_NOT_READY, why.clone())),
+        None => Ok(()),
+    }
+}
+
+/// The node's pods were looked at, where its workloads are checked: last, so that a node the
+/// budgets deny anyway is denied for them.
+fn pods_known(
+    node: &NodeState,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
+    let checked = policies.is_empty() || policies.iter().any(|p| p.checks_workloads);
+    match node
+        .unscanned
         .as_ref()
         .filter(|_| checked && pending.needs_agent)
     {

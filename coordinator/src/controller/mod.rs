@@ -24,6 +24,7 @@ use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
 mod slots;
+mod surges;
 mod verdicts;
 mod watch;
 mod write;
@@ -52,7 +53,7 @@ pub struct Controller {
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
     blockers: Lookups,
-    budgets: workloads::Lookups,
+    workloads: workloads::Lookups,
     /// What the last full round left, while everything it decided was written.
     standing: Option<Standing>,
     /// When each maintenance first seen pending arrived, until it is admitted or denied.
@@ -69,7 +70,7 @@ impl Controller {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
             blockers: Lookups::new(client.clone()),
-            budgets: workloads::Lookups::new(client.clone()),
+            workloads: workloads::Lookups::new(client.clone()),
             writer: Writer {
                 client,
                 identity,
@@ -175,7 +176,13 @@ impl Controller {
         if self.admit_all(&objects, &plan).await {
             self.standing = Some(std::mem::take(&mut plan.standing));
         }
+        self.report_risks(&objects, &plan);
         let mut fenced = self.deny_all(&objects, &plan.deny).await;
+        for work in &plan.surges {
+            if let Some(m) = Self::maintenance(&objects, &work.maintenance) {
+                self.writer.surge(m, work).await;
+            }
+        }
         for verdict in &plan.workload_verdicts {
             self.write_verdict(&objects, verdict).await;
         }
@@ -253,10 +260,49 @@ impl Controller {
         if !lookups.is_empty() {
             objects.blockers = self.blockers.blocked(&lookups).await;
         }
-        objects.workloads = self.held_by_budgets(&objects.maintenances).await;
+        (objects.workloads, objects.scans) = self.look_ahead(&objects.maintenances).await;
+        let surged = round::surge::wanted(&objects.maintenances);
+        if !surged.is_empty() {
+            objects.surged = self.workloads.surged(&surged).await;
+        }
         let evicted = round::workload_gate::wanted(objects);
         if !evicted.is_empty() {
-            objects.availability = self.budgets.availability(&evicted).await;
+            objects.availability = self.workloads.availability(&evicted).await;
+        }
+    }
+
+    /// A Warning Event on a policy for each rollout risk its status lists anew (a few per
+    /// round; the status lists them all).
+    fn report_risks(&self, objects: &Objects, plan: &Plan) {
+        const EVENTS_PER_POLICY: usize = 5;
+        for (name, status) in &plan.policy_status {
+            let Some(policy) = objects.policies.iter().find(|p| p.name_any() == *name) else {
+                continue;
+            };
+            let before = policy
+                .status
+                .as_ref()
+                .map(|s| s.rollout_risks.as_slice())
+                .unwrap_or_default();
+            for risk in status
+                .rollout_risks
+                .iter()
+                .filter(|r| !before.contains(r))
+                .take(EVENTS_PER_POLICY)
+            {
+                self.writer.event(
+                    policy.as_ref(),
+                    kube::runtime::events::EventType::Warning,
+                    "RolloutRisk",
+                    format!(
+                        "Deployment {}/{} has one replica, on node {}, which waits for maintenance: its drain takes it out of service (annotate it {}=true to surge first, or give it more replicas)",
+                        risk.namespace,
+                        risk.deployment,
+                        risk.node_name,
+                        nodeward_api::labels::SURGE_ANNOTATION
+                    ),
+                );
+            }
         }
     }
 
@@ -299,7 +345,7 @@ impl Controller {
         } else {
             self.blockers.blocked(&lookups).await
         };
-        let held = self.held_by_budgets(&objects.maintenances).await;
+        let (held, scans) = self.look_ahead(&objects.maintenances).await;
         let started = Instant::now();
         let Some(plan) = round::admit_new(
             &mut standing,
@@ -307,6 +353,7 @@ impl Controller {
             &objects.maintenances,
             &blocked,
             &held,
+            &scans,
             Timestamp::now(),
         ) else {
             return false;
@@ -322,24 +369,44 @@ impl Controller {
         true
     }
 
-    /// The nodes of pending `maintenances` that a PodDisruptionBudget holds back now, and why
-    /// (all of them when the budgets cannot be checked: nothing is admitted on a check that
-    /// could not be made). No lookup while nothing is pending.
-    async fn held_by_budgets(
+    /// What admission looks ahead at on the nodes of pending `maintenances`: those a
+    /// PodDisruptionBudget holds back now and why (all of them when the budgets cannot be
+    /// checked: nothing is admitted on a check that could not be made), and the single-replica
+    /// Deployments on each (see [`round::surge`]). No lookup while nothing is pending.
+    async fn look_ahead(
         &mut self,
         maintenances: &[Arc<NodeMaintenance>],
-    ) -> BTreeMap<String, String> {
-        let pending: BTreeSet<&str> = maintenances
+    ) -> (
+        BTreeMap<String, String>,
+        BTreeMap<String, round::surge::Scan>,
+    ) {
+        let mut pending: Vec<&NodeMaintenance> = maintenances
             .iter()
+            .map(AsRef::as_ref)
             .filter(|m| {
                 m.phase() == MaintenancePhase::Pending && m.metadata.deletion_timestamp.is_none()
             })
-            .map(|m| m.spec.node_name.as_str())
             .collect();
         if pending.is_empty() {
-            return BTreeMap::new();
+            return (BTreeMap::new(), BTreeMap::new());
         }
-        match self.budgets.held().await {
+        // The oldest are admitted first, so they are looked at first.
+        pending.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
+        let mut nodes: Vec<String> = Vec::new();
+        for m in &pending {
+            if !nodes.contains(&m.spec.node_name) {
+                nodes.push(m.spec.node_name.clone());
+            }
+        }
+        let held = self.held_by_budgets(&nodes).await;
+        let scans = self.workloads.scans(&nodes).await;
+        (held, scans)
+    }
+
+    /// Which of `nodes` a PodDisruptionBudget holds back now, and why.
+    async fn held_by_budgets(&mut self, nodes: &[String]) -> BTreeMap<String, String> {
+        let pending: BTreeSet<&str> = nodes.iter().map(String::as_str).collect();
+        match self.workloads.held().await {
             Ok(mut held) => {
                 held.retain(|node, _| pending.contains(node.as_str()));
                 held

@@ -314,6 +314,8 @@ impl Stores {
             blockers: BTreeMap::new(),
             workloads: BTreeMap::new(),
             availability: BTreeMap::new(),
+            scans: BTreeMap::new(),
+            surged: BTreeMap::new(),
         }
     }
 }

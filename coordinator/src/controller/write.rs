@@ -508,6 +508,15 @@ impl Writer {
         current: &NodeMaintenance,
         change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
     ) -> bool {
+        self.written_maintenance(current, change).await.is_some()
+    }
+
+    /// [`Self::write_maintenance`], returning the object as written.
+    pub(super) async fn written_maintenance(
+        &self,
+        current: &NodeMaintenance,
+        change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
+    ) -> Option<NodeMaintenance> {
         let name = current.name_any();
         let mut updated = current.clone();
         let status = updated.status.get_or_insert_with(Default::default);
@@ -538,13 +547,13 @@ impl Writer {
         {
             Ok(written) => {
                 write.done(written.resource_version());
-                self.fresh_maintenances().record(current, written);
-                true
+                self.fresh_maintenances().record(current, written.clone());
+                Some(written)
             }
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => false,
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => None,
             Err(e) => {
                 tracing::warn!(error = %ApiError::new("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
-                false
+                None
             }
         }
     }
@@ -592,6 +601,16 @@ impl Writer {
             .write_maintenance(current, |status| {
                 status.enter(MaintenancePhase::Admitted, Time(now));
                 status.admission = Some(record);
+                // A surge still raised keeps its record until it is restored.
+                status.surges.retain(|s| s.state.raised());
+                for planned in &admission.surges {
+                    let known = status.surges.iter().any(|s| {
+                        s.namespace == planned.namespace && s.deployment == planned.deployment
+                    });
+                    if !known && status.surges.len() < nodeward_api::maintenance::SURGES_LIMIT {
+                        status.surges.push(planned.clone());
+                    }
+                }
                 status.deadline = start;
                 status.message = Some(message.clone());
                 round::set_condition(

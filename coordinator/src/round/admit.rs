@@ -106,10 +106,10 @@ pub(super) fn admit_pending(
         };
         match decide::decide(cluster, &request) {
             Decision::Admit { policies } => {
-                let node_uid = cluster
+                let (node_uid, surges) = cluster
                     .nodes
                     .get(&node)
-                    .map(|n| n.uid.clone())
+                    .map(|n| (n.uid.clone(), n.surges.clone()))
                     .unwrap_or_default();
                 cluster.disrupted.insert(node);
                 let mut new_slots_in = Vec::new();
@@ -134,6 +134,7 @@ pub(super) fn admit_pending(
                     policies,
                     new_slots_in,
                     deadlines,
+                    surges,
                 });
             }
             Decision::Deny { reason, message } => {
@@ -171,6 +172,7 @@ pub fn admit_new(
     new: &[Arc<NodeMaintenance>],
     blockers: &BTreeMap<String, String>,
     workloads: &BTreeMap<String, String>,
+    scans: &BTreeMap<String, super::surge::Scan>,
     now: Timestamp,
 ) -> Option<Plan> {
     if policies.len() != standing.policies.len() {
@@ -215,6 +217,7 @@ pub fn admit_new(
             state.blocker = blockers.get(&m.spec.node_name).cloned();
         }
         state.workload = workloads.get(&m.spec.node_name).cloned();
+        super::surge::apply_scan(state, scans.get(&m.spec.node_name));
     }
 
     let mut slots: BTreeMap<String, Vec<BudgetSlot>> = by_name

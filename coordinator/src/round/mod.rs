@@ -38,6 +38,7 @@ mod overdue;
 mod policy_status;
 mod remediate;
 mod slots;
+pub mod surge;
 #[cfg(test)]
 mod tests;
 mod view;
@@ -65,6 +66,11 @@ pub struct Objects {
     pub workloads: BTreeMap<String, String>,
     /// The availability of the workloads Verifying reboots evicted ([`workload_gate::wanted`]).
     pub availability: BTreeMap<WorkloadRef, workload_gate::Seen>,
+    /// The single-replica Deployments on the nodes of pending maintenances, by node (see
+    /// [`surge`]); an error (the lookup failed, or was not made yet) holds the node back.
+    pub scans: BTreeMap<String, surge::Scan>,
+    /// The surged Deployments ([`surge::wanted`]) as read now.
+    pub surged: BTreeMap<(String, String, String), surge::Looked>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -99,6 +105,8 @@ pub struct Plan {
     /// Maintenances to mark Admitted, with every policy whose slot they hold.
     pub admit: Vec<Admission>,
     pub deny: Vec<Denial>,
+    /// Surges to record, raise, mark or restore ([`surge::work`]).
+    pub surges: Vec<surge::Work>,
     /// `WorkloadsAvailable` conditions to write on Verifying reboots.
     pub workload_verdicts: Vec<workload_gate::WorkloadVerdict>,
     /// Unfinished maintenances to end because their node is gone.
@@ -160,6 +168,8 @@ pub struct Admission {
     pub new_slots_in: Vec<String>,
     /// Those policies' deadlines, the longest of each (its start deadline is written with it).
     pub deadlines: ResolvedDeadlines,
+    /// The surges planned for the node's single-replica Deployments that ask for one.
+    pub surges: Vec<nodeward_api::maintenance::Surge>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -271,6 +281,9 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
             state.workload = Some(why.clone());
         }
     }
+    for (node, state) in &mut cluster.nodes {
+        surge::apply_scan(state, objects.scans.get(node));
+    }
     let (pending, superseded) = admit::pending_oldest_first(index.maintenances.values().copied());
     // Written a few at a time: one node's identity may have created thousands.
     plan.superseded = superseded.into_iter().take(SUPERSEDED_PER_ROUND).collect();
@@ -288,9 +301,35 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     out_of_service::decide(&index, &cluster, &mut plan);
     workload_gate::judge(objects, &objects.availability, now, &mut plan);
-    policy_status::write(&index, &health, &cluster, slots, &gates, now, &mut plan);
+    plan.surges = surge_work(objects);
+    let listed = policy_status::Listed {
+        slots,
+        scans: objects.scans.clone(),
+    };
+    policy_status::write(&index, &health, &cluster, listed, &gates, now, &mut plan);
     plan.standing.cluster = cluster;
     plan
+}
+
+/// The surge work of every maintenance that has some.
+fn surge_work(objects: &Objects) -> Vec<surge::Work> {
+    let cordoned: BTreeSet<&str> = objects
+        .nodes
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+        .filter_map(|n| n.metadata.name.as_deref())
+        .collect();
+    objects
+        .maintenances
+        .iter()
+        .filter_map(|m| {
+            surge::work(
+                m,
+                cordoned.contains(m.spec.node_name.as_str()),
+                &objects.surged,
+            )
+        })
+        .collect()
 }
 
 fn timestamp(time: Option<&Time>) -> Timestamp {

@@ -1,7 +1,7 @@
 //! Each policy's status as the round leaves it: its slots and counts, and its `Paused`,
 //! `RemediationAllowed` and `Valid` conditions. Only statuses that change are written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -13,6 +13,7 @@ use nodeward_api::{
 use super::{
     Plan, PolicyMark, count,
     remediate::{Assessed, Gate},
+    surge,
     view::{Index, PolicyView},
 };
 use crate::{admission::decide::Cluster, pause};
@@ -40,18 +41,33 @@ pub fn set_condition(
     );
 }
 
+/// What each policy's status lists from this round's decisions, by policy.
+pub(super) struct Listed {
+    /// The slots each keeps after admission.
+    pub slots: BTreeMap<String, Vec<BudgetSlot>>,
+    /// The single-replica Deployments on the nodes of its pending maintenances, as scanned.
+    pub scans: BTreeMap<String, surge::Scan>,
+}
+
 /// Puts each policy's new status into `plan` where it changed, with its budget use and the
-/// mark a later admission-only round checks: `slots` are the slots each keeps after
-/// admission, `gates` their remediation gates (in [`Index::policies`] order).
+/// mark a later admission-only round checks: `gates` are their remediation gates (in
+/// [`Index::policies`] order).
 pub(super) fn write(
     index: &Index,
     health: &Assessed,
     cluster: &Cluster,
-    mut slots: BTreeMap<String, Vec<BudgetSlot>>,
+    listed: Listed,
     gates: &[Gate],
     now: Timestamp,
     plan: &mut Plan,
 ) {
+    let Listed { mut slots, scans } = listed;
+    let pending: BTreeSet<&str> = index
+        .maintenances
+        .values()
+        .filter(|m| m.phase() == MaintenancePhase::Pending)
+        .map(|m| m.spec.node_name.as_str())
+        .collect();
     // NotReady nodes are few; matched ones can be thousands.
     let not_ready: Vec<&String> = cluster
         .nodes
@@ -78,6 +94,10 @@ pub(super) fn write(
                     .count(),
             ),
             conditions: old.conditions.clone(),
+            rollout_risks: surge::risks(
+                pending.iter().copied().filter(|n| p.matched.contains(*n)),
+                &scans,
+            ),
             observed_generation: generation,
         };
         let in_use = cluster

@@ -78,6 +78,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
         &new,
         &BTreeMap::new(),
         &BTreeMap::new(),
+        &BTreeMap::new(),
         t(400),
     )
     .expect("the standing decides");
@@ -103,6 +104,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
         &[maintenance("m4", "n4").created(500).build()],
         &BTreeMap::new(),
         &BTreeMap::new(),
+        &BTreeMap::new(),
         t(500),
     )
     .expect("the standing decides");
@@ -121,6 +123,7 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
             &mut round.standing.clone(),
             policies,
             new,
+            &BTreeMap::new(),
             &BTreeMap::new(),
             &BTreeMap::new(),
             t(400),
@@ -173,6 +176,7 @@ fn the_standing_looks_at_windows_blockers_and_budgets_again() {
                 &new,
                 blockers,
                 held,
+                &BTreeMap::new(),
                 t(now),
             )
         };
@@ -369,6 +373,7 @@ fn a_new_maintenance_that_already_holds_a_slot_is_left_to_a_full_round() {
             &mut round.standing.clone(),
             &objects.policies,
             &new,
+            &BTreeMap::new(),
             &BTreeMap::new(),
             &BTreeMap::new(),
             t(201)

@@ -314,6 +314,8 @@ pub(super) fn cluster(
                     unhealthy: unhealthy.contains(*name) || !is_ready(node),
                     blocker: blockers.get(*name).cloned(),
                     workload: None,
+                    surges: Vec::new(),
+                    unscanned: None,
                     agent_unavailable: agent_unavailable(
                         name,
                         index.heartbeat(name),
