@@ -30,8 +30,10 @@ use crate::{
 
 /// How long a scan of a node's pods is reused.
 const SCAN_TTL: Duration = Duration::from_secs(30);
-/// The most nodes scanned in one round (the others say they wait for it, and go next).
-const SCANS_PER_ROUND: usize = 32;
+/// The most nodes scanned in one [`SCAN_WINDOW`] (the others say they wait for it, and go
+/// next): rounds may follow each other closely in a busy rollout.
+const SCANS_PER_WINDOW: usize = 32;
+const SCAN_WINDOW: Duration = Duration::from_secs(5);
 
 /// How long one answer is reused.
 const TTL: Duration = Duration::from_secs(2);
@@ -51,6 +53,8 @@ pub struct Lookups {
     available: HashMap<WorkloadRef, (Instant, Seen)>,
     /// The single-replica Deployments found on each pending node, by node.
     scans: HashMap<String, (Instant, Scan)>,
+    /// When the current scan window began, and the scans made in it.
+    scan_window: (Instant, usize),
 }
 
 impl Lookups {
@@ -60,22 +64,27 @@ impl Lookups {
             last: None,
             available: HashMap::new(),
             scans: HashMap::new(),
+            scan_window: (Instant::now(), 0),
         }
     }
 
     /// The single-replica Deployments on each of `nodes` (pending ones, oldest first): a scan
-    /// is reused for [`SCAN_TTL`]; at most [`SCANS_PER_ROUND`] are made, and a node left for
-    /// a later round gets an error saying so.
+    /// is reused for [`SCAN_TTL`]; at most [`SCANS_PER_WINDOW`] are made in a window, and a
+    /// node left for a later round gets an error saying so.
     pub async fn scans(&mut self, nodes: &[String]) -> BTreeMap<String, Scan> {
         let wanted: BTreeSet<&String> = nodes.iter().collect();
         self.scans
             .retain(|n, (at, _)| at.elapsed() < SCAN_TTL && wanted.contains(n));
+        if self.scan_window.0.elapsed() >= SCAN_WINDOW {
+            self.scan_window = (Instant::now(), 0);
+        }
         let missing: Vec<String> = nodes
             .iter()
             .filter(|n| !self.scans.contains_key(*n))
-            .take(SCANS_PER_ROUND)
+            .take(SCANS_PER_WINDOW.saturating_sub(self.scan_window.1))
             .cloned()
             .collect();
+        self.scan_window.1 += missing.len();
         let client = self.client.clone();
         let scanned: Vec<(String, Scan)> = stream::iter(missing)
             .map(move |node| {

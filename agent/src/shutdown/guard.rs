@@ -403,8 +403,7 @@ impl Guard {
             own_pod: self.settings.own_pod.clone(),
             deadline: Some(tokio::time::Instant::now() + left),
             taint: SHUTDOWN_TAINT,
-            // Going down now: nothing can wait for a surge.
-            surges: None,
+            surges: None, // going down now: nothing can wait for a surge
         };
         self.event(
             EventType::Warning,

@@ -51,7 +51,11 @@ const DENIAL_REFRESH: Duration = Duration::from_secs(30);
 fn message_follows_progress(reason: &str) -> bool {
     matches!(
         reason,
-        denial::BUDGET_EXHAUSTED | denial::TOO_MANY_UNHEALTHY | denial::QUORUM_PROTECTED
+        denial::BUDGET_EXHAUSTED
+            | denial::TOO_MANY_UNHEALTHY
+            | denial::QUORUM_PROTECTED
+            // Its budget's healthy count moves as the evicted replicas come back.
+            | denial::WORKLOAD_NOT_READY
     )
 }
 /// A remediation just requested is not requested again for this long (the watch shows it).
@@ -687,6 +691,7 @@ mod tests {
             denial::BUDGET_EXHAUSTED,
             denial::TOO_MANY_UNHEALTHY,
             denial::QUORUM_PROTECTED,
+            denial::WORKLOAD_NOT_READY,
         ] {
             assert!(message_follows_progress(reason), "{reason}");
         }

@@ -247,69 +247,10 @@ pub fn work(
             surge.deployment.clone(),
             node.clone(),
         );
-        let seen = looked.get(&key);
-        match surge.state {
-            SurgeState::Restored | SurgeState::Skipped => {}
-            SurgeState::Planned if waiting => {}
-            SurgeState::Planned if !draining => {
-                skip(surge, "the drain was over before the surge");
-            }
-            SurgeState::Planned => match seen {
-                None | Some(Err(_)) => {}
-                Some(Ok(None)) => skip(surge, "the Deployment is gone"),
-                Some(Ok(Some(o))) if !o.annotated => {
-                    skip(
-                        surge,
-                        &format!("{SURGE_ANNOTATION} was taken off the Deployment"),
-                    );
-                }
-                Some(Ok(Some(o))) if o.replicas != 1 => skip(
-                    surge,
-                    &format!("the Deployment has {} replicas now, not 1", o.replicas),
-                ),
-                Some(Ok(Some(o))) if !surge.pods.iter().any(|p| o.on_node.contains(p)) => {
-                    skip(surge, "its pod is no longer on the node");
-                }
-                Some(Ok(Some(o))) => {
-                    surge.state = SurgeState::Surging;
-                    surge.replicas = Some(o.replicas);
-                    surge.message = Some(format!(
-                        "raised from {} to {}; waiting for the new replica to be available",
-                        o.replicas,
-                        o.replicas + 1
-                    ));
-                    raise.push(index);
-                }
-            },
-            SurgeState::Surging | SurgeState::Ready => {
-                let from = surge.replicas.unwrap_or(1);
-                let pods_gone = |o: &Observed| !surge.pods.iter().any(|p| o.on_node.contains(p));
-                match seen {
-                    _ if !draining => restore.push(index),
-                    Some(Ok(None)) => restore.push(index),
-                    None | Some(Err(_)) => {}
-                    Some(Ok(Some(o))) if surge.state == SurgeState::Ready => {
-                        if pods_gone(o) {
-                            restore.push(index);
-                        }
-                    }
-                    // The record was written but the raise was not (a restart in between).
-                    Some(Ok(Some(o))) if o.replicas == from => raise.push(index),
-                    Some(Ok(Some(o))) if o.current && o.available > from => {
-                        surge.state = SurgeState::Ready;
-                        surge.message = Some(format!(
-                            "{} of {} replicas available: the drain may evict",
-                            o.available, o.replicas
-                        ));
-                    }
-                    Some(Ok(Some(o))) => {
-                        surge.message = Some(format!(
-                            "{} of {} replicas available; waiting for the new one",
-                            o.available, o.replicas
-                        ));
-                    }
-                }
-            }
+        match advance(surge, looked.get(&key), waiting, draining) {
+            Some(Act::Raise) => raise.push(index),
+            Some(Act::Restore) => restore.push(index),
+            None => {}
         }
     }
     let raised_after = surges
@@ -333,6 +274,87 @@ pub fn work(
         restore,
         finalizer,
     })
+}
+
+/// What a surge needs done beyond its own state change.
+enum Act {
+    Raise,
+    Restore,
+}
+
+/// Moves one surge on by what was `seen` of its Deployment; `waiting`: the drain has not
+/// started yet, `draining`: it runs on the cordoned node.
+fn advance(surge: &mut Surge, seen: Option<&Looked>, waiting: bool, draining: bool) -> Option<Act> {
+    match surge.state {
+        SurgeState::Restored | SurgeState::Skipped => None,
+        SurgeState::Planned if waiting => None,
+        SurgeState::Planned if !draining => {
+            skip(surge, "the drain was over before the surge");
+            None
+        }
+        SurgeState::Planned => match seen {
+            None | Some(Err(_)) => None,
+            Some(Ok(None)) => {
+                skip(surge, "the Deployment is gone");
+                None
+            }
+            Some(Ok(Some(o))) => {
+                let why = if !o.annotated {
+                    Some(format!("{SURGE_ANNOTATION} was taken off the Deployment"))
+                } else if o.replicas != 1 {
+                    Some(format!(
+                        "the Deployment has {} replicas now, not 1",
+                        o.replicas
+                    ))
+                } else if !surge.pods.iter().any(|p| o.on_node.contains(p)) {
+                    Some("its pod is no longer on the node".to_owned())
+                } else {
+                    None
+                };
+                if let Some(why) = why {
+                    skip(surge, &why);
+                    return None;
+                }
+                surge.state = SurgeState::Surging;
+                surge.replicas = Some(o.replicas);
+                surge.message = Some(format!(
+                    "raised from {} to {}; waiting for the new replica to be available",
+                    o.replicas,
+                    o.replicas + 1
+                ));
+                Some(Act::Raise)
+            }
+        },
+        SurgeState::Surging | SurgeState::Ready => {
+            let from = surge.replicas.unwrap_or(1);
+            let pods_gone = |o: &Observed| !surge.pods.iter().any(|p| o.on_node.contains(p));
+            match seen {
+                _ if !draining => Some(Act::Restore),
+                Some(Ok(None)) => Some(Act::Restore),
+                None | Some(Err(_)) => None,
+                Some(Ok(Some(o))) if surge.state == SurgeState::Ready => {
+                    pods_gone(o).then_some(Act::Restore)
+                }
+                // The record was written but the raise was not (a restart in between).
+                Some(Ok(Some(o))) if o.replicas == from => Some(Act::Raise),
+                Some(Ok(Some(o))) if o.current && o.available > from => {
+                    surge.state = SurgeState::Ready;
+                    surge.message = Some(format!(
+                        "{} of {} replicas available: the drain may evict",
+                        o.available, o.replicas
+                    ));
+                    None
+                }
+                Some(Ok(Some(o))) => {
+                    surge.message = Some(format!(
+                        "{} of {} replicas available; waiting for the new one",
+                        o.available, o.replicas
+                    ));
+                    None
+                }
+            }
+        }
+    }
 }
 
 fn skip(surge: &mut Surge, why: &str) {
