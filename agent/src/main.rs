@@ -9,7 +9,7 @@ use nodeward_agent::{
     detect::{
         AgentContext,
         cluster::ClusterContext,
-        kernel_log::{self, KernelLog, NodeEvent},
+        kernel_log::{self, KernelEvent, KernelLog},
         peers::{self, Directory, PeerContext},
     },
     liveness::Liveness,
@@ -287,7 +287,12 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     );
     let peers = peer_context(&config, &client, &running, &metrics, &mut tasks).await?;
     let (kernel_events_tx, kernel_events) = mpsc::channel(64);
-    let kernel_log = kernel_log(&config, kernel_events_tx);
+    let kernel_published = if config.detectors.kernel_log.enabled {
+        kernel_published(&client, &running).await
+    } else {
+        None
+    };
+    let kernel_log = kernel_log(&config, kernel_events_tx, kernel_published);
     let agent = AgentContext {
         cluster,
         peers,
@@ -296,8 +301,9 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let detectors = config.detectors.enabled(Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
-    let reporter =
-        Reporter::new(client.clone(), identity, metrics, readiness).with_sightings(sightings);
+    let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
+        .with_sightings(sightings)
+        .with_kernel_published(kernel_published);
     let pauses = maintain(
         &config,
         &client,
@@ -354,8 +360,30 @@ async fn peer_context(
     }))
 }
 
+/// The last kernel log record this node's agent published as an Event on this boot, as its
+/// NodeReport records it (none on a new boot, or when it cannot be read: then the lookback
+/// applies, and an Event within it may be published again).
+async fn kernel_published(client: &kube::Client, running: &Running) -> Option<u64> {
+    let reports: kube::Api<nodeward_api::NodeReport> = kube::Api::all(client.clone());
+    let report = match reports.get_opt(&running.node_name).await {
+        Ok(report) => report?,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read this node's NodeReport for the kernel log's position; Events within the lookback may repeat");
+            return None;
+        }
+    };
+    let position = report.status?.kernel_log?;
+    (Some(&position.boot_id) == running.boot_id.as_ref())
+        .then(|| u64::try_from(position.sequence).ok())
+        .flatten()
+}
+
 /// The kernel log followed (its matches sent as `events`), when enabled and readable.
-fn kernel_log(config: &Config, events: mpsc::Sender<NodeEvent>) -> Option<KernelLog> {
+fn kernel_log(
+    config: &Config,
+    events: mpsc::Sender<KernelEvent>,
+    published: Option<u64>,
+) -> Option<KernelLog> {
     if !config.detectors.kernel_log.enabled {
         return None;
     }
@@ -372,11 +400,16 @@ fn kernel_log(config: &Config, events: mpsc::Sender<NodeEvent>) -> Option<Kernel
         seen: Arc::default(),
     };
     let device = config.detectors.kernel_log.device.clone();
+    let replay = kernel_log::Replay {
+        published,
+        lookback: config.detectors.kernel_log.lookback,
+    };
     match kernel_log::follow(
         device.clone(),
         log.patterns.clone(),
         log.seen.clone(),
         events,
+        replay,
     ) {
         Ok(()) => Some(log),
         Err(e) => {

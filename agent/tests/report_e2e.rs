@@ -463,26 +463,35 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     env.cleanup().await
 }
 
+/// How many times the Events about `node` tell of `text` (an Event's series counts its repeats).
+async fn told(env: &TestEnv, node: &str, text: &str) -> anyhow::Result<i32> {
+    Ok(env
+        .events_about(node, "")
+        .await?
+        .iter()
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
+}
+
 #[tokio::test]
-async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Result<()> {
+async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_restart()
+-> anyhow::Result<()> {
     let env = TestEnv::new("agent-kmsg").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
     // Patterns unique to this test, so that no other agent on this machine reacts to them.
     let tag = env.id.replace('-', "");
     let kernel_log = format!(
-        "{{interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 4s}}]}}"
+        "{{interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 20s}}]}}"
     );
-    let _agent = Agent::start_with(
-        &node,
-        &env,
-        Options {
-            interval: "1s",
-            heartbeat: "30s",
-            kernel_log: &kernel_log,
-            ..Options::default()
-        },
-    )?;
+    let options = || Options {
+        interval: "1s",
+        heartbeat: "30s",
+        kernel_log: &kernel_log,
+        ..Options::default()
+    };
+    let agent = Agent::start_with(&node, &env, options())?;
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
 
@@ -500,22 +509,63 @@ async fn kernel_messages_raise_events_and_a_clearing_condition() -> anyhow::Resu
         reason_of(&flagged, "ReadonlyFilesystem").as_deref(),
         Some("FilesystemIsReadOnly")
     );
-
-    let oom = wait::eventually("the OOMKilling event", TIMEOUT, || async {
-        let events = env.events_about(&node, "").await?;
-        Ok(events
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("OOMKilling")))
+    let first = format!("Killed process 4242 (t{tag})");
+    wait::eventually("the OOMKilling event", TIMEOUT, || async {
+        Ok((told(&env, &node, &first).await? == 1).then_some(()))
     })
     .await?;
-    assert!(
-        oom.note
-            .unwrap_or_default()
-            .contains(&format!("Killed process 4242 (t{tag})"))
+    // Its sequence number reaches the NodeReport before the agent goes.
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(
+        &reports,
+        &node,
+        "the kernel log's position reported",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.kernel_log.is_some())
+        },
+    )
+    .await?;
+
+    // A restarted agent reads the log from the boot's start: the remount (younger than its
+    // clearAfter) still counts, and the OOM kill already published is not published again;
+    // a new one is.
+    drop(agent);
+    let agent = Agent::start_with(&node, &env, options())?;
+    agent.wait_ready().await?;
+    // The restarted agent's own verdict (the Node still carries the first one's): a reader
+    // from the current end would never see the remount.
+    wait::eventually(
+        "the restarted agent to read the remount back",
+        TIMEOUT,
+        || async {
+            let problem = agent
+                .metric("nodeward_finding{type=\"ReadonlyFilesystem\"}")
+                .await
+                .unwrap_or(0.0);
+            Ok((problem == 1.0).then_some(()))
+        },
+    )
+    .await?;
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>Out of memory: Killed process 4343 (t{tag}) total-vm:1kB\n"),
+    )?;
+    let second = format!("Killed process 4343 (t{tag})");
+    wait::eventually("the new OOMKilling event", TIMEOUT, || async {
+        Ok((told(&env, &node, &second).await? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        told(&env, &node, &first).await?,
+        1,
+        "published once, not again after the restart"
     );
 
     // Nothing new for clearAfter: the condition clears.
     wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
+    drop(agent);
     env.cleanup().await
 }
 

@@ -25,6 +25,10 @@ pub mod node {
     pub const KUBELET_PROBLEM: &str = "KubeletProblem";
     pub const REBOOT_REQUIRED: &str = "RebootRequired";
     pub const READONLY_FILESYSTEM: &str = "ReadonlyFilesystem";
+    /// The kernel log: the container runtime's task hung (node-problem-detector's type).
+    pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
+    /// The kernel log: an XFS filesystem shut down (node-problem-detector's type).
+    pub const XFS_SHUTDOWN: &str = "XfsShutdown";
     /// Reported in the NodeReport and as an Event, never as a condition: a node that never
     /// registered has no Node object to carry one.
     pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
@@ -35,6 +39,8 @@ pub mod node {
         SECURITY_GROUP_PROBLEM,
         KUBELET_PROBLEM,
         READONLY_FILESYSTEM,
+        KERNEL_DEADLOCK,
+        XFS_SHUTDOWN,
     ];
     /// Written by the coordinator: the node never became Ready within a policy's
     /// `nodeStartupTimeout`.
@@ -48,6 +54,8 @@ pub mod node {
         KUBELET_PROBLEM,
         REBOOT_REQUIRED,
         READONLY_FILESYSTEM,
+        KERNEL_DEADLOCK,
+        XFS_SHUTDOWN,
     ];
     /// Condition types others own (the kubelet, the network plugin, the coordinator), which a
     /// custom check or kernel-log pattern may not take.

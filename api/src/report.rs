@@ -86,9 +86,23 @@ pub struct NodeReportStatus {
     #[schemars(length(max = PEER_SIGHTINGS_LIMIT))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub peer_sightings: Vec<PeerSighting>,
+    /// The last kernel log record published as an Event: a restarted agent publishes only
+    /// newer ones of the same boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_log: Option<KernelLogPosition>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// A kernel log record: the boot and its sequence number in `/dev/kmsg`.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct KernelLogPosition {
+    #[schemars(length(max = 64))]
+    pub boot_id: String,
+    #[schemars(range(min = 0))]
+    pub sequence: i64,
 }
 
 /// The most findings a NodeReport lists: the built-in detectors and the custom checks an

@@ -1,11 +1,16 @@
-//! The kernel log (`/dev/kmsg`), read from the current position on (old messages are never
-//! re-scanned), matched against patterns compiled once. A match is either an Event (OOM kills,
-//! hung tasks) or sets a condition (a filesystem remounted read-only) that clears when the
-//! pattern has not matched for its `clearAfter`.
+//! The kernel log (`/dev/kmsg`), read from the oldest record the kernel still holds (so an
+//! agent started after an OOM kill or a read-only remount still sees it), matched against
+//! patterns compiled once. A match is either an Event (OOM kills, hung tasks) or sets a
+//! condition (a filesystem remounted read-only) that clears when the pattern has not matched
+//! for its `clearAfter`, counted from the record's own time. An Event is published once per
+//! record: the NodeReport keeps the boot id and the sequence number of the last one
+//! ([`Replay`]), and a restarted agent publishes only newer ones (or, the first time on a
+//! boot, those within `lookback`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     io::{Read, Seek, SeekFrom},
+    os::unix::fs::OpenOptionsExt,
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -24,6 +29,10 @@ super::section! {
         pub device: PathBuf,
         /// How often the condition patterns are evaluated (matching itself is immediate).
         pub patterns: Vec<KernelPatternConfig>,
+        /// How far back, at the agent's first start on a boot, records still become Events
+        /// (older ones only set conditions, within their `clearAfter`).
+        #[serde(deserialize_with = "crate::values::duration")]
+        pub lookback: Duration,
     }
 }
 
@@ -60,24 +69,57 @@ impl Default for KernelLogConfig {
         Self {
             enabled: true,
             device: PathBuf::from("/dev/kmsg"),
+            lookback: Duration::from_secs(300),
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
             hold: Duration::ZERO,
+            // node-problem-detector's kernel monitor, rule for rule (its reasons, so that
+            // alerts on them carry over), and the lines newer kernels print for the same
+            // problems; each is tested against real kernel messages below.
             patterns: vec![
                 pattern(
                     "OOMKilling",
-                    r"(Out of memory|Memory cgroup out of memory): Kill(ed)? process \d+",
+                    r"(Out of memory|Memory cgroup out of memory): Kill(ed)? process \d+|Killed process \d+ \(.+\) total-vm:\d+kB",
                     None,
                 ),
                 pattern(
                     "TaskHung",
-                    r"task \S+:\w+ blocked for more than \w+ seconds\.",
+                    r"task [\S ]+:\d+ blocked for more than \d+ seconds\.",
+                    None,
+                ),
+                pattern(
+                    "UnregisterNetDevice",
+                    r"unregister_netdevice: waiting for \S+ to become free\. Usage count = -?\d+",
                     None,
                 ),
                 pattern(
                     "KernelOops",
-                    r"BUG: unable to handle kernel|Oops: \d+",
+                    r"BUG: unable to handle |BUG: kernel NULL pointer dereference|divide error: 0000 \[#\d+\]|Oops: [0-9a-f]{4} \[#\d+\]|general protection fault",
                     None,
+                ),
+                pattern("Ext4Error", r"EXT4-fs error ", None),
+                pattern("Ext4Warning", r"EXT4-fs warning ", None),
+                pattern(
+                    "IOError",
+                    r"Buffer I/O error on |I/O error, dev \S+, sector \d+",
+                    None,
+                ),
+                pattern("MemoryReadError", r"CE memory read error ", None),
+                pattern("CperHardwareError", r"\[Hardware Error\]: ", None),
+                pattern(
+                    "XfsHasShutdown",
+                    r"XFS \([^)]+\): .*(Shutting down filesystem|Filesystem has been shut down)",
+                    Some(nodeward_api::conditions::node::XFS_SHUTDOWN),
+                ),
+                pattern(
+                    "DockerHung",
+                    r"task (docker|dockerd):\d+ blocked for more than \d+ seconds\.",
+                    Some(nodeward_api::conditions::node::KERNEL_DEADLOCK),
+                ),
+                pattern(
+                    "ContainerdHung",
+                    r"task (containerd|containerd-shim\S*):\d+ blocked for more than \d+ seconds\.",
+                    Some(nodeward_api::conditions::node::KERNEL_DEADLOCK),
                 ),
                 pattern(
                     "FilesystemIsReadOnly",
@@ -133,6 +175,11 @@ impl Section for KernelLogConfig {
                     self.schedule(),
                     input,
                     |(log, condition, name)| async move {
+                        // Judged once the records from before the start are read (the
+                        // detector's timeout bounds the wait).
+                        while !log.seen.lock().is_ok_and(|s| s.caught_up) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
                         let mut finding = evaluate(&log.patterns, &log.seen, Instant::now())
                             .into_iter()
                             .find(|f| f.condition == condition.as_str())
@@ -154,6 +201,56 @@ pub struct NodeEvent {
     pub warning: bool,
     pub reason: String,
     pub note: String,
+}
+
+/// An Event from the kernel log record numbered `sequence` (in this boot).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelEvent {
+    pub event: NodeEvent,
+    pub sequence: u64,
+}
+
+/// Which records of this boot become Events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replay {
+    /// The sequence number of the last record published as an Event on this boot (from the
+    /// NodeReport), if known.
+    pub published: Option<u64>,
+    /// Without it: records at most this old.
+    pub lookback: Duration,
+}
+
+impl Replay {
+    /// Whether the record numbered `sequence`, `age` old, is published as an Event.
+    pub fn publishes(&self, sequence: u64, age: Duration) -> bool {
+        match self.published {
+            Some(last) => sequence > last,
+            None => age <= self.lookback,
+        }
+    }
+}
+
+/// One `/dev/kmsg` record: `prio,seq,usec,flags;message\n continuation lines`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record<'a> {
+    pub sequence: u64,
+    /// When it was logged, as time since boot.
+    pub since_boot: Duration,
+    pub message: &'a str,
+}
+
+/// Reads one record; `None` for anything else.
+pub fn record_of(raw: &str) -> Option<Record<'_>> {
+    let (header, message) = raw.split_once(';')?;
+    let mut fields = header.split(',');
+    let _priority = fields.next()?;
+    let sequence = fields.next()?.parse().ok()?;
+    let usec: u64 = fields.next()?.parse().ok()?;
+    Some(Record {
+        sequence,
+        since_boot: Duration::from_micros(usec),
+        message: message.lines().next()?,
+    })
 }
 
 pub const DETECTOR: &str = "kernel-log";
@@ -189,8 +286,7 @@ pub fn compile(config: &KernelLogConfig) -> Result<Vec<Pattern>, String> {
 
 /// The message of one `/dev/kmsg` record (`prio,seq,usec,flags;message\n continuation`).
 pub fn message_of(record: &str) -> Option<&str> {
-    let (_, message) = record.split_once(';')?;
-    message.lines().next()
+    record_of(record).map(|r| r.message)
 }
 
 /// What the reader has seen, shared with the detector.
@@ -198,6 +294,9 @@ pub fn message_of(record: &str) -> Option<&str> {
 pub struct Seen {
     /// When each condition pattern (by reason) last matched, and the message.
     last: BTreeMap<String, (Instant, String)>,
+    /// Whether the reader has read every record the kernel held at its start: until then a
+    /// condition cannot be judged (a restarted agent would clear one it has yet to read).
+    pub caught_up: bool,
 }
 
 /// Feeds one message through the patterns: records condition matches and returns the Events.
@@ -265,30 +364,56 @@ pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<F
         .collect()
 }
 
-/// Follows the kernel log from now on, in a thread of its own (reads block), until the
-/// receiver of `events` is gone.
+/// Follows the kernel log from the oldest record the kernel holds, in a thread of its own
+/// (reads block), until the receiver of `events` is gone; `replay` says which records become
+/// Events.
 pub fn follow(
     device: PathBuf,
     patterns: Arc<Vec<Pattern>>,
     seen: Arc<Mutex<Seen>>,
-    events: mpsc::Sender<NodeEvent>,
+    events: mpsc::Sender<KernelEvent>,
+    replay: Replay,
 ) -> std::io::Result<()> {
-    let mut file = std::fs::File::open(&device)?;
-    // Start at the end: what happened before the agent started was reported (or not) then.
-    file.seek(SeekFrom::End(0))?;
+    // Not blocking: a read with nothing left says so, which is when the reader caught up.
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(&device)?;
+    // A new reader of /dev/kmsg starts at the oldest record still in the ring buffer.
+    file.seek(SeekFrom::Start(0))?;
     std::thread::Builder::new().name("kmsg".into()).spawn(move || {
         // One read returns one record; records are at most about 8 KiB.
         let mut buffer = vec![0u8; 16 * 1024];
         loop {
             match file.read(&mut buffer) {
-                Ok(0) => std::thread::sleep(Duration::from_millis(200)),
+                Ok(0) => {
+                    caught_up(&seen);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    caught_up(&seen);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 Ok(len) => {
-                    let record = String::from_utf8_lossy(&buffer[..len]);
-                    if let Some(message) = message_of(&record) {
-                        for event in feed(&patterns, &seen, message, Instant::now()) {
-                            if events.blocking_send(event).is_err() {
-                                return;
-                            }
+                    let raw = String::from_utf8_lossy(&buffer[..len]);
+                    let Some(record) = record_of(&raw) else {
+                        continue;
+                    };
+                    // The record's own time (kmsg counts from boot, as CLOCK_MONOTONIC does).
+                    let age = since_boot().saturating_sub(record.since_boot);
+                    let now = Instant::now();
+                    let at = now.checked_sub(age).unwrap_or(now);
+                    let found = feed(&patterns, &seen, record.message, at);
+                    if !replay.publishes(record.sequence, age) {
+                        continue;
+                    }
+                    for event in found {
+                        let event = KernelEvent {
+                            event,
+                            sequence: record.sequence,
+                        };
+                        if events.blocking_send(event).is_err() {
+                            return;
                         }
                     }
                 }
@@ -303,6 +428,19 @@ pub fn follow(
         }
     })?;
     Ok(())
+}
+
+fn caught_up(seen: &Mutex<Seen>) {
+    seen.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .caught_up = true;
+}
+
+/// Time since boot, as the kernel log stamps its records.
+fn since_boot() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default()
 }
 
 /// What the kernel-log detector reads.
@@ -369,12 +507,22 @@ mod tests {
         let p = patterns();
         let seen = Mutex::new(Seen::default());
         let t0 = Instant::now();
-        let before = evaluate(&p, &seen, t0);
-        assert_eq!(before.len(), 1);
+        let readonly = |findings: Vec<Finding>| {
+            findings
+                .into_iter()
+                .find(|f| f.condition == "ReadonlyFilesystem")
+                .expect("the ReadonlyFilesystem finding")
+        };
+        let conditions: Vec<String> = evaluate(&p, &seen, t0)
+            .iter()
+            .map(|f| f.condition.to_string())
+            .collect();
         assert_eq!(
-            (before[0].condition.as_ref(), before[0].status),
-            ("ReadonlyFilesystem", Status::Ok)
+            conditions,
+            ["KernelDeadlock", "ReadonlyFilesystem", "XfsShutdown"],
+            "one finding per condition type"
         );
+        assert_eq!(readonly(evaluate(&p, &seen, t0)).status, Status::Ok);
         assert!(
             feed(
                 &p,
@@ -384,19 +532,246 @@ mod tests {
             )
             .is_empty()
         );
-        let during = evaluate(&p, &seen, t0 + Duration::from_secs(60));
-        during[0].assert_is(Status::Problem, "FilesystemIsReadOnly");
-        assert!(
-            during[0]
-                .message
-                .contains("Remounting filesystem read-only")
-        );
+        let during = readonly(evaluate(&p, &seen, t0 + Duration::from_secs(60)));
+        during.assert_is(Status::Problem, "FilesystemIsReadOnly");
+        assert!(during.message.contains("Remounting filesystem read-only"));
         let clear_after = p
             .iter()
             .find_map(|p| p.condition.as_ref().map(|_| p.clear_after))
             .expect("a condition pattern");
-        let after = evaluate(&p, &seen, t0 + clear_after);
-        assert_eq!(after[0].status, Status::Ok);
+        let after = readonly(evaluate(&p, &seen, t0 + clear_after));
+        assert_eq!(after.status, Status::Ok);
+    }
+
+    /// Real kernel messages (as printed by Linux 4.x to 6.x) and what each must give.
+    const KERNEL_LINES: &[(&str, &str)] = &[
+        (
+            "Out of memory: Killed process 2592 (stress) total-vm:8192148kB, anon-rss:7868176kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:15420kB oom_score_adj:0",
+            "OOMKilling",
+        ),
+        (
+            "Memory cgroup out of memory: Killed process 3012 (python3) total-vm:1090420kB, anon-rss:1048900kB, file-rss:5036kB, shmem-rss:0kB, UID:1000 pgtables:2108kB oom_score_adj:985",
+            "OOMKilling",
+        ),
+        (
+            "Killed process 1733 (java) total-vm:4397296kB, anon-rss:1712400kB, file-rss:0kB",
+            "OOMKilling",
+        ),
+        (
+            "INFO: task kworker/u16:2:1234 blocked for more than 122 seconds.",
+            "TaskHung",
+        ),
+        (
+            "INFO: task jbd2/nvme0n1p1-8:456 blocked for more than 120 seconds.",
+            "TaskHung",
+        ),
+        (
+            "unregister_netdevice: waiting for eth0 to become free. Usage count = 1",
+            "UnregisterNetDevice",
+        ),
+        (
+            "unregister_netdevice: waiting for veth7a1b2c3 to become free. Usage count = -1",
+            "UnregisterNetDevice",
+        ),
+        (
+            "BUG: unable to handle kernel NULL pointer dereference at 0000000000000008",
+            "KernelOops",
+        ),
+        (
+            "BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "KernelOops",
+        ),
+        (
+            "BUG: unable to handle page fault for address: ffffc90000a7e000",
+            "KernelOops",
+        ),
+        ("divide error: 0000 [#1] SMP PTI", "KernelOops"),
+        ("Oops: 0002 [#1] PREEMPT SMP NOPTI", "KernelOops"),
+        (
+            "general protection fault, probably for non-canonical address 0xdead000000000122: 0000 [#1] SMP PTI",
+            "KernelOops",
+        ),
+        (
+            "EXT4-fs error (device sda1): ext4_find_entry:1455: inode #2: comm ls: reading directory lblock 0",
+            "Ext4Error",
+        ),
+        (
+            "EXT4-fs warning (device sdb1): ext4_end_bio:345: I/O error 10 writing to inode 12 starting block 8192)",
+            "Ext4Warning",
+        ),
+        (
+            "Buffer I/O error on dev sdb1, logical block 0, async page read",
+            "IOError",
+        ),
+        (
+            "blk_update_request: I/O error, dev sdb, sector 2048 op 0x1:(WRITE) flags 0x800 phys_seg 1 prio class 0",
+            "IOError",
+        ),
+        (
+            "I/O error, dev nvme1n1, sector 123456 op 0x0:(READ) flags 0x80700 phys_seg 1 prio class 2",
+            "IOError",
+        ),
+        (
+            "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x2f4d63 offset:0x0 grain:32 syndrome:0x0 - area:DRAM err_code:0001:0091 socket:0 ha:0 channel_mask:2 rank:0)",
+            "MemoryReadError",
+        ),
+        (
+            "{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 0",
+            "CperHardwareError",
+        ),
+        (
+            "XFS (dm-0): Corruption of in-memory data detected.  Shutting down filesystem",
+            "XfsHasShutdown",
+        ),
+        (
+            "XFS (sdb1): Log I/O Error Detected. Shutting down filesystem",
+            "XfsHasShutdown",
+        ),
+        (
+            "XFS (sda1): Filesystem has been shut down due to log error (0x2).",
+            "XfsHasShutdown",
+        ),
+        (
+            "INFO: task dockerd:1873 blocked for more than 120 seconds.",
+            "DockerHung",
+        ),
+        (
+            "INFO: task containerd:2123 blocked for more than 120 seconds.",
+            "ContainerdHung",
+        ),
+        (
+            "EXT4-fs (sda1): Remounting filesystem read-only",
+            "FilesystemIsReadOnly",
+        ),
+    ];
+
+    #[test]
+    fn the_default_rules_match_real_kernel_messages_and_nothing_of_a_healthy_boot() {
+        let p = patterns();
+        for (line, reason) in KERNEL_LINES {
+            let matched: Vec<&str> = p
+                .iter()
+                .filter(|p| p.regex.is_match(line))
+                .map(|p| p.reason.as_str())
+                .collect();
+            assert!(
+                matched.contains(reason),
+                "{line}: {matched:?}, want {reason}"
+            );
+        }
+        // Every default rule is exercised by a real line.
+        for pattern in &p {
+            assert!(
+                KERNEL_LINES.iter().any(|(_, r)| *r == pattern.reason),
+                "no real line for {}",
+                pattern.reason
+            );
+        }
+        let healthy = [
+            "Linux version 6.1.0-28-cloud-amd64 (debian-kernel@lists.debian.org)",
+            "EXT4-fs (vda): mounted filesystem 1e0c3c4a with ordered data mode. Quota mode: none.",
+            "EXT4-fs (vda): re-mounted 1e0c3c4a. Quota mode: none.",
+            "XFS (sdb1): Mounting V5 Filesystem",
+            "systemd[1]: Started containerd.service - containerd container runtime.",
+            "virtio_net virtio0 enp0s2: renamed from eth0",
+            "IPv6: ADDRCONF(NETDEV_CHANGE): veth1234: link becomes ready",
+        ];
+        for line in healthy {
+            let matched: Vec<&str> = p
+                .iter()
+                .filter(|p| p.regex.is_match(line))
+                .map(|p| p.reason.as_str())
+                .collect();
+            assert!(matched.is_empty(), "{line}: {matched:?}");
+        }
+        // The runtime's hung task is both an Event and the KernelDeadlock condition.
+        let seen = Mutex::new(Seen::default());
+        let now = Instant::now();
+        let events = feed(
+            &p,
+            &seen,
+            "INFO: task containerd:2123 blocked for more than 120 seconds.",
+            now,
+        );
+        assert_eq!(
+            events.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(),
+            ["TaskHung"]
+        );
+        let deadlock = evaluate(&p, &seen, now)
+            .into_iter()
+            .find(|f| f.condition == "KernelDeadlock")
+            .expect("KernelDeadlock");
+        deadlock.assert_is(Status::Problem, "ContainerdHung");
+    }
+
+    #[test]
+    fn records_carry_their_sequence_and_time_since_boot() {
+        assert_eq!(
+            record_of("3,1093,84012345,-;EXT4-fs error (device sda1): bad\n SUBSYSTEM=block\n"),
+            Some(Record {
+                sequence: 1093,
+                since_boot: Duration::from_micros(84_012_345),
+                message: "EXT4-fs error (device sda1): bad",
+            })
+        );
+        assert_eq!(record_of("3,x,1,-;message"), None);
+    }
+
+    #[test]
+    fn a_restarted_agent_publishes_only_records_after_the_last_one_it_published() {
+        let known = Replay {
+            published: Some(1093),
+            lookback: Duration::from_secs(300),
+        };
+        assert!(
+            !known.publishes(1093, Duration::ZERO),
+            "the same record again"
+        );
+        assert!(!known.publishes(12, Duration::ZERO));
+        assert!(
+            known.publishes(1094, Duration::from_secs(3600)),
+            "newer, however old"
+        );
+        // The first start on a boot: only what is within the lookback.
+        let fresh = Replay {
+            published: None,
+            lookback: Duration::from_secs(300),
+        };
+        assert!(fresh.publishes(5, Duration::from_secs(299)));
+        assert!(!fresh.publishes(5, Duration::from_secs(301)));
+    }
+
+    #[test]
+    fn an_old_remount_read_back_at_start_sets_the_condition_only_within_its_clear_after() {
+        let p = patterns();
+        let now = Instant::now();
+        let recent = Mutex::new(Seen::default());
+        feed(
+            &p,
+            &recent,
+            "EXT4-fs (sda1): Remounting filesystem read-only",
+            now - Duration::from_secs(600),
+        );
+        let f = evaluate(&p, &recent, now);
+        f.iter()
+            .find(|f| f.condition == "ReadonlyFilesystem")
+            .expect("condition")
+            .assert_is(Status::Problem, "FilesystemIsReadOnly");
+        let old = Mutex::new(Seen::default());
+        feed(
+            &p,
+            &old,
+            "EXT4-fs (sda1): Remounting filesystem read-only",
+            now - Duration::from_secs(7200),
+        );
+        let f = evaluate(&p, &old, now);
+        assert_eq!(
+            f.iter()
+                .find(|f| f.condition == "ReadonlyFilesystem")
+                .map(|f| f.status),
+            Some(Status::Ok),
+            "older than clearAfter (1h)"
+        );
     }
 
     #[test]

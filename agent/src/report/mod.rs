@@ -39,7 +39,7 @@ use crate::{
     Error,
     backoff::Backoff,
     detect::Status,
-    detect::kernel_log::NodeEvent,
+    detect::kernel_log::{KernelEvent, NodeEvent},
     detect::peers::Sightings,
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
@@ -114,6 +114,8 @@ pub struct Reporter {
     report_owned: bool,
     /// The peer detector's sightings, when it runs.
     sightings: Option<Sightings>,
+    /// The sequence number of the last kernel log record published as an Event on this boot.
+    kernel_published: Option<u64>,
 }
 
 impl Reporter {
@@ -139,7 +141,15 @@ impl Reporter {
             report_only: Vec::new(),
             report_owned: false,
             sightings: None,
+            kernel_published: None,
         }
+    }
+
+    /// Continues from the last kernel log record published as an Event on this boot (read
+    /// from the NodeReport at start), so that the report keeps it until a newer one.
+    pub fn with_kernel_published(mut self, sequence: Option<u64>) -> Self {
+        self.kernel_published = sequence;
+        self
     }
 
     /// Publishes the peer detector's `sightings` in the NodeReport.
@@ -153,7 +163,7 @@ impl Reporter {
     pub async fn run(
         mut self,
         mut snapshots: watch::Receiver<Snapshot>,
-        mut kernel_events: mpsc::Receiver<NodeEvent>,
+        mut kernel_events: mpsc::Receiver<KernelEvent>,
         mut pauses: watch::Receiver<Vec<PauseAcknowledgement>>,
     ) {
         let mut pauses_open = true;
@@ -185,18 +195,24 @@ impl Reporter {
                 }
                 event = kernel_events.recv(), if kernel_open => {
                     match event {
-                        Some(event) => {
+                        Some(first) => {
                             let node = k8s_openapi::api::core::v1::ObjectReference {
                                 api_version: Some("v1".into()),
                                 kind: Some("Node".into()),
                                 name: Some(self.identity.node_name.clone()),
                                 ..Default::default()
                             };
-                            self.publish(&node, vec![event]).await;
+                            // Those already queued too, then one report records the last.
+                            let mut next = Some(first);
+                            while let Some(KernelEvent { event, sequence }) = next {
+                                self.publish(&node, vec![event]).await;
+                                self.kernel_published = Some(sequence);
+                                next = kernel_events.try_recv().ok();
+                            }
+                            report_due = true;
                         }
                         None => kernel_open = false,
                     }
-                    continue;
                 }
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)).await }, if retry_at.is_some() => {}
             }
@@ -378,6 +394,7 @@ impl Reporter {
                 "findings": findings,
                 "pauseAcknowledgements": pauses,
                 "peerSightings": self.sightings.as_ref().map(Sightings::latest).unwrap_or_default(),
+                "kernelLog": self.kernel_position(),
             },
         });
         let report = reports
@@ -402,6 +419,14 @@ impl Reporter {
                 .await;
         }
         Ok(())
+    }
+
+    /// Where the kernel log's Events stand, for the report (none before the first).
+    fn kernel_position(&self) -> Option<nodeward_api::report::KernelLogPosition> {
+        Some(nodeward_api::report::KernelLogPosition {
+            boot_id: self.identity.boot_id.clone()?,
+            sequence: i64::try_from(self.kernel_published?).ok()?,
+        })
     }
 
     /// Creates the NodeReport if it is missing and makes its Node its owner once the Node
