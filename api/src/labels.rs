@@ -14,6 +14,11 @@ pub const SHUTDOWN_CORDON_BY: &str = "shutdown";
 /// Taint put on a node under an admitted NodeMaintenance.
 pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
 
+/// Taint (`PreferNoSchedule`) on a node whose maintenance waits for admission, under a policy
+/// with `taintWhilePending` (kured's `--prefer-no-schedule-taint`): pods evicted from the nodes
+/// going now avoid the next ones. nodeward's alone; taken away once nothing waits.
+pub const PENDING_TAINT: &str = "nodeward.io/maintenance-pending";
+
 /// Node annotation recording that nodeward (not an admin) cordoned the node, with the
 /// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
 pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";

@@ -79,6 +79,11 @@ pub struct DisruptionPolicySpec {
     /// Agents in scope create a Reboot maintenance when their node reports RebootRequired.
     #[serde(default)]
     pub auto_reboot: bool,
+    /// Nodes in scope whose maintenance waits for admission are tainted
+    /// `nodeward.io/maintenance-pending:PreferNoSchedule`, so that pods evicted from the
+    /// nodes going now avoid those going next (kured's `--prefer-no-schedule-taint`).
+    #[serde(default)]
+    pub taint_while_pending: bool,
     /// Conditions under which no reboot is admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot_blockers: Option<RebootBlockers>,

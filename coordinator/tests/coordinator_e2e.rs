@@ -1698,3 +1698,61 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
     drop(coordinator);
     env.cleanup().await
 }
+
+/// Whether `node` carries nodeward's pending taint (PreferNoSchedule).
+fn pending_tainted(node: Option<&Node>) -> bool {
+    node.and_then(|n| n.spec.as_ref())
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.key == nodeward_api::labels::PENDING_TAINT && t.effect == "PreferNoSchedule"
+            })
+        })
+}
+
+#[tokio::test]
+async fn a_node_waiting_for_its_turn_is_tainted_prefer_no_schedule_until_admitted()
+-> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("pending-taint").await?;
+    reporting_nodes(&env, &[NodeSpec::worker("a"), NodeSpec::worker("a")]).await?;
+    let (first, second) = (env.node_name(0), env.node_name(1));
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "taintWhilePending": true}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let going = create_maintenance(&env, &first).await?;
+    wait_admitted(&env, &going, TIMEOUT).await?;
+    let waiting = create_maintenance(&env, &second).await?;
+    wait_denied(&env, &waiting, "BudgetExhausted").await?;
+
+    // The next node in line avoids new pods; the one going now carries no such taint.
+    let nodes = env.nodes();
+    wait::until(
+        &nodes,
+        &second,
+        "the waiting node tainted",
+        TIMEOUT,
+        pending_tainted,
+    )
+    .await?;
+    assert!(!pending_tainted(nodes.get_opt(&first).await?.as_ref()));
+
+    // Its turn: admitted, and the taint goes.
+    finish(&env, &going).await?;
+    wait_admitted(&env, &waiting, TIMEOUT).await?;
+    wait::until(
+        &nodes,
+        &second,
+        "the taint gone once admitted",
+        TIMEOUT,
+        |n| !pending_tainted(n),
+    )
+    .await?;
+    finish(&env, &waiting).await?;
+    drop(coordinator);
+    env.cleanup().await
+}

@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::labels::{
     CORDONED_BY_ANNOTATION, OUT_OF_SERVICE_ANNOTATION, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE,
+    PENDING_TAINT,
 };
 
 use crate::ApiError;
@@ -201,6 +202,49 @@ pub async fn set_out_of_service(
     };
     update(client, name, action, |node| {
         let changed = node.metadata.uid.as_deref() == Some(uid) && out_of_service(node, on, why);
+        (changed, changed)
+    })
+    .await
+}
+
+/// Puts nodeward's pending taint (`PreferNoSchedule`) on `node` or takes it away; returns
+/// whether the node changed.
+pub fn pending(node: &mut Node, on: bool) -> bool {
+    let spec = node.spec.get_or_insert_with(Default::default);
+    let taints = spec.taints.get_or_insert_with(Vec::new);
+    let tainted = taints.iter().any(|t| t.key == PENDING_TAINT);
+    match (on, tainted) {
+        (true, false) => {
+            taints.push(Taint {
+                key: PENDING_TAINT.to_owned(),
+                value: None,
+                effect: "PreferNoSchedule".to_owned(),
+                time_added: None,
+            });
+            true
+        }
+        (false, true) => {
+            taints.retain(|t| t.key != PENDING_TAINT);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// [`pending`] on `name`, only on the Node with `uid`.
+pub async fn set_pending(
+    client: &Client,
+    name: &str,
+    uid: &str,
+    on: bool,
+) -> Result<bool, ApiError> {
+    let action = if on {
+        "tainting while its maintenance is pending"
+    } else {
+        "taking the pending taint from"
+    };
+    update(client, name, action, |node| {
+        let changed = node.metadata.uid.as_deref() == Some(uid) && pending(node, on);
         (changed, changed)
     })
     .await

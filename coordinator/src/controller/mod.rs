@@ -179,9 +179,7 @@ impl Controller {
         self.report_risks(&objects, &plan);
         let mut fenced = self.deny_all(&objects, &plan.deny).await;
         for work in &plan.surges {
-            if let Some(m) = Self::maintenance(&objects, &work.maintenance) {
-                self.writer.surge(m, work).await;
-            }
+            self.surge(&objects, work).await;
         }
         for verdict in &plan.workload_verdicts {
             self.write_verdict(&objects, verdict).await;
@@ -218,6 +216,9 @@ impl Controller {
         }
         for change in &plan.out_of_service {
             self.out_of_service(change).await;
+        }
+        for change in &plan.pending_taints {
+            self.pending_taint(change).await;
         }
         for (node, why) in &plan.out_of_service_waits {
             tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");

@@ -384,6 +384,22 @@ impl Controller {
         }
     }
 
+    pub(super) async fn pending_taint(&mut self, change: &round::PendingTaint) {
+        let round::PendingTaint { node, uid, on } = change;
+        match cordon::set_pending(&self.writer.client, node, uid, *on).await {
+            Ok(true) => tracing::info!(%node, on, "pending taint"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "pending taint not changed"),
+        }
+    }
+
+    /// Carries out one maintenance's surge work ([`round::surge`]).
+    pub(super) async fn surge(&mut self, objects: &Objects, work: &round::surge::Work) {
+        if let Some(m) = Self::maintenance(objects, &work.maintenance) {
+            self.writer.surge(m, work).await;
+        }
+    }
+
     /// Records the deadline of a maintenance's current phase in its status.
     pub(super) async fn record_deadline(
         &mut self,

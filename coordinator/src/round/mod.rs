@@ -35,6 +35,7 @@ mod dead_nodes;
 mod fixtures;
 mod out_of_service;
 mod overdue;
+mod pending_taint;
 mod policy_status;
 mod remediate;
 mod slots;
@@ -119,6 +120,8 @@ pub struct Plan {
     pub take_over: Vec<TakeOver>,
     /// Dead nodes to taint out of service, and nodes Ready again to take nodeward's taint from.
     pub out_of_service: Vec<OutOfService>,
+    /// Nodes to put nodeward's pending taint on, or take it from ([`pending_taint`]).
+    pub pending_taints: Vec<PendingTaint>,
     /// Dead nodes a policy would taint out of service, and why not now.
     pub out_of_service_waits: Vec<(String, String)>,
     /// Remediation maintenances to create.
@@ -154,6 +157,14 @@ pub struct Standing {
 pub struct PolicyMark {
     pub generation: Option<i64>,
     pub slots: BTreeSet<String>,
+}
+
+/// The pending taint on a node (`on`) or off it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PendingTaint {
+    pub node: String,
+    pub uid: String,
+    pub on: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -300,6 +311,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     out_of_service::decide(&index, &cluster, &mut plan);
+    pending_taint::decide(&index, &mut plan);
     workload_gate::judge(objects, &objects.availability, now, &mut plan);
     plan.surges = surge_work(objects);
     let listed = policy_status::Listed {
