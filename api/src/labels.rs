@@ -19,6 +19,15 @@ pub const MAINTENANCE_TAINT: &str = "nodeward.io/maintenance";
 /// going now avoid the next ones. nodeward's alone; taken away once nothing waits.
 pub const PENDING_TAINT: &str = "nodeward.io/maintenance-pending";
 
+/// Node annotation recording, while a maintenance's `nodeLabels` are on the node, the values
+/// the labels it changed had before (JSON: key to value, `null` for absent): what a failed or
+/// cancelled maintenance puts back.
+pub const LABELS_BEFORE_ANNOTATION: &str = "nodeward.io/labels-before";
+/// Node annotation naming the maintenance under way (`nodeLabels.annotate`).
+pub const IN_PROGRESS_ANNOTATION: &str = "nodeward.io/maintenance-in-progress";
+/// Node annotation telling how and when the last maintenance ended (`nodeLabels.annotate`).
+pub const LAST_MAINTENANCE_ANNOTATION: &str = "nodeward.io/last-maintenance";
+
 /// Node annotation recording that nodeward (not an admin) cordoned the node, with the
 /// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
 pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";

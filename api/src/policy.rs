@@ -1,5 +1,7 @@
 //! `DisruptionPolicy`: the cluster-wide limits for the nodes its selector matches.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::{
     apis::meta::v1::{Condition, LabelSelector, Time},
     util::intstr::IntOrString,
@@ -102,6 +104,71 @@ pub struct DisruptionPolicySpec {
     /// What admission checks of the workloads on a node before disrupting it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload_gate: Option<WorkloadGate>,
+    /// Labels and annotations the coordinator puts on a node around its maintenances (kured's
+    /// `--pre-reboot-node-labels`, `--post-reboot-node-labels`, `--annotate-nodes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_labels: Option<NodeLabels>,
+}
+
+/// Node labels around a maintenance. The values a node had before are recorded on it
+/// (`nodeward.io/labels-before`) and put back when the maintenance fails or is cancelled.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeLabels {
+    /// Set when a maintenance is admitted, before its drain (e.g.
+    /// `node.kubernetes.io/exclude-from-external-load-balancers: "true"`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
+    pub before_drain: Vec<NodeLabel>,
+    /// Set once the maintenance succeeded; the `beforeDrain` labels it does not name get their
+    /// earlier values back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["key"]))]
+    pub after_success: Vec<NodeLabel>,
+    /// Annotate the node `nodeward.io/maintenance-in-progress` (the maintenance, while it
+    /// runs) and `nodeward.io/last-maintenance` (how and when the last one ended).
+    #[serde(default)]
+    pub annotate: bool,
+}
+
+impl NodeLabels {
+    /// `beforeDrain` as a map.
+    pub fn before(&self) -> BTreeMap<String, String> {
+        self.before_drain
+            .iter()
+            .map(|l| (l.key.clone(), l.value.clone()))
+            .collect()
+    }
+
+    /// `afterSuccess` as a map.
+    pub fn after(&self) -> BTreeMap<String, String> {
+        self.after_success
+            .iter()
+            .map(|l| (l.key.clone(), l.value.clone()))
+            .collect()
+    }
+}
+
+/// One node label: not in the Kubernetes or nodeward domains (they carry meaning or
+/// privileges), except the load-balancer exclusion.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[x_kube(validation = Rule::new("self.key == 'node.kubernetes.io/exclude-from-external-load-balancers' || !(self.key.contains('kubernetes.io/') || self.key.contains('k8s.io/') || self.key.startsWith('nodeward.io/'))").message("nodeLabels: a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set (node.kubernetes.io/exclude-from-external-load-balancers may)"))]
+pub struct NodeLabel {
+    #[schemars(
+        length(max = 316),
+        regex(
+            pattern = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+        )
+    )]
+    pub key: String,
+    #[serde(default)]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+    )]
+    pub value: String,
 }
 
 impl DisruptionPolicySpec {

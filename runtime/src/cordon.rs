@@ -3,6 +3,8 @@
 //! it never uncordons a node an admin had cordoned. Read-modify-write with the Node's
 //! resourceVersion, retried on conflict (the kubelet and controllers write Nodes too).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Api, Client, api::PostParams};
 use nodeward_api::labels::{
@@ -245,6 +247,38 @@ pub async fn set_pending(
     };
     update(client, name, action, |node| {
         let changed = node.metadata.uid.as_deref() == Some(uid) && pending(node, on);
+        (changed, changed)
+    })
+    .await
+}
+
+/// Sets (`Some`) or removes (`None`) `labels` and `annotations` of `name`, only on the Node with
+/// `uid`; returns whether it changed.
+pub async fn relabel(
+    client: &Client,
+    name: &str,
+    uid: &str,
+    labels: &BTreeMap<String, Option<String>>,
+    annotations: &BTreeMap<String, Option<String>>,
+) -> Result<bool, ApiError> {
+    update(client, name, "labelling", |node| {
+        if node.metadata.uid.as_deref() != Some(uid) {
+            return (false, false);
+        }
+        let mut changed = false;
+        for (map, edits) in [
+            (&mut node.metadata.labels, labels),
+            (&mut node.metadata.annotations, annotations),
+        ] {
+            let map = map.get_or_insert_with(BTreeMap::new);
+            for (key, value) in edits {
+                let before = match value {
+                    Some(v) => map.insert(key.clone(), v.clone()),
+                    None => map.remove(key),
+                };
+                changed |= before.as_ref() != value.as_ref();
+            }
+        }
         (changed, changed)
     })
     .await

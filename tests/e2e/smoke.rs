@@ -112,6 +112,22 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "spec.drainPlan.stages[0].priority",
             "priority.min must not be greater than priority.max",
         ),
+        // A label that would give the node a role, or take it out of nodeward's own hands.
+        (
+            json!({"nodeLabels": {"beforeDrain": [{"key": "node-role.kubernetes.io/control-plane", "value": ""}]}}),
+            "spec.nodeLabels.beforeDrain[0]",
+            "a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set",
+        ),
+        (
+            json!({"nodeLabels": {"afterSuccess": [{"key": "nodeward.io/agent", "value": "true"}]}}),
+            "spec.nodeLabels.afterSuccess[0]",
+            "a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set",
+        ),
+        (
+            json!({"nodeLabels": {"beforeDrain": [{"key": "lb", "value": "not a valid value"}]}}),
+            "spec.nodeLabels.beforeDrain[0].value",
+            "should match",
+        ),
     ];
     for (index, (spec, field, message)) in cases.into_iter().enumerate() {
         let name = format!("{}-bad-{index}", env.id);
@@ -140,6 +156,14 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
                 {"days": ["Sat", "Sun"], "start": "22:00", "end": "06:00", "timeZone": "Europe/Berlin"},
                 {"cron": "0 2 * * *", "duration": "2h"},
             ],
+            "nodeLabels": {
+                "beforeDrain": [
+                    {"key": "node.kubernetes.io/exclude-from-external-load-balancers", "value": "true"},
+                    {"key": "example.com/state", "value": "draining"},
+                ],
+                "afterSuccess": [{"key": "example.com/state", "value": "ready"}],
+                "annotate": true,
+            },
         }),
     );
     let created = policies.create(&PostParams::default(), &good).await?;

@@ -23,6 +23,7 @@ use nodeward_api::{
 use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
+mod nodes;
 mod slots;
 mod surges;
 mod verdicts;
@@ -214,12 +215,7 @@ impl Controller {
         for taking in &plan.take_over {
             self.take_over(&objects, taking).await;
         }
-        for change in &plan.out_of_service {
-            self.out_of_service(change).await;
-        }
-        for change in &plan.pending_taints {
-            self.pending_taint(change).await;
-        }
+        self.change_nodes(&plan).await;
         for (node, why) in &plan.out_of_service_waits {
             tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");
         }

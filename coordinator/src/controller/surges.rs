@@ -15,11 +15,23 @@ use nodeward_api::{
 };
 use nodeward_runtime::ApiError;
 
-use super::write::Writer;
+use super::{Controller, write::Writer};
 use crate::{
-    round::surge::{Finalizer, Work},
+    round::{
+        Objects,
+        surge::{Finalizer, Work},
+    },
     workloads::{self, Scaled},
 };
+
+impl Controller {
+    /// Carries out one maintenance's surge work ([`crate::round::surge`]).
+    pub(super) async fn surge(&mut self, objects: &Objects, work: &Work) {
+        if let Some(m) = Self::maintenance(objects, &work.maintenance) {
+            self.writer.surge(m, work).await;
+        }
+    }
+}
 
 impl Writer {
     pub(super) async fn surge(&self, current: &NodeMaintenance, work: &Work) {

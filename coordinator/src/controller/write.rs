@@ -359,47 +359,6 @@ impl Controller {
     }
 
     /// Puts the out-of-service taint on a dead node, or takes nodeward's from one Ready again.
-    pub(super) async fn out_of_service(&mut self, change: &round::OutOfService) {
-        let round::OutOfService {
-            node,
-            uid,
-            on,
-            message,
-        } = change;
-        match cordon::set_out_of_service(&self.writer.client, node, uid, *on, message).await {
-            Ok(true) => {
-                tracing::warn!(%node, on, %message, "out-of-service taint");
-                let (type_, reason) = if *on {
-                    (EventType::Warning, "OutOfService")
-                } else {
-                    (EventType::Normal, "BackInService")
-                };
-                let mut object = Node::default();
-                object.metadata.name = Some(node.clone());
-                object.metadata.uid = Some(uid.clone());
-                self.writer.event(&object, type_, reason, message.clone());
-            }
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "out-of-service taint not changed"),
-        }
-    }
-
-    pub(super) async fn pending_taint(&mut self, change: &round::PendingTaint) {
-        let round::PendingTaint { node, uid, on } = change;
-        match cordon::set_pending(&self.writer.client, node, uid, *on).await {
-            Ok(true) => tracing::info!(%node, on, "pending taint"),
-            Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "pending taint not changed"),
-        }
-    }
-
-    /// Carries out one maintenance's surge work ([`round::surge`]).
-    pub(super) async fn surge(&mut self, objects: &Objects, work: &round::surge::Work) {
-        if let Some(m) = Self::maintenance(objects, &work.maintenance) {
-            self.writer.surge(m, work).await;
-        }
-    }
-
     /// Records the deadline of a maintenance's current phase in its status.
     pub(super) async fn record_deadline(
         &mut self,

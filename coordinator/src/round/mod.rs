@@ -33,6 +33,7 @@ mod admit;
 mod dead_nodes;
 #[cfg(test)]
 mod fixtures;
+mod node_labels;
 mod out_of_service;
 mod overdue;
 mod pending_taint;
@@ -120,6 +121,8 @@ pub struct Plan {
     pub take_over: Vec<TakeOver>,
     /// Dead nodes to taint out of service, and nodes Ready again to take nodeward's taint from.
     pub out_of_service: Vec<OutOfService>,
+    /// Labels and annotations to change on nodes around their maintenances ([`node_labels`]).
+    pub node_edits: Vec<NodeEdit>,
     /// Nodes to put nodeward's pending taint on, or take it from ([`pending_taint`]).
     pub pending_taints: Vec<PendingTaint>,
     /// Dead nodes a policy would taint out of service, and why not now.
@@ -157,6 +160,15 @@ pub struct Standing {
 pub struct PolicyMark {
     pub generation: Option<i64>,
     pub slots: BTreeSet<String>,
+}
+
+/// Labels and annotations to set (`Some`) or remove (`None`) on the Node `node` with `uid`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeEdit {
+    pub node: String,
+    pub uid: String,
+    pub labels: std::collections::BTreeMap<String, Option<String>>,
+    pub annotations: std::collections::BTreeMap<String, Option<String>>,
 }
 
 /// The pending taint on a node (`on`) or off it.
@@ -312,6 +324,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     out_of_service::decide(&index, &cluster, &mut plan);
     pending_taint::decide(&index, &mut plan);
+    node_labels::decide(&index, &mut plan);
     workload_gate::judge(objects, &objects.availability, now, &mut plan);
     plan.surges = surge_work(objects);
     let listed = policy_status::Listed {
