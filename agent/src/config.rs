@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::{
-    Error, detect::Detectors, notify::NotificationsConfig, report::ReportingConfig,
-    shutdown::ShutdownGuardConfig,
+    Error, detect::Detectors, host_stats::HostStatsConfig, notify::NotificationsConfig,
+    report::ReportingConfig, shutdown::ShutdownGuardConfig,
 };
 
 /// Where the agent looks for its configuration when `--config` is not given.
@@ -24,6 +24,7 @@ pub const DEFAULT_PATH: &str = "/etc/nodeward/agent.yaml";
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct Config {
     pub detectors: Detectors,
+    pub host_stats: HostStatsConfig,
     pub reporting: ReportingConfig,
     pub shutdown_guard: ShutdownGuardConfig,
     pub notifications: NotificationsConfig,
@@ -76,6 +77,7 @@ impl Config {
         self.reporting.validate("reporting")?;
         self.shutdown_guard.validate("shutdownGuard")?;
         self.detectors.validate("detectors")?;
+        self.host_stats.validate("hostStats")?;
         self.notifications.validate("notifications")
     }
 }

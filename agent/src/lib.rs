@@ -10,6 +10,7 @@ pub mod drain;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;
+pub mod host_stats;
 pub mod liveness;
 pub mod logind;
 pub mod maintenance;

@@ -268,6 +268,12 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
             std::time::Duration::from_secs(10),
         ));
     }
+    if config.host_stats.enabled {
+        tasks.spawn(nodeward_agent::host_stats::run(
+            config.host_stats.clone(),
+            metrics.clone(),
+        ));
+    }
     let (own_node, own_node_writer) = reflector::store();
     let cluster = ClusterContext {
         client: client.clone(),

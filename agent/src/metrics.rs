@@ -69,6 +69,8 @@ pub struct Metrics {
     /// Of those, the bookmarks (the API server's periodic note of its resourceVersion).
     pub watch_bookmarks: Family<ResourceLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
+    /// CPU, memory, filesystems and interfaces of the host ([`crate::host_stats`]).
+    pub host: crate::host_stats::HostMetrics,
 }
 
 impl Default for Metrics {
@@ -128,8 +130,10 @@ impl Metrics {
             "Peer probes sent, by protocol and result",
             probes.clone(),
         );
+        let host = crate::host_stats::HostMetrics::register(&mut registry);
         Self {
             registry,
+            host,
             finding,
             check_duration,
             api_writes,

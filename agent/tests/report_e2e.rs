@@ -208,6 +208,12 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     wait_condition(&nodes, &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
     assert_eq!(agent.get("/healthz").await?, (200, "ok".to_owned()));
+    // The host's statistics, read from this machine (the first sample at start).
+    let memory = agent
+        .metric("nodeward_host_memory_bytes{state=\"total\"}")
+        .await?;
+    assert!(memory > 0.0, "host memory {memory}");
+    assert!(agent.metric("nodeward_host_uptime_seconds").await? > 0.0);
 
     std::fs::write(agent.sentinel(), "")?;
     let flagged = wait_condition(&nodes, &node, "RebootRequired", "True").await?;

@@ -15,6 +15,7 @@ pub mod election;
 pub mod fuzzing;
 pub mod health;
 pub mod metrics;
+pub mod migrate;
 pub mod pause;
 pub mod publish;
 pub mod round;

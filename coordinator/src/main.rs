@@ -36,6 +36,24 @@ enum Command {
         #[command(flatten)]
         client: ClientArgs,
     },
+    /// Print the DisruptionPolicy and Helm values that do what a kured DaemonSet is configured
+    /// to do, naming what cannot be carried over.
+    Migrate(Migrate),
+}
+
+#[derive(clap::Args)]
+struct Migrate {
+    /// kured's DaemonSet manifest (YAML), e.g. kured-ds.yaml.
+    #[arg(long, value_name = "FILE", conflicts_with = "kured_daemonset")]
+    kured: Option<std::path::PathBuf>,
+    /// kured's DaemonSet in the cluster, as NAMESPACE/NAME (e.g. kube-system/kured).
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    kured_daemonset: Option<String>,
+    /// The name of the DisruptionPolicy printed.
+    #[arg(long, default_value = "kured")]
+    policy_name: String,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -146,6 +164,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("nodeward-coordinator status: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Migrate(migrate) => match runtime.block_on(print_migration(&migrate)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("nodeward-coordinator migrate: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -311,6 +336,31 @@ async fn start_webhook(
         .map_err(Error::Webhook)?;
     tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
     tasks.spawn(serving);
+    Ok(())
+}
+
+async fn print_migration(migrate: &Migrate) -> Result<(), String> {
+    let daemonset = match (&migrate.kured, &migrate.kured_daemonset) {
+        (Some(file), _) => nodeward_coordinator::migrate::read_file(file)?,
+        (None, Some(place)) => {
+            let (namespace, name) = place.split_once('/').ok_or_else(|| {
+                format!("--kured-daemonset {place}: give NAMESPACE/NAME, e.g. kube-system/kured")
+            })?;
+            let client = migrate
+                .client
+                .connect(USER_AGENT)
+                .await
+                .map_err(|e| e.to_string())?;
+            nodeward_coordinator::migrate::read_cluster(client, namespace, name).await?
+        }
+        (None, None) => {
+            return Err("give --kured FILE or --kured-daemonset NAMESPACE/NAME".to_owned());
+        }
+    };
+    print!(
+        "{}",
+        nodeward_coordinator::migrate::from_kured(&daemonset, &migrate.policy_name)?
+    );
     Ok(())
 }
 

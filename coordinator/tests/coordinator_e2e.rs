@@ -1864,3 +1864,58 @@ async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_o
     drop(coordinator);
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_accepts()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let env = TestEnv::new("migrate").await?;
+    // kured's own manifest (with its flags given), in this test's namespace; no node runs it.
+    let mut kured: DaemonSet =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/kured-ds.yaml"))?;
+    kured.metadata.namespace = Some(env.namespace.clone());
+    if let Some(pod) = kured.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
+    }
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &kured)
+        .await?;
+    let name = format!("{}-kured", env.id);
+    let output = std::process::Command::new(COORDINATOR)
+        .args(["migrate", "--kured-daemonset"])
+        .arg(format!("{}/kured", env.namespace))
+        .args(["--policy-name", &name, "--kubeconfig"])
+        .arg(&controlplane::shared().kubeconfig)
+        .output()?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8(output.stdout)?;
+    let document = serde_yaml::Deserializer::from_str(&printed)
+        .next()
+        .context("a document")?;
+    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
+    policy
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
+    // The API server's own validation (OpenAPI and CEL) takes it as printed.
+    let created = Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&Default::default(), &policy)
+        .await
+        .with_context(|| format!("the migrated policy was refused:\n{printed}"))?;
+    assert_eq!(created.spec.windows.len(), 1);
+    assert_eq!(
+        created.spec.windows[0].time_zone.as_deref(),
+        Some("Europe/Berlin")
+    );
+    assert!(created.spec.taint_while_pending && created.spec.auto_reboot);
+    assert!(
+        printed.contains("--lock-ttl=30m: not carried over"),
+        "{printed}"
+    );
+    env.cleanup().await
+}

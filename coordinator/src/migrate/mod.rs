@@ -1,0 +1,112 @@
+//! `nodeward-coordinator migrate`: what a cluster running kured is configured to do, as the
+//! DisruptionPolicy and Helm values that do the same with nodeward, and what cannot be carried
+//! over (with what to do instead). The reading is pure ([`kured`]); this module reads the
+//! input (a file, or the DaemonSet in the cluster) and prints.
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+pub mod kured;
+
+/// What a migration gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Migration {
+    /// The DisruptionPolicy's spec.
+    pub policy_spec: Value,
+    /// Helm values for the nodeward chart.
+    pub values: Value,
+    /// What was not carried over, and what to do instead.
+    pub notes: Vec<String>,
+}
+
+/// Reads kured's DaemonSet from `file` (YAML; the first DaemonSet document in it).
+pub fn read_file(file: &std::path::Path) -> Result<DaemonSet, String> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("reading {}: {e}", file.display()))?;
+    for document in serde_yaml::Deserializer::from_str(&text) {
+        let value = <Value as serde::Deserialize>::deserialize(document)
+            .map_err(|e| format!("{}: not YAML: {e}", file.display()))?;
+        if value.get("kind").and_then(Value::as_str) == Some("DaemonSet") {
+            return serde_json::from_value(value)
+                .map_err(|e| format!("{}: not a DaemonSet: {e}", file.display()));
+        }
+    }
+    Err(format!("{}: no DaemonSet in it", file.display()))
+}
+
+/// Reads kured's DaemonSet `namespace/name` from the cluster.
+pub async fn read_cluster(
+    client: Client,
+    namespace: &str,
+    name: &str,
+) -> Result<DaemonSet, String> {
+    Api::<DaemonSet>::namespaced(client, namespace)
+        .get(name)
+        .await
+        .map_err(|e| format!("reading DaemonSet {namespace}/{name}: {e}"))
+}
+
+/// The DisruptionPolicy `name` and the Helm values, as YAML documents, the notes as comments.
+pub fn render(name: &str, migration: &Migration) -> String {
+    let policy = json!({
+        "apiVersion": "nodeward.io/v1alpha1",
+        "kind": "DisruptionPolicy",
+        "metadata": {"name": name},
+        "spec": migration.policy_spec,
+    });
+    let mut out =
+        String::from("# nodeward-coordinator migrate: the DisruptionPolicy (kubectl apply -f)\n");
+    out.push_str(&serde_yaml::to_string(&policy).unwrap_or_default());
+    out.push_str("---\n# Helm values for the nodeward chart (helm install -f): as a comment, not an object\n");
+    for line in serde_yaml::to_string(&migration.values)
+        .unwrap_or_default()
+        .lines()
+    {
+        out.push_str("# ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    if !migration.notes.is_empty() {
+        out.push_str("#\n# What differs, or is not carried over:\n");
+        for note in &migration.notes {
+            out.push_str("# - ");
+            out.push_str(note);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Migrates kured's DaemonSet: the rendered output.
+pub fn from_kured(daemonset: &DaemonSet, name: &str) -> Result<String, String> {
+    let (flags, container) = kured::flags(daemonset)?;
+    Ok(render(name, &kured::migrate(daemonset, &flags, &container)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_output_is_a_policy_the_api_types_read_and_the_rest_comments() {
+        let ds: DaemonSet =
+            serde_yaml::from_str(include_str!("testdata/kured-ds.yaml")).expect("kured's manifest");
+        let out = from_kured(&ds, "kured").expect("migrated");
+        let first = serde_yaml::Deserializer::from_str(&out)
+            .next()
+            .expect("a document");
+        let policy: nodeward_api::DisruptionPolicy =
+            serde::Deserialize::deserialize(first).expect("a DisruptionPolicy");
+        assert_eq!(
+            policy.spec.max_concurrent,
+            k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2)
+        );
+        assert!(policy.spec.taint_while_pending);
+        assert!(out.contains("# What differs, or is not carried over:"));
+        assert!(
+            out.contains("#   notifyURL: https://hooks.slack.com/services/T0/B0/x"),
+            "{out}"
+        );
+    }
+}
