@@ -336,15 +336,15 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
         ),
         (
             "drain-grace-period",
-            "each pod gets its own grace period, capped by its drain stage's time left",
+            "each pod gets its own grace period, capped by its drain stage's time left (drainPlan.stages[].timeout)",
         ),
         (
             "skip-wait-for-delete-timeout",
-            "a pod let go is waited for until 10 s past its grace period",
+            "built in: a pod let go is waited for until 10 s past its grace period",
         ),
         (
             "drain-pod-selector",
-            "pods are drained by the drain plan; keep pods with the label nodeward.io/drain=skip",
+            "write a drainPlan: skip rules keep pods (or label them nodeward.io/drain=skip), stages[].selector picks pods per stage",
         ),
         (
             "reboot-method",
