@@ -277,11 +277,24 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
     // Notifications.
     let hook = flag("notify-url").or(flag("slack-hook-url"));
     if let Some(url) = hook {
-        if url.starts_with("https://") || url.starts_with("http://") {
+        // The agent reads webhook URLs and shoutrrr's slack, teams, mattermost and generic
+        // ones; other services (smtp, telegram, ...) it cannot send to.
+        let scheme = url.split("://").next().unwrap_or_default();
+        let sent = [
+            "http",
+            "https",
+            "slack",
+            "teams",
+            "mattermost",
+            "generic",
+            "generic+http",
+            "generic+https",
+        ];
+        if sent.contains(&scheme) {
             values.insert("agent".into(), json!({"notifyURL": url}));
         } else {
             notes.push(format!(
-                "--notify-url {url}: a shoutrrr URL; nodeward POSTs JSON with a text field (Slack and Mattermost incoming webhooks take it): give the webhook's https URL as agent.notifyURL"
+                "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://), not to {scheme}://; point it at a webhook"
             ));
         }
     }

@@ -1,8 +1,9 @@
 //! Webhook notifications about this node's maintenances: a JSON POST on drain start, on the
 //! reboot or power-off, and on completion (succeeded, failed, cancelled, restored). The body
 //! carries a `text` (Slack and Mattermost incoming webhooks show it as is) and the fields a
-//! receiver may route on. Delivery runs beside the maintenance with retries; a notification
-//! that cannot be delivered is logged and dropped, never waited for.
+//! receiver may route on; a shoutrrr URL gets the body its service reads ([`target`]).
+//! Delivery runs beside the maintenance with retries; a notification that cannot be delivered
+//! is logged and dropped, never waited for.
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -13,6 +14,8 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Backoff;
+
+pub mod target;
 
 /// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
 /// notification never holds a maintenance up).
@@ -51,7 +54,7 @@ impl Default for NotificationsConfig {
 impl NotificationsConfig {
     pub fn validate(&self, place: &str) -> Result<(), String> {
         if !self.url.is_empty() {
-            crate::values::http_url(&format!("{place}.url"), &self.url)?;
+            target::target(&self.url).map_err(|e| format!("{place}.url: {e}"))?;
         }
         if self.attempts == 0 {
             return Err(format!("{place}.attempts: must be at least 1, e.g. 5"));
@@ -250,6 +253,11 @@ impl Notifier {
 }
 
 async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>) {
+    // Validated with the configuration: a URL that does not parse sends nothing.
+    let Ok(target) = target::target(&config.url) else {
+        tracing::warn!(url = %config.url, "notifications off: the URL is not one they can be sent to");
+        return;
+    };
     let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
     headers.extend(config.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     while let Some(Queued {
@@ -257,12 +265,14 @@ async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>)
         mut first_try,
     }) = queue.recv().await
     {
-        let payload = Bytes::from(body(&notice, &config.templates).to_string());
+        let ours = body(&notice, &config.templates);
+        let text = ours["text"].as_str().unwrap_or_default().to_owned();
+        let payload = Bytes::from(target::body(&target.format, &text, ours).to_string());
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         for attempt in 1..=config.attempts {
             let sent = tokio::time::timeout(
                 config.timeout,
-                crate::http::send(Method::POST, &config.url, &headers, payload.clone()),
+                crate::http::send(Method::POST, &target.url, &headers, payload.clone()),
             )
             .await;
             let problem = match sent {
@@ -331,5 +341,76 @@ mod tests {
         );
         let e = check_template("Rebooting {node").expect_err("unclosed");
         assert!(e.contains("without a closing"), "{e}");
+    }
+
+    /// A Mattermost incoming webhook on this machine (plain HTTP/1.1, as the service speaks
+    /// it): the first request's path and JSON body.
+    async fn receive_one(listener: tokio::net::TcpListener) -> (String, serde_json::Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.expect("a connection");
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        loop {
+            let n = socket.read(&mut buffer).await.expect("read");
+            request.extend_from_slice(&buffer[..n]);
+            let text = String::from_utf8_lossy(&request).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap_or(0))
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length {
+                    socket
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .expect("answer");
+                    let path = head
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_owned();
+                    return (path, serde_json::from_str(body).expect("JSON body"));
+                }
+            }
+            assert!(n > 0, "the connection closed before the request was whole");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_shoutrrr_mattermost_url_posts_the_webhook_body_to_its_hook() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let config = NotificationsConfig {
+            url: format!("mattermost://nodeward@127.0.0.1:{port}/tok3n/ops?disabletls=yes"),
+            ..NotificationsConfig::default()
+        };
+        config.validate("notifications").expect("a valid URL");
+        let (notifier, delivery) = Notifier::new(&config);
+        tokio::spawn(delivery.expect("a delivery task"));
+        notifier.send(notice());
+        let (path, body) = tokio::time::timeout(Duration::from_secs(10), receive_one(listener))
+            .await
+            .expect("delivered within 10 s");
+        assert_eq!(path, "/hooks/tok3n");
+        assert_eq!(
+            body,
+            json!({"text": "Draining node worker-1 for Reboot (Reboot)", "username": "nodeward", "channel": "ops"})
+        );
+    }
+
+    #[test]
+    fn an_unsupported_notification_url_is_refused_with_its_place() {
+        let config = NotificationsConfig {
+            url: "smtp://mail.example.com:587/?to=ops@example.com".into(),
+            ..NotificationsConfig::default()
+        };
+        let e = config.validate("notifications").expect_err("smtp");
+        assert!(e.starts_with("notifications.url: "), "{e}");
     }
 }

@@ -1,0 +1,285 @@
+//! Where a notification goes and in which shape: an `http(s)://` URL gets nodeward's JSON
+//! (with a `text` that Slack and Mattermost incoming webhooks show), and the shoutrrr URLs
+//! that kured users have in their values (`slack://`, `teams://`, `mattermost://`,
+//! `generic://`) become the webhook they name with the body that service reads.
+
+use hyper::Uri;
+use serde_json::{Value, json};
+
+/// The body a receiver reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// nodeward's own body: `text` and the fields to route on.
+    Json,
+    /// A Slack incoming webhook: `text`, with the bot name and channel when given.
+    Slack {
+        username: Option<String>,
+        channel: Option<String>,
+    },
+    /// A Mattermost incoming webhook: as Slack's.
+    Mattermost {
+        username: Option<String>,
+        channel: Option<String>,
+    },
+    /// A Microsoft Teams incoming webhook: a MessageCard.
+    Teams,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The URL POSTed to.
+    pub url: String,
+    pub format: Format,
+}
+
+/// The target of `url`; the error says what is wrong and what form is expected.
+pub fn target(url: &str) -> Result<Target, String> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Ok(Target {
+            url: url.to_owned(),
+            format: Format::Json,
+        });
+    }
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| format!("{url:?} is not a URL ({e})"))?;
+    let scheme = uri.scheme_str().unwrap_or_default();
+    let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
+    let (user, host) = match authority.rsplit_once('@') {
+        Some((user, host)) => (Some(user), host),
+        None => (None, authority),
+    };
+    let path: Vec<&str> = uri.path().split('/').filter(|p| !p.is_empty()).collect();
+    let query = |key: &str| -> Option<String> {
+        uri.query()?
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v.to_owned())
+    };
+    let tls = !query("disabletls").is_some_and(|v| v == "yes" || v == "true");
+    let base = if tls { "https" } else { "http" };
+    match scheme {
+        "slack" => {
+            // slack://hook:A-B-C@webhook (shoutrrr 0.6+) or slack://[botname@]A/B/C.
+            let tokens: Vec<String> = match (user, host) {
+                (Some(user), "webhook") => user
+                    .strip_prefix("hook:")
+                    .map(|t| t.split('-').map(str::to_owned).collect())
+                    .unwrap_or_default(),
+                _ => std::iter::once(host)
+                    .chain(path.iter().copied())
+                    .map(str::to_owned)
+                    .collect(),
+            };
+            if tokens.len() != 3 || tokens.iter().any(String::is_empty) {
+                return Err(format!(
+                    "{url:?}: a Slack webhook URL is slack://hook:TOKEN-A-TOKEN-B-TOKEN-C@webhook (or give the https://hooks.slack.com/services/... URL); a slack:// API token is not supported"
+                ));
+            }
+            let botname = query("botname")
+                .or_else(|| user.filter(|u| !u.starts_with("hook:")).map(str::to_owned));
+            Ok(Target {
+                url: format!("https://hooks.slack.com/services/{}", tokens.join("/")),
+                format: Format::Slack {
+                    username: botname,
+                    channel: query("channel"),
+                },
+            })
+        }
+        "mattermost" => {
+            // mattermost://[username@]host[:port]/token[/channel]
+            let (token, channel) = match path.as_slice() {
+                [token] => (*token, None),
+                [token, channel] => (*token, Some((*channel).to_owned())),
+                _ => {
+                    return Err(format!(
+                        "{url:?}: a Mattermost URL is mattermost://[username@]host[:port]/token[/channel]"
+                    ));
+                }
+            };
+            Ok(Target {
+                url: format!("{base}://{host}/hooks/{token}"),
+                format: Format::Mattermost {
+                    username: user.map(str::to_owned),
+                    channel,
+                },
+            })
+        }
+        "teams" => {
+            // teams://group@tenant/altId/groupOwner?host=name.webhook.office.com
+            let webhook_host = query("host").unwrap_or_else(|| "outlook.office.com".to_owned());
+            match (user, path.as_slice()) {
+                (Some(group), [alt, owner]) => Ok(Target {
+                    url: format!(
+                        "https://{webhook_host}/webhookb2/{group}@{host}/IncomingWebhook/{alt}/{owner}"
+                    ),
+                    format: Format::Teams,
+                }),
+                _ => Err(format!(
+                    "{url:?}: a Teams URL is teams://GROUP@TENANT/ALTID/GROUPOWNER?host=NAME.webhook.office.com"
+                )),
+            }
+        }
+        "generic" | "generic+http" | "generic+https" => {
+            let base = match scheme {
+                "generic+http" => "http",
+                "generic+https" => "https",
+                _ => base,
+            };
+            let query = uri
+                .query()
+                .map(|q| {
+                    q.split('&')
+                        .filter(|p| !p.to_lowercase().starts_with("disabletls="))
+                        .collect::<Vec<_>>()
+                        .join("&")
+                })
+                .filter(|q| !q.is_empty())
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default();
+            Ok(Target {
+                url: format!("{base}://{authority}{}{query}", uri.path()),
+                format: Format::Json,
+            })
+        }
+        other => Err(format!(
+            "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL, or a shoutrrr slack://, teams://, mattermost:// or generic:// URL"
+        )),
+    }
+}
+
+/// The body for `format` of a notification whose text is `text`, with nodeward's own fields
+/// (`json`, used as is for [`Format::Json`]).
+pub fn body(format: &Format, text: &str, json: Value) -> Value {
+    let with = |mut body: Value, username: &Option<String>, channel: &Option<String>| {
+        if let Some(u) = username {
+            body["username"] = json!(u);
+        }
+        if let Some(c) = channel {
+            body["channel"] = json!(c);
+        }
+        body
+    };
+    match format {
+        Format::Json => json,
+        Format::Slack { username, channel } | Format::Mattermost { username, channel } => {
+            with(json!({"text": text}), username, channel)
+        }
+        Format::Teams => json!({
+            "@type": "MessageCard",
+            "@context": "http://schema.org/extensions",
+            "summary": text,
+            "text": text,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shoutrrr_urls_become_the_webhooks_they_name() {
+        let cases = [
+            (
+                "slack://hook:T0AAA-B0BBB-abcDEF123@webhook?channel=ops&botname=kured",
+                "https://hooks.slack.com/services/T0AAA/B0BBB/abcDEF123",
+                Format::Slack {
+                    username: Some("kured".into()),
+                    channel: Some("ops".into()),
+                },
+            ),
+            (
+                "slack://prod@T0AAA/B0BBB/abcDEF123",
+                "https://hooks.slack.com/services/T0AAA/B0BBB/abcDEF123",
+                Format::Slack {
+                    username: Some("prod".into()),
+                    channel: None,
+                },
+            ),
+            (
+                "mattermost://bot@chat.example.com/4jq8yx3tgtn1xe1hdw9wbh8gqo/alerts",
+                "https://chat.example.com/hooks/4jq8yx3tgtn1xe1hdw9wbh8gqo",
+                Format::Mattermost {
+                    username: Some("bot".into()),
+                    channel: Some("alerts".into()),
+                },
+            ),
+            (
+                "mattermost://127.0.0.1:8065/tok?disabletls=yes",
+                "http://127.0.0.1:8065/hooks/tok",
+                Format::Mattermost {
+                    username: None,
+                    channel: None,
+                },
+            ),
+            (
+                "teams://g1d2@t3n4/a5b6/o7p8?host=contoso.webhook.office.com",
+                "https://contoso.webhook.office.com/webhookb2/g1d2@t3n4/IncomingWebhook/a5b6/o7p8",
+                Format::Teams,
+            ),
+            (
+                "generic://hooks.example.com/nodeward?disabletls=yes&team=infra",
+                "http://hooks.example.com/nodeward?team=infra",
+                Format::Json,
+            ),
+            (
+                "generic+https://hooks.example.com:8443/in",
+                "https://hooks.example.com:8443/in",
+                Format::Json,
+            ),
+            (
+                "https://example.com/hook",
+                "https://example.com/hook",
+                Format::Json,
+            ),
+        ];
+        for (url, posted, format) in cases {
+            assert_eq!(
+                target(url),
+                Ok(Target {
+                    url: posted.to_owned(),
+                    format
+                }),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unsupported_or_malformed_url_says_what_form_is_expected() {
+        for (url, says) in [
+            (
+                "smtp://user:pw@mail.example.com:587/?to=ops@example.com",
+                "the smtp:// scheme is not supported",
+            ),
+            (
+                "slack://xoxb:123@C0123",
+                "a Slack webhook URL is slack://hook:",
+            ),
+            ("teams://only-host", "a Teams URL is teams://"),
+            ("mattermost://host", "a Mattermost URL is mattermost://"),
+        ] {
+            let err = target(url).expect_err(url);
+            assert!(err.contains(says), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn each_service_gets_the_body_it_reads() {
+        let ours = json!({"text": "draining n1", "node": "n1"});
+        assert_eq!(body(&Format::Json, "draining n1", ours.clone()), ours);
+        let slack = Format::Slack {
+            username: Some("kured".into()),
+            channel: None,
+        };
+        assert_eq!(
+            body(&slack, "draining n1", ours.clone()),
+            json!({"text": "draining n1", "username": "kured"})
+        );
+        let teams = body(&Format::Teams, "draining n1", ours);
+        assert_eq!(teams["@type"], "MessageCard");
+        assert_eq!(teams["text"], "draining n1");
+    }
+}
