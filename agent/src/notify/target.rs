@@ -32,6 +32,31 @@ pub struct Target {
     pub format: Format,
 }
 
+/// A shoutrrr URL's parts.
+struct Parts<'a> {
+    url: &'a str,
+    uri: &'a Uri,
+    scheme: &'a str,
+    authority: &'a str,
+    user: Option<&'a str>,
+    host: &'a str,
+    path: Vec<&'a str>,
+    /// `https`, or `http` with `?disabletls=yes`.
+    base: &'static str,
+}
+
+impl Parts<'_> {
+    /// The query parameter `key` (case-insensitive).
+    fn query(&self, key: &str) -> Option<String> {
+        self.uri
+            .query()?
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| k.eq_ignore_ascii_case(key))
+            .map(|(_, v)| v.to_owned())
+    }
+}
+
 /// The target of `url`; the error says what is wrong and what form is expected.
 pub fn target(url: &str) -> Result<Target, String> {
     if url.starts_with("http://") || url.starts_with("https://") {
@@ -43,109 +68,155 @@ pub fn target(url: &str) -> Result<Target, String> {
     let uri: Uri = url
         .parse()
         .map_err(|e| format!("{url:?} is not a URL ({e})"))?;
-    let scheme = uri.scheme_str().unwrap_or_default();
     let authority = uri.authority().map(|a| a.as_str()).unwrap_or_default();
     let (user, host) = match authority.rsplit_once('@') {
         Some((user, host)) => (Some(user), host),
         None => (None, authority),
     };
-    let path: Vec<&str> = uri.path().split('/').filter(|p| !p.is_empty()).collect();
-    let query = |key: &str| -> Option<String> {
-        uri.query()?
-            .split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .find(|(k, _)| k.eq_ignore_ascii_case(key))
-            .map(|(_, v)| v.to_owned())
+    let mut parts = Parts {
+        url,
+        uri: &uri,
+        scheme: uri.scheme_str().unwrap_or_default(),
+        authority,
+        user,
+        host,
+        path: uri.path().split('/').filter(|p| !p.is_empty()).collect(),
+        base: "https",
     };
-    let tls = !query("disabletls").is_some_and(|v| v == "yes" || v == "true");
-    let base = if tls { "https" } else { "http" };
-    match scheme {
-        "slack" => {
-            // slack://hook:A-B-C@webhook (shoutrrr 0.6+) or slack://[botname@]A/B/C.
-            let tokens: Vec<String> = match (user, host) {
-                (Some(user), "webhook") => user
-                    .strip_prefix("hook:")
-                    .map(|t| t.split('-').map(str::to_owned).collect())
-                    .unwrap_or_default(),
-                _ => std::iter::once(host)
-                    .chain(path.iter().copied())
-                    .map(str::to_owned)
-                    .collect(),
-            };
-            if tokens.len() != 3 || tokens.iter().any(String::is_empty) {
-                return Err(format!(
-                    "{url:?}: a Slack webhook URL is slack://hook:TOKEN-A-TOKEN-B-TOKEN-C@webhook (or give the https://hooks.slack.com/services/... URL); a slack:// API token is not supported"
-                ));
-            }
-            let botname = query("botname")
-                .or_else(|| user.filter(|u| !u.starts_with("hook:")).map(str::to_owned));
-            Ok(Target {
-                url: format!("https://hooks.slack.com/services/{}", tokens.join("/")),
-                format: Format::Slack {
-                    username: botname,
-                    channel: query("channel"),
-                },
-            })
-        }
-        "mattermost" => {
-            // mattermost://[username@]host[:port]/token[/channel]
-            let (token, channel) = match path.as_slice() {
-                [token] => (*token, None),
-                [token, channel] => (*token, Some((*channel).to_owned())),
-                _ => {
-                    return Err(format!(
-                        "{url:?}: a Mattermost URL is mattermost://[username@]host[:port]/token[/channel]"
-                    ));
-                }
-            };
-            Ok(Target {
-                url: format!("{base}://{host}/hooks/{token}"),
-                format: Format::Mattermost {
-                    username: user.map(str::to_owned),
-                    channel,
-                },
-            })
-        }
-        "teams" => {
-            // teams://group@tenant/altId/groupOwner?host=name.webhook.office.com
-            let webhook_host = query("host").unwrap_or_else(|| "outlook.office.com".to_owned());
-            match (user, path.as_slice()) {
-                (Some(group), [alt, owner]) => Ok(Target {
-                    url: format!(
-                        "https://{webhook_host}/webhookb2/{group}@{host}/IncomingWebhook/{alt}/{owner}"
-                    ),
-                    format: Format::Teams,
-                }),
-                _ => Err(format!(
-                    "{url:?}: a Teams URL is teams://GROUP@TENANT/ALTID/GROUPOWNER?host=NAME.webhook.office.com"
-                )),
-            }
-        }
-        "generic" | "generic+http" | "generic+https" => {
-            let base = match scheme {
-                "generic+http" => "http",
-                "generic+https" => "https",
-                _ => base,
-            };
-            let query = uri
-                .query()
-                .map(|q| {
-                    q.split('&')
-                        .filter(|p| !p.to_lowercase().starts_with("disabletls="))
-                        .collect::<Vec<_>>()
-                        .join("&")
-                })
-                .filter(|q| !q.is_empty())
-                .map(|q| format!("?{q}"))
-                .unwrap_or_default();
-            Ok(Target {
-                url: format!("{base}://{authority}{}{query}", uri.path()),
-                format: Format::Json,
-            })
-        }
+    if parts
+        .query("disabletls")
+        .is_some_and(|v| v == "yes" || v == "true")
+    {
+        parts.base = "http";
+    }
+    match parts.scheme {
+        "slack" => slack(&parts),
+        "mattermost" => mattermost(&parts),
+        "teams" => teams(&parts),
+        "generic" | "generic+http" | "generic+https" => Ok(generic(&parts)),
         other => Err(format!(
             "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL, or a shoutrrr slack://, teams://, mattermost:// or generic:// URL"
         )),
+    }
+}
+
+fn slack(p: &Parts) -> Result<Target, String> {
+    let Parts {
+        url,
+        user,
+        host,
+        path,
+        ..
+    } = p;
+    let (user, host) = (*user, *host);
+    // slack://hook:A-B-C@webhook (shoutrrr 0.6+) or slack://[botname@]A/B/C.
+    let tokens: Vec<String> = match (user, host) {
+        (Some(user), "webhook") => user
+            .strip_prefix("hook:")
+            .map(|t| t.split('-').map(str::to_owned).collect())
+            .unwrap_or_default(),
+        _ => std::iter::once(host)
+            .chain(path.iter().copied())
+            .map(str::to_owned)
+            .collect(),
+    };
+    if tokens.len() != 3 || tokens.iter().any(String::is_empty) {
+        return Err(format!(
+            "{url:?}: a Slack webhook URL is slack://hook:TOKEN-A-TOKEN-B-TOKEN-C@webhook (or give the https://hooks.slack.com/services/... URL); a slack:// API token is not supported"
+        ));
+    }
+    let botname = p
+        .query("botname")
+        .or_else(|| user.filter(|u| !u.starts_with("hook:")).map(str::to_owned));
+    Ok(Target {
+        url: format!("https://hooks.slack.com/services/{}", tokens.join("/")),
+        format: Format::Slack {
+            username: botname,
+            channel: p.query("channel"),
+        },
+    })
+}
+
+fn mattermost(p: &Parts) -> Result<Target, String> {
+    let Parts {
+        url,
+        user,
+        host,
+        path,
+        base,
+        ..
+    } = p;
+    // mattermost://[username@]host[:port]/token[/channel]
+    let (token, channel) = match path.as_slice() {
+        [token] => (*token, None),
+        [token, channel] => (*token, Some((*channel).to_owned())),
+        _ => {
+            return Err(format!(
+                "{url:?}: a Mattermost URL is mattermost://[username@]host[:port]/token[/channel]"
+            ));
+        }
+    };
+    Ok(Target {
+        url: format!("{base}://{host}/hooks/{token}"),
+        format: Format::Mattermost {
+            username: user.map(str::to_owned),
+            channel,
+        },
+    })
+}
+
+fn teams(p: &Parts) -> Result<Target, String> {
+    let Parts {
+        url,
+        user,
+        host,
+        path,
+        ..
+    } = p;
+    // teams://group@tenant/altId/groupOwner?host=name.webhook.office.com
+    let webhook_host = p
+        .query("host")
+        .unwrap_or_else(|| "outlook.office.com".to_owned());
+    match (user, path.as_slice()) {
+        (Some(group), [alt, owner]) => Ok(Target {
+            url: format!(
+                "https://{webhook_host}/webhookb2/{group}@{host}/IncomingWebhook/{alt}/{owner}"
+            ),
+            format: Format::Teams,
+        }),
+        _ => Err(format!(
+            "{url:?}: a Teams URL is teams://GROUP@TENANT/ALTID/GROUPOWNER?host=NAME.webhook.office.com"
+        )),
+    }
+}
+
+fn generic(p: &Parts) -> Target {
+    let Parts {
+        uri,
+        scheme,
+        authority,
+        base,
+        ..
+    } = p;
+    let base = match *scheme {
+        "generic+http" => "http",
+        "generic+https" => "https",
+        _ => *base,
+    };
+    let query = uri
+        .query()
+        .map(|q| {
+            q.split('&')
+                .filter(|p| !p.to_lowercase().starts_with("disabletls="))
+                .collect::<Vec<_>>()
+                .join("&")
+        })
+        .filter(|q| !q.is_empty())
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    Target {
+        url: format!("{base}://{authority}{}{query}", uri.path()),
+        format: Format::Json,
     }
 }
 

@@ -132,55 +132,110 @@ fn match_labels(selector: &str) -> Value {
     json!({"matchLabels": labels})
 }
 
-/// The policy spec, Helm values and notes for kured's `flags` (from `daemonset`).
-pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> Migration {
-    let mut spec = Map::new();
-    let mut agent_config = Map::new();
-    let mut values = Map::new();
-    let mut notes = Vec::new();
-    let flag = |name: &str| {
-        flags
+/// kured's flags, read.
+struct Read<'a> {
+    flags: &'a Flags,
+}
+
+impl Read<'_> {
+    /// The flag's value, unless empty.
+    fn flag(&self, name: &str) -> Option<&str> {
+        self.flags
             .get(name)
             .map(String::as_str)
             .filter(|v| !v.is_empty())
-    };
-    let truthy = |name: &str| flag(name).is_some_and(|v| v == "true");
-    spec.insert("autoReboot".into(), json!(true));
-    if let Some(n) = flag("concurrency") {
-        match n.parse::<u32>() {
-            Ok(n) => spec.insert("maxConcurrent".into(), json!(n)),
-            Err(_) => {
-                notes.push(format!(
-                    "--concurrency={n} is not a count; maxConcurrent stays 1"
-                ));
-                None
-            }
-        };
     }
-    // The reboot sentinel: on the host, through systemd (the chart's rebootRequired.onHost).
+
+    fn truthy(&self, name: &str) -> bool {
+        self.flag(name).is_some_and(|v| v == "true")
+    }
+}
+
+/// What a migration builds up.
+#[derive(Default)]
+struct Out {
+    spec: Map<String, Value>,
+    agent_config: Map<String, Value>,
+    values: Map<String, Value>,
+    notes: Vec<String>,
+}
+
+/// The policy spec, Helm values and notes for kured's `flags` (from `daemonset`).
+pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> Migration {
+    let r = Read { flags };
+    let mut out = Out::default();
+    out.spec.insert("autoReboot".into(), json!(true));
+    if let Some(n) = r.flag("concurrency") {
+        match n.parse::<u32>() {
+            Ok(n) => {
+                out.spec.insert("maxConcurrent".into(), json!(n));
+            }
+            Err(_) => out.notes.push(format!(
+                "--concurrency={n} is not a count; maxConcurrent stays 1"
+            )),
+        }
+    }
+    sentinel(&r, daemonset, container, &mut out);
+    window(&r, &mut out);
+    if let Some(timeout) = r.flag("drain-timeout").filter(|t| *t != "0" && *t != "0s") {
+        out.spec.insert("drainTimeout".into(), json!(timeout));
+    }
+    if r.truthy("force-reboot") {
+        out.spec.insert("onDrainTimeout".into(), json!("Force"));
+    }
+    blockers(&r, &mut out);
+    node_labels(&r, &mut out);
+    notifications(&r, &mut out);
+    not_carried(&r, &mut out);
+    let Out {
+        spec,
+        agent_config,
+        mut values,
+        notes,
+    } = out;
+    if !agent_config.is_empty() {
+        let agent = values.entry("agent").or_insert_with(|| json!({}));
+        if let Some(agent) = agent.as_object_mut() {
+            agent.insert("config".into(), Value::Object(agent_config));
+        }
+    }
+    Migration {
+        policy_spec: Value::Object(spec),
+        values: Value::Object(values),
+        notes,
+    }
+}
+
+/// The reboot sentinel: on the host, through systemd (the chart's rebootRequired.onHost).
+fn sentinel(r: &Read, daemonset: &DaemonSet, container: &Container, out: &mut Out) {
     let mut reboot = Map::new();
-    if let Some(path) = flag("reboot-sentinel") {
+    if let Some(path) = r.flag("reboot-sentinel") {
         reboot.insert(
             "sentinelFile".into(),
             json!(host_path(daemonset, container, path)),
         );
     }
-    if let Some(command) = flag("reboot-sentinel-command") {
+    if let Some(command) = r.flag("reboot-sentinel-command") {
         let words: Vec<&str> = command.split_whitespace().collect();
         reboot.insert("sentinelCommand".into(), json!(words));
     }
-    if let Some(period) = flag("period") {
+    if let Some(period) = r.flag("period") {
         reboot.insert("interval".into(), json!(period));
     }
     if !reboot.is_empty() {
         reboot.insert("onHost".into(), json!(true));
-        agent_config.insert("detectors".into(), json!({"rebootRequired": reboot}));
+        out.agent_config
+            .insert("detectors".into(), json!({"rebootRequired": reboot}));
     }
-    // The window: days, start and end, time zone.
-    let days: Vec<&str> = flag("reboot-days")
+}
+
+/// The window: days, start and end, time zone.
+fn window(r: &Read, out: &mut Out) {
+    let days: Vec<&str> = r
+        .flag("reboot-days")
         .map(|d| d.split(',').filter_map(day).collect())
         .unwrap_or_default();
-    let (start, end) = (flag("start-time"), flag("end-time"));
+    let (start, end) = (r.flag("start-time"), r.flag("end-time"));
     let all_week = days.is_empty() || days.len() == 7;
     let all_day = start.and_then(clock).is_none_or(|s| s == "00:00")
         && end.and_then(clock).is_none_or(|e| e == "23:59");
@@ -203,59 +258,60 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
                 end
             }),
         );
-        if let Some(zone) = flag("time-zone") {
+        if let Some(zone) = r.flag("time-zone") {
             window.insert(
                 "timeZone".into(),
                 json!(if zone == "Local" { "UTC" } else { zone }),
             );
             if zone == "Local" {
-                notes.push(
+                out.notes.push(
                     "--time-zone=Local: the window is in UTC; set timeZone to the nodes' zone"
                         .into(),
                 );
             }
         }
-        spec.insert("windows".into(), json!([window]));
+        out.spec.insert("windows".into(), json!([window]));
     }
-    if let Some(timeout) = flag("drain-timeout").filter(|t| *t != "0" && *t != "0s") {
-        spec.insert("drainTimeout".into(), json!(timeout));
-    }
-    if truthy("force-reboot") {
-        spec.insert("onDrainTimeout".into(), json!("Force"));
-    }
-    // Blockers: pods and Prometheus alerts.
+}
+
+/// Blockers (pods and Prometheus alerts) and the pending taint.
+fn blockers(r: &Read, out: &mut Out) {
     let mut blockers = Map::new();
-    if let Some(selectors) = flag("blocking-pod-selector") {
+    if let Some(selectors) = r.flag("blocking-pod-selector") {
         let selectors: Vec<Value> = selectors.split(';').map(match_labels).collect();
         blockers.insert("podSelectors".into(), json!(selectors));
-        notes.push("rebootBlockers.podSelectors: any pod in any namespace matching them holds a reboot, as with kured; scope them with rebootBlockers.namespaces".into());
+        out.notes.push("rebootBlockers.podSelectors: any pod in any namespace matching them holds a reboot, as with kured; scope them with rebootBlockers.namespaces".into());
     }
-    if let Some(url) = flag("prometheus-url") {
+    if let Some(url) = r.flag("prometheus-url") {
         let mut prometheus = Map::new();
         prometheus.insert("url".into(), json!(url));
-        if let Some(filter) = flag("alert-filter-regexp") {
-            let key = if truthy("alert-filter-match-only") {
+        if let Some(filter) = r.flag("alert-filter-regexp") {
+            let key = if r.truthy("alert-filter-match-only") {
                 "alertFilter"
             } else {
                 "ignoreAlerts"
             };
             prometheus.insert(key.into(), json!(filter));
         }
-        prometheus.insert("firingOnly".into(), json!(truthy("alert-firing-only")));
+        prometheus.insert("firingOnly".into(), json!(r.truthy("alert-firing-only")));
         blockers.insert("prometheus".into(), Value::Object(prometheus));
     }
     if !blockers.is_empty() {
-        spec.insert("rebootBlockers".into(), Value::Object(blockers));
+        out.spec
+            .insert("rebootBlockers".into(), Value::Object(blockers));
     }
-    if let Some(taint) = flag("prefer-no-schedule-taint") {
-        spec.insert("taintWhilePending".into(), json!(true));
-        notes.push(format!(
+    if let Some(taint) = r.flag("prefer-no-schedule-taint") {
+        out.spec.insert("taintWhilePending".into(), json!(true));
+        out.notes.push(format!(
             "--prefer-no-schedule-taint={taint}: the taint is nodeward.io/maintenance-pending; tolerations of {taint} must change"
         ));
     }
-    // Labels and annotations around the reboot.
+}
+
+/// Labels and annotations around the reboot.
+fn node_labels(r: &Read, out: &mut Out) {
     let pairs = |name: &str| -> Vec<Value> {
-        flag(name)
+        r.flag(name)
             .map(|list| {
                 list.split([',', ';'])
                     .filter_map(|pair| pair.split_once('='))
@@ -268,14 +324,17 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
         pairs("pre-reboot-node-labels"),
         pairs("post-reboot-node-labels"),
     );
-    if !before.is_empty() || !after.is_empty() || truthy("annotate-nodes") {
-        spec.insert(
+    if !before.is_empty() || !after.is_empty() || r.truthy("annotate-nodes") {
+        out.spec.insert(
             "nodeLabels".into(),
-            json!({"beforeDrain": before, "afterSuccess": after, "annotate": truthy("annotate-nodes")}),
+            json!({"beforeDrain": before, "afterSuccess": after, "annotate": r.truthy("annotate-nodes")}),
         );
     }
-    // Notifications.
-    let hook = flag("notify-url").or(flag("slack-hook-url"));
+}
+
+/// The notification URL and templates.
+fn notifications(r: &Read, out: &mut Out) {
+    let hook = r.flag("notify-url").or(r.flag("slack-hook-url"));
     if let Some(url) = hook {
         // The agent reads webhook URLs and shoutrrr's slack, teams, mattermost and generic
         // ones; other services (smtp, telegram, ...) it cannot send to.
@@ -291,9 +350,9 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
             "generic+https",
         ];
         if sent.contains(&scheme) {
-            values.insert("agent".into(), json!({"notifyURL": url}));
+            out.values.insert("agent".into(), json!({"notifyURL": url}));
         } else {
-            notes.push(format!(
+            out.notes.push(format!(
                 "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://), not to {scheme}://; point it at a webhook"
             ));
         }
@@ -304,134 +363,133 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
         ("message-template-reboot", "Rebooting"),
         ("message-template-uncordon", "Succeeded"),
     ] {
-        if let Some(template) = flag(flag_name) {
+        if let Some(template) = r.flag(flag_name) {
             templates.insert(kind.into(), json!(template.replace("%s", "{node}")));
         }
     }
     if !templates.is_empty() {
-        agent_config.insert("notifications".into(), json!({"templates": templates}));
+        out.agent_config
+            .insert("notifications".into(), json!({"templates": templates}));
     }
-    if !agent_config.is_empty() {
-        let agent = values.entry("agent").or_insert_with(|| json!({}));
-        if let Some(agent) = agent.as_object_mut() {
-            agent.insert("config".into(), Value::Object(agent_config));
+}
+
+/// kured's flags with no equivalent, and why each is not needed or what to do instead.
+const NOT_CARRIED: &[(&str, &str)] = &[
+    (
+        "ds-name",
+        "the lock is the policy's slot list, not a DaemonSet annotation",
+    ),
+    (
+        "ds-namespace",
+        "the lock is the policy's slot list, not a DaemonSet annotation",
+    ),
+    (
+        "lock-annotation",
+        "the lock is the policy's slot list, not a DaemonSet annotation",
+    ),
+    (
+        "lock-ttl",
+        "a slot is freed when its maintenance ends, is deleted or its node goes; deadlines.* bound each phase",
+    ),
+    (
+        "lock-release-delay",
+        "the next node waits for healthGate.for after the reboot and, with workloadGate, for the workloads",
+    ),
+    (
+        "drain-delay",
+        "a drain starts once admitted; blockers and windows decide when",
+    ),
+    (
+        "reboot-delay",
+        "the reboot follows the drain; healthGate and workloadGate pace the rollout",
+    ),
+    (
+        "drain-grace-period",
+        "each pod gets its own grace period, capped by its drain stage's time left (drainPlan.stages[].timeout)",
+    ),
+    (
+        "skip-wait-for-delete-timeout",
+        "built in: a pod let go is waited for until 10 s past its grace period",
+    ),
+    (
+        "drain-pod-selector",
+        "write a drainPlan: skip rules keep pods (or label them nodeward.io/drain=skip), stages[].selector picks pods per stage",
+    ),
+    (
+        "reboot-method",
+        "the agent asks systemd-logind to reboot; no command or signal is run",
+    ),
+    (
+        "reboot-command",
+        "the agent asks systemd-logind to reboot; no command or signal is run",
+    ),
+    (
+        "reboot-signal",
+        "the agent asks systemd-logind to reboot; no command or signal is run",
+    ),
+    (
+        "slack-channel",
+        "a Slack incoming webhook posts to its own channel",
+    ),
+    (
+        "slack-username",
+        "a Slack incoming webhook posts under its own name",
+    ),
+    ("log-format", "the chart's logFormat value (text or json)"),
+    (
+        "metrics-host",
+        "the agent serves /metrics on --listen (0.0.0.0:9470)",
+    ),
+    (
+        "metrics-port",
+        "the agent serves /metrics on --listen (0.0.0.0:9470)",
+    ),
+    ("node-id", "the chart passes the node name (NODE_NAME)"),
+];
+
+/// kured's flags this migration carries over.
+const CARRIED: &[&str] = &[
+    "concurrency",
+    "reboot-sentinel",
+    "reboot-sentinel-command",
+    "period",
+    "reboot-days",
+    "start-time",
+    "end-time",
+    "time-zone",
+    "drain-timeout",
+    "force-reboot",
+    "blocking-pod-selector",
+    "prometheus-url",
+    "alert-filter-regexp",
+    "alert-filter-match-only",
+    "alert-firing-only",
+    "prefer-no-schedule-taint",
+    "pre-reboot-node-labels",
+    "post-reboot-node-labels",
+    "annotate-nodes",
+    "notify-url",
+    "slack-hook-url",
+    "message-template-drain",
+    "message-template-reboot",
+    "message-template-uncordon",
+];
+
+/// What has no equivalent, and why it is not needed or what to do; flags this migration does
+/// not know.
+fn not_carried(r: &Read, out: &mut Out) {
+    for (name, instead) in NOT_CARRIED {
+        if let Some(value) = r.flag(name) {
+            out.notes
+                .push(format!("--{name}={value}: not carried over: {instead}"));
         }
     }
-    // What has no equivalent, and why it is not needed or what to do.
-    let unneeded = [
-        (
-            "ds-name",
-            "the lock is the policy's slot list, not a DaemonSet annotation",
-        ),
-        (
-            "ds-namespace",
-            "the lock is the policy's slot list, not a DaemonSet annotation",
-        ),
-        (
-            "lock-annotation",
-            "the lock is the policy's slot list, not a DaemonSet annotation",
-        ),
-        (
-            "lock-ttl",
-            "a slot is freed when its maintenance ends, is deleted or its node goes; deadlines.* bound each phase",
-        ),
-        (
-            "lock-release-delay",
-            "the next node waits for healthGate.for after the reboot and, with workloadGate, for the workloads",
-        ),
-        (
-            "drain-delay",
-            "a drain starts once admitted; blockers and windows decide when",
-        ),
-        (
-            "reboot-delay",
-            "the reboot follows the drain; healthGate and workloadGate pace the rollout",
-        ),
-        (
-            "drain-grace-period",
-            "each pod gets its own grace period, capped by its drain stage's time left (drainPlan.stages[].timeout)",
-        ),
-        (
-            "skip-wait-for-delete-timeout",
-            "built in: a pod let go is waited for until 10 s past its grace period",
-        ),
-        (
-            "drain-pod-selector",
-            "write a drainPlan: skip rules keep pods (or label them nodeward.io/drain=skip), stages[].selector picks pods per stage",
-        ),
-        (
-            "reboot-method",
-            "the agent asks systemd-logind to reboot; no command or signal is run",
-        ),
-        (
-            "reboot-command",
-            "the agent asks systemd-logind to reboot; no command or signal is run",
-        ),
-        (
-            "reboot-signal",
-            "the agent asks systemd-logind to reboot; no command or signal is run",
-        ),
-        (
-            "slack-channel",
-            "a Slack incoming webhook posts to its own channel",
-        ),
-        (
-            "slack-username",
-            "a Slack incoming webhook posts under its own name",
-        ),
-        ("log-format", "the chart's logFormat value (text or json)"),
-        (
-            "metrics-host",
-            "the agent serves /metrics on --listen (0.0.0.0:9470)",
-        ),
-        (
-            "metrics-port",
-            "the agent serves /metrics on --listen (0.0.0.0:9470)",
-        ),
-        ("node-id", "the chart passes the node name (NODE_NAME)"),
-    ];
-    for (name, instead) in unneeded {
-        if let Some(value) = flag(name) {
-            notes.push(format!("--{name}={value}: not carried over: {instead}"));
-        }
-    }
-    let known = [
-        "concurrency",
-        "reboot-sentinel",
-        "reboot-sentinel-command",
-        "period",
-        "reboot-days",
-        "start-time",
-        "end-time",
-        "time-zone",
-        "drain-timeout",
-        "force-reboot",
-        "blocking-pod-selector",
-        "prometheus-url",
-        "alert-filter-regexp",
-        "alert-filter-match-only",
-        "alert-firing-only",
-        "prefer-no-schedule-taint",
-        "pre-reboot-node-labels",
-        "post-reboot-node-labels",
-        "annotate-nodes",
-        "notify-url",
-        "slack-hook-url",
-        "message-template-drain",
-        "message-template-reboot",
-        "message-template-uncordon",
-    ];
-    for (name, value) in flags {
-        if !known.contains(&name.as_str()) && !unneeded.iter().any(|(n, _)| *n == name) {
-            notes.push(format!(
+    for (name, value) in r.flags {
+        if !CARRIED.contains(&name.as_str()) && !NOT_CARRIED.iter().any(|(n, _)| *n == name) {
+            out.notes.push(format!(
                 "--{name}={value}: unknown to this migration; carried over as nothing"
             ));
         }
-    }
-    Migration {
-        policy_spec: Value::Object(spec),
-        values: Value::Object(values),
-        notes,
     }
 }
 
