@@ -90,18 +90,29 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
     // Host commands run on the host, through systemd (the pod mounts nothing of /var/run and
     // its image has no systemctl): the custom check sees containerd active, and the reboot
     // sentinel is found where Debian writes it.
+    // (A transient unit on a software-emulated machine can take seconds to start: the check
+    // is waited for, not its first round.)
     let vm = &lab.lab.vms()[0];
-    let check = lab.report(&vm.name).await?.status.unwrap_or_default();
-    let containerd = check
-        .findings
-        .iter()
-        .find(|f| f.detector == "containerd-active")
-        .context("the custom check's finding")?;
-    assert_eq!(
-        (containerd.status.as_str(), containerd.message.as_str()),
-        ("False", "active"),
-        "{containerd:?}"
-    );
+    let last = std::sync::Mutex::new(None);
+    let (lab_ref, last_ref) = (&lab, &last);
+    let active = wait::eventually(
+        "the custom check to see containerd active",
+        Duration::from_secs(120),
+        || async move {
+            let check = lab_ref.report(&vm.name).await?.status.unwrap_or_default();
+            let found = check
+                .findings
+                .into_iter()
+                .find(|f| f.detector == "containerd-active");
+            let active = found
+                .as_ref()
+                .is_some_and(|f| (f.status.as_str(), f.message.as_str()) == ("False", "active"));
+            *last_ref.lock().unwrap_or_else(|p| p.into_inner()) = found;
+            Ok(active.then_some(()))
+        },
+    )
+    .await;
+    active.with_context(|| format!("the custom check's last finding: {last:?}"))?;
     vm.run("touch /var/run/reboot-required").await?;
     let reboot = |status: &'static str| {
         wait::until(

@@ -458,6 +458,10 @@ pub struct Departure {
     pub group: String,
     pub asked: Option<Instant>,
     pub stopped: Option<Instant>,
+    /// When a drain stops waiting for it: 10 s past its grace period's end (its
+    /// `deletionTimestamp`), as the agent's drain does (kubectl's
+    /// `--skip-wait-for-delete-timeout=10`).
+    pub let_go: Option<Instant>,
 }
 
 /// Starts watching the pods of `namespace`; what it saw, by pod name. Unlike the pods' own
@@ -486,9 +490,23 @@ pub fn watch_departures(
                 group: pod.labels().get("app").cloned().unwrap_or_default(),
                 asked: None,
                 stopped: None,
+                let_go: None,
             });
             if deleted || pod.metadata.deletion_timestamp.is_some() {
                 entry.asked.get_or_insert(now);
+            }
+            if let Some(deletion) = pod.metadata.deletion_timestamp.as_ref() {
+                // The API server's second-precision time, as an instant of this clock.
+                let ahead = deletion.0.duration_since(jiff::Timestamp::now());
+                let by = std::time::Duration::try_from(ahead.abs()).unwrap_or_default();
+                let end = if ahead.is_negative() {
+                    now.checked_sub(by).unwrap_or(now)
+                } else {
+                    now + by
+                };
+                entry
+                    .let_go
+                    .get_or_insert(end + std::time::Duration::from_secs(10));
             }
             if deleted || terminal {
                 entry.stopped.get_or_insert(now);
@@ -509,7 +527,7 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
     "rebootRequired":{"interval":"5s","timeout":"5s"},
     "custom":[{"name":"containerd-active","condition":"ContainerdDown","reason":"NotActive",
       "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
-      "interval":"5s","timeout":"5s"}]}}"#;
+      "interval":"15s","timeout":"15s"}]}}"#;
 
 /// The chart's agent stays off a node whose agent a test runs in host mode.
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
