@@ -1231,7 +1231,7 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
         ),
         (
             "another component's condition",
-            json!({"conditions": [condition("KernelDeadlock", "True")]}),
+            json!({"conditions": [condition("CorruptDockerOverlay2", "True")]}),
         ),
         ("its capacity", json!({"capacity": {"pods": "1000"}})),
     ] {
@@ -1377,12 +1377,12 @@ fn the_admission_policy_lets_the_agent_write_its_detectors_conditions_and_the_co
     let values = dir.join("values.yaml");
     std::fs::write(
         &values,
-        "agent:\n  config:\n    detectors:\n      custom:\n      - {name: ntp, condition: NTPProblem, reason: Skew, command: [/bin/true]}\n      kernelLog:\n        patterns:\n        - {reason: Hung, regex: hung, condition: KernelDeadlock}\n        - {reason: Oops, regex: oops}\n",
+        "agent:\n  config:\n    detectors:\n      custom:\n      - {name: ntp, condition: NTPProblem, reason: Skew, command: [/bin/true]}\n      kernelLog:\n        patterns:\n        - {reason: Stuck, regex: stuck, condition: NetDeviceStuck}\n        - {reason: Oops, regex: oops}\n",
     )?;
     let configured = render("nodeward", "nodeward-system", &[&values])?;
     std::fs::remove_dir_all(&dir)?;
     let mut expected: Vec<&str> = nodeward_api::conditions::node::WRITTEN_BY_AGENT.to_vec();
-    expected.extend(["NTPProblem", "KernelDeadlock"]);
+    expected.extend(["NTPProblem", "NetDeviceStuck"]);
     assert_eq!(allowed(&configured)?, expected);
     Ok(())
 }

@@ -198,15 +198,7 @@ fn workloads_allow(
     pending: &Pending,
     policies: &[&PolicyState],
 ) -> Result<(), Decision> {
-    let checked = policies.is_empty() || policies.iter().any(|p| p.checks_workloads);
-    match node
-        .workload
-        .as_ref()
-        .filter(|_| checked && pending.needs_agent)
-    {
-        Some(why) => Err(deny(denial::WORKLOAD_NOT_READY, why.clone())),
-        None => Ok(()),
-    }
+    workload_check(node.workload.as_ref(), pending, policies)
 }
 
 /// The node's pods were looked at, where its workloads are checked: last, so that a node the
@@ -216,12 +208,17 @@ fn pods_known(
     pending: &Pending,
     policies: &[&PolicyState],
 ) -> Result<(), Decision> {
+    workload_check(node.unscanned.as_ref(), pending, policies)
+}
+
+/// Denies `WorkloadNotReady` for `why`, where a policy checks workloads and an agent drains.
+fn workload_check(
+    why: Option<&String>,
+    pending: &Pending,
+    policies: &[&PolicyState],
+) -> Result<(), Decision> {
     let checked = policies.is_empty() || policies.iter().any(|p| p.checks_workloads);
-    match node
-        .unscanned
-        .as_ref()
-        .filter(|_| checked && pending.needs_agent)
-    {
+    match why.filter(|_| checked && pending.needs_agent) {
         Some(why) => Err(deny(denial::WORKLOAD_NOT_READY, why.clone())),
         None => Ok(()),
     }
