@@ -85,18 +85,11 @@ impl Lookups {
             .cloned()
             .collect();
         self.scan_window.1 += missing.len();
-        let client = self.client.clone();
-        let scanned: Vec<(String, Scan)> = stream::iter(missing)
-            .map(move |node| {
-                let client = client.clone();
-                async move {
-                    let found = scan(&client, &node).await;
-                    (node, found)
-                }
-            })
-            .buffered(CONCURRENT_LISTS)
-            .collect()
-            .await;
+        let scanned = each(&self.client, missing, |client, node| async move {
+            let found = scan(&client, &node).await;
+            (node, found)
+        })
+        .await;
         let now = Instant::now();
         for (node, found) in scanned {
             if let Err(e) = &found {
@@ -121,18 +114,17 @@ impl Lookups {
         &self,
         wanted: &BTreeSet<(String, String, String)>,
     ) -> BTreeMap<(String, String, String), surge::Looked> {
-        let client = self.client.clone();
-        stream::iter(wanted.iter().cloned())
-            .map(move |key| {
-                let client = client.clone();
-                async move {
-                    let looked = observe(&client, &key.0, &key.1, &key.2).await;
-                    (key, looked)
-                }
-            })
-            .buffered(CONCURRENT_LISTS)
-            .collect()
-            .await
+        each(
+            &self.client,
+            wanted.iter().cloned(),
+            |client, key| async move {
+                let looked = observe(&client, &key.0, &key.1, &key.2).await;
+                (key, looked)
+            },
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// How available each of `workloads` is now.
@@ -147,18 +139,11 @@ impl Lookups {
             .filter(|w| !self.available.contains_key(*w))
             .cloned()
             .collect();
-        let client = self.client.clone();
-        let looked: Vec<(WorkloadRef, Looked)> = stream::iter(missing)
-            .map(move |w| {
-                let client = client.clone();
-                async move {
-                    let looked = available(&client, &w).await;
-                    (w, looked)
-                }
-            })
-            .buffered(CONCURRENT_LISTS)
-            .collect()
-            .await;
+        let looked = each(&self.client, missing, |client, w| async move {
+            let looked = available(&client, &w).await;
+            (w, looked)
+        })
+        .await;
         let (now, at) = (Instant::now(), jiff::Timestamp::now());
         for (w, l) in looked {
             self.available.insert(w, (now, (at, l)));
@@ -322,6 +307,19 @@ where
         Ok(Err(e)) => Err(format!("reading {what}: {e}")),
         Ok(Ok(found)) => Ok(found),
     }
+}
+
+/// `look` at each of `items` with a client of its own, [`CONCURRENT_LISTS`] at a time, in order.
+async fn each<T, R, F, Fut>(client: &Client, items: impl IntoIterator<Item = T>, look: F) -> Vec<R>
+where
+    F: Fn(Client, T) -> Fut,
+    Fut: Future<Output = R>,
+{
+    stream::iter(items)
+        .map(|item| look(client.clone(), item))
+        .buffered(CONCURRENT_LISTS)
+        .collect()
+        .await
 }
 
 /// The single-replica Deployments with pods on `node`.

@@ -70,6 +70,21 @@ async fn reporting_nodes(env: &TestEnv, specs: &[NodeSpec]) -> anyhow::Result<()
     env.heartbeats(&names).await
 }
 
+/// What `nodeward-coordinator ARGS --kubeconfig <admin>` prints; it must succeed.
+fn coordinator_command(args: &[&str]) -> anyhow::Result<String> {
+    let output = std::process::Command::new(COORDINATOR)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(&controlplane::shared().kubeconfig)
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "nodeward-coordinator {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
 /// A DrainOnly maintenance `<node>-m` of `node`; returns its name.
 async fn create_maintenance(env: &TestEnv, node: &str) -> anyhow::Result<String> {
     let name = format!("{node}-m");
@@ -715,16 +730,7 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
     }))?;
     env.nodes().create(&PostParams::default(), &node).await?;
 
-    let output = std::process::Command::new(COORDINATOR)
-        .args(["status", "--kubeconfig"])
-        .arg(&controlplane::shared().kubeconfig)
-        .output()?;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout)?;
+    let text = coordinator_command(&["status"])?;
     let policy_line = text
         .lines()
         .find(|l| l.starts_with(&policy))
@@ -1881,18 +1887,14 @@ async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_acc
         .create(&Default::default(), &kured)
         .await?;
     let name = format!("{}-kured", env.id);
-    let output = std::process::Command::new(COORDINATOR)
-        .args(["migrate", "--kured-daemonset"])
-        .arg(format!("{}/kured", env.namespace))
-        .args(["--policy-name", &name, "--kubeconfig"])
-        .arg(&controlplane::shared().kubeconfig)
-        .output()?;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let printed = String::from_utf8(output.stdout)?;
+    let daemonset = format!("{}/kured", env.namespace);
+    let printed = coordinator_command(&[
+        "migrate",
+        "--kured-daemonset",
+        &daemonset,
+        "--policy-name",
+        &name,
+    ])?;
     let document = serde_yaml::Deserializer::from_str(&printed)
         .next()
         .context("a document")?;

@@ -329,7 +329,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     plan.surges = surge_work(objects);
     let listed = policy_status::Listed {
         slots,
-        scans: objects.scans.clone(),
+        scans: &objects.scans,
     };
     policy_status::write(&index, &health, &cluster, listed, &gates, now, &mut plan);
     plan.standing.cluster = cluster;

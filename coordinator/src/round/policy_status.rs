@@ -42,11 +42,11 @@ pub fn set_condition(
 }
 
 /// What each policy's status lists from this round's decisions, by policy.
-pub(super) struct Listed {
+pub(super) struct Listed<'a> {
     /// The slots each keeps after admission.
     pub slots: BTreeMap<String, Vec<BudgetSlot>>,
     /// The single-replica Deployments on the nodes of its pending maintenances, as scanned.
-    pub scans: BTreeMap<String, surge::Scan>,
+    pub scans: &'a BTreeMap<String, surge::Scan>,
 }
 
 /// Puts each policy's new status into `plan` where it changed, with its budget use and the
@@ -56,7 +56,7 @@ pub(super) fn write(
     index: &Index,
     health: &Assessed,
     cluster: &Cluster,
-    listed: Listed,
+    listed: Listed<'_>,
     gates: &[Gate],
     now: Timestamp,
     plan: &mut Plan,
@@ -96,7 +96,7 @@ pub(super) fn write(
             conditions: old.conditions.clone(),
             rollout_risks: surge::risks(
                 pending.iter().copied().filter(|n| p.matched.contains(*n)),
-                &scans,
+                scans,
             ),
             observed_generation: generation,
         };
