@@ -5,17 +5,15 @@
 //! [`LABELS_LIMIT`] of each, so the series stay few; the interfaces the network detector
 //! ignores (container veths and bridges) are left out.
 
-use std::{sync::atomic::AtomicU64, time::Duration};
+use std::time::Duration;
 
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{family::Family, gauge::Gauge},
-    registry::Registry,
-};
 use serde::Deserialize;
 use sysinfo::{Disks, MemoryRefreshKind, Networks, System};
 
-use crate::detect::interfaces::{InterfacesConfig, is_ignored};
+use crate::{
+    detect::interfaces::{InterfacesConfig, is_ignored},
+    metrics::{FilesystemLabels, HostMetrics, InterfaceLabels, StateLabels, WindowLabels},
+};
 
 /// The most filesystems and interfaces labelled.
 pub const LABELS_LIMIT: usize = 32;
@@ -50,78 +48,6 @@ impl HostStatsConfig {
         }
         .validate(&format!("{place}.ignoreInterfaces"))
         .map_err(|e| e.replace(".ignoreInterfaces.ignore", ".ignoreInterfaces"))
-    }
-}
-
-type FloatGauge = Gauge<f64, AtomicU64>;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
-    pub state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WindowLabels {
-    pub window: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FilesystemLabels {
-    pub mount: String,
-    pub fstype: String,
-    pub state: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct InterfaceLabels {
-    pub interface: String,
-    pub direction: String,
-}
-
-/// The host gauges, registered with the agent's other metrics.
-#[derive(Debug, Default)]
-pub struct HostMetrics {
-    cpu: FloatGauge,
-    load: Family<WindowLabels, FloatGauge>,
-    memory: Family<StateLabels, Gauge>,
-    swap: Family<StateLabels, Gauge>,
-    uptime: Gauge,
-    filesystem: Family<FilesystemLabels, Gauge>,
-    network: Family<InterfaceLabels, Gauge>,
-}
-
-impl HostMetrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = Self::default();
-        let host = registry.sub_registry_with_prefix("host");
-        host.register(
-            "cpu_usage_ratio",
-            "Share of CPU time in use (0 to 1), all CPUs",
-            m.cpu.clone(),
-        );
-        host.register(
-            "load_average",
-            "Load average over 1m, 5m and 15m",
-            m.load.clone(),
-        );
-        host.register(
-            "memory_bytes",
-            "Memory: total, available, used",
-            m.memory.clone(),
-        );
-        host.register("swap_bytes", "Swap: total, used", m.swap.clone());
-        host.register("uptime_seconds", "Time since boot", m.uptime.clone());
-        host.register(
-            "filesystem_bytes",
-            "Each filesystem's size and space available, by mount point",
-            m.filesystem.clone(),
-        );
-        host.register(
-            "network_bytes",
-            "Bytes received and transmitted since boot, by interface",
-            m.network.clone(),
-        );
-        m
     }
 }
 
@@ -303,6 +229,8 @@ pub async fn run(config: HostStatsConfig, metrics: std::sync::Arc<crate::metrics
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::registry::Registry;
+
     use super::*;
 
     #[test]

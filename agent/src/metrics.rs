@@ -1,7 +1,7 @@
 //! The agent's Prometheus metrics. Labels carry detector names, condition types and protocols
 //! (small, fixed sets), never a peer or pod, so their number does not grow with the cluster.
 
-use std::sync::Arc;
+use std::sync::{Arc, atomic::AtomicU64};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -46,6 +46,78 @@ pub struct ProbeLabels {
     pub result: String,
 }
 
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WindowLabels {
+    pub window: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FilesystemLabels {
+    pub mount: String,
+    pub fstype: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InterfaceLabels {
+    pub interface: String,
+    pub direction: String,
+}
+
+/// The host's gauges ([`crate::host_stats`] sets them).
+#[derive(Debug, Default)]
+pub struct HostMetrics {
+    pub cpu: FloatGauge,
+    pub load: Family<WindowLabels, FloatGauge>,
+    pub memory: Family<StateLabels, Gauge>,
+    pub swap: Family<StateLabels, Gauge>,
+    pub uptime: Gauge,
+    pub filesystem: Family<FilesystemLabels, Gauge>,
+    pub network: Family<InterfaceLabels, Gauge>,
+}
+
+impl HostMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let host = registry.sub_registry_with_prefix("host");
+        host.register(
+            "cpu_usage_ratio",
+            "Share of CPU time in use (0 to 1), all CPUs",
+            m.cpu.clone(),
+        );
+        host.register(
+            "load_average",
+            "Load average over 1m, 5m and 15m",
+            m.load.clone(),
+        );
+        host.register(
+            "memory_bytes",
+            "Memory: total, available, used",
+            m.memory.clone(),
+        );
+        host.register("swap_bytes", "Swap: total, used", m.swap.clone());
+        host.register("uptime_seconds", "Time since boot", m.uptime.clone());
+        host.register(
+            "filesystem_bytes",
+            "Each filesystem's size and space available, by mount point",
+            m.filesystem.clone(),
+        );
+        host.register(
+            "network_bytes",
+            "Bytes received and transmitted since boot, by interface",
+            m.network.clone(),
+        );
+        m
+    }
+}
+
 fn check_duration_histogram() -> Histogram {
     Histogram::new([0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 30.0])
 }
@@ -70,7 +142,7 @@ pub struct Metrics {
     pub watch_bookmarks: Family<ResourceLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
     /// CPU, memory, filesystems and interfaces of the host ([`crate::host_stats`]).
-    pub host: crate::host_stats::HostMetrics,
+    pub host: HostMetrics,
 }
 
 impl Default for Metrics {
@@ -130,7 +202,7 @@ impl Metrics {
             "Peer probes sent, by protocol and result",
             probes.clone(),
         );
-        let host = crate::host_stats::HostMetrics::register(&mut registry);
+        let host = HostMetrics::register(&mut registry);
         Self {
             registry,
             host,
