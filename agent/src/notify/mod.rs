@@ -1,7 +1,8 @@
 //! Webhook notifications about this node's maintenances: a JSON POST on drain start, on the
 //! reboot or power-off, and on completion (succeeded, failed, cancelled, restored). The body
 //! carries a `text` (Slack and Mattermost incoming webhooks show it as is) and the fields a
-//! receiver may route on; a shoutrrr URL gets the body its service reads ([`target`]).
+//! receiver may route on; a shoutrrr URL gets the body its service reads ([`target`]), and
+//! a shoutrrr `smtp://` URL sends the text by e-mail ([`email`]).
 //! Delivery runs beside the maintenance with retries; a notification that cannot be delivered
 //! is logged and dropped, never waited for.
 
@@ -15,7 +16,24 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::backoff::Backoff;
 
+pub mod email;
 pub mod target;
+
+/// Where notifications go: a webhook (in the shape its service reads) or e-mail.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Destination {
+    Webhook(target::Target),
+    Email(email::Email),
+}
+
+/// The destination of a notification URL: `smtp://` is e-mail, the rest are webhooks.
+pub fn destination(url: &str) -> Result<Destination, String> {
+    if url.starts_with("smtp://") {
+        email::parse(url).map(Destination::Email)
+    } else {
+        target::target(url).map(Destination::Webhook)
+    }
+}
 
 /// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
 /// notification never holds a maintenance up).
@@ -29,7 +47,7 @@ pub struct NotificationsConfig {
     /// The events sent; all when empty.
     pub events: Vec<NoticeKind>,
     /// The body's `text` per event, with placeholders `{node}`, `{maintenance}`, `{reason}`,
-    /// `{action}`, `{message}`, `{correlation}`.
+    /// `{action}`, `{message}`, `{correlation}`; kured's `%s` is the node too.
     pub templates: std::collections::BTreeMap<NoticeKind, String>,
     /// Tries per notification, the first included.
     pub attempts: u32,
@@ -54,7 +72,7 @@ impl Default for NotificationsConfig {
 impl NotificationsConfig {
     pub fn validate(&self, place: &str) -> Result<(), String> {
         if !self.url.is_empty() {
-            target::target(&self.url).map_err(|e| format!("{place}.url: {e}"))?;
+            destination(&self.url).map_err(|e| format!("{place}.url: {e}"))?;
         }
         if self.attempts == 0 {
             return Err(format!("{place}.attempts: must be at least 1, e.g. 5"));
@@ -112,6 +130,9 @@ const PLACEHOLDERS: [&str; 6] = [
     "correlation",
 ];
 
+/// kured's templates (`--message-template-drain="Draining node %s"`) name the node so.
+const KURED_NODE: &str = "%s";
+
 fn default_template(kind: NoticeKind) -> &'static str {
     match kind {
         NoticeKind::DrainStarted => "Draining node {node} for {reason} ({action})",
@@ -147,6 +168,8 @@ fn known() -> String {
 
 /// The template with the notice's values in place of its placeholders.
 pub fn render(template: &str, notice: &Notice) -> String {
+    let template = template.replace(KURED_NODE, "{node}");
+    let mut rest = template.as_str();
     let values = [
         ("{node}", &notice.node),
         ("{maintenance}", &notice.maintenance),
@@ -156,7 +179,6 @@ pub fn render(template: &str, notice: &Notice) -> String {
         ("{correlation}", &notice.correlation),
     ];
     let mut text = String::with_capacity(template.len() + 64);
-    let mut rest = template;
     'outer: while let Some(open) = rest.find('{') {
         text.push_str(&rest[..open]);
         for (placeholder, value) in values {
@@ -254,8 +276,8 @@ impl Notifier {
 
 async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>) {
     // Validated with the configuration: a URL that does not parse sends nothing.
-    let Ok(target) = target::target(&config.url) else {
-        tracing::warn!(url = %config.url, "notifications off: the URL is not one they can be sent to");
+    let Ok(destination) = destination(&config.url) else {
+        tracing::warn!("notifications off: the URL is not one they can be sent to");
         return;
     };
     let mut headers: Vec<(&str, &str)> = vec![("content-type", "application/json")];
@@ -266,23 +288,20 @@ async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>)
     }) = queue.recv().await
     {
         let ours = body(&notice, &config.templates);
-        let text = ours["text"].as_str().unwrap_or_default().to_owned();
-        let payload = Bytes::from(target::body(&target.format, &text, ours).to_string());
         let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
         for attempt in 1..=config.attempts {
             let sent = tokio::time::timeout(
                 config.timeout,
-                crate::http::send(Method::POST, &target.url, &headers, payload.clone()),
+                send_once(&destination, &headers, &ours, config.timeout),
             )
-            .await;
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {:?}", config.timeout)));
             let problem = match sent {
-                Err(_) => format!("no answer within {:?}", config.timeout),
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(reply)) if reply.status.is_success() => {
+                Ok(()) => {
                     tracing::info!(event = ?notice.kind, maintenance = %notice.maintenance, correlation = %notice.correlation, "notification delivered");
                     break;
                 }
-                Ok(Ok(reply)) => format!("the receiver answered {}", reply.status),
+                Err(problem) => problem,
             };
             if let Some(tx) = first_try.take() {
                 let _ = tx.send(());
@@ -298,6 +317,51 @@ async fn deliver(config: NotificationsConfig, mut queue: mpsc::Receiver<Queued>)
             let _ = tx.send(());
         }
     }
+}
+
+/// One try at delivering the notification whose JSON body is `ours`.
+async fn send_once(
+    destination: &Destination,
+    headers: &[(&str, &str)],
+    ours: &serde_json::Value,
+    timeout: Duration,
+) -> Result<(), String> {
+    let text = ours["text"].as_str().unwrap_or_default();
+    match destination {
+        Destination::Webhook(target) => {
+            let payload = Bytes::from(target::body(&target.format, text, ours.clone()).to_string());
+            let reply = crate::http::send(Method::POST, &target.url, headers, payload)
+                .await
+                .map_err(|e| e.to_string())?;
+            if reply.status.is_success() {
+                Ok(())
+            } else {
+                Err(format!("the receiver answered {}", reply.status))
+            }
+        }
+        Destination::Email(email) => email.send(text, &details(ours), timeout).await,
+    }
+}
+
+/// The fields of a notification's JSON body as `field: value` lines, for a mail's body.
+fn details(ours: &serde_json::Value) -> String {
+    [
+        "event",
+        "node",
+        "maintenance",
+        "reason",
+        "action",
+        "message",
+        "correlation",
+        "time",
+    ]
+    .iter()
+    .filter_map(|field| {
+        let value = ours.get(*field)?.as_str()?;
+        (!value.is_empty()).then(|| format!("{field}: {value}"))
+    })
+    .collect::<Vec<_>>()
+    .join("\n")
 }
 
 #[cfg(test)]
@@ -323,6 +387,11 @@ mod tests {
             "Draining worker-1 for Reboot (worker-1-reboot-3f2a9c1e)"
         );
         assert_eq!(render("{x} {node}}", &notice()), "{x} worker-1}");
+        assert_eq!(
+            render("Draining node %s", &notice()),
+            "Draining node worker-1",
+            "kured's templates work as they are"
+        );
         let b = body(&notice(), &BTreeMap::new());
         assert_eq!(b["text"], "Draining node worker-1 for Reboot (Reboot)");
         assert_eq!(b["event"], "DrainStarted");
@@ -407,10 +476,128 @@ mod tests {
     #[test]
     fn an_unsupported_notification_url_is_refused_with_its_place() {
         let config = NotificationsConfig {
+            url: "telegram://token@telegram?chats=@ops".into(),
+            ..NotificationsConfig::default()
+        };
+        let e = config.validate("notifications").expect_err("telegram");
+        assert!(e.starts_with("notifications.url: "), "{e}");
+        let config = NotificationsConfig {
             url: "smtp://mail.example.com:587/?to=ops@example.com".into(),
             ..NotificationsConfig::default()
         };
-        let e = config.validate("notifications").expect_err("smtp");
+        let e = config.validate("notifications").expect_err("no sender");
         assert!(e.starts_with("notifications.url: "), "{e}");
+        assert!(e.contains("from= is missing"), "{e}");
+    }
+
+    /// A real SMTP server on this machine (aiosmtpd, Debian's python3-aiosmtpd, which
+    /// `tests/run` installs), storing what it accepts in a Maildir under `dir`; its port.
+    async fn smtp_server(dir: &std::path::Path) -> (tokio::process::Child, u16) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let child = tokio::process::Command::new("/usr/bin/python3")
+            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}")])
+            .args(["-c", "aiosmtpd.handlers.Mailbox"])
+            .arg(dir)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("aiosmtpd starts (python3-aiosmtpd; tests/run installs it)");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "aiosmtpd listens on {port} within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (child, port)
+    }
+
+    #[tokio::test]
+    async fn a_shoutrrr_smtp_url_mails_the_notice_through_a_real_smtp_server() {
+        let dir = std::env::temp_dir().join(format!("nodeward-smtp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (_server, port) = smtp_server(&dir).await;
+        let config = NotificationsConfig {
+            url: format!(
+                "smtp://127.0.0.1:{port}/?from=nodes@example.com&fromname=Node+Reboots&to=ops@example.com,oncall@example.com"
+            ),
+            templates: BTreeMap::from([(
+                NoticeKind::DrainStarted,
+                "Draining node {node}".to_owned(),
+            )]),
+            ..NotificationsConfig::default()
+        };
+        config.validate("notifications").expect("a valid URL");
+        let (notifier, delivery) = Notifier::new(&config);
+        tokio::spawn(delivery.expect("a delivery task"));
+        notifier.send(notice());
+
+        let new = dir.join("new");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mail = loop {
+            let first = std::fs::read_dir(&new)
+                .ok()
+                .and_then(|mut entries| entries.next())
+                .and_then(Result::ok);
+            if let Some(entry) = first {
+                break std::fs::read_to_string(entry.path()).expect("the stored mail");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the mail reaches the server within 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(mail.contains("Subject: Draining node worker-1"), "{mail}");
+        assert!(
+            mail.contains("From: \"Node Reboots\" <nodes@example.com>"),
+            "{mail}"
+        );
+        assert!(
+            mail.contains("To: ops@example.com, oncall@example.com"),
+            "{mail}"
+        );
+        assert!(
+            mail.contains("X-RcptTo: ops@example.com, oncall@example.com"),
+            "{mail}"
+        );
+        assert!(
+            mail.contains("maintenance: worker-1-reboot-3f2a9c1e"),
+            "{mail}"
+        );
+    }
+
+    #[tokio::test]
+    async fn required_starttls_is_not_given_up_for_a_server_without_it() {
+        let dir = std::env::temp_dir().join(format!("nodeward-smtp-tls-{}", std::process::id()));
+        let (_server, port) = smtp_server(&dir).await;
+        let Ok(Destination::Email(email)) = destination(&format!(
+            "smtp://127.0.0.1:{port}/?from=n@example.com&to=o@example.com&encryption=ExplicitTLS"
+        )) else {
+            panic!("an e-mail destination");
+        };
+        let err = email
+            .send("Rebooting node worker-1", "", Duration::from_secs(10))
+            .await
+            .expect_err("no STARTTLS offered, so nothing is sent in plain text");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            err.contains(&format!("sending to 127.0.0.1:{port}")),
+            "{err}"
+        );
+        assert!(
+            !dir.join("new").exists()
+                || std::fs::read_dir(dir.join("new"))
+                    .map(|d| d.count())
+                    .unwrap_or(0)
+                    == 0
+        );
     }
 }

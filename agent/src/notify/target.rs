@@ -95,7 +95,7 @@ pub fn target(url: &str) -> Result<Target, String> {
         "teams" => teams(&parts),
         "generic" | "generic+http" | "generic+https" => Ok(generic(&parts)),
         other => Err(format!(
-            "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL, or a shoutrrr slack://, teams://, mattermost:// or generic:// URL"
+            "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL, or a shoutrrr slack://, teams://, mattermost://, generic:// or smtp:// URL"
         )),
     }
 }
@@ -322,8 +322,8 @@ mod tests {
     fn an_unsupported_or_malformed_url_says_what_form_is_expected() {
         for (url, says) in [
             (
-                "smtp://user:pw@mail.example.com:587/?to=ops@example.com",
-                "the smtp:// scheme is not supported",
+                "telegram://token@telegram?chats=@ops",
+                "the telegram:// scheme is not supported",
             ),
             (
                 "slack://xoxb:123@C0123",

@@ -336,8 +336,8 @@ fn node_labels(r: &Read, out: &mut Out) {
 fn notifications(r: &Read, out: &mut Out) {
     let hook = r.flag("notify-url").or(r.flag("slack-hook-url"));
     if let Some(url) = hook {
-        // The agent reads webhook URLs and shoutrrr's slack, teams, mattermost and generic
-        // ones; other services (smtp, telegram, ...) it cannot send to.
+        // The agent reads webhook URLs and shoutrrr's slack, teams, mattermost, generic and
+        // smtp ones; other services (telegram, pushover, ...) it cannot send to.
         let scheme = url.split("://").next().unwrap_or_default();
         let sent = [
             "http",
@@ -348,12 +348,13 @@ fn notifications(r: &Read, out: &mut Out) {
             "generic",
             "generic+http",
             "generic+https",
+            "smtp",
         ];
         if sent.contains(&scheme) {
             out.values.insert("agent".into(), json!({"notifyURL": url}));
         } else {
             out.notes.push(format!(
-                "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://), not to {scheme}://; point it at a webhook"
+                "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://) and smtp://, not to {scheme}://; point it at a webhook"
             ));
         }
     }
