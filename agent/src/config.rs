@@ -4,7 +4,8 @@
 //!
 //! Each section belongs to the part of the agent it configures, which defines its fields,
 //! defaults and checks: a detector's in its `detect` module, `notifications` in `notify`,
-//! `shutdownGuard` in `shutdown`, `reporting` in `report`. Each detector has `interval` (how
+//! `shutdownGuard` in `shutdown`, `reporting` in `report`, `reboot` in
+//! `maintenance::reboot_method`. Each detector has `interval` (how
 //! often it runs), `timeout` (after which the run counts as Unknown) and `for` (how long a new
 //! verdict must hold before it is reported or cleared).
 
@@ -13,8 +14,13 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::{
-    Error, detect::Detectors, host_stats::HostStatsConfig, notify::NotificationsConfig,
-    report::ReportingConfig, shutdown::ShutdownGuardConfig,
+    Error,
+    detect::Detectors,
+    host_stats::HostStatsConfig,
+    maintenance::reboot_method::{RebootConfig, RebootMethod},
+    notify::NotificationsConfig,
+    report::ReportingConfig,
+    shutdown::ShutdownGuardConfig,
 };
 
 /// Where the agent looks for its configuration when `--config` is not given.
@@ -28,6 +34,7 @@ pub struct Config {
     pub reporting: ReportingConfig,
     pub shutdown_guard: ShutdownGuardConfig,
     pub notifications: NotificationsConfig,
+    pub reboot: RebootConfig,
 }
 
 impl Config {
@@ -78,6 +85,7 @@ impl Config {
         self.shutdown_guard.validate("shutdownGuard")?;
         self.detectors.validate("detectors")?;
         self.host_stats.validate("hostStats")?;
+        self.reboot.validate("reboot")?;
         self.notifications.validate("notifications")
     }
 }
@@ -97,6 +105,9 @@ pub struct Overrides {
     pub shutdown_budget: Option<String>,
     pub logind_drop_in_dir: Option<PathBuf>,
     pub notify_url: Option<String>,
+    pub reboot_method: Option<RebootMethod>,
+    pub reboot_command: Option<Vec<String>>,
+    pub reboot_signal: Option<i32>,
 }
 
 impl Config {
@@ -146,6 +157,15 @@ impl Config {
         }
         if let Some(url) = &o.notify_url {
             self.notifications.url = url.clone();
+        }
+        if let Some(method) = o.reboot_method {
+            self.reboot.method = method;
+        }
+        if let Some(command) = &o.reboot_command {
+            self.reboot.command = command.clone();
+        }
+        if let Some(signal) = o.reboot_signal {
+            self.reboot.signal = signal;
         }
         self.validate()?;
         Ok(self)

@@ -1,4 +1,5 @@
-//! systemd-logind's `org.freedesktop.login1.Manager`, the parts the shutdown guard uses.
+//! systemd-logind's `org.freedesktop.login1.Manager`: the parts the shutdown guard uses, and
+//! the reboot or power-off of a drained node.
 
 use zbus::{proxy, zvariant::OwnedFd};
 
@@ -30,4 +31,28 @@ pub trait Manager {
 
     #[zbus(property)]
     fn preparing_for_shutdown(&self) -> zbus::Result<bool>;
+}
+
+/// Asks logind to reboot (or else power off); one already under way (asked before this agent
+/// restarted) counts as asked.
+pub async fn act(reboot: bool) -> Result<(), String> {
+    let connection = zbus::Connection::system()
+        .await
+        .map_err(|e| format!("connecting to the system bus: {e}"))?;
+    let manager = ManagerProxy::new(&connection)
+        .await
+        .map_err(|e| format!("logind on the system bus: {e}"))?;
+    let asked = if reboot {
+        manager.reboot(false).await
+    } else {
+        manager.power_off(false).await
+    };
+    match asked {
+        Err(zbus::Error::MethodError(name, ..))
+            if name.as_str() == "org.freedesktop.login1.OperationInProgress" =>
+        {
+            Ok(())
+        }
+        other => other.map_err(|e| format!("asking logind: {e}")),
+    }
 }

@@ -13,6 +13,7 @@ use nodeward_agent::{
         peers::{self, Directory, PeerContext},
     },
     liveness::Liveness,
+    maintenance::reboot_method::RebootMethod,
     metrics::Metrics,
     policies::Follow,
     report::{Identity, Reporter},
@@ -129,6 +130,15 @@ struct Settings {
     /// (notifications.url).
     #[arg(long, env = "NODEWARD_NOTIFY_URL")]
     notify_url: Option<String>,
+    /// How a drained node reboots: logind, command or signal (reboot.method).
+    #[arg(long, env = "NODEWARD_REBOOT_METHOD", value_enum)]
+    reboot_method: Option<RebootMethod>,
+    /// The host command of --reboot-method command, words split on spaces (reboot.command).
+    #[arg(long, env = "NODEWARD_REBOOT_COMMAND")]
+    reboot_command: Option<String>,
+    /// The signal sent to the host's PID 1 by --reboot-method signal (reboot.signal).
+    #[arg(long, env = "NODEWARD_REBOOT_SIGNAL")]
+    reboot_signal: Option<i32>,
 }
 
 impl Settings {
@@ -152,6 +162,12 @@ impl Settings {
             shutdown_budget: self.shutdown_budget.clone(),
             logind_drop_in_dir: self.logind_drop_in_dir.clone(),
             notify_url: self.notify_url.clone(),
+            reboot_method: self.reboot_method,
+            reboot_command: self
+                .reboot_command
+                .as_ref()
+                .map(|c| c.split_whitespace().map(String::from).collect()),
+            reboot_signal: self.reboot_signal,
         };
         config.with_overrides(&overrides)
     }
@@ -476,6 +492,7 @@ fn maintain(
             notifier,
             events,
             policies,
+            reboot: config.reboot.clone(),
             written: Default::default(),
         }
         .run(maintenances),

@@ -1,12 +1,14 @@
 //! A rolling reboot by NodeMaintenance across the lab's VMs at the chart's default
 //! `maxConcurrent: 1`, one of them with its agent in host mode: each VM really reboots, never
 //! two at once, the health gate waits for the real kubelet's Ready, and all of them succeed.
+//! The DaemonSet agents reboot by running `systemctl reboot` on the host and the host-mode one
+//! by sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method command|signal`).
 
 use std::time::Instant;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Api, ResourceExt};
+use kube::{Api, ResourceExt, api::ListParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{history, wait};
 
@@ -122,6 +124,30 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
         "{} was rebooted by its host-mode agent",
         host_mode.name
     );
+
+    // Each rebooted the way its agent was configured to: the chart's DaemonSet by command, the
+    // host-mode agent by signal.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(lab.client.clone(), "default");
+    for (vm, name) in lab.lab.vms().iter().zip(&names) {
+        let acting = events
+            .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Acting"))
+            .with_context(|| format!("{name}: an Acting Event"))?;
+        let note = acting.note.unwrap_or_default();
+        let expected = if vm.name == host_mode.name {
+            "Reboot by signal 39 to the host's PID 1"
+        } else {
+            "Reboot by running \"/bin/systemctl reboot\" on the host"
+        };
+        assert!(
+            note.starts_with(expected),
+            "{name}: how it rebooted: {note:?}, expected {expected:?}"
+        );
+    }
 
     // Never two disrupted at once, in everything the API server showed.
     let seen = history.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -45,12 +45,14 @@ pub const TEST_LABEL: &str = "nodelab.nodeward.io/test";
 /// Marks a node whose agent runs in host mode (the chart's agent is kept off it).
 pub const HOST_MODE_LABEL: &str = "nodelab.nodeward.io/host-mode";
 /// A host-mode agent's `/etc/nodeward/agent.yaml`: the lab's fast kubelet and peer detectors
-/// (as [`FAST_DETECTORS`]) and the reboot gate on.
+/// (as [`FAST_DETECTORS`]), the reboot gate on, and reboots by signal to PID 1.
 pub const HOST_AGENT_CONFIG: &str = "detectors:
   kubelet: {interval: 5s, timeout: 5s, for: 10s}
   peers: {interval: 5s, timeout: 5s, for: 10s}
 shutdownGuard:
   rebootGate: true
+reboot:
+  method: signal
 ";
 /// The nftables table tests add rules to in a guest (deleted before the next test starts).
 pub const FIREWALL_TABLE: &str = "nodelab_test";
@@ -529,6 +531,12 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
       "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
       "interval":"15s","timeout":"15s"}]}}"#;
 
+/// The lab's DaemonSet agents reboot by kured's default command (`systemctl reboot`, which asks
+/// logind in turn) and the host-mode one by signal, so that the rolling reboot proves both
+/// host-run methods on real systemd; logind's Reboot itself is proven by the crate tests
+/// against the real logind.
+const REBOOT_BY_COMMAND: &str = "agent.rebootMethod=command";
+
 /// The chart's agent stays off a node whose agent a test runs in host mode.
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
     "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
@@ -569,7 +577,8 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
                     .arg(helm::chart())
                     .args(["--namespace", NAMESPACE, "--create-namespace"])
                     .args(["--set-json", FAST_DETECTORS])
-                    .args(["--set-json", NOT_ON_HOST_MODE_NODES]))?;
+                    .args(["--set-json", NOT_ON_HOST_MODE_NODES])
+                    .args(["--set", REBOOT_BY_COMMAND]))?;
             }
             let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
             wait::until(

@@ -32,6 +32,7 @@ use serde_json::json;
 
 use super::{
     lifecycle::{self, Facts, Gate, Step},
+    reboot_method::RebootConfig,
     workloads,
 };
 use crate::{
@@ -40,7 +41,6 @@ use crate::{
         plan::Purpose,
         watched::{Report, Watched},
     },
-    logind::ManagerProxy,
     maintenance::watch::NodeMaintenances,
     notify::{Notice, NoticeKind, Notifier},
     policies,
@@ -71,6 +71,8 @@ pub struct Executor {
     pub events: Events,
     /// The DisruptionPolicies (a live store): which plan, timeout and gate apply.
     pub policies: reflector::Store<DisruptionPolicy>,
+    /// How a drained node reboots.
+    pub reboot: RebootConfig,
     /// The phase this agent last wrote, per maintenance uid (start empty).
     pub written: Mutex<HashMap<String, MaintenancePhase>>,
 }
@@ -415,26 +417,13 @@ impl Executor {
     }
 
     async fn act(&self, m: &NodeMaintenance, applied: &Applied) -> Result<(), crate::Error> {
-        let connection = zbus::Connection::system().await;
-        let call = async {
-            let connection =
-                connection.map_err(|e| format!("connecting to the system bus: {e}"))?;
-            let manager = ManagerProxy::new(&connection)
-                .await
-                .map_err(|e| e.to_string())?;
-            let asked = match m.spec.action {
-                MaintenanceAction::Reboot => manager.reboot(false).await,
-                _ => manager.power_off(false).await,
-            };
-            match asked {
-                // Already under way (asked before this agent restarted): nothing more to do.
-                Err(zbus::Error::MethodError(name, ..))
-                    if name.as_str() == "org.freedesktop.login1.OperationInProgress" =>
-                {
-                    Ok(())
-                }
-                other => other.map_err(|e| format!("asking logind: {e}")),
-            }
+        let host_command = match m.spec.action {
+            MaintenanceAction::Reboot => self.reboot.host_command(),
+            _ => None,
+        };
+        let how = match host_command {
+            Some(_) => self.reboot.describe(),
+            None => "through logind".to_owned(),
         };
         if m.spec.action == MaintenanceAction::PowerOff {
             // Nothing runs after the power-off: this is the last word.
@@ -450,15 +439,19 @@ impl Executor {
         self.notifier
             .send_before(self.notice(m, kind, ""), LAST_WORD)
             .await;
-        tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), action = ?m.spec.action, "asking logind to act");
+        tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), action = ?m.spec.action, %how, "acting");
         self.event(
             m,
             EventType::Normal,
             "Acting",
-            format!("{:?} through logind", m.spec.action),
+            format!("{:?} {how}", m.spec.action),
         )
         .await;
-        if let Err(e) = call.await {
+        let asked = match host_command {
+            Some(argv) => self.reboot.run_on_host(&argv).await,
+            None => crate::logind::act(m.spec.action == MaintenanceAction::Reboot).await,
+        };
+        if let Err(e) = asked {
             // The machine stays up: it must not stay cordoned by us.
             self.fail(m, applied, "ActionFailed", e).await?;
         }

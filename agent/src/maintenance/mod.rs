@@ -4,6 +4,7 @@
 mod back_in_service;
 pub mod executor;
 pub mod lifecycle;
+pub mod reboot_method;
 pub mod reboot_request;
 pub mod watch;
 pub mod workloads;

@@ -160,6 +160,16 @@ struct Out {
     notes: Vec<String>,
 }
 
+impl Out {
+    /// Sets the chart's `agent.<key>`.
+    fn agent_value(&mut self, key: &str, value: Value) {
+        let agent = self.values.entry("agent").or_insert_with(|| json!({}));
+        if let Some(agent) = agent.as_object_mut() {
+            agent.insert(key.into(), value);
+        }
+    }
+}
+
 /// The policy spec, Helm values and notes for kured's `flags` (from `daemonset`).
 pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> Migration {
     let r = Read { flags };
@@ -186,6 +196,7 @@ pub fn migrate(daemonset: &DaemonSet, flags: &Flags, container: &Container) -> M
     blockers(&r, &mut out);
     node_labels(&r, &mut out);
     notifications(&r, &mut out);
+    reboot_method(&r, &mut out);
     not_carried(&r, &mut out);
     let Out {
         spec,
@@ -332,6 +343,43 @@ fn node_labels(r: &Read, out: &mut Out) {
     }
 }
 
+/// kured's reboot method. Its default, `systemctl reboot` run in the host's namespaces, asks
+/// logind, which is nodeward's default too; another command or the signal carries over.
+fn reboot_method(r: &Read, out: &mut Out) {
+    let method = r.flag("reboot-method").unwrap_or("command");
+    match method {
+        "signal" => {
+            out.agent_value("rebootMethod", json!("signal"));
+            if let Some(signal) = r.flag("reboot-signal") {
+                match signal.parse::<u8>() {
+                    Ok(n) if (1..=64).contains(&n) => out.agent_value("rebootSignal", json!(n)),
+                    _ => out.notes.push(format!(
+                        "--reboot-signal={signal} is not a signal number (1-64); rebootSignal stays 39 (SIGRTMIN+5)"
+                    )),
+                }
+            }
+        }
+        "command" => {
+            let command = r.flag("reboot-command").unwrap_or(KURED_REBOOT_COMMAND);
+            if command.split_whitespace().ne(KURED_REBOOT_COMMAND.split_whitespace()) {
+                out.agent_value("rebootMethod", json!("command"));
+                out.agent_value("rebootCommand", json!(command));
+                if !command.starts_with('/') {
+                    out.notes.push(format!(
+                        "--reboot-command={command}: the chart needs the program's absolute path on the host in agent.rebootCommand"
+                    ));
+                }
+            }
+        }
+        other => out.notes.push(format!(
+            "--reboot-method={other} is neither command nor signal; the agent asks logind (rebootMethod: logind)"
+        )),
+    }
+}
+
+/// kured's default `--reboot-command`: asks logind, as nodeward's default method does.
+const KURED_REBOOT_COMMAND: &str = "/bin/systemctl reboot";
+
 /// The notification URL and templates.
 fn notifications(r: &Read, out: &mut Out) {
     let hook = r.flag("notify-url").or(r.flag("slack-hook-url"));
@@ -351,7 +399,7 @@ fn notifications(r: &Read, out: &mut Out) {
             "smtp",
         ];
         if sent.contains(&scheme) {
-            out.values.insert("agent".into(), json!({"notifyURL": url}));
+            out.agent_value("notifyURL", json!(url));
         } else {
             out.notes.push(format!(
                 "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://) and smtp://, not to {scheme}://; point it at a webhook"
@@ -417,18 +465,6 @@ const NOT_CARRIED: &[(&str, &str)] = &[
         "write a drainPlan: skip rules keep pods (or label them nodeward.io/drain=skip), stages[].selector picks pods per stage",
     ),
     (
-        "reboot-method",
-        "the agent asks systemd-logind to reboot; no command or signal is run",
-    ),
-    (
-        "reboot-command",
-        "the agent asks systemd-logind to reboot; no command or signal is run",
-    ),
-    (
-        "reboot-signal",
-        "the agent asks systemd-logind to reboot; no command or signal is run",
-    ),
-    (
         "slack-channel",
         "a Slack incoming webhook posts to its own channel",
     ),
@@ -450,6 +486,9 @@ const NOT_CARRIED: &[(&str, &str)] = &[
 
 /// kured's flags this migration carries over.
 const CARRIED: &[&str] = &[
+    "reboot-method",
+    "reboot-command",
+    "reboot-signal",
     "concurrency",
     "reboot-sentinel",
     "reboot-sentinel-command",
@@ -610,6 +649,42 @@ spec:
                 .policy_spec
                 .get("windows")
                 .is_none()
+        );
+    }
+
+    #[test]
+    fn kureds_reboot_methods_carry_over_and_its_default_command_becomes_logind() {
+        let ds = daemonset();
+        let (_, container) = flags(&ds).expect("flags");
+        let values = |pairs: &[(&str, &str)]| {
+            let flags: Flags = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let m = migrate(&ds, &flags, &container);
+            (m.values.get("agent").cloned().unwrap_or_default(), m.notes)
+        };
+        let (agent, _) = values(&[("reboot-method", "command")]);
+        assert_eq!(
+            agent.get("rebootMethod"),
+            None,
+            "systemctl reboot asks logind"
+        );
+        let (agent, _) = values(&[("reboot-method", "signal"), ("reboot-signal", "40")]);
+        assert_eq!(agent["rebootMethod"], "signal");
+        assert_eq!(agent["rebootSignal"], 40);
+        let (agent, _) = values(&[("reboot-command", "/usr/local/bin/safe-reboot --now")]);
+        assert_eq!(agent["rebootMethod"], "command");
+        assert_eq!(agent["rebootCommand"], "/usr/local/bin/safe-reboot --now");
+        let (_, notes) = values(&[("reboot-command", "reboot")]);
+        assert!(
+            notes.iter().any(|n| n.contains("absolute path")),
+            "{notes:?}"
+        );
+        let (_, notes) = values(&[("reboot-method", "signal"), ("reboot-signal", "99")]);
+        assert!(
+            notes.iter().any(|n| n.contains("--reboot-signal=99")),
+            "{notes:?}"
         );
     }
 }

@@ -1,0 +1,183 @@
+//! How the drained node is rebooted (kured's `--reboot-method`): by asking logind (the
+//! default: shutdown inhibitors are honoured), by a command, or by a signal to the host's
+//! PID 1. The command and the signal run on the host as transient systemd services
+//! ([`crate::host`]), so the agent needs neither the host's PID namespace nor its binaries.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// `SIGRTMIN+5`: systemd starts `reboot.target` on it (kured's default `--reboot-signal`).
+pub const SYSTEMD_REBOOT_SIGNAL: i32 = 39;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum RebootMethod {
+    /// logind's Reboot: delay inhibitors (the shutdown guard's among them) are honoured.
+    #[default]
+    Logind,
+    /// `command`, run on the host.
+    Command,
+    /// `signal` sent to the host's PID 1 (systemd reboots on SIGRTMIN+5).
+    Signal,
+}
+
+/// The `reboot` section: how a Reboot maintenance reboots the node once it is drained.
+/// A PowerOff maintenance always asks logind.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct RebootConfig {
+    pub method: RebootMethod,
+    /// Program and arguments for `method: command` (kured's `--reboot-command`).
+    pub command: Vec<String>,
+    /// Signal number for `method: signal` (kured's `--reboot-signal`).
+    pub signal: i32,
+    /// How long the command (or `kill`) may take before the reboot counts as failed.
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub timeout: Duration,
+}
+
+impl Default for RebootConfig {
+    fn default() -> Self {
+        Self {
+            method: RebootMethod::Logind,
+            command: vec!["/bin/systemctl".into(), "reboot".into()],
+            signal: SYSTEMD_REBOOT_SIGNAL,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+impl RebootConfig {
+    pub fn validate(&self, place: &str) -> Result<(), String> {
+        match self.command.first() {
+            None => {
+                return Err(format!(
+                    "{place}.command: give the program and its arguments, e.g. [/bin/systemctl, reboot]"
+                ));
+            }
+            Some(program) if !program.starts_with('/') => {
+                return Err(format!(
+                    "{place}.command: {program:?} must be an absolute path on the host, e.g. /bin/systemctl"
+                ));
+            }
+            Some(_) => {}
+        }
+        if !(1..=64).contains(&self.signal) {
+            return Err(format!(
+                "{place}.signal: {} is not a signal number (1-64); systemd reboots on {SYSTEMD_REBOOT_SIGNAL} (SIGRTMIN+5)",
+                self.signal
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(format!("{place}.timeout: must be more than 0s, e.g. 60s"));
+        }
+        Ok(())
+    }
+
+    /// What runs on the host for this method; none for logind.
+    pub fn host_command(&self) -> Option<Vec<String>> {
+        match self.method {
+            RebootMethod::Logind => None,
+            RebootMethod::Command => Some(self.command.clone()),
+            RebootMethod::Signal => Some(vec![
+                "/bin/kill".into(),
+                "-s".into(),
+                self.signal.to_string(),
+                "1".into(),
+            ]),
+        }
+    }
+
+    /// How the reboot is asked for, for Events and logs.
+    pub fn describe(&self) -> String {
+        match self.method {
+            RebootMethod::Logind => "through logind".to_owned(),
+            RebootMethod::Command => format!("by running {:?} on the host", self.command.join(" ")),
+            RebootMethod::Signal => format!("by signal {} to the host's PID 1", self.signal),
+        }
+    }
+
+    /// Runs the host command of a command or signal reboot: `Ok` once it exited 0. The
+    /// machine may go down before it returns.
+    pub async fn run_on_host(&self, argv: &[String]) -> Result<(), String> {
+        let ran = crate::host::run(argv, self.timeout).await?;
+        match ran.code {
+            Some(0) => Ok(()),
+            code => {
+                let output = String::from_utf8_lossy(&ran.output);
+                let first = output.lines().next().unwrap_or_default();
+                Err(format!(
+                    "{:?} on the host ended with {}: {first}",
+                    argv.join(" "),
+                    code.map_or("a signal (its timeout?)".to_owned(), |c| format!(
+                        "exit code {c}"
+                    ))
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_runs_what_kured_ran() {
+        let mut config = RebootConfig::default();
+        assert_eq!(config.host_command(), None, "logind by default");
+        config.method = RebootMethod::Command;
+        assert_eq!(
+            config.host_command(),
+            Some(vec!["/bin/systemctl".to_owned(), "reboot".to_owned()])
+        );
+        config.method = RebootMethod::Signal;
+        assert_eq!(
+            config.host_command(),
+            Some(["/bin/kill", "-s", "39", "1"].map(String::from).to_vec())
+        );
+        assert_eq!(config.describe(), "by signal 39 to the host's PID 1");
+    }
+
+    #[test]
+    fn a_bad_reboot_section_names_the_field() {
+        let bad = [
+            (
+                RebootConfig {
+                    command: vec![],
+                    ..Default::default()
+                },
+                "reboot.command: give",
+            ),
+            (
+                RebootConfig {
+                    command: vec!["systemctl".into(), "reboot".into()],
+                    ..Default::default()
+                },
+                "must be an absolute path",
+            ),
+            (
+                RebootConfig {
+                    signal: 0,
+                    ..Default::default()
+                },
+                "reboot.signal: 0 is not a signal",
+            ),
+            (
+                RebootConfig {
+                    timeout: Duration::ZERO,
+                    ..Default::default()
+                },
+                "reboot.timeout",
+            ),
+        ];
+        for (config, says) in bad {
+            let e = config.validate("reboot").expect_err(says);
+            assert!(e.contains(says), "{e}");
+        }
+        RebootConfig::default()
+            .validate("reboot")
+            .expect("the defaults are valid");
+    }
+}
