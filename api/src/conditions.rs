@@ -29,6 +29,11 @@ pub mod node {
     pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
     /// The kernel log: an XFS filesystem shut down (node-problem-detector's type).
     pub const XFS_SHUTDOWN: &str = "XfsShutdown";
+    /// The container runtime's unit is down or its CRI socket does not answer ready
+    /// (node-problem-detector's type).
+    pub const CONTAINER_RUNTIME_UNHEALTHY: &str = "ContainerRuntimeUnhealthy";
+    /// The container runtime's unit restarted again and again (node-problem-detector's type).
+    pub const FREQUENT_CONTAINERD_RESTART: &str = "FrequentContainerdRestart";
     /// Reported in the NodeReport and as an Event, never as a condition: a node that never
     /// registered has no Node object to carry one.
     pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
@@ -41,6 +46,8 @@ pub mod node {
         READONLY_FILESYSTEM,
         KERNEL_DEADLOCK,
         XFS_SHUTDOWN,
+        CONTAINER_RUNTIME_UNHEALTHY,
+        FREQUENT_CONTAINERD_RESTART,
     ];
     /// Written by the coordinator: the node never became Ready within a policy's
     /// `nodeStartupTimeout`.
@@ -56,6 +63,8 @@ pub mod node {
         READONLY_FILESYSTEM,
         KERNEL_DEADLOCK,
         XFS_SHUTDOWN,
+        CONTAINER_RUNTIME_UNHEALTHY,
+        FREQUENT_CONTAINERD_RESTART,
     ];
     /// Condition types others own (the kubelet, the network plugin, the coordinator), which a
     /// custom check or kernel-log pattern may not take.

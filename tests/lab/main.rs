@@ -7,5 +7,6 @@ mod host;
 mod kubelet;
 mod network;
 mod rolling;
+mod runtime;
 mod shutdown;
 mod support;

@@ -208,14 +208,10 @@ impl Lab {
             .await?;
         vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
             .await?;
+        install_agent_binary(vm).await?;
         vm.run(
             "set -e
             chmod 0600 /etc/nodeward/kubeconfig
-            ref=$(ctr -n k8s.io images ls -q | grep '/nodeward-agent:' | head -n1)
-            mkdir -p /run/nodelab-agent-image
-            ctr -n k8s.io images mount \"$ref\" /run/nodelab-agent-image >/dev/null
-            install -m 0755 /run/nodelab-agent-image/nodeward-agent /usr/local/bin/nodeward-agent
-            ctr -n k8s.io images unmount /run/nodelab-agent-image >/dev/null
             systemctl daemon-reload
             systemctl enable --now nodeward-agent.service",
         )
@@ -527,6 +523,8 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"},
     "rebootRequired":{"interval":"5s","timeout":"5s"},
+    "containerRuntime":{"interval":"5s","timeout":"5s","for":"10s",
+      "frequentRestarts":{"count":2,"window":"90s"}},
     "custom":[{"name":"containerd-active","condition":"ContainerdDown","reason":"NotActive",
       "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
       "interval":"15s","timeout":"15s"}]}}"#;
@@ -541,6 +539,21 @@ const REBOOT_BY_COMMAND: &str = "agent.rebootMethod=command";
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
     "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
     {"matchExpressions":[{"key":"nodelab.nodeward.io/host-mode","operator":"DoesNotExist"}]}]}}}"#;
+
+/// Installs the static agent binary from the agent image (imported into the VM's containerd)
+/// as `/usr/local/bin/nodeward-agent`, as the README's host-mode install does.
+pub async fn install_agent_binary(vm: &Vm) -> anyhow::Result<()> {
+    vm.run(
+        "set -e
+        ref=$(ctr -n k8s.io images ls -q | grep '/nodeward-agent:' | head -n1)
+        mkdir -p /run/nodelab-agent-image
+        ctr -n k8s.io images mount \"$ref\" /run/nodelab-agent-image >/dev/null
+        install -m 0755 /run/nodelab-agent-image/nodeward-agent /usr/local/bin/nodeward-agent
+        ctr -n k8s.io images unmount /run/nodelab-agent-image >/dev/null",
+    )
+    .await
+    .map(drop)
+}
 
 /// Deletes the Nodes that are not the lab's: the crate tests share this control plane and run
 /// first, and one that failed may have left its kwok nodes, which the chart's DaemonSet, its

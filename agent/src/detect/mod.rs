@@ -7,6 +7,8 @@
 
 pub mod cluster;
 pub mod command;
+pub mod container_runtime;
+pub mod cri;
 pub mod custom;
 pub mod dns;
 pub mod filesystem;
@@ -26,9 +28,10 @@ use serde::Deserialize;
 
 pub use self::finding::{Finding, Name, Status};
 use self::{
-    cluster::ClusterContext, custom::CustomCheckConfig, filesystem::FilesystemConfig,
-    kernel_log::KernelLogConfig, kubelet::KubeletConfig, network::NetworkConfig,
-    peers::PeersConfig, reboot::RebootConfig, security_groups::SecurityGroupsConfig,
+    cluster::ClusterContext, container_runtime::ContainerRuntimeConfig, custom::CustomCheckConfig,
+    filesystem::FilesystemConfig, kernel_log::KernelLogConfig, kubelet::KubeletConfig,
+    network::NetworkConfig, peers::PeersConfig, reboot::RebootConfig,
+    security_groups::SecurityGroupsConfig,
 };
 
 /// The registry: the `detectors` section of the configuration, one field per detector
@@ -57,6 +60,7 @@ registry! {
     "filesystem" filesystem: FilesystemConfig,
     "securityGroups" security_groups: SecurityGroupsConfig,
     "kubelet" kubelet: KubeletConfig,
+    "containerRuntime" container_runtime: ContainerRuntimeConfig,
     "peers" peers: PeersConfig,
     "kernelLog" kernel_log: KernelLogConfig,
     "custom" custom: Vec<CustomCheckConfig>,

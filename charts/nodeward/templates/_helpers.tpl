@@ -77,7 +77,7 @@ The Node condition types the agent writes, as a YAML list: its detectors' (nodew
 conditions::node::WRITTEN_BY_AGENT) and those the agent.config of these values adds.
 */}}
 {{- define "nodeward.agent.conditionTypes" -}}
-{{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" "KernelDeadlock" "XfsShutdown" }}
+{{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" "KernelDeadlock" "XfsShutdown" "ContainerRuntimeUnhealthy" "FrequentContainerdRestart" }}
 {{- $detectors := (.Values.agent.config | default dict).detectors | default dict }}
 {{- range ($detectors.custom | default list) }}
 {{- $types = append $types .condition }}

@@ -1,0 +1,133 @@
+//! The container runtime for real: the node's containerd answers on its CRI socket
+//! (`nodeward-agent check` on the host, as host mode runs), and the chart's agent, which reads
+//! the unit over the system bus without the socket, reports it stopped and crashing again and
+//! again (the lab's chart counts 2 restarts in 90 s as frequent), and clears both.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nodeward_e2e::wait;
+use serde_json::Value;
+
+use crate::support::{Lab, REBOOT, install_agent_binary};
+
+/// The `container-runtime` finding of `nodeward-agent check` run on the VM's host.
+async fn checked_on_host(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<Value> {
+    let out = vm
+        .exec("/usr/local/bin/nodeward-agent check --output json")
+        .await?;
+    let report: Value = serde_json::from_str(&out.stdout)
+        .map_err(|e| anyhow::anyhow!("check's JSON: {e}: {}{}", out.stdout, out.stderr))?;
+    report["findings"]
+        .as_array()
+        .and_then(|all| all.iter().find(|f| f["detector"] == "container-runtime"))
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no container-runtime finding: {report}"))
+}
+
+#[tokio::test]
+async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_answers_ready()
+-> anyhow::Result<()> {
+    let lab = Lab::get().await?;
+    // The first VM's agent is always the chart's (a test may turn the last one to host mode).
+    let node = lab.lab.nodes.first().cloned().unwrap_or_default();
+    let vm = lab.vm(&node);
+
+    // The real containerd answers the CRI Version and Status calls, RuntimeReady.
+    install_agent_binary(&vm).await?;
+    let healthy = checked_on_host(&vm).await?;
+    assert_eq!(healthy["reason"], "ContainerRuntimeIsHealthy", "{healthy}");
+    let message = healthy["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("containerd ")
+            && message.ends_with("answers at /run/containerd/containerd.sock: RuntimeReady"),
+        "{message}"
+    );
+    let pod_view = lab
+        .finding(&node, "container-runtime", "healthy", |f| {
+            f.status == "False"
+        })
+        .await?;
+    assert_eq!(
+        pod_view.message, "containerd.service is active (the CRI socket is not visible here)",
+        "the chart mounts no CRI socket by default"
+    );
+
+    // Stopped: the unit is inactive, on the host and on the Node.
+    vm.run("systemctl stop containerd").await?;
+    let stopped = checked_on_host(&vm).await;
+    let reported = lab
+        .finding(&node, "container-runtime", "a problem", |f| {
+            f.status == "True"
+        })
+        .await;
+    vm.run("systemctl start containerd").await?;
+    let stopped = stopped?;
+    assert_eq!(
+        stopped["reason"], "ContainerRuntimeUnitInactive",
+        "{stopped}"
+    );
+    let reported = reported?;
+    assert_eq!(reported.type_, "ContainerRuntimeUnhealthy");
+    assert_eq!(reported.reason, "ContainerRuntimeUnitInactive");
+    assert!(
+        reported
+            .message
+            .starts_with("containerd.service is inactive"),
+        "{}",
+        reported.message
+    );
+    lab.finding(&node, "container-runtime", "healthy again", |f| {
+        f.status == "False"
+    })
+    .await?;
+
+    // Two crashes (SIGKILL): systemd restarts containerd each time and counts it.
+    let before: u32 = vm
+        .run("systemctl show containerd --property=NRestarts --value")
+        .await?
+        .trim()
+        .parse()?;
+    for crash in 1..=2 {
+        vm.run("systemctl kill --signal=KILL containerd").await?;
+        let expected = format!("NRestarts={}", before + crash);
+        wait::eventually(
+            &format!("systemd restarting containerd after crash {crash}"),
+            REBOOT,
+            || async {
+                let state = vm
+                    .run("systemctl show containerd --property=NRestarts --property=ActiveState")
+                    .await?;
+                Ok(
+                    (state.contains(&expected) && state.contains("ActiveState=active"))
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+    }
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    wait::until(
+        &nodes,
+        &node,
+        "FrequentContainerdRestart True on the Node",
+        REBOOT,
+        |n| {
+            wait::node_condition(n, "FrequentContainerdRestart").is_some_and(|(status, reason)| {
+                status == "True" && reason == "FrequentContainerdRestart"
+            })
+        },
+    )
+    .await?;
+    // The restarts leave the window: cleared, so the next test finds a healthy node.
+    let calm = lab
+        .finding(&node, "container-runtime-restarts", "cleared", |f| {
+            f.status == "False"
+        })
+        .await?;
+    assert_eq!(
+        calm.reason, "NoFrequentContainerdRestart",
+        "{}",
+        calm.message
+    );
+    Ok(())
+}
