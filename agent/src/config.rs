@@ -5,7 +5,7 @@
 //! Each section belongs to the part of the agent it configures, which defines its fields,
 //! defaults and checks: a detector's in its `detect` module, `notifications` in `notify`,
 //! `shutdownGuard` in `shutdown`, `reporting` in `report`, `reboot` in
-//! `maintenance::reboot_method`. Each detector has `interval` (how
+//! `maintenance::reboot_method`, `npd` (node-problem-detector files) in `npd`. Each detector has `interval` (how
 //! often it runs), `timeout` (after which the run counts as Unknown) and `for` (how long a new
 //! verdict must hold before it is reported or cleared).
 
@@ -19,6 +19,7 @@ use crate::{
     host_stats::HostStatsConfig,
     maintenance::reboot_method::{RebootConfig, RebootMethod},
     notify::NotificationsConfig,
+    npd::{self, NpdConfig},
     report::ReportingConfig,
     shutdown::ShutdownGuardConfig,
 };
@@ -35,6 +36,7 @@ pub struct Config {
     pub shutdown_guard: ShutdownGuardConfig,
     pub notifications: NotificationsConfig,
     pub reboot: RebootConfig,
+    pub npd: NpdConfig,
 }
 
 impl Config {
@@ -108,6 +110,7 @@ pub struct Overrides {
     pub reboot_method: Option<RebootMethod>,
     pub reboot_command: Option<Vec<String>>,
     pub reboot_signal: Option<i32>,
+    pub npd_configs: Option<Vec<PathBuf>>,
 }
 
 impl Config {
@@ -167,7 +170,27 @@ impl Config {
         if let Some(signal) = o.reboot_signal {
             self.reboot.signal = signal;
         }
+        if let Some(files) = &o.npd_configs {
+            self.npd.configs = files.clone();
+        }
         self.validate()?;
+        Ok(self)
+    }
+
+    /// Loads the node-problem-detector files of the `npd` section (after the overrides): their
+    /// kernel rules replace the default kernel-log patterns, their plugins join the custom
+    /// checks; then validates the whole again.
+    pub fn with_npd(mut self) -> Result<Self, String> {
+        if self.npd.configs.is_empty() {
+            return Ok(self);
+        }
+        let loaded = npd::load(&self.npd)?;
+        if !loaded.kernel_patterns.is_empty() {
+            self.detectors.kernel_log.patterns = loaded.kernel_patterns;
+        }
+        self.detectors.custom.extend(loaded.checks);
+        self.validate()
+            .map_err(|e| format!("with the --npd-config files: {e}"))?;
         Ok(self)
     }
 }

@@ -59,6 +59,7 @@ pub fn check_output(data: &[u8]) {
         hold: std::time::Duration::ZERO,
         max_output_length: 80,
         on_host: false,
+        ..Default::default()
     };
     let outcome = Outcome {
         code: Some(i32::from(*code) - 1),

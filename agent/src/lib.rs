@@ -16,6 +16,7 @@ pub mod logind;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
+pub mod npd;
 pub mod policies;
 pub mod reaper;
 pub mod report;

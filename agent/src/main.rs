@@ -139,6 +139,14 @@ struct Settings {
     /// The signal sent to the host's PID 1 by --reboot-method signal (reboot.signal).
     #[arg(long, env = "NODEWARD_REBOOT_SIGNAL")]
     reboot_signal: Option<i32>,
+    /// node-problem-detector monitor files (kmsg and custom plugin monitors) to load as they
+    /// are; repeat the flag or separate with commas (npd.configs).
+    #[arg(
+        long = "npd-config",
+        env = "NODEWARD_NPD_CONFIG",
+        value_delimiter = ','
+    )]
+    npd_configs: Option<Vec<PathBuf>>,
 }
 
 impl Settings {
@@ -168,8 +176,9 @@ impl Settings {
                 .as_ref()
                 .map(|c| c.split_whitespace().map(String::from).collect()),
             reboot_signal: self.reboot_signal,
+            npd_configs: self.npd_configs.clone(),
         };
-        config.with_overrides(&overrides)
+        config.with_overrides(&overrides)?.with_npd()
     }
 }
 
@@ -325,7 +334,16 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_sightings(sightings)
-        .with_kernel_published(kernel_published);
+        .with_kernel_published(kernel_published)
+        .with_events_only(
+            config
+                .detectors
+                .custom
+                .iter()
+                .filter(|c| c.events_only)
+                .map(|c| c.condition.clone())
+                .collect(),
+        );
     let pauses = maintain(
         &config,
         &client,

@@ -39,7 +39,7 @@ impl Netns {
         let config = std::env::temp_dir().join(format!("{}.yaml", self.0));
         std::fs::write(
             &config,
-            "detectors:\n  rebootRequired: {enabled: false}\n  filesystem: {enabled: false}\n  kubelet: {enabled: false}\n",
+            "detectors:\n  rebootRequired: {enabled: false}\n  filesystem: {enabled: false}\n  kubelet: {enabled: false}\n  containerRuntime: {enabled: false}\n",
         )
         .expect("writing the test configuration");
         let out = Command::new("ip")

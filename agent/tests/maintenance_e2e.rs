@@ -46,7 +46,7 @@ fn agent(env: &TestEnv, node: &str, extra_config: &str, label: &str) -> anyhow::
     std::fs::write(
         &config,
         format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\nshutdownGuard: {{enabled: false}}\n{extra_config}"
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\nshutdownGuard: {{enabled: false}}\n{extra_config}"
         ),
     )?;
     // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
@@ -627,7 +627,7 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
     std::fs::write(
         &config,
         format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: false}}\n",
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: false}}\n",
             sentinel.display()
         ),
     )?;

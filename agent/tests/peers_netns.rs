@@ -216,7 +216,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     std::fs::write(
         &config,
         format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 2s\n"
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 2s\n"
         ),
     )?;
     // The peer directory: the coordinator publishes each node with an agent (a NodeReport).

@@ -80,7 +80,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  containerRuntime: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
                 dir.join("reboot-required").display()
             ),
         )?;
@@ -465,6 +465,92 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     assert!(
         !conditions.iter().any(|c| c.type_ == "KubeletUnregistered"),
         "report-only, never a Node condition"
+    );
+    env.cleanup().await
+}
+
+/// node-problem-detector's custom plugin monitor with one plugin (its shipped DNS check, which
+/// fails here: no cluster DNS) behind a temporary and a permanent rule.
+fn dns_monitor(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/npd/testdata/plugin/dns_problem.sh");
+    let monitor = serde_json::json!({
+        "plugin": "custom",
+        "pluginConfig": {"invoke_interval": "1s", "timeout": "1s", "max_output_length": 80, "concurrency": 1},
+        "source": "dns-custom-plugin-monitor",
+        "conditions": [{"type": "DNSProblem", "reason": "DNSIsUp", "message": "DNS is up"}],
+        "rules": [
+            {"type": "temporary", "reason": "DNSUnreachable", "path": script},
+            {"type": "permanent", "condition": "DNSProblem", "reason": "DNSUnreachable", "path": script},
+        ],
+    });
+    let file = dir.join("dns-monitor.json");
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&file, serde_json::to_vec_pretty(&monitor)?)?;
+    Ok(file)
+}
+
+#[tokio::test]
+async fn a_node_problem_detector_monitor_sets_its_permanent_condition_and_its_temporary_rule_only_raises_events()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("agent-npd").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let monitor = dns_monitor(&std::env::temp_dir().join(format!("nodeward-npd-{}", env.id)))?;
+    let _agent = Agent::start_with(
+        &node,
+        &env,
+        Options {
+            env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
+            ..Options::default()
+        },
+    )?;
+
+    // The permanent rule: a Node condition with the rule's reason.
+    let nodes: Api<Node> = env.nodes();
+    let flagged = wait_condition(&nodes, &node, "DNSProblem", "True").await?;
+    assert_eq!(
+        reason_of(&flagged, "DNSProblem").as_deref(),
+        Some("DNSUnreachable")
+    );
+    // The temporary rule: in the NodeReport, and a Warning Event, never a Node condition.
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(
+        &reports,
+        &node,
+        "the temporary rule's finding in the NodeReport",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                s.findings.iter().any(|f| {
+                    f.type_ == "DNSUnreachable"
+                        && f.status == "True"
+                        && f.message == "DNS lookup to kubernetes.default is not working"
+                })
+            })
+        },
+    )
+    .await?;
+    wait::eventually("the temporary rule's Warning Event", TIMEOUT, || async {
+        let events = env.events_about(&node, "regarding.kind=NodeReport").await?;
+        Ok(events
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("DNSUnreachable")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .then_some(()))
+    })
+    .await?;
+    let conditions = nodes
+        .get(&node)
+        .await?
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default();
+    assert!(
+        !conditions.iter().any(|c| c.type_ == "DNSUnreachable"),
+        "a temporary rule sets no Node condition: {conditions:?}"
     );
     env.cleanup().await
 }

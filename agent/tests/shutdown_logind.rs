@@ -31,7 +31,7 @@ fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Res
     std::fs::write(
         &config,
         format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{sentinelFile: {}}}\nshutdownGuard:\n{guard}",
+            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{sentinelFile: {}}}\nshutdownGuard:\n{guard}",
             dir.join("reboot-required").display()
         ),
     )?;

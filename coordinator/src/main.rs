@@ -44,14 +44,23 @@ enum Command {
 #[derive(clap::Args)]
 struct Migrate {
     /// kured's DaemonSet manifest (YAML), e.g. kured-ds.yaml.
-    #[arg(long, value_name = "FILE", conflicts_with = "kured_daemonset")]
+    #[arg(long, value_name = "FILE", group = "from")]
     kured: Option<std::path::PathBuf>,
     /// kured's DaemonSet in the cluster, as NAMESPACE/NAME (e.g. kube-system/kured).
-    #[arg(long, value_name = "NAMESPACE/NAME")]
+    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
     kured_daemonset: Option<String>,
-    /// The name of the DisruptionPolicy printed.
-    #[arg(long, default_value = "kured")]
-    policy_name: String,
+    /// node-problem-detector's DaemonSet and the ConfigMaps it mounts (YAML; repeat the flag
+    /// or give one file with every document).
+    #[arg(long, value_name = "FILE", group = "from")]
+    npd: Vec<std::path::PathBuf>,
+    /// node-problem-detector's DaemonSet in the cluster, as NAMESPACE/NAME (e.g.
+    /// kube-system/node-problem-detector); the ConfigMaps it mounts are read with it.
+    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
+    npd_daemonset: Option<String>,
+    /// The name of the DisruptionPolicy printed (default: kured, or node-health from
+    /// node-problem-detector).
+    #[arg(long)]
+    policy_name: Option<String>,
     #[command(flatten)]
     client: ClientArgs,
 }
@@ -340,27 +349,52 @@ async fn start_webhook(
 }
 
 async fn print_migration(migrate: &Migrate) -> Result<(), String> {
-    let daemonset = match (&migrate.kured, &migrate.kured_daemonset) {
-        (Some(file), _) => nodeward_coordinator::migrate::read_file(file)?,
-        (None, Some(place)) => {
-            let (namespace, name) = place.split_once('/').ok_or_else(|| {
-                format!("--kured-daemonset {place}: give NAMESPACE/NAME, e.g. kube-system/kured")
-            })?;
-            let client = migrate
-                .client
-                .connect(USER_AGENT)
-                .await
-                .map_err(|e| e.to_string())?;
-            nodeward_coordinator::migrate::read_cluster(client, namespace, name).await?
-        }
-        (None, None) => {
-            return Err("give --kured FILE or --kured-daemonset NAMESPACE/NAME".to_owned());
-        }
+    use nodeward_coordinator::migrate;
+    let place = |flag: &str, value: &str| {
+        value
+            .split_once('/')
+            .map(|(ns, n)| (ns.to_owned(), n.to_owned()))
+            .ok_or_else(|| {
+                format!(
+                    "--{flag} {value}: give NAMESPACE/NAME, e.g. kube-system/{}",
+                    flag.trim_end_matches("-daemonset")
+                )
+            })
     };
-    print!(
-        "{}",
-        nodeward_coordinator::migrate::from_kured(&daemonset, &migrate.policy_name)?
-    );
+    let client = async || {
+        migrate
+            .client
+            .connect(USER_AGENT)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let name = |default: &str| {
+        migrate
+            .policy_name
+            .clone()
+            .unwrap_or_else(|| default.to_owned())
+    };
+    let out = if let Some(file) = &migrate.kured {
+        migrate::from_kured(&migrate::read_file(file)?, &name("kured"))?
+    } else if let Some(value) = &migrate.kured_daemonset {
+        let (namespace, ds) = place("kured-daemonset", value)?;
+        let daemonset = migrate::read_cluster(client().await?, &namespace, &ds).await?;
+        migrate::from_kured(&daemonset, &name("kured"))?
+    } else if !migrate.npd.is_empty() {
+        let (daemonset, configmaps) = migrate::read_npd_files(&migrate.npd)?;
+        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))?
+    } else if let Some(value) = &migrate.npd_daemonset {
+        let (namespace, ds) = place("npd-daemonset", value)?;
+        let (daemonset, configmaps) =
+            migrate::read_npd_cluster(client().await?, &namespace, &ds).await?;
+        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))?
+    } else {
+        return Err(
+            "give --kured FILE, --kured-daemonset NAMESPACE/NAME, --npd FILE or --npd-daemonset NAMESPACE/NAME"
+                .to_owned(),
+        );
+    };
+    print!("{out}");
     Ok(())
 }
 

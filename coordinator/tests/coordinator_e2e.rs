@@ -1921,3 +1921,94 @@ async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_acc
     );
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn node_problem_detectors_daemonset_in_the_cluster_migrates_to_values_the_chart_renders_and_a_policy_the_api_server_accepts()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
+    let env = TestEnv::new("migrate-npd").await?;
+    // node-problem-detector's own DaemonSet and ConfigMap, in this test's namespace; no node
+    // runs it.
+    let mut npd: DaemonSet =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-ds.yaml"))?;
+    npd.metadata.namespace = Some(env.namespace.clone());
+    if let Some(pod) = npd.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
+    }
+    let mut config: ConfigMap =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-config.yaml"))?;
+    config.metadata.namespace = Some(env.namespace.clone());
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &config)
+        .await?;
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &npd)
+        .await?;
+    let name = format!("{}-npd", env.id);
+    let daemonset = format!("{}/node-problem-detector", env.namespace);
+    let printed = coordinator_command(&[
+        "migrate",
+        "--npd-daemonset",
+        &daemonset,
+        "--policy-name",
+        &name,
+    ])?;
+
+    // The policy: the API server takes it as printed.
+    let document = serde_yaml::Deserializer::from_str(&printed)
+        .next()
+        .context("a document")?;
+    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
+    policy
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
+    let created = Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&Default::default(), &policy)
+        .await
+        .with_context(|| format!("the migrated policy was refused:\n{printed}"))?;
+    let gate = created.spec.health_gate.context("a health gate")?;
+    assert!(gate.problem_types.contains(&"KernelDeadlock".to_owned()));
+
+    // The values (printed as a comment): the chart renders them, loading the monitors as
+    // they are and letting the agent write their conditions.
+    let values: String = printed
+        .lines()
+        .skip_while(|l| !l.starts_with("# Helm values"))
+        .skip(1)
+        .take_while(|l| *l != "#")
+        .map(|l| {
+            format!(
+                "{}\n",
+                l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#'))
+            )
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!("nodeward-npd-values-{}.yaml", env.id));
+    std::fs::write(&file, &values)?;
+    let rendered = nodeward_e2e::helm::run(
+        std::process::Command::new(nodeward_e2e::helm::binary()?)
+            .args(["template", "nodeward", "--kube-version", "1.34.0", "-f"])
+            .arg(&file)
+            .arg(nodeward_e2e::helm::chart()),
+    );
+    let _ = std::fs::remove_file(&file);
+    let rendered = rendered.with_context(|| format!("the values:\n{values}"))?;
+    for expected in [
+        "npd.kernel-monitor.json: |",
+        "npd.readonly-monitor.json: |",
+        "- /etc/nodeward/npd.kernel-monitor.json",
+        "privileged: true",
+    ] {
+        assert!(
+            rendered.contains(expected),
+            "{expected} in the rendered chart"
+        );
+    }
+    assert!(
+        printed.contains("docker-monitor.json (journald): Docker is not a Kubernetes runtime"),
+        "{printed}"
+    );
+    env.cleanup().await
+}

@@ -81,14 +81,18 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
     })
     .await?;
 
-    // Two crashes (SIGKILL): systemd restarts containerd each time and counts it.
+    // Two crashes (SIGKILL of its main process): systemd restarts containerd each time and
+    // counts it.
     let before: u32 = vm
         .run("systemctl show containerd --property=NRestarts --value")
         .await?
         .trim()
         .parse()?;
     for crash in 1..=2 {
-        vm.run("systemctl kill --signal=KILL containerd").await?;
+        // The main process only: `systemctl kill` would kill the shims, and with them every
+        // container on the node.
+        vm.run("kill -KILL \"$(systemctl show containerd --property=MainPID --value)\"")
+            .await?;
         let expected = format!("NRestarts={}", before + crash);
         wait::eventually(
             &format!("systemd restarting containerd after crash {crash}"),

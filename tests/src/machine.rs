@@ -12,7 +12,7 @@ use crate::{TestEnv, controlplane, daemon::Daemon, logind::Logind};
 /// sentinel in the machine's directory), the shutdown guard on.
 fn base_config(sentinel: &std::path::Path) -> String {
     format!(
-        "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
+        "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
         sentinel.display()
     )
 }

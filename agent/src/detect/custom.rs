@@ -40,6 +40,40 @@ pub struct CustomCheckConfig {
     /// tools and view, rather than in the agent's container.
     #[serde(default)]
     pub on_host: bool,
+    /// Only Events, no Node condition (node-problem-detector's `temporary` rules): a problem
+    /// is a Warning Event with `reason` when it starts; `condition` then names the finding in
+    /// the NodeReport only.
+    #[serde(default)]
+    pub events_only: bool,
+    /// The reason while all is well (default `No<reason>`), e.g. node-problem-detector's
+    /// default condition reason `NTPIsUp`.
+    #[serde(default)]
+    pub ok_reason: Option<String>,
+    /// The message while all is well (default: the check's output).
+    #[serde(default)]
+    pub ok_message: Option<String>,
+    /// Shared with the other checks of one node-problem-detector plugin monitor: at most its
+    /// `concurrency` run at once.
+    #[serde(skip)]
+    pub concurrency: Option<Concurrency>,
+}
+
+/// A limit on checks running at once, shared by the checks that hold a clone of it.
+#[derive(Clone, Debug)]
+pub struct Concurrency(pub std::sync::Arc<tokio::sync::Semaphore>);
+
+impl Concurrency {
+    pub fn new(at_once: usize) -> Self {
+        Self(std::sync::Arc::new(tokio::sync::Semaphore::new(
+            at_once.max(1),
+        )))
+    }
+}
+
+impl PartialEq for Concurrency {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 fn custom_interval() -> Duration {
@@ -52,6 +86,27 @@ fn custom_timeout() -> Duration {
 
 fn custom_max_output() -> usize {
     80
+}
+
+impl Default for CustomCheckConfig {
+    /// No name, condition, reason or command (a check must name them), the defaults else.
+    fn default() -> Self {
+        Self {
+            name: String::new(),
+            condition: String::new(),
+            reason: String::new(),
+            command: Vec::new(),
+            interval: custom_interval(),
+            timeout: custom_timeout(),
+            hold: Duration::ZERO,
+            max_output_length: custom_max_output(),
+            on_host: false,
+            events_only: false,
+            ok_reason: None,
+            ok_message: None,
+            concurrency: None,
+        }
+    }
 }
 
 impl CustomCheckConfig {
@@ -78,6 +133,11 @@ impl Section for Vec<CustomCheckConfig> {
                 self.len()
             ));
         }
+        let on_node: std::collections::BTreeSet<&str> = self
+            .iter()
+            .filter(|c| !c.events_only)
+            .map(|c| c.condition.as_str())
+            .collect();
         let mut names = std::collections::BTreeSet::new();
         for (index, check) in self.iter().enumerate() {
             let place = format!("{place}[{index}]");
@@ -91,6 +151,15 @@ impl Section for Vec<CustomCheckConfig> {
             }
             for (field, value) in [("condition", &check.condition), ("reason", &check.reason)] {
                 values::camel_case(&format!("{place}.{field}"), value, "NTPProblem")?;
+            }
+            if check.events_only && on_node.contains(check.condition.as_str()) {
+                return Err(format!(
+                    "{place}.condition: {:?} is a Node condition of another check; an events-only check needs a name of its own",
+                    check.condition
+                ));
+            }
+            if let Some(reason) = &check.ok_reason {
+                values::camel_case(&format!("{place}.okReason"), reason, "NTPIsUp")?;
             }
             values::not_owned_by_others(&format!("{place}.condition"), &check.condition)?;
             if check.command.first().is_none_or(String::is_empty) {
@@ -127,6 +196,11 @@ impl Section for Vec<CustomCheckConfig> {
 }
 
 pub async fn observe(check: &CustomCheckConfig) -> Finding {
+    // Waiting for a turn counts against the run's timeout, as in node-problem-detector.
+    let _turn = match &check.concurrency {
+        Some(limit) => limit.0.acquire().await.ok(),
+        None => None,
+    };
     evaluate(
         check,
         command::run_where(&check.command, check.on_host, check.timeout).await,
@@ -138,7 +212,14 @@ pub fn evaluate(check: &CustomCheckConfig, outcome: Result<command::Outcome, Str
         Ok(out) => {
             let message = nodeward_api::bounds::cut(&out.first_line, check.max_output_length);
             match out.code {
-                Some(0) => (Status::Ok, format!("No{}", check.reason), message),
+                Some(0) => (
+                    Status::Ok,
+                    check
+                        .ok_reason
+                        .clone()
+                        .unwrap_or_else(|| format!("No{}", check.reason)),
+                    check.ok_message.clone().unwrap_or(message),
+                ),
                 Some(1) => (Status::Problem, check.reason.clone(), message),
                 Some(code) => (
                     Status::Unknown,
@@ -178,6 +259,10 @@ mod tests {
             hold: std::time::Duration::ZERO,
             max_output_length: 12,
             on_host: false,
+            events_only: false,
+            ok_reason: None,
+            ok_message: None,
+            concurrency: None,
         }
     }
 

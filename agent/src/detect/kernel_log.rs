@@ -54,7 +54,8 @@ pub struct KernelPatternConfig {
     pub clear_after: Duration,
 }
 
-fn kernel_clear_after() -> Duration {
+/// How long a pattern's condition stays after its last match, unless configured.
+pub fn kernel_clear_after() -> Duration {
     Duration::from_secs(3600)
 }
 

@@ -7,7 +7,11 @@
 pub mod conditions;
 pub mod events;
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use k8s_openapi::{
     api::core::v1::Node,
@@ -116,6 +120,8 @@ pub struct Reporter {
     sightings: Option<Sightings>,
     /// The sequence number of the last kernel log record published as an Event on this boot.
     kernel_published: Option<u64>,
+    /// Finding types of events-only checks: in the NodeReport and Events, never on the Node.
+    events_only: BTreeSet<String>,
 }
 
 impl Reporter {
@@ -142,7 +148,19 @@ impl Reporter {
             report_owned: false,
             sightings: None,
             kernel_published: None,
+            events_only: BTreeSet::new(),
         }
+    }
+
+    /// The finding types of events-only checks (node-problem-detector's temporary rules).
+    pub fn with_events_only(mut self, types: BTreeSet<String>) -> Self {
+        self.events_only = types;
+        self
+    }
+
+    /// Whether findings of this type become a Node condition.
+    fn on_node(&self, type_: &str) -> bool {
+        is_node_condition(type_) && !self.events_only.contains(type_)
     }
 
     /// Continues from the last kernel log record published as an Event on this boot (read
@@ -254,7 +272,7 @@ impl Reporter {
             snapshot
                 .values()
                 .map(|c| &c.finding)
-                .filter(|f| is_node_condition(&f.condition)),
+                .filter(|f| self.on_node(&f.condition)),
         );
         for c in &desired {
             let problem = i64::from(c.status == Status::Problem);
@@ -405,13 +423,13 @@ impl Reporter {
             )
             .await
             .map_err(|e| ApiError::new("applying the status of", object, e))?;
-        // Report-only findings (an unregistered kubelet) have no Node: their Events go on the
-        // NodeReport.
+        // Report-only findings (an unregistered kubelet, events-only checks) have no Node
+        // condition: their Events go on the NodeReport, named as the Node is.
         let report_only = aggregate(
             snapshot
                 .values()
                 .map(|c| &c.finding)
-                .filter(|f| !is_node_condition(&f.condition)),
+                .filter(|f| !self.on_node(&f.condition)),
         );
         if report_only != self.report_only {
             let before = std::mem::replace(&mut self.report_only, report_only.clone());

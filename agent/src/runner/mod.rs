@@ -120,6 +120,7 @@ mod tests {
             hold,
             max_output_length: 80,
             on_host: false,
+            ..Default::default()
         }
     }
 

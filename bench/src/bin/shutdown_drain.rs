@@ -74,7 +74,7 @@ async fn run_once(args: &Args) -> anyhow::Result<(Duration, f64)> {
     let config = dir.join("agent.yaml");
     std::fs::write(
         &config,
-        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  peers: {enabled: false}\n  kernelLog: {enabled: false}\n  kubelet: {enabled: false}\nshutdownGuard:\n  budget: 100s\n  safetyMargin: 5s\n",
+        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  peers: {enabled: false}\n  kernelLog: {enabled: false}\n  kubelet: {enabled: false}\n  containerRuntime: {enabled: false}\nshutdownGuard:\n  budget: 100s\n  safetyMargin: 5s\n",
     )?;
     let agent = Daemon::start_with_env(
         &args.agent,

@@ -74,7 +74,8 @@ evictions.agent.nodeward.io
 
 {{/*
 The Node condition types the agent writes, as a YAML list: its detectors' (nodeward_api's
-conditions::node::WRITTEN_BY_AGENT) and those the agent.config of these values adds.
+conditions::node::WRITTEN_BY_AGENT), those the agent.config of these values adds, and the
+conditions of the node-problem-detector monitor files in agent.npd.configs.
 */}}
 {{- define "nodeward.agent.conditionTypes" -}}
 {{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" "KernelDeadlock" "XfsShutdown" "ContainerRuntimeUnhealthy" "FrequentContainerdRestart" }}
@@ -84,6 +85,11 @@ conditions::node::WRITTEN_BY_AGENT) and those the agent.config of these values a
 {{- end }}
 {{- range (($detectors.kernelLog | default dict).patterns | default list) }}
 {{- if .condition }}{{ $types = append $types .condition }}{{ end }}
+{{- end }}
+{{- range $file, $json := ((.Values.agent.npd | default dict).configs | default dict) }}
+{{- range ((fromJson $json).conditions | default list) }}
+{{- $types = append $types .type }}
+{{- end }}
 {{- end }}
 {{- $types | uniq | toYaml }}
 {{- end }}

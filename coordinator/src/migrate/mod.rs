@@ -1,13 +1,14 @@
-//! `nodeward-coordinator migrate`: what a cluster running kured is configured to do, as the
-//! DisruptionPolicy and Helm values that do the same with nodeward, and what cannot be carried
-//! over (with what to do instead). The reading is pure ([`kured`]); this module reads the
-//! input (a file, or the DaemonSet in the cluster) and prints.
+//! `nodeward-coordinator migrate`: what a cluster running kured or node-problem-detector is
+//! configured to do, as the DisruptionPolicy and Helm values that do the same with nodeward,
+//! and what cannot be carried over (with what to do instead). The reading is pure ([`kured`],
+//! [`npd`]); this module reads the input (files, or the objects in the cluster) and prints.
 
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 pub mod kured;
+pub mod npd;
 
 /// What a migration gives.
 #[derive(Clone, Debug, PartialEq)]
@@ -33,6 +34,70 @@ pub fn read_file(file: &std::path::Path) -> Result<DaemonSet, String> {
         }
     }
     Err(format!("{}: no DaemonSet in it", file.display()))
+}
+
+/// Reads node-problem-detector's DaemonSet and the ConfigMaps in `files` (YAML documents).
+pub fn read_npd_files(files: &[std::path::PathBuf]) -> Result<(DaemonSet, Vec<ConfigMap>), String> {
+    let mut daemonset = None;
+    let mut configmaps = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .map_err(|e| format!("reading {}: {e}", file.display()))?;
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let value = <Value as serde::Deserialize>::deserialize(document)
+                .map_err(|e| format!("{}: not YAML: {e}", file.display()))?;
+            let read = |what| format!("{}: not a {what}", file.display());
+            match value.get("kind").and_then(Value::as_str) {
+                Some("DaemonSet") if daemonset.is_none() => {
+                    daemonset = Some(
+                        serde_json::from_value(value)
+                            .map_err(|e| format!("{}: {e}", read("DaemonSet")))?,
+                    );
+                }
+                Some("ConfigMap") => configmaps.push(
+                    serde_json::from_value(value)
+                        .map_err(|e| format!("{}: {e}", read("ConfigMap")))?,
+                ),
+                _ => {}
+            }
+        }
+    }
+    let daemonset = daemonset.ok_or("no DaemonSet in the --npd files")?;
+    Ok((daemonset, configmaps))
+}
+
+/// Reads node-problem-detector's DaemonSet `namespace/name` and the ConfigMaps its pods mount.
+pub async fn read_npd_cluster(
+    client: Client,
+    namespace: &str,
+    name: &str,
+) -> Result<(DaemonSet, Vec<ConfigMap>), String> {
+    let daemonset = read_cluster(client.clone(), namespace, name).await?;
+    let api = Api::<ConfigMap>::namespaced(client, namespace);
+    let mut configmaps = Vec::new();
+    let volumes = daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.volumes.clone())
+        .unwrap_or_default();
+    for source in volumes.iter().filter_map(|v| v.config_map.as_ref()) {
+        let configmap = api
+            .get(&source.name)
+            .await
+            .map_err(|e| format!("reading ConfigMap {namespace}/{}: {e}", source.name))?;
+        configmaps.push(configmap);
+    }
+    Ok((daemonset, configmaps))
+}
+
+/// Migrates node-problem-detector's DaemonSet with its ConfigMaps: the rendered output.
+pub fn from_npd(
+    daemonset: &DaemonSet,
+    configmaps: &[ConfigMap],
+    name: &str,
+) -> Result<String, String> {
+    Ok(render(name, &npd::migrate(daemonset, configmaps)?))
 }
 
 /// Reads kured's DaemonSet `namespace/name` from the cluster.
