@@ -73,6 +73,24 @@ pub struct UnitState {
     pub restarts: Option<u32>,
 }
 
+#[cfg(test)]
+impl UnitState {
+    /// A loaded unit in `active_state`: `running` when active, else `failed`; never restarted.
+    pub fn loaded(active_state: &str) -> Self {
+        Self {
+            load_state: "loaded".into(),
+            active_state: active_state.into(),
+            sub_state: if active_state == "active" {
+                "running"
+            } else {
+                "failed"
+            }
+            .into(),
+            restarts: Some(0),
+        }
+    }
+}
+
 /// A fresh connection to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the standard socket) and
 /// systemd's manager on it: a restarted bus or systemd is simply picked up next time.
 pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {

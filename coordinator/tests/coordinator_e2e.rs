@@ -1871,6 +1871,24 @@ async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_o
     env.cleanup().await
 }
 
+/// Creates the DisruptionPolicy `migrate` printed first, labelled as this test's: the API
+/// server's own validation (OpenAPI and CEL) must take it as printed.
+async fn create_printed_policy(env: &TestEnv, printed: &str) -> anyhow::Result<DisruptionPolicy> {
+    let document = serde_yaml::Deserializer::from_str(printed)
+        .next()
+        .context("a document")?;
+    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
+    policy
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&Default::default(), &policy)
+        .await
+        .with_context(|| format!("the migrated policy was refused:\n{printed}"))
+}
+
 #[tokio::test]
 async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_accepts()
 -> anyhow::Result<()> {
@@ -1895,20 +1913,7 @@ async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_acc
         "--policy-name",
         &name,
     ])?;
-    let document = serde_yaml::Deserializer::from_str(&printed)
-        .next()
-        .context("a document")?;
-    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
-    policy
-        .metadata
-        .labels
-        .get_or_insert_with(Default::default)
-        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
-    // The API server's own validation (OpenAPI and CEL) takes it as printed.
-    let created = Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&Default::default(), &policy)
-        .await
-        .with_context(|| format!("the migrated policy was refused:\n{printed}"))?;
+    let created = create_printed_policy(&env, &printed).await?;
     assert_eq!(created.spec.windows.len(), 1);
     assert_eq!(
         created.spec.windows[0].time_zone.as_deref(),
@@ -1954,20 +1959,7 @@ async fn node_problem_detectors_daemonset_in_the_cluster_migrates_to_values_the_
         &name,
     ])?;
 
-    // The policy: the API server takes it as printed.
-    let document = serde_yaml::Deserializer::from_str(&printed)
-        .next()
-        .context("a document")?;
-    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
-    policy
-        .metadata
-        .labels
-        .get_or_insert_with(Default::default)
-        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
-    let created = Api::<DisruptionPolicy>::all(env.client.clone())
-        .create(&Default::default(), &policy)
-        .await
-        .with_context(|| format!("the migrated policy was refused:\n{printed}"))?;
+    let created = create_printed_policy(&env, &printed).await?;
     let gate = created.spec.health_gate.context("a health gate")?;
     assert!(gate.problem_types.contains(&"KernelDeadlock".to_owned()));
 

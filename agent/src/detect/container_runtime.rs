@@ -245,17 +245,7 @@ mod tests {
     use crate::detect::{Status, cri::RuntimeCondition};
 
     fn unit(active_state: &str) -> Result<UnitState, String> {
-        Ok(UnitState {
-            load_state: "loaded".into(),
-            active_state: active_state.into(),
-            sub_state: if active_state == "active" {
-                "running"
-            } else {
-                "failed"
-            }
-            .into(),
-            restarts: Some(0),
-        })
+        Ok(UnitState::loaded(active_state))
     }
 
     fn answer(ready: bool) -> Option<Result<cri::Answer, String>> {

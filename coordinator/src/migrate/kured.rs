@@ -27,28 +27,8 @@ pub fn flags(daemonset: &DaemonSet) -> Result<(Flags, Container), String> {
         .find(|c| c.name == "kured" || c.image.as_deref().is_some_and(|i| i.contains("kured")))
         .ok_or("no container named kured (or running a kured image) in the DaemonSet")?
         .clone();
-    let words: Vec<String> = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .cloned()
-        .collect();
     let mut flags = Flags::new();
-    let mut words = words.into_iter().peekable();
-    while let Some(word) = words.next() {
-        let Some(flag) = word.strip_prefix("--").or_else(|| word.strip_prefix('-')) else {
-            continue;
-        };
-        let (name, value) = match flag.split_once('=') {
-            Some((name, value)) => (name.to_owned(), value.to_owned()),
-            None => match words.peek() {
-                Some(next) if !next.starts_with('-') => {
-                    (flag.to_owned(), words.next().unwrap_or_default())
-                }
-                _ => (flag.to_owned(), "true".to_owned()),
-            },
-        };
+    for (name, value) in super::container_flags(&container) {
         let value = value.trim_matches('"').to_owned();
         flags
             .entry(name)

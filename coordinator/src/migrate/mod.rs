@@ -21,6 +21,35 @@ pub struct Migration {
     pub notes: Vec<String>,
 }
 
+/// A container's command and arguments as flags, in order: `--flag=value`, `--flag value`, or a
+/// bare `--switch` (`true`); words that are no flag are skipped.
+pub fn container_flags(container: &k8s_openapi::api::core::v1::Container) -> Vec<(String, String)> {
+    let mut words = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .cloned()
+        .peekable();
+    let mut flags = Vec::new();
+    while let Some(word) = words.next() {
+        let Some(flag) = word.strip_prefix("--").or_else(|| word.strip_prefix('-')) else {
+            continue;
+        };
+        let (name, value) = match flag.split_once('=') {
+            Some((name, value)) => (name.to_owned(), value.to_owned()),
+            None => match words.peek() {
+                Some(next) if !next.starts_with('-') => {
+                    (flag.to_owned(), words.next().unwrap_or_default())
+                }
+                _ => (flag.to_owned(), "true".to_owned()),
+            },
+        };
+        flags.push((name, value));
+    }
+    flags
+}
+
 /// Reads kured's DaemonSet from `file` (YAML; the first DaemonSet document in it).
 pub fn read_file(file: &std::path::Path) -> Result<DaemonSet, String> {
     let text =

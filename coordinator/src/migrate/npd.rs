@@ -68,29 +68,8 @@ fn flags(daemonset: &DaemonSet) -> Result<(Container, BTreeMap<String, String>),
         })
         .ok_or("no node-problem-detector container in the DaemonSet")?
         .clone();
-    let mut flags = BTreeMap::new();
-    let mut words = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .cloned()
-        .peekable();
-    while let Some(word) = words.next() {
-        let Some(flag) = word.strip_prefix("--").or_else(|| word.strip_prefix('-')) else {
-            continue;
-        };
-        let (name, value) = match flag.split_once('=') {
-            Some((name, value)) => (name.to_owned(), value.to_owned()),
-            None => match words.peek() {
-                Some(next) if !next.starts_with('-') => {
-                    (flag.to_owned(), words.next().unwrap_or_default())
-                }
-                _ => (flag.to_owned(), "true".to_owned()),
-            },
-        };
-        flags.insert(name, value);
-    }
+    // A repeated flag: the last one counts, as Go's flag package has it.
+    let flags = super::container_flags(&container).into_iter().collect();
     Ok((container, flags))
 }
 
