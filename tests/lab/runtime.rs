@@ -53,14 +53,25 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
     );
 
     // Stopped: the unit is inactive, on the host and on the Node.
-    vm.run("systemctl stop containerd").await?;
-    let stopped = checked_on_host(&vm).await;
+    // Neither waits for the job: stopping or starting containerd (restoring every sandbox's
+    // state) can take longer than a guest command may on an emulated VM. The findings below
+    // wait for the outcome instead.
+    vm.run("systemctl stop --no-block containerd").await?;
+    let inactive = wait::eventually("containerd stopped", REBOOT, || async {
+        let state = vm.exec("systemctl is-active containerd").await?;
+        Ok((state.stdout.trim() == "inactive").then_some(()))
+    })
+    .await;
+    let stopped = match inactive {
+        Ok(()) => checked_on_host(&vm).await,
+        Err(e) => Err(e),
+    };
     let reported = lab
         .finding(&node, "container-runtime", "a problem", |f| {
             f.status == "True"
         })
         .await;
-    vm.run("systemctl start containerd").await?;
+    vm.run("systemctl start --no-block containerd").await?;
     let stopped = stopped?;
     assert_eq!(
         stopped["reason"], "ContainerRuntimeUnitInactive",
