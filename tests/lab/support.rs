@@ -543,16 +543,24 @@ const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
 /// Installs the static agent binary from the agent image (imported into the VM's containerd)
 /// as `/usr/local/bin/nodeward-agent`, as the README's host-mode install does.
 pub async fn install_agent_binary(vm: &Vm) -> anyhow::Result<()> {
-    vm.run(
-        "set -e
+    // Mounting an image's layers takes longer than a minute on an emulated VM that is busy
+    // starting its pods.
+    let script = "set -e
         ref=$(ctr -n k8s.io images ls -q | grep '/nodeward-agent:' | head -n1)
         mkdir -p /run/nodelab-agent-image
         ctr -n k8s.io images mount \"$ref\" /run/nodelab-agent-image >/dev/null
         install -m 0755 /run/nodelab-agent-image/nodeward-agent /usr/local/bin/nodeward-agent
-        ctr -n k8s.io images unmount /run/nodelab-agent-image >/dev/null",
-    )
-    .await
-    .map(drop)
+        ctr -n k8s.io images unmount /run/nodelab-agent-image >/dev/null";
+    let output = vm.exec_with(script, Duration::from_secs(300)).await?;
+    anyhow::ensure!(
+        output.code == 0,
+        "installing the agent binary in {} exited {}: {}{}",
+        vm.name,
+        output.code,
+        output.stdout,
+        output.stderr
+    );
+    Ok(())
 }
 
 /// Deletes the Nodes that are not the lab's: the crate tests share this control plane and run
