@@ -69,6 +69,17 @@ dist_source_epoch() {
   echo "${epoch:-0}"
 }
 
+# Every source change makes a new cache entry; without pruning they fill the disk (they did: a CI
+# run failed with "No space left on device"). Keeps the KEEP most recently used entries named
+# PREFIX* in DIR (a cache hit touches its entry) and removes the rest.
+cache_prune() { # dir prefix keep
+  local dir=$1 prefix=$2 keep=$3
+  [ -d "$dir" ] || return 0
+  find "$dir" -mindepth 1 -maxdepth 1 -name "$prefix*" -printf '%T@ %p\n' |
+    LC_ALL=C sort -rn | tail -n +"$((keep + 1))" | cut -d' ' -f2- |
+    while IFS= read -r old; do rm -rf -- "$old"; done
+}
+
 dist_rust_target() { # amd64|arm64
   case $1 in
     amd64) echo x86_64-unknown-linux-musl ;;

@@ -16,7 +16,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root_dir=$(cd "$here/../.." && pwd)
-cache_root=${NODEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeward}
+# shellcheck source=../../dist/lib.sh
+. "$root_dir/dist/lib.sh" # cache_root, cache_prune
 suite=trixie
 packages=(
   systemd systemd-sysv dbus udev kmod iproute2 linux-image-cloud-amd64
@@ -45,6 +46,7 @@ key=$(
 )
 out="$cache_root/nodelab/image-$key"
 if [ -e "$out/done" ]; then
+  touch "$out"
   log "cached: $out"
   echo "$out"
   exit 0
@@ -117,5 +119,6 @@ mkdir -p "$(dirname "$out")"
 rm -rf "$out"
 mv "$work/out" "$out"
 touch "$out/done"
+cache_prune "$cache_root/nodelab" image- 2
 log "built in $(($(date +%s) - started)) s: $out"
 echo "$out"
