@@ -21,7 +21,7 @@ use nodeward_agent::{
     server::{self, Readiness},
     shutdown::{self, guard::Guard},
 };
-use nodeward_api::report::{AgentMode, PauseAcknowledgement};
+use nodeward_api::report::{AgentMode, KernelLogSource, PauseAcknowledgement};
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
     events::Events,
@@ -318,12 +318,14 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     );
     let peers = peer_context(&config, &client, &running, &metrics, &mut tasks).await?;
     let (kernel_events_tx, kernel_events) = mpsc::channel(64);
-    let kernel_published = if config.detectors.kernel_log.enabled {
-        kernel_published(&client, &running).await
-    } else {
-        None
-    };
-    let kernel_log = kernel_log(&config, kernel_events_tx, kernel_published);
+    let (kernel_source, kernel_published) = kernel_published(&config, &client, &running).await;
+    let kernel_log = kernel_log(
+        &config,
+        &running,
+        kernel_source,
+        kernel_events_tx,
+        kernel_published,
+    );
     let agent = AgentContext {
         cluster,
         peers,
@@ -334,7 +336,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_sightings(sightings)
-        .with_kernel_published(kernel_published)
+        .with_kernel_published(kernel_source, kernel_published)
         .with_events_only(
             config
                 .detectors
@@ -400,10 +402,27 @@ async fn peer_context(
     }))
 }
 
-/// The last kernel log record this node's agent published as an Event on this boot, as its
-/// NodeReport records it (none on a new boot, or when it cannot be read: then the lookback
-/// applies, and an Event within it may be published again).
-async fn kernel_published(client: &kube::Client, running: &Running) -> Option<u64> {
+/// Where the kernel log is read, and the last record this node's agent published from it as an
+/// Event on this boot, as its NodeReport records it (none on a new boot, after a change of
+/// source, or when it cannot be read: then the lookback applies, and an Event within it may be
+/// published again).
+async fn kernel_published(
+    config: &Config,
+    client: &kube::Client,
+    running: &Running,
+) -> (KernelLogSource, Option<u64>) {
+    let source = kernel_log::journal::source(&config.detectors.kernel_log);
+    if !config.detectors.kernel_log.enabled {
+        return (source, None);
+    }
+    (source, kernel_read_published(client, running, source).await)
+}
+
+async fn kernel_read_published(
+    client: &kube::Client,
+    running: &Running,
+    source: KernelLogSource,
+) -> Option<u64> {
     let reports: kube::Api<nodeward_api::NodeReport> = kube::Api::all(client.clone());
     let report = match reports.get_opt(&running.node_name).await {
         Ok(report) => report?,
@@ -413,22 +432,26 @@ async fn kernel_published(client: &kube::Client, running: &Running) -> Option<u6
         }
     };
     let position = report.status?.kernel_log?;
-    (Some(&position.boot_id) == running.boot_id.as_ref())
+    (Some(&position.boot_id) == running.boot_id.as_ref() && position.source == source)
         .then(|| u64::try_from(position.sequence).ok())
         .flatten()
 }
 
-/// The kernel log followed (its matches sent as `events`), when enabled and readable.
+/// The kernel log followed from `source` (its matches sent as `events`), when enabled and
+/// readable.
 fn kernel_log(
     config: &Config,
+    running: &Running,
+    source: KernelLogSource,
     events: mpsc::Sender<KernelEvent>,
     published: Option<u64>,
 ) -> Option<KernelLog> {
-    if !config.detectors.kernel_log.enabled {
+    let settings = &config.detectors.kernel_log;
+    if !settings.enabled {
         return None;
     }
     // The configuration was validated, so the patterns compile; an error here would be a bug.
-    let patterns = match kernel_log::compile(&config.detectors.kernel_log) {
+    let patterns = match kernel_log::compile(settings) {
         Ok(p) => Arc::new(p),
         Err(e) => {
             tracing::error!(error = %e, "kernel log patterns did not compile; the kernel log is off");
@@ -439,21 +462,32 @@ fn kernel_log(
         patterns,
         seen: Arc::default(),
     };
-    let device = config.detectors.kernel_log.device.clone();
-    let replay = kernel_log::Replay {
-        published,
-        lookback: config.detectors.kernel_log.lookback,
-    };
-    match kernel_log::follow(
-        device.clone(),
-        log.patterns.clone(),
-        log.seen.clone(),
+    let reader = kernel_log::Reader {
+        patterns: log.patterns.clone(),
+        seen: log.seen.clone(),
         events,
-        replay,
-    ) {
-        Ok(()) => Some(log),
+        replay: kernel_log::Replay {
+            published,
+            lookback: settings.lookback,
+        },
+    };
+    let followed = match source {
+        KernelLogSource::Kmsg => kernel_log::follow(settings.device.clone(), reader)
+            .map_err(|e| format!("reading {}: {e}", settings.device.display())),
+        KernelLogSource::Journal => match running.boot_id.as_deref() {
+            Some(boot_id) => {
+                kernel_log::journal::follow(&settings.journal_directories, boot_id, reader)
+            }
+            None => Err("the journal is read for this boot, and its boot id is unknown (set --boot-id-file)".to_owned()),
+        },
+    };
+    match followed {
+        Ok(()) => {
+            tracing::info!(source = ?source, "following the kernel log");
+            Some(log)
+        }
         Err(e) => {
-            tracing::warn!(error = %e, device = %device.display(), "cannot read the kernel log; its patterns are off");
+            tracing::warn!(error = %e, "cannot read the kernel log; its patterns are off");
             None
         }
     }

@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::Api;
-use nodeward_api::NodeReport;
+use nodeward_api::{NodeReport, report::KernelLogSource};
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
 use serde_json::Value;
 
@@ -570,12 +570,41 @@ async fn told(env: &TestEnv, node: &str, text: &str) -> anyhow::Result<i32> {
 async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_restart()
 -> anyhow::Result<()> {
     let env = TestEnv::new("agent-kmsg").await?;
+    kernel_log_across_a_restart(&env, "zone-d", "source: kmsg", KernelLogSource::Kmsg).await?;
+    env.cleanup().await
+}
+
+/// The same through the journal: a real journald reads /dev/kmsg into its files, and the agent
+/// reads those files (as an unprivileged DaemonSet pod does from the host's, mounted read-only).
+#[tokio::test]
+async fn kernel_messages_read_from_the_journal_files_raise_events_once_across_a_restart()
+-> anyhow::Result<()> {
+    use nodeward_e2e::journald::Journald;
+    let env = TestEnv::new("agent-journal").await?;
+    let journald = Journald::start(&env.id).await?;
+    let source = format!(
+        "source: journal, journalDirectories: ['{}']",
+        journald.dir.display()
+    );
+    kernel_log_across_a_restart(&env, "zone-d", &source, KernelLogSource::Journal).await?;
+    env.cleanup().await
+}
+
+/// Kernel messages from the real kernel log (written to /dev/kmsg), read from `source`: an OOM
+/// kill is published once, also across an agent restart, and a read-only remount sets a
+/// condition that a restarted agent reads back and that clears after `clearAfter`.
+async fn kernel_log_across_a_restart(
+    env: &TestEnv,
+    zone: &str,
+    source: &str,
+    recorded: KernelLogSource,
+) -> anyhow::Result<()> {
     let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
+    env.create_nodes(&[NodeSpec::worker(zone)]).await?;
     // Patterns unique to this test, so that no other agent on this machine reacts to them.
     let tag = env.id.replace('-', "");
     let kernel_log = format!(
-        "{{interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 20s}}]}}"
+        "{{{source}, interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 20s}}]}}"
     );
     let options = || Options {
         interval: "1s",
@@ -583,7 +612,7 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
         kernel_log: &kernel_log,
         ..Options::default()
     };
-    let agent = Agent::start_with(&node, &env, options())?;
+    let agent = Agent::start_with(&node, env, options())?;
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
 
@@ -603,12 +632,12 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
     );
     let first = format!("Killed process 4242 (t{tag})");
     wait::eventually("the OOMKilling event", TIMEOUT, || async {
-        Ok((told(&env, &node, &first).await? == 1).then_some(()))
+        Ok((told(env, &node, &first).await? == 1).then_some(()))
     })
     .await?;
-    // Its sequence number reaches the NodeReport before the agent goes.
+    // Its place in the log reaches the NodeReport before the agent goes.
     let reports: Api<NodeReport> = Api::all(env.client.clone());
-    wait::until(
+    let reported = wait::until(
         &reports,
         &node,
         "the kernel log's position reported",
@@ -619,12 +648,17 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
         },
     )
     .await?;
+    let position = reported
+        .and_then(|r| r.status)
+        .and_then(|s| s.kernel_log)
+        .context("the kernel log's position")?;
+    assert_eq!(position.source, recorded, "{position:?}");
 
     // A restarted agent reads the log from the boot's start: the remount (younger than its
     // clearAfter) still counts, and the OOM kill already published is not published again;
     // a new one is.
     drop(agent);
-    let agent = Agent::start_with(&node, &env, options())?;
+    let agent = Agent::start_with(&node, env, options())?;
     agent.wait_ready().await?;
     // The restarted agent's own verdict (the Node still carries the first one's): a reader
     // from the current end would never see the remount.
@@ -646,11 +680,11 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
     )?;
     let second = format!("Killed process 4343 (t{tag})");
     wait::eventually("the new OOMKilling event", TIMEOUT, || async {
-        Ok((told(&env, &node, &second).await? == 1).then_some(()))
+        Ok((told(env, &node, &second).await? == 1).then_some(()))
     })
     .await?;
     assert_eq!(
-        told(&env, &node, &first).await?,
+        told(env, &node, &first).await?,
         1,
         "published once, not again after the restart"
     );
@@ -658,7 +692,7 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
     // Nothing new for clearAfter: the condition clears.
     wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
     drop(agent);
-    env.cleanup().await
+    Ok(())
 }
 
 #[tokio::test]

@@ -95,14 +95,34 @@ pub struct NodeReportStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// A kernel log record: the boot and its sequence number in `/dev/kmsg`.
+/// A kernel log record: the boot, where the log was read, and the record's place in it.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct KernelLogPosition {
     #[schemars(length(max = 64))]
     pub boot_id: String,
+    /// What `sequence` counts (absent: `Kmsg`, as written before there was a choice).
+    #[serde(default, skip_serializing_if = "KernelLogSource::is_kmsg")]
+    pub source: KernelLogSource,
     #[schemars(range(min = 0))]
     pub sequence: i64,
+}
+
+/// Where an agent reads the kernel log.
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelLogSource {
+    /// `/dev/kmsg`; a record's place is its sequence number.
+    #[default]
+    Kmsg,
+    /// systemd-journald's files; a record's place is the kernel's timestamp of it,
+    /// microseconds since boot (journald keeps no kmsg sequence number).
+    Journal,
+}
+
+impl KernelLogSource {
+    pub fn is_kmsg(&self) -> bool {
+        *self == Self::Kmsg
+    }
 }
 
 /// The most findings a NodeReport lists: the built-in detectors and the custom checks an

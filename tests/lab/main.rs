@@ -4,6 +4,7 @@
 
 mod chart;
 mod host;
+mod kernel;
 mod kubelet;
 mod network;
 mod rolling;

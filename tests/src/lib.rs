@@ -9,6 +9,7 @@ pub mod fixtures;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod journald;
 pub mod logind;
 pub mod machine;
 pub mod nodelab;

@@ -23,11 +23,19 @@ use tokio::sync::mpsc;
 use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::values;
 
+pub mod journal;
+
 super::section! {
     pub struct KernelLogConfig {
-        /// The kernel log device, read from its current end on.
+        /// Where kernel messages are read.
+        pub source: SourceSetting,
+        /// The kernel log device (source `kmsg`).
         pub device: PathBuf,
-        /// How often the condition patterns are evaluated (matching itself is immediate).
+        /// systemd-journald's directories (source `journal`), each holding journal files
+        /// directly or in machine-id subdirectories.
+        pub journal_directories: Vec<PathBuf>,
+        /// What is matched against each message (the interval is how often the conditions they
+        /// set are judged; matching itself is immediate).
         pub patterns: Vec<KernelPatternConfig>,
         /// How far back, at the agent's first start on a boot, records still become Events
         /// (older ones only set conditions, within their `clearAfter`).
@@ -35,6 +43,22 @@ super::section! {
         pub lookback: Duration,
     }
 }
+
+/// Where kernel messages are read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceSetting {
+    /// The journal when its directories hold journal files, else `/dev/kmsg`.
+    #[default]
+    Auto,
+    /// `/dev/kmsg`: needs CAP_SYSLOG, and in a container a privileged one (the device cgroup).
+    Kmsg,
+    /// systemd-journald's files, read-only: no privilege beyond reading them.
+    Journal,
+}
+
+/// The most journal directories a configuration names.
+const JOURNAL_DIRECTORIES_LIMIT: usize = 8;
 
 /// A kernel log pattern: an Event, or (with `condition`) a condition.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -69,7 +93,12 @@ impl Default for KernelLogConfig {
         };
         Self {
             enabled: true,
+            source: SourceSetting::Auto,
             device: PathBuf::from("/dev/kmsg"),
+            journal_directories: vec![
+                PathBuf::from("/var/log/journal"),
+                PathBuf::from("/run/log/journal"),
+            ],
             lookback: Duration::from_secs(300),
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
@@ -136,6 +165,25 @@ impl Section for KernelLogConfig {
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         compile(self)?;
+        if self.source != SourceSetting::Kmsg {
+            let place = format!("{place}.journalDirectories");
+            if self.journal_directories.is_empty() {
+                return Err(format!(
+                    "{place}: name at least one, e.g. [/var/log/journal, /run/log/journal] (or set source: kmsg)"
+                ));
+            }
+            if self.journal_directories.len() > JOURNAL_DIRECTORIES_LIMIT {
+                return Err(format!(
+                    "{place}: at most {JOURNAL_DIRECTORIES_LIMIT} directories"
+                ));
+            }
+            if let Some(relative) = self.journal_directories.iter().find(|d| d.is_relative()) {
+                return Err(format!(
+                    "{place}: {} is relative; name an absolute directory, e.g. /var/log/journal",
+                    relative.display()
+                ));
+            }
+        }
         for (index, pattern) in self.patterns.iter().enumerate() {
             let place = format!("{place}.patterns[{index}]");
             values::camel_case(&format!("{place}.reason"), &pattern.reason, "OOMKilling")?;
@@ -365,16 +413,46 @@ pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<F
         .collect()
 }
 
-/// Follows the kernel log from the oldest record the kernel holds, in a thread of its own
-/// (reads block), until the receiver of `events` is gone; `replay` says which records become
-/// Events.
-pub fn follow(
-    device: PathBuf,
-    patterns: Arc<Vec<Pattern>>,
-    seen: Arc<Mutex<Seen>>,
-    events: mpsc::Sender<KernelEvent>,
-    replay: Replay,
-) -> std::io::Result<()> {
+/// What a kernel log reader does with each record: feeds it through the patterns and sends
+/// the Events its replay lets through. Shared by the `/dev/kmsg` and the journal readers.
+pub struct Reader {
+    pub patterns: Arc<Vec<Pattern>>,
+    pub seen: Arc<Mutex<Seen>>,
+    pub events: mpsc::Sender<KernelEvent>,
+    pub replay: Replay,
+}
+
+impl Reader {
+    /// Takes one record, numbered `sequence` and logged `since_boot` into this boot. False once
+    /// the receiver of the Events is gone (the reader then stops).
+    pub fn take(&self, sequence: u64, since_boot: Duration, message: &str) -> bool {
+        // Judged by the record's own time (counted from boot, as CLOCK_MONOTONIC is).
+        let age = time_since_boot().saturating_sub(since_boot);
+        let now = Instant::now();
+        let at = now.checked_sub(age).unwrap_or(now);
+        let found = feed(&self.patterns, &self.seen, message, at);
+        if !self.replay.publishes(sequence, age) {
+            return true;
+        }
+        found.into_iter().all(|event| {
+            self.events
+                .blocking_send(KernelEvent { event, sequence })
+                .is_ok()
+        })
+    }
+
+    /// Every record from before the start is read: conditions can be judged.
+    pub fn caught_up(&self) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .caught_up = true;
+    }
+}
+
+/// Follows `/dev/kmsg` from the oldest record the kernel holds, in a thread of its own (reads
+/// block), until the receiver of the Events is gone.
+pub fn follow(device: PathBuf, reader: Reader) -> std::io::Result<()> {
     // Not blocking: a read with nothing left says so, which is when the reader caught up.
     let mut file = std::fs::OpenOptions::new()
         .read(true)
@@ -388,34 +466,19 @@ pub fn follow(
         loop {
             match file.read(&mut buffer) {
                 Ok(0) => {
-                    caught_up(&seen);
+                    reader.caught_up();
                     std::thread::sleep(Duration::from_millis(200));
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    caught_up(&seen);
+                    reader.caught_up();
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Ok(len) => {
                     let raw = String::from_utf8_lossy(&buffer[..len]);
-                    let Some(record) = record_of(&raw) else {
-                        continue;
-                    };
-                    // The record's own time (kmsg counts from boot, as CLOCK_MONOTONIC does).
-                    let age = since_boot().saturating_sub(record.since_boot);
-                    let now = Instant::now();
-                    let at = now.checked_sub(age).unwrap_or(now);
-                    let found = feed(&patterns, &seen, record.message, at);
-                    if !replay.publishes(record.sequence, age) {
-                        continue;
-                    }
-                    for event in found {
-                        let event = KernelEvent {
-                            event,
-                            sequence: record.sequence,
-                        };
-                        if events.blocking_send(event).is_err() {
-                            return;
-                        }
+                    if let Some(record) = record_of(&raw)
+                        && !reader.take(record.sequence, record.since_boot, record.message)
+                    {
+                        return;
                     }
                 }
                 // EPIPE: the ring buffer overwrote records we had not read; go on from here.
@@ -431,14 +494,8 @@ pub fn follow(
     Ok(())
 }
 
-fn caught_up(seen: &Mutex<Seen>) {
-    seen.lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .caught_up = true;
-}
-
 /// Time since boot, as the kernel log stamps its records.
-fn since_boot() -> Duration {
+fn time_since_boot() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
         .map(Duration::from)
         .unwrap_or_default()
@@ -782,6 +839,50 @@ mod tests {
         let err = compile(&config).expect_err("bad regex");
         assert!(
             err.starts_with("detectors.kernelLog.patterns[1].regex"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn journal_directories_are_named_absolute_and_few() {
+        let place = "detectors.kernelLog";
+        let with = |source, dirs: &[&str]| KernelLogConfig {
+            source,
+            journal_directories: dirs.iter().map(PathBuf::from).collect(),
+            ..KernelLogConfig::default()
+        };
+        let none = with(SourceSetting::Journal, &[]).validate(place);
+        assert!(
+            none.as_ref().is_err_and(
+                |e| e.starts_with("detectors.kernelLog.journalDirectories: name at least one")
+            ),
+            "{none:?}"
+        );
+        let relative = with(SourceSetting::Auto, &["var/log/journal"]).validate(place);
+        assert!(
+            relative
+                .as_ref()
+                .is_err_and(|e| e.contains("relative; name an absolute directory")),
+            "{relative:?}"
+        );
+        let many = vec!["/var/log/journal"; JOURNAL_DIRECTORIES_LIMIT + 1];
+        assert!(with(SourceSetting::Journal, &many).validate(place).is_err());
+        // /dev/kmsg needs none.
+        with(SourceSetting::Kmsg, &[])
+            .validate(place)
+            .expect("kmsg without journal directories");
+        with(SourceSetting::Journal, &["/host/var/log/journal"])
+            .validate(place)
+            .expect("one absolute directory");
+    }
+
+    #[test]
+    fn an_unknown_source_is_refused_naming_the_choices() {
+        let err = serde_yaml::from_str::<KernelLogConfig>("source: dmesg")
+            .expect_err("an unknown source");
+        assert!(
+            err.to_string()
+                .contains("expected one of `auto`, `kmsg`, `journal`"),
             "{err}"
         );
     }

@@ -28,7 +28,7 @@ use nodeward_api::{
     NodeReport,
     labels::AGENT_FIELD_MANAGER,
     report::PauseAcknowledgement,
-    report::{AgentMode, Finding as ReportedFinding},
+    report::{AgentMode, Finding as ReportedFinding, KernelLogSource},
 };
 use nodeward_runtime::{ApiError, events::Events};
 use serde::Deserialize;
@@ -118,8 +118,9 @@ pub struct Reporter {
     report_owned: bool,
     /// The peer detector's sightings, when it runs.
     sightings: Option<Sightings>,
-    /// The sequence number of the last kernel log record published as an Event on this boot.
-    kernel_published: Option<u64>,
+    /// Where the kernel log is read, and the place in it of the last record published as an
+    /// Event on this boot.
+    kernel_published: (KernelLogSource, Option<u64>),
     /// Finding types of events-only checks: in the NodeReport and Events, never on the Node.
     events_only: BTreeSet<String>,
 }
@@ -147,7 +148,7 @@ impl Reporter {
             report_only: Vec::new(),
             report_owned: false,
             sightings: None,
-            kernel_published: None,
+            kernel_published: (KernelLogSource::Kmsg, None),
             events_only: BTreeSet::new(),
         }
     }
@@ -165,8 +166,8 @@ impl Reporter {
 
     /// Continues from the last kernel log record published as an Event on this boot (read
     /// from the NodeReport at start), so that the report keeps it until a newer one.
-    pub fn with_kernel_published(mut self, sequence: Option<u64>) -> Self {
-        self.kernel_published = sequence;
+    pub fn with_kernel_published(mut self, source: KernelLogSource, sequence: Option<u64>) -> Self {
+        self.kernel_published = (source, sequence);
         self
     }
 
@@ -224,7 +225,7 @@ impl Reporter {
                             let mut next = Some(first);
                             while let Some(KernelEvent { event, sequence }) = next {
                                 self.publish(&node, vec![event]).await;
-                                self.kernel_published = Some(sequence);
+                                self.kernel_published.1 = Some(sequence);
                                 next = kernel_events.try_recv().ok();
                             }
                             report_due = true;
@@ -441,9 +442,11 @@ impl Reporter {
 
     /// Where the kernel log's Events stand, for the report (none before the first).
     fn kernel_position(&self) -> Option<nodeward_api::report::KernelLogPosition> {
+        let (source, sequence) = self.kernel_published;
         Some(nodeward_api::report::KernelLogPosition {
             boot_id: self.identity.boot_id.clone()?,
-            sequence: i64::try_from(self.kernel_published?).ok()?,
+            source,
+            sequence: i64::try_from(sequence?).ok()?,
         })
     }
 

@@ -227,7 +227,7 @@ pub fn migrate(daemonset: &DaemonSet, configmaps: &[ConfigMap]) -> Result<Migrat
     if kernel_log {
         agent.insert("kernelLog".into(), json!(true));
         notes.push(
-            "agent.kernelLog: reading /dev/kmsg runs the agent's pod privileged, as node-problem-detector's was; host mode (systemd/) reads it without a pod".into(),
+            "agent.kernelLog: the kernel log is read from the host's journal files, mounted read-only (no privileged pod); set agent.kernelLogSource: kmsg on hosts without journald, which runs the pod privileged as node-problem-detector's was".into(),
         );
     }
     let values = match agent.is_empty() {

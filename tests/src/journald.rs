@@ -1,0 +1,98 @@
+//! The real `systemd-journald` (not as a service of PID 1), in a private mount namespace: tmpfs
+//! on `/run` and over `/var/log/journal` (so it keeps the journal volatile), and the test's
+//! directory bind-mounted as `/run/log/journal`. It reads this machine's `/dev/kmsg`, so what a
+//! test writes there lands in journal files the test can hand to an agent.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::Context;
+
+use crate::wait;
+
+/// journald's binary on Debian.
+pub const JOURNALD: &str = "/lib/systemd/systemd-journald";
+
+/// One private journald; it stops on drop.
+pub struct Journald {
+    child: Child,
+    /// Where its journal files are (in a machine-id subdirectory).
+    pub dir: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Journald {
+    /// Starts journald writing into a new directory named for `tag`, and waits for its first
+    /// journal file.
+    pub async fn start(tag: &str) -> anyhow::Result<Self> {
+        let root =
+            std::env::temp_dir().join(format!("nodeward-journald-{tag}-{}", std::process::id()));
+        let dir = root.join("journal");
+        std::fs::create_dir_all(&dir)?;
+        let log = root.join("journald.log");
+        let output = std::fs::File::create(&log)?;
+        let script = format!(
+            "set -e; mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/journal /run/log/journal; \
+             mount --bind '{}' /run/log/journal; \
+             if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
+             exec {JOURNALD}",
+            dir.display()
+        );
+        let child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdout(Stdio::from(output.try_clone()?))
+            .stderr(Stdio::from(output))
+            .spawn()
+            .context("starting systemd-journald in a private mount namespace")?;
+        let journald = Self { child, dir, log };
+        wait::eventually(
+            "journald's first journal file",
+            Duration::from_secs(30),
+            || async { Ok(has_journal_file(&journald.dir).then_some(())) },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "journald log: {}",
+                std::fs::read_to_string(&journald.log).unwrap_or_default()
+            )
+        })?;
+        Ok(journald)
+    }
+}
+
+fn has_journal_file(dir: &Path) -> bool {
+    walk(dir)
+        .iter()
+        .any(|p| p.extension().is_some_and(|e| e == "journal"))
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}
+
+impl Drop for Journald {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(root) = self.dir.parent() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+    }
+}
