@@ -178,8 +178,8 @@ impl Config {
     }
 
     /// Loads the node-problem-detector files of the `npd` section (after the overrides): their
-    /// kernel rules replace the default kernel-log patterns, their plugins join the custom
-    /// checks; then validates the whole again.
+    /// kernel rules replace the default kernel-log patterns, their journald monitors join the
+    /// journal monitors and their plugins the custom checks; then validates the whole again.
     pub fn with_npd(mut self) -> Result<Self, String> {
         if self.npd.configs.is_empty() {
             return Ok(self);
@@ -188,6 +188,10 @@ impl Config {
         if !loaded.kernel_patterns.is_empty() {
             self.detectors.kernel_log.patterns = loaded.kernel_patterns;
         }
+        self.detectors
+            .journal
+            .monitors
+            .extend(loaded.journal_monitors);
         self.detectors.custom.extend(loaded.checks);
         self.validate()
             .map_err(|e| format!("with the --npd-config files: {e}"))?;

@@ -13,6 +13,7 @@ pub mod host;
 pub mod host_stats;
 pub mod liveness;
 pub mod logind;
+pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;

@@ -9,10 +9,10 @@ use nodeward_agent::{
     detect::{
         AgentContext,
         cluster::ClusterContext,
-        kernel_log::{self, KernelEvent, KernelLog},
         peers::{self, Directory, PeerContext},
     },
     liveness::Liveness,
+    logs,
     maintenance::reboot_method::RebootMethod,
     metrics::Metrics,
     policies::Follow,
@@ -21,7 +21,7 @@ use nodeward_agent::{
     server::{self, Readiness},
     shutdown::{self, guard::Guard},
 };
-use nodeward_api::report::{AgentMode, KernelLogSource, PauseAcknowledgement};
+use nodeward_api::report::{AgentMode, PauseAcknowledgement};
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
     events::Events,
@@ -139,7 +139,7 @@ struct Settings {
     /// The signal sent to the host's PID 1 by --reboot-method signal (reboot.signal).
     #[arg(long, env = "NODEWARD_REBOOT_SIGNAL")]
     reboot_signal: Option<i32>,
-    /// node-problem-detector monitor files (kmsg and custom plugin monitors) to load as they
+    /// node-problem-detector monitor files (kmsg, journald and custom plugin monitors) to load as they
     /// are; repeat the flag or separate with commas (npd.configs).
     #[arg(
         long = "npd-config",
@@ -317,26 +317,24 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         .run(),
     );
     let peers = peer_context(&config, &client, &running, &metrics, &mut tasks).await?;
-    let (kernel_events_tx, kernel_events) = mpsc::channel(64);
-    let (kernel_source, kernel_published) = kernel_published(&config, &client, &running).await;
-    let kernel_log = kernel_log(
-        &config,
-        &running,
-        kernel_source,
-        kernel_events_tx,
-        kernel_published,
-    );
+    let (log_events_tx, log_events) = mpsc::channel(64);
+    let this_node = logs::Node {
+        name: &node_name,
+        boot_id: running.boot_id.as_deref(),
+    };
+    let logs = logs::start(&config, &client, &this_node, &log_events_tx).await;
     let agent = AgentContext {
         cluster,
         peers,
-        kernel_log,
+        kernel_log: logs.kernel,
+        journal_logs: logs.journal,
     };
     let detectors = config.detectors.enabled(Some(&agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_sightings(sightings)
-        .with_kernel_published(kernel_source, kernel_published)
+        .with_published(logs.source, logs.published)
         .with_events_only(
             config
                 .detectors
@@ -354,7 +352,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         own_node_writer,
         &mut tasks,
     );
-    tasks.spawn(reporter.run(snapshots, kernel_events, pauses));
+    tasks.spawn(reporter.run(snapshots, log_events, pauses));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let signal = nodeward_runtime::stop_signal().await?;
     tracing::info!("{signal}: stopping");
@@ -400,97 +398,6 @@ async fn peer_context(
         metrics: metrics.clone(),
         sightings: peers::Sightings::default(),
     }))
-}
-
-/// Where the kernel log is read, and the last record this node's agent published from it as an
-/// Event on this boot, as its NodeReport records it (none on a new boot, after a change of
-/// source, or when it cannot be read: then the lookback applies, and an Event within it may be
-/// published again).
-async fn kernel_published(
-    config: &Config,
-    client: &kube::Client,
-    running: &Running,
-) -> (KernelLogSource, Option<u64>) {
-    let source = kernel_log::journal::source(&config.detectors.kernel_log);
-    if !config.detectors.kernel_log.enabled {
-        return (source, None);
-    }
-    (source, kernel_read_published(client, running, source).await)
-}
-
-async fn kernel_read_published(
-    client: &kube::Client,
-    running: &Running,
-    source: KernelLogSource,
-) -> Option<u64> {
-    let reports: kube::Api<nodeward_api::NodeReport> = kube::Api::all(client.clone());
-    let report = match reports.get_opt(&running.node_name).await {
-        Ok(report) => report?,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read this node's NodeReport for the kernel log's position; Events within the lookback may repeat");
-            return None;
-        }
-    };
-    let position = report.status?.kernel_log?;
-    (Some(&position.boot_id) == running.boot_id.as_ref() && position.source == source)
-        .then(|| u64::try_from(position.sequence).ok())
-        .flatten()
-}
-
-/// The kernel log followed from `source` (its matches sent as `events`), when enabled and
-/// readable.
-fn kernel_log(
-    config: &Config,
-    running: &Running,
-    source: KernelLogSource,
-    events: mpsc::Sender<KernelEvent>,
-    published: Option<u64>,
-) -> Option<KernelLog> {
-    let settings = &config.detectors.kernel_log;
-    if !settings.enabled {
-        return None;
-    }
-    // The configuration was validated, so the patterns compile; an error here would be a bug.
-    let patterns = match kernel_log::compile(settings) {
-        Ok(p) => Arc::new(p),
-        Err(e) => {
-            tracing::error!(error = %e, "kernel log patterns did not compile; the kernel log is off");
-            return None;
-        }
-    };
-    let log = KernelLog {
-        patterns,
-        seen: Arc::default(),
-    };
-    let reader = kernel_log::Reader {
-        patterns: log.patterns.clone(),
-        seen: log.seen.clone(),
-        events,
-        replay: kernel_log::Replay {
-            published,
-            lookback: settings.lookback,
-        },
-    };
-    let followed = match source {
-        KernelLogSource::Kmsg => kernel_log::follow(settings.device.clone(), reader)
-            .map_err(|e| format!("reading {}: {e}", settings.device.display())),
-        KernelLogSource::Journal => match running.boot_id.as_deref() {
-            Some(boot_id) => {
-                kernel_log::journal::follow(&settings.journal_directories, boot_id, reader)
-            }
-            None => Err("the journal is read for this boot, and its boot id is unknown (set --boot-id-file)".to_owned()),
-        },
-    };
-    match followed {
-        Ok(()) => {
-            tracing::info!(source = ?source, "following the kernel log");
-            Some(log)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the kernel log; its patterns are off");
-            None
-        }
-    }
 }
 
 /// Starts what carries out this node's maintenances and guards its shutdowns: the shutdown

@@ -1,6 +1,7 @@
 //! node-problem-detector's monitor configurations, loaded as they are (`--npd-config FILE`):
 //! a system-log monitor reading the kernel log (`"plugin": "kmsg"`) becomes the kernel-log
-//! patterns, a custom plugin monitor (`"plugin": "custom"`) becomes custom checks that run its
+//! patterns, one reading a program's journal messages (`"plugin": "journald"`) a journal
+//! monitor, a custom plugin monitor (`"plugin": "custom"`) becomes custom checks that run its
 //! plugin scripts unchanged. Permanent rules set conditions, temporary rules only Events; the
 //! plugin monitor's interval, timeouts, output length and concurrency carry over.
 
@@ -13,6 +14,7 @@ use serde::Deserialize;
 
 use crate::detect::{
     custom::{Concurrency, CustomCheckConfig},
+    journal_log::JournalMonitorConfig,
     kernel_log::KernelPatternConfig,
 };
 
@@ -124,6 +126,8 @@ struct PluginConfig {
 pub struct Loaded {
     /// The kernel-log rules: they replace nodeward's default patterns when there are any.
     pub kernel_patterns: Vec<KernelPatternConfig>,
+    /// The journald monitors of programs other than the kernel.
+    pub journal_monitors: Vec<JournalMonitorConfig>,
     pub checks: Vec<CustomCheckConfig>,
 }
 
@@ -154,15 +158,18 @@ pub fn parse(text: &str, config: &NpdConfig, loaded: &mut Loaded) -> Result<(), 
         &monitor.skip_initial_status,
     );
     match monitor.plugin.as_str() {
-        "kmsg" => kernel_rules(&monitor, loaded),
+        "kmsg" => {
+            loaded.kernel_patterns.extend(log_rules(&monitor)?);
+            Ok(())
+        }
+        "journald" => journald_rules(&monitor, loaded),
         "custom" => custom_rules(&monitor, config, loaded),
-        "journald" | "filelog" => Err(format!(
-            "plugin: {:?} ({}) is not read here: the agent reads the kernel log from /dev/kmsg (kernelLog), and the journal's unit messages are covered by the kubelet and containerRuntime detectors; load kmsg and custom monitors",
-            monitor.plugin,
+        "filelog" => Err(format!(
+            "plugin: \"filelog\" ({}) is not read here: the agent reads the kernel log from the journal or /dev/kmsg (kernelLog) and programs' messages from the journal; load kmsg, journald and custom monitors",
             monitor.log_path.as_deref().unwrap_or("no logPath")
         )),
         other => Err(format!(
-            "plugin: {other:?} is not a node-problem-detector monitor plugin this agent loads (kmsg, custom)"
+            "plugin: {other:?} is not a node-problem-detector monitor plugin this agent loads (kmsg, journald, custom)"
         )),
     }
 }
@@ -192,30 +199,69 @@ fn condition_of<'a>(
     }
 }
 
-fn kernel_rules(monitor: &Monitor, loaded: &mut Loaded) -> Result<(), String> {
-    if let Some(lookback) = &monitor.lookback {
+/// A journald monitor reads the journal messages of the program its `pluginConfig.source`
+/// names (their SYSLOG_IDENTIFIER); `kernel` is the kernel log, which the kernel-log patterns
+/// read (from the journal too, where it has files).
+fn journald_rules(monitor: &Monitor, loaded: &mut Loaded) -> Result<(), String> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct JournaldConfig {
+        source: String,
+    }
+    let plugin: JournaldConfig = serde_path_to_error::deserialize(&monitor.plugin_config)
+        .map_err(|e| {
+            let place = match e.path().to_string().as_str() {
+                "." => "pluginConfig".to_owned(),
+                path => format!("pluginConfig.{path}"),
+            };
+            format!(
+                "{place}: {} (a journald monitor names the program it reads: {{\"source\": \"systemd\"}})",
+                e.inner()
+            )
+        })?;
+    let patterns = log_rules(monitor)?;
+    if plugin.source == "kernel" {
+        loaded.kernel_patterns.extend(patterns);
+        return Ok(());
+    }
+    let lookback = match monitor.lookback.as_deref() {
+        None | Some("") => Duration::from_secs(300),
+        Some(v) => duration("lookback", v)?,
+    };
+    loaded.journal_monitors.push(JournalMonitorConfig {
+        identifier: plugin.source,
+        lookback,
+        patterns,
+    });
+    Ok(())
+}
+
+/// A system-log monitor's rules as patterns.
+fn log_rules(monitor: &Monitor) -> Result<Vec<KernelPatternConfig>, String> {
+    if let Some(lookback) = monitor.lookback.as_deref().filter(|l| !l.is_empty()) {
         duration("lookback", lookback)?;
     }
+    let mut patterns = Vec::new();
     for (index, rule) in monitor.rules.iter().enumerate() {
         let condition = condition_of(monitor, index, rule)?;
         let pattern = rule
             .pattern
             .as_deref()
-            .ok_or_else(|| format!("rules[{index}].pattern: a kmsg rule needs its pattern"))?;
+            .ok_or_else(|| format!("rules[{index}].pattern: a log rule needs its pattern"))?;
         // node-problem-detector matches a pattern against its last `bufferSize` lines joined,
         // ending at the newest; records are matched one at a time here, so a pattern of
         // several lines is matched by its last line (which the newest record must match).
         let pattern = pattern.rsplit(r"\n").next().unwrap_or(pattern).to_owned();
         regex::Regex::new(&pattern)
             .map_err(|e| format!("rules[{index}].pattern: not a regular expression: {e}"))?;
-        loaded.kernel_patterns.push(KernelPatternConfig {
+        patterns.push(KernelPatternConfig {
             reason: rule.reason.clone(),
             regex: pattern,
             condition: condition.map(str::to_owned),
             clear_after: crate::detect::kernel_log::kernel_clear_after(),
         });
     }
-    Ok(())
+    Ok(patterns)
 }
 
 fn custom_rules(monitor: &Monitor, config: &NpdConfig, loaded: &mut Loaded) -> Result<(), String> {
@@ -291,6 +337,7 @@ mod tests {
     const KERNEL_MONITOR: &str = include_str!("npd/testdata/kernel-monitor.json");
     const CUSTOM_PLUGIN_MONITOR: &str = include_str!("npd/testdata/custom-plugin-monitor.json");
     const NETWORK_PROBLEM_MONITOR: &str = include_str!("npd/testdata/network-problem-monitor.json");
+    const SYSTEMD_MONITOR: &str = include_str!("npd/testdata/systemd-monitor.json");
 
     fn loaded(text: &str) -> Loaded {
         let mut loaded = Loaded::default();
@@ -359,6 +406,29 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_systemd_monitor_becomes_a_journal_monitor_of_systemds_messages() {
+        let loaded = loaded(SYSTEMD_MONITOR);
+        let [monitor] = loaded.journal_monitors.as_slice() else {
+            panic!("one journal monitor: {loaded:?}");
+        };
+        assert_eq!(monitor.identifier, "systemd");
+        assert_eq!(monitor.lookback, Duration::from_secs(300));
+        let reasons: Vec<&str> = monitor.patterns.iter().map(|p| p.reason.as_str()).collect();
+        assert_eq!(reasons, ["KubeletStart", "DockerStart", "ContainerdStart"]);
+        assert!(monitor.patterns.iter().all(|p| p.condition.is_none()));
+        // What systemd 257 writes when the kubelet starts.
+        let kubelet = regex::Regex::new(&monitor.patterns[0].regex).expect("regex");
+        assert!(kubelet.is_match("Started kubelet.service - kubelet: The Kubernetes Node Agent."));
+        assert!(loaded.kernel_patterns.is_empty());
+        // A journald monitor of the kernel's messages is the kernel log.
+        let kernel = r#"{"plugin": "journald", "pluginConfig": {"source": "kernel"}, "source": "kernel-monitor",
+            "rules": [{"type": "temporary", "reason": "OOMKilling", "pattern": "Killed process \\d+"}]}"#;
+        let kernel = super::tests::loaded(kernel);
+        assert!(kernel.journal_monitors.is_empty());
+        assert_eq!(kernel.kernel_patterns[0].reason, "OOMKilling");
+    }
+
+    #[test]
     fn a_pattern_of_several_lines_is_matched_by_its_last() {
         // As node-problem-detector's deployment/ ConfigMap writes its OOM rule.
         let text = r#"{"plugin": "kmsg", "source": "kernel-monitor", "rules": [{"type": "temporary", "reason": "OOMKilling",
@@ -402,7 +472,11 @@ mod tests {
             ),
             (
                 r#"{"plugin": "journald", "source": "systemd-monitor", "rules": []}"#,
-                "plugin: \"journald\"",
+                "pluginConfig: invalid type: null",
+            ),
+            (
+                r#"{"plugin": "filelog", "source": "f", "logPath": "/var/log/syslog", "rules": []}"#,
+                "plugin: \"filelog\" (/var/log/syslog) is not read here",
             ),
             (
                 r#"{"plugin": "kmsg", "source": "k", "rulez": []}"#,

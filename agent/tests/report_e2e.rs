@@ -36,6 +36,7 @@ struct Options<'a> {
     heartbeat: &'a str,
     kubelet: &'a str,
     kernel_log: &'a str,
+    journal: &'a str,
     env: Vec<(&'a str, String)>,
 }
 
@@ -47,6 +48,7 @@ impl Default for Options<'_> {
             heartbeat: "2s",
             kubelet: "{enabled: false}",
             kernel_log: "{enabled: false}",
+            journal: "{}",
             env: Vec::new(),
         }
     }
@@ -72,6 +74,7 @@ impl Agent {
             heartbeat,
             kubelet,
             kernel_log,
+            journal,
             env,
         } = options;
         let dir = std::env::temp_dir().join(format!("nodeward-agent-{}", test.id));
@@ -80,7 +83,7 @@ impl Agent {
         std::fs::write(
             &config,
             format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  kubelet: {kubelet}\n  containerRuntime: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
+                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  journal: {journal}\n  kubelet: {kubelet}\n  containerRuntime: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
                 dir.join("reboot-required").display()
             ),
         )?;
@@ -587,6 +590,81 @@ async fn kernel_messages_read_from_the_journal_files_raise_events_once_across_a_
         journald.dir.display()
     );
     kernel_log_across_a_restart(&env, "zone-d", &source, KernelLogSource::Journal).await?;
+    env.cleanup().await
+}
+
+/// node-problem-detector's shipped systemd monitor (a journald monitor), loaded as it is:
+/// systemd's "Started …kubelet" in the journal of a real journald becomes a KubeletStart Event,
+/// once, also across an agent restart.
+#[tokio::test]
+async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_across_a_restart()
+-> anyhow::Result<()> {
+    use nodeward_e2e::journald::Journald;
+    let env = TestEnv::new("agent-journald").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
+    let journald = Journald::start(&env.id).await?;
+    let monitor = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/npd/testdata/systemd-monitor.json");
+    let journal = format!(
+        "{{interval: 500ms, timeout: 500ms, directories: ['{}']}}",
+        journald.dir.display()
+    );
+    let options = || Options {
+        journal: &journal,
+        env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
+        ..Options::default()
+    };
+    let tag = env.id.replace('-', "");
+    let first = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-1");
+    journald.send("systemd", &first)?;
+    // Another program's line, the same words: not systemd's, so no Event.
+    let other = format!("Started Kubernetes kubelet. {tag}-other");
+    journald.send("not-systemd", &other)?;
+    let agent = Agent::start_with(&node, &env, options())?;
+    wait::eventually("the KubeletStart Event", TIMEOUT, || async {
+        Ok((told(&env, &node, &first).await? == 1).then_some(()))
+    })
+    .await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(
+        &reports,
+        &node,
+        "the systemd monitor's position reported",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.journal_log.iter().any(|p| p.identifier == "systemd"))
+        },
+    )
+    .await?;
+
+    drop(agent);
+    let agent = Agent::start_with(&node, &env, options())?;
+    agent.wait_ready().await?;
+    let second = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-2");
+    journald.send("systemd", &second)?;
+    wait::eventually("the second KubeletStart Event", TIMEOUT, || async {
+        Ok((told(&env, &node, &second).await? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        told(&env, &node, &first).await?,
+        1,
+        "published once, not again after the restart"
+    );
+    assert_eq!(
+        told(&env, &node, &other).await?,
+        0,
+        "another program's message"
+    );
+    let events = env.events_about(&node, "").await?;
+    let event = events
+        .iter()
+        .find(|e| e.note.as_deref().is_some_and(|n| n.contains(&second)))
+        .context("the second Event")?;
+    assert_eq!(event.reason.as_deref(), Some("KubeletStart"));
+    drop(agent);
     env.cleanup().await
 }
 

@@ -90,6 +90,12 @@ pub struct NodeReportStatus {
     /// newer ones of the same boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_log: Option<KernelLogPosition>,
+    /// Per journal monitor (named by the program whose messages it matches), the last record
+    /// published as an Event: a restarted agent publishes only newer ones of the same boot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = JOURNAL_MONITORS_LIMIT))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["identifier"]))]
+    pub journal_log: Vec<JournalLogPosition>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
@@ -104,6 +110,22 @@ pub struct KernelLogPosition {
     /// What `sequence` counts (absent: `Kmsg`, as written before there was a choice).
     #[serde(default, skip_serializing_if = "KernelLogSource::is_kmsg")]
     pub source: KernelLogSource,
+    #[schemars(range(min = 0))]
+    pub sequence: i64,
+}
+
+/// The most journal monitors an agent runs (and so positions a NodeReport keeps).
+pub const JOURNAL_MONITORS_LIMIT: usize = 16;
+
+/// A journal record of one program (its `SYSLOG_IDENTIFIER`): the boot and the record's place,
+/// journald's timestamp of it in microseconds since boot.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalLogPosition {
+    #[schemars(length(min = 1, max = 64))]
+    pub identifier: String,
+    #[schemars(length(max = 64))]
+    pub boot_id: String,
     #[schemars(range(min = 0))]
     pub sequence: i64,
 }

@@ -21,6 +21,8 @@ pub struct Journald {
     child: Child,
     /// Where its journal files are (in a machine-id subdirectory).
     pub dir: PathBuf,
+    /// Its sockets (`/run/systemd/journal` in its namespace): `socket` takes the native protocol.
+    pub sockets: PathBuf,
     pub log: PathBuf,
 }
 
@@ -31,15 +33,18 @@ impl Journald {
         let root =
             std::env::temp_dir().join(format!("nodeward-journald-{tag}-{}", std::process::id()));
         let dir = root.join("journal");
+        let sockets = root.join("sockets");
         std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&sockets)?;
         let log = root.join("journald.log");
         let output = std::fs::File::create(&log)?;
         let script = format!(
             "set -e; mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/journal /run/log/journal; \
-             mount --bind '{}' /run/log/journal; \
+             mount --bind '{}' /run/log/journal; mount --bind '{}' /run/systemd/journal; \
              if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
              exec {JOURNALD}",
-            dir.display()
+            dir.display(),
+            sockets.display()
         );
         let child = Command::new("unshare")
             .args(["--mount", "--propagation", "private", "sh", "-c", &script])
@@ -47,7 +52,12 @@ impl Journald {
             .stderr(Stdio::from(output))
             .spawn()
             .context("starting systemd-journald in a private mount namespace")?;
-        let journald = Self { child, dir, log };
+        let journald = Self {
+            child,
+            dir,
+            sockets,
+            log,
+        };
         wait::eventually(
             "journald's first journal file",
             Duration::from_secs(30),
@@ -61,6 +71,19 @@ impl Journald {
             )
         })?;
         Ok(journald)
+    }
+}
+
+impl Journald {
+    /// Logs `message` as the program `identifier` (journald's native protocol, as
+    /// `sd_journal_send` does).
+    pub fn send(&self, identifier: &str, message: &str) -> anyhow::Result<()> {
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        let datagram = format!("SYSLOG_IDENTIFIER={identifier}\nPRIORITY=6\nMESSAGE={message}\n");
+        socket
+            .send_to(datagram.as_bytes(), self.sockets.join("socket"))
+            .context("sending to journald's native socket")?;
+        Ok(())
     }
 }
 

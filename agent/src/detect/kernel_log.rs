@@ -95,10 +95,7 @@ impl Default for KernelLogConfig {
             enabled: true,
             source: SourceSetting::Auto,
             device: PathBuf::from("/dev/kmsg"),
-            journal_directories: vec![
-                PathBuf::from("/var/log/journal"),
-                PathBuf::from("/run/log/journal"),
-            ],
+            journal_directories: default_journal_directories(),
             lookback: Duration::from_secs(300),
             interval: Duration::from_secs(10),
             timeout: Duration::from_secs(5),
@@ -166,81 +163,22 @@ impl Section for KernelLogConfig {
         self.schedule().validate(place)?;
         compile(self)?;
         if self.source != SourceSetting::Kmsg {
-            let place = format!("{place}.journalDirectories");
-            if self.journal_directories.is_empty() {
-                return Err(format!(
-                    "{place}: name at least one, e.g. [/var/log/journal, /run/log/journal] (or set source: kmsg)"
-                ));
-            }
-            if self.journal_directories.len() > JOURNAL_DIRECTORIES_LIMIT {
-                return Err(format!(
-                    "{place}: at most {JOURNAL_DIRECTORIES_LIMIT} directories"
-                ));
-            }
-            if let Some(relative) = self.journal_directories.iter().find(|d| d.is_relative()) {
-                return Err(format!(
-                    "{place}: {} is relative; name an absolute directory, e.g. /var/log/journal",
-                    relative.display()
-                ));
-            }
+            validate_journal_directories(
+                &format!("{place}.journalDirectories"),
+                &self.journal_directories,
+            )?;
         }
-        for (index, pattern) in self.patterns.iter().enumerate() {
-            let place = format!("{place}.patterns[{index}]");
-            values::camel_case(&format!("{place}.reason"), &pattern.reason, "OOMKilling")?;
-            if let Some(condition) = pattern.condition.as_deref() {
-                values::camel_case(
-                    &format!("{place}.condition"),
-                    condition,
-                    "ReadonlyFilesystem",
-                )?;
-                values::not_owned_by_others(&format!("{place}.condition"), condition)?;
-                if pattern.clear_after.is_zero() {
-                    return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
-                }
-            }
-        }
+        validate_patterns(&format!("{place}.patterns"), &self.patterns)?;
         Ok(())
     }
 
     /// One detector per condition type the patterns set; none without an agent (the kernel
     /// log is followed from the agent's start).
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
-        let Some(log) = agent.and_then(|a| a.kernel_log.as_ref()) else {
-            return Vec::new();
-        };
-        let conditions: BTreeSet<&String> = log
-            .patterns
-            .iter()
-            .filter_map(|p| p.condition.as_ref())
-            .collect();
-        conditions
-            .into_iter()
-            .map(|condition| {
-                let name = format!("{DETECTOR}/{condition}");
-                let input = (log.clone(), condition.clone(), name.clone());
-                Detector::new(
-                    name,
-                    condition.clone(),
-                    self.schedule(),
-                    input,
-                    |(log, condition, name)| async move {
-                        // Judged once the records from before the start are read (the
-                        // detector's timeout bounds the wait).
-                        while !log.seen.lock().is_ok_and(|s| s.caught_up) {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        let mut finding = evaluate(&log.patterns, &log.seen, Instant::now())
-                            .into_iter()
-                            .find(|f| f.condition == condition.as_str())
-                            .unwrap_or_else(|| {
-                                Finding::ok(DETECTOR, condition, "NoKernelProblem", String::new())
-                            });
-                        finding.detector = name.into();
-                        finding
-                    },
-                )
-            })
-            .collect()
+        agent
+            .and_then(|a| a.kernel_log.as_ref())
+            .map(|log| log.detectors(self.schedule()))
+            .unwrap_or_default()
     }
 }
 
@@ -252,11 +190,20 @@ pub struct NodeEvent {
     pub note: String,
 }
 
-/// An Event from the kernel log record numbered `sequence` (in this boot).
+/// An Event from the record at place `sequence` (in this boot) of the log `log`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelEvent {
+pub struct LogEvent {
     pub event: NodeEvent,
+    pub log: LogName,
     pub sequence: u64,
+}
+
+/// A log whose Events the NodeReport keeps the place of: the kernel's, or the journal
+/// messages of one program (its `SYSLOG_IDENTIFIER`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogName {
+    Kernel,
+    Journal(String),
 }
 
 /// Which records of this boot become Events.
@@ -314,15 +261,70 @@ pub struct Pattern {
     pub clear_after: Duration,
 }
 
+/// Checks the journal directories configured at `place`: at least one, all absolute, few.
+pub fn validate_journal_directories(place: &str, directories: &[PathBuf]) -> Result<(), String> {
+    if directories.is_empty() {
+        return Err(format!(
+            "{place}: name at least one, e.g. [/var/log/journal, /run/log/journal]"
+        ));
+    }
+    if directories.len() > JOURNAL_DIRECTORIES_LIMIT {
+        return Err(format!(
+            "{place}: at most {JOURNAL_DIRECTORIES_LIMIT} directories"
+        ));
+    }
+    if let Some(relative) = directories.iter().find(|d| d.is_relative()) {
+        return Err(format!(
+            "{place}: {} is relative; name an absolute directory, e.g. /var/log/journal",
+            relative.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Checks the reasons, conditions and `clearAfter` of the patterns configured at `place`.
+pub fn validate_patterns(place: &str, patterns: &[KernelPatternConfig]) -> Result<(), String> {
+    for (index, pattern) in patterns.iter().enumerate() {
+        let place = format!("{place}[{index}]");
+        values::camel_case(&format!("{place}.reason"), &pattern.reason, "OOMKilling")?;
+        if let Some(condition) = pattern.condition.as_deref() {
+            values::camel_case(
+                &format!("{place}.condition"),
+                condition,
+                "ReadonlyFilesystem",
+            )?;
+            values::not_owned_by_others(&format!("{place}.condition"), condition)?;
+            if pattern.clear_after.is_zero() {
+                return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The journal's directories where journald keeps them: persistent, then volatile.
+pub fn default_journal_directories() -> Vec<PathBuf> {
+    vec![
+        PathBuf::from("/var/log/journal"),
+        PathBuf::from("/run/log/journal"),
+    ]
+}
+
 /// Compiles the configured patterns; the error names the pattern and the regex problem.
 pub fn compile(config: &KernelLogConfig) -> Result<Vec<Pattern>, String> {
-    config
-        .patterns
+    compile_patterns("detectors.kernelLog.patterns", &config.patterns)
+}
+
+/// Compiles `patterns` (configured at `place`); the error names the pattern and the problem.
+pub fn compile_patterns(
+    place: &str,
+    patterns: &[KernelPatternConfig],
+) -> Result<Vec<Pattern>, String> {
+    patterns
         .iter()
         .enumerate()
         .map(|(index, p)| {
-            let regex = Regex::new(&p.regex)
-                .map_err(|e| format!("detectors.kernelLog.patterns[{index}].regex: {e}"))?;
+            let regex = Regex::new(&p.regex).map_err(|e| format!("{place}[{index}].regex: {e}"))?;
             Ok(Pattern {
                 reason: p.reason.clone(),
                 regex,
@@ -373,9 +375,38 @@ pub fn feed(
     events
 }
 
+/// The kernel log's findings for the condition patterns at `now`.
+pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<Finding> {
+    evaluate_as(patterns, seen, now, &Labels::KERNEL)
+}
+
+/// What a log's findings are called.
+#[derive(Clone, Debug)]
+pub struct Labels {
+    /// The detector (its name's first part, before `/<condition>`).
+    pub detector: super::Name,
+    /// Whose messages, at the start of a finding's message, e.g. `kernel`.
+    pub what: super::Name,
+    /// A condition's reason while no pattern matched recently.
+    pub ok_reason: &'static str,
+}
+
+impl Labels {
+    pub const KERNEL: Labels = Labels {
+        detector: std::borrow::Cow::Borrowed(DETECTOR),
+        what: std::borrow::Cow::Borrowed("kernel"),
+        ok_reason: "NoKernelProblem",
+    };
+}
+
 /// The findings for the condition patterns at `now`: a problem while a match is younger than
 /// its `clearAfter`.
-pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<Finding> {
+pub fn evaluate_as(
+    patterns: &[Pattern],
+    seen: &Mutex<Seen>,
+    now: Instant,
+    labels: &Labels,
+) -> Vec<Finding> {
     let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut by_condition: BTreeMap<&str, Option<(&Pattern, &String)>> = BTreeMap::new();
     for pattern in patterns {
@@ -396,29 +427,34 @@ pub fn evaluate(patterns: &[Pattern], seen: &Mutex<Seen>, now: Instant) -> Vec<F
         .into_iter()
         .map(|(condition, recent)| match recent {
             Some((pattern, message)) => Finding::new(
-                DETECTOR,
+                labels.detector.clone(),
                 condition.to_owned(),
                 Status::Problem,
                 &pattern.reason,
-                format!("kernel: {}", nodeward_api::bounds::cut(message, 512)),
+                format!(
+                    "{}: {}",
+                    labels.what,
+                    nodeward_api::bounds::cut(message, 512)
+                ),
             ),
             None => Finding::new(
-                DETECTOR,
+                labels.detector.clone(),
                 condition.to_owned(),
                 Status::Ok,
-                "NoKernelProblem",
-                "no matching kernel message recently".to_owned(),
+                labels.ok_reason,
+                format!("no matching {} message recently", labels.what),
             ),
         })
         .collect()
 }
 
-/// What a kernel log reader does with each record: feeds it through the patterns and sends
-/// the Events its replay lets through. Shared by the `/dev/kmsg` and the journal readers.
+/// What a log reader does with each record: feeds it through the patterns and sends the
+/// Events its replay lets through. Shared by the `/dev/kmsg` and the journal readers.
 pub struct Reader {
+    pub log: LogName,
     pub patterns: Arc<Vec<Pattern>>,
     pub seen: Arc<Mutex<Seen>>,
-    pub events: mpsc::Sender<KernelEvent>,
+    pub events: mpsc::Sender<LogEvent>,
     pub replay: Replay,
 }
 
@@ -436,7 +472,11 @@ impl Reader {
         }
         found.into_iter().all(|event| {
             self.events
-                .blocking_send(KernelEvent { event, sequence })
+                .blocking_send(LogEvent {
+                    event,
+                    log: self.log.clone(),
+                    sequence,
+                })
                 .is_ok()
         })
     }
@@ -501,11 +541,58 @@ fn time_since_boot() -> Duration {
         .unwrap_or_default()
 }
 
-/// What the kernel-log detector reads.
+/// A log followed in the background and matched against patterns: what its detectors read.
 #[derive(Clone, Debug)]
-pub struct KernelLog {
+pub struct MatchedLog {
+    pub labels: Labels,
     pub patterns: Arc<Vec<Pattern>>,
     pub seen: Arc<Mutex<Seen>>,
+}
+
+impl MatchedLog {
+    /// One detector per condition type the patterns set, each named `<detector>/<condition>`.
+    pub fn detectors(&self, schedule: super::Schedule) -> Vec<Detector> {
+        let conditions: BTreeSet<&String> = self
+            .patterns
+            .iter()
+            .filter_map(|p| p.condition.as_ref())
+            .collect();
+        conditions
+            .into_iter()
+            .map(|condition| {
+                let name = format!("{}/{condition}", self.labels.detector);
+                let input = (self.clone(), condition.clone(), name.clone());
+                Detector::new(
+                    name,
+                    condition.clone(),
+                    schedule,
+                    input,
+                    |(log, condition, name)| async move {
+                        // Judged once the records from before the start are read (the
+                        // detector's timeout bounds the wait).
+                        while !log.seen.lock().is_ok_and(|s| s.caught_up) {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        let labels = &log.labels;
+                        let mut finding =
+                            evaluate_as(&log.patterns, &log.seen, Instant::now(), labels)
+                                .into_iter()
+                                .find(|f| f.condition == condition.as_str())
+                                .unwrap_or_else(|| {
+                                    Finding::ok(
+                                        labels.detector.clone(),
+                                        condition,
+                                        labels.ok_reason,
+                                        String::new(),
+                                    )
+                                });
+                        finding.detector = name.into();
+                        finding
+                    },
+                )
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

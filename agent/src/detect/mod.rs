@@ -14,6 +14,7 @@ pub mod dns;
 pub mod filesystem;
 mod finding;
 pub mod interfaces;
+pub mod journal_log;
 pub mod kernel_log;
 pub mod kubelet;
 pub mod network;
@@ -29,8 +30,8 @@ use serde::Deserialize;
 pub use self::finding::{Finding, Name, Status};
 use self::{
     cluster::ClusterContext, container_runtime::ContainerRuntimeConfig, custom::CustomCheckConfig,
-    filesystem::FilesystemConfig, kernel_log::KernelLogConfig, kubelet::KubeletConfig,
-    network::NetworkConfig, peers::PeersConfig, reboot::RebootConfig,
+    filesystem::FilesystemConfig, journal_log::JournalLogConfig, kernel_log::KernelLogConfig,
+    kubelet::KubeletConfig, network::NetworkConfig, peers::PeersConfig, reboot::RebootConfig,
     security_groups::SecurityGroupsConfig,
 };
 
@@ -63,6 +64,7 @@ registry! {
     "containerRuntime" container_runtime: ContainerRuntimeConfig,
     "peers" peers: PeersConfig,
     "kernelLog" kernel_log: KernelLogConfig,
+    "journal" journal: JournalLogConfig,
     "custom" custom: Vec<CustomCheckConfig>,
 }
 
@@ -99,7 +101,9 @@ impl Detectors {
 pub struct AgentContext {
     pub cluster: ClusterContext,
     pub peers: Option<peers::PeerContext>,
-    pub kernel_log: Option<kernel_log::KernelLog>,
+    pub kernel_log: Option<kernel_log::MatchedLog>,
+    /// The journal monitors followed.
+    pub journal_logs: Vec<kernel_log::MatchedLog>,
 }
 
 /// When and how long a detector runs, and how long a verdict must hold.

@@ -43,7 +43,7 @@ use crate::{
     Error,
     backoff::Backoff,
     detect::Status,
-    detect::kernel_log::{KernelEvent, NodeEvent},
+    detect::kernel_log::{LogEvent, LogName, NodeEvent},
     detect::peers::Sightings,
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
@@ -118,9 +118,9 @@ pub struct Reporter {
     report_owned: bool,
     /// The peer detector's sightings, when it runs.
     sightings: Option<Sightings>,
-    /// Where the kernel log is read, and the place in it of the last record published as an
+    /// Where the kernel log is read, and per log the place of the last record published as an
     /// Event on this boot.
-    kernel_published: (KernelLogSource, Option<u64>),
+    published: (KernelLogSource, BTreeMap<LogName, u64>),
     /// Finding types of events-only checks: in the NodeReport and Events, never on the Node.
     events_only: BTreeSet<String>,
 }
@@ -148,7 +148,7 @@ impl Reporter {
             report_only: Vec::new(),
             report_owned: false,
             sightings: None,
-            kernel_published: (KernelLogSource::Kmsg, None),
+            published: (KernelLogSource::Kmsg, BTreeMap::new()),
             events_only: BTreeSet::new(),
         }
     }
@@ -164,10 +164,14 @@ impl Reporter {
         is_node_condition(type_) && !self.events_only.contains(type_)
     }
 
-    /// Continues from the last kernel log record published as an Event on this boot (read
-    /// from the NodeReport at start), so that the report keeps it until a newer one.
-    pub fn with_kernel_published(mut self, source: KernelLogSource, sequence: Option<u64>) -> Self {
-        self.kernel_published = (source, sequence);
+    /// Continues from the last records of the logs published as Events on this boot (read
+    /// from the NodeReport at start), so that the report keeps them until newer ones.
+    pub fn with_published(
+        mut self,
+        source: KernelLogSource,
+        places: BTreeMap<LogName, u64>,
+    ) -> Self {
+        self.published = (source, places);
         self
     }
 
@@ -182,7 +186,7 @@ impl Reporter {
     pub async fn run(
         mut self,
         mut snapshots: watch::Receiver<Snapshot>,
-        mut kernel_events: mpsc::Receiver<KernelEvent>,
+        mut kernel_events: mpsc::Receiver<LogEvent>,
         mut pauses: watch::Receiver<Vec<PauseAcknowledgement>>,
     ) {
         let mut pauses_open = true;
@@ -223,9 +227,9 @@ impl Reporter {
                             };
                             // Those already queued too, then one report records the last.
                             let mut next = Some(first);
-                            while let Some(KernelEvent { event, sequence }) = next {
+                            while let Some(LogEvent { event, log, sequence }) = next {
                                 self.publish(&node, vec![event]).await;
-                                self.kernel_published.1 = Some(sequence);
+                                self.published.1.insert(log, sequence);
                                 next = kernel_events.try_recv().ok();
                             }
                             report_due = true;
@@ -414,6 +418,7 @@ impl Reporter {
                 "pauseAcknowledgements": pauses,
                 "peerSightings": self.sightings.as_ref().map(Sightings::latest).unwrap_or_default(),
                 "kernelLog": self.kernel_position(),
+                "journalLog": self.journal_positions(),
             },
         });
         let report = reports
@@ -442,12 +447,31 @@ impl Reporter {
 
     /// Where the kernel log's Events stand, for the report (none before the first).
     fn kernel_position(&self) -> Option<nodeward_api::report::KernelLogPosition> {
-        let (source, sequence) = self.kernel_published;
+        let (source, places) = &self.published;
         Some(nodeward_api::report::KernelLogPosition {
             boot_id: self.identity.boot_id.clone()?,
-            source,
-            sequence: i64::try_from(sequence?).ok()?,
+            source: *source,
+            sequence: i64::try_from(*places.get(&LogName::Kernel)?).ok()?,
         })
+    }
+
+    /// Where each journal monitor's Events stand, for the report.
+    fn journal_positions(&self) -> Vec<nodeward_api::report::JournalLogPosition> {
+        let Some(boot_id) = &self.identity.boot_id else {
+            return Vec::new();
+        };
+        self.published
+            .1
+            .iter()
+            .filter_map(|(log, place)| match log {
+                LogName::Journal(identifier) => Some(nodeward_api::report::JournalLogPosition {
+                    identifier: identifier.clone(),
+                    boot_id: boot_id.clone(),
+                    sequence: i64::try_from(*place).ok()?,
+                }),
+                LogName::Kernel => None,
+            })
+            .collect()
     }
 
     /// Creates the NodeReport if it is missing and makes its Node its owner once the Node

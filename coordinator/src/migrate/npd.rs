@@ -1,5 +1,6 @@
 //! node-problem-detector's DaemonSet and ConfigMap as nodeward's chart values: the monitor
-//! files the agent loads as they are (kmsg and custom plugin monitors, `agent.npd.configs`),
+//! files the agent loads as they are (kmsg, journald and custom plugin monitors,
+//! `agent.npd.configs`),
 //! what nodeward's own detectors already do (the image's built-in monitors, the journal
 //! monitors, the health checkers, system stats), a health gate that waits for the monitors'
 //! conditions, and what does not carry over.
@@ -29,7 +30,7 @@ fn instead(file: &str, plugin: &str) -> Option<&'static str> {
             "host statistics are the agent's nodeward_host_* metrics (hostStats, on by default)"
         }
         (n, _) if n.starts_with("systemd-monitor") => {
-            "kubelet and container runtime restarts are the kubelet (KubeletProblem FrequentRestarts) and containerRuntime (FrequentContainerdRestart) detectors, read from systemd over the bus"
+            "kubelet and container runtime restarts are the kubelet (KubeletProblem FrequentRestarts) and containerRuntime (FrequentContainerdRestart) detectors, read from systemd over the bus; for its KubeletStart/ContainerdStart Events put the file in agent.npd.configs (a journald monitor, loaded as it is)"
         }
         (n, _) if n.starts_with("docker-monitor") => {
             "Docker is not a Kubernetes runtime since 1.24; containerd's health is the containerRuntime detector"
@@ -43,8 +44,8 @@ fn instead(file: &str, plugin: &str) -> Option<&'static str> {
         {
             "the containerRuntime detector checks the unit, its restarts and (agent.criSocket) the CRI socket"
         }
-        (_, "journald" | "filelog") => {
-            "the agent reads the kernel log from /dev/kmsg; journal and file monitors are not loaded: write a custom check for what they watched"
+        (_, "filelog") => {
+            "the agent reads the kernel log and programs' messages from the journal; plain log file monitors are not loaded: write a custom check for what they watched"
         }
         _ => return None,
     })
@@ -117,7 +118,7 @@ struct Found {
     configs: Map<String, Value>,
     /// Condition types of those files.
     conditions: Vec<String>,
-    /// A kmsg monitor is among them.
+    /// A monitor of the kernel log is among them.
     kernel_log: bool,
     /// The plugin paths of their rules.
     plugins: Vec<String>,
@@ -140,7 +141,8 @@ impl Found {
         let plugin = monitor["plugin"].as_str().unwrap_or_default();
         let loaded = matches!(
             (flag, plugin),
-            ("config.system-log-monitor", "kmsg") | ("config.custom-plugin-monitor", "custom")
+            ("config.system-log-monitor", "kmsg" | "journald")
+                | ("config.custom-plugin-monitor", "custom")
         );
         if !loaded {
             self.notes.push(format!(
@@ -151,7 +153,8 @@ impl Found {
         }
         let name = file.rsplit('/').next().unwrap_or(file).to_owned();
         self.configs.insert(name, json!(text));
-        self.kernel_log |= plugin == "kmsg";
+        self.kernel_log |= plugin == "kmsg"
+            || (plugin == "journald" && monitor["pluginConfig"]["source"] == "kernel");
         let types = monitor["conditions"].as_array().into_iter().flatten();
         self.conditions
             .extend(types.filter_map(|c| c["type"].as_str()).map(str::to_owned));

@@ -72,9 +72,25 @@ pub fn journal_boot_id(boot_id: &str) -> String {
     boot_id.trim().replace('-', "").to_ascii_lowercase()
 }
 
-/// Follows the kernel records of boot `boot_id` in the journal under `directories`, from the
+/// Which journal records a reader takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Records {
+    /// What journald read from the kernel (`_TRANSPORT=kernel`); a record's place is the
+    /// kernel's timestamp of it.
+    Kernel,
+    /// The messages of one program (its `SYSLOG_IDENTIFIER`, as node-problem-detector's
+    /// journald monitors select them); a record's place is journald's timestamp of it.
+    Identifier(String),
+}
+
+/// Follows the `records` of boot `boot_id` in the journal under `directories`, from the
 /// boot's first record on, in threads of their own, until the receiver of the Events is gone.
-pub fn follow(directories: &[PathBuf], boot_id: &str, reader: Reader) -> Result<(), String> {
+pub fn follow(
+    directories: &[PathBuf],
+    boot_id: &str,
+    records: Records,
+    reader: Reader,
+) -> Result<(), String> {
     let opening = |e: sdjournal::SdJournalError| {
         let names: Vec<String> = directories
             .iter()
@@ -85,9 +101,13 @@ pub fn follow(directories: &[PathBuf], boot_id: &str, reader: Reader) -> Result<
     let journal = Journal::open_dirs(directories).map_err(opening)?;
     let mut live = journal.live().map_err(opening)?;
     let mut filter = live.filter();
-    filter
-        .match_exact("_TRANSPORT", b"kernel")
-        .match_exact("_BOOT_ID", journal_boot_id(boot_id).as_bytes());
+    match &records {
+        Records::Kernel => filter.match_exact("_TRANSPORT", b"kernel"),
+        Records::Identifier(identifier) => {
+            filter.match_exact("SYSLOG_IDENTIFIER", identifier.as_bytes())
+        }
+    };
+    filter.match_exact("_BOOT_ID", journal_boot_id(boot_id).as_bytes());
     let mut options = SubscriptionOptions::new(filter);
     // From this boot's start (the filter keeps other boots out; the minute spares clock steps).
     options.since_realtime(boot_started_realtime().saturating_sub(60_000_000));
@@ -119,7 +139,7 @@ pub fn follow(directories: &[PathBuf], boot_id: &str, reader: Reader) -> Result<
                 };
                 match entry {
                     Ok(entry) => {
-                        if !take(&reader, &entry) {
+                        if !take(&reader, &records, &entry) {
                             return;
                         }
                     }
@@ -133,24 +153,30 @@ pub fn follow(directories: &[PathBuf], boot_id: &str, reader: Reader) -> Result<
     Ok(())
 }
 
-/// Takes one kernel record of the journal; false once the Events' receiver is gone.
-fn take(reader: &Reader, entry: &LiveEntry) -> bool {
+/// Takes one record of the journal; false once the Events' receiver is gone.
+fn take(reader: &Reader, records: &Records, entry: &LiveEntry) -> bool {
     let text = |field| entry.get(field).map(String::from_utf8_lossy);
     let Some(message) = text("MESSAGE") else {
         return true;
     };
-    let facility = text("SYSLOG_FACILITY");
-    let identifier = text("SYSLOG_IDENTIFIER");
-    let pid = text("SYSLOG_PID");
-    let line = kernel_line(
-        facility.as_deref(),
-        identifier.as_deref(),
-        pid.as_deref(),
-        &message,
-    );
-    let usec = text("_SOURCE_MONOTONIC_TIMESTAMP")
-        .and_then(|t| t.parse().ok())
-        .unwrap_or_else(|| entry.monotonic_usec());
+    let (line, usec) = match records {
+        Records::Kernel => {
+            let facility = text("SYSLOG_FACILITY");
+            let identifier = text("SYSLOG_IDENTIFIER");
+            let pid = text("SYSLOG_PID");
+            let line = kernel_line(
+                facility.as_deref(),
+                identifier.as_deref(),
+                pid.as_deref(),
+                &message,
+            );
+            let usec = text("_SOURCE_MONOTONIC_TIMESTAMP")
+                .and_then(|t| t.parse().ok())
+                .unwrap_or_else(|| entry.monotonic_usec());
+            (line, usec)
+        }
+        Records::Identifier(_) => (message.trim().to_owned(), entry.monotonic_usec()),
+    };
     reader.take(usec, Duration::from_micros(usec), &line)
 }
 
