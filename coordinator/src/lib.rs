@@ -17,6 +17,7 @@ pub mod health;
 pub mod metrics;
 pub mod migrate;
 pub mod pause;
+pub mod policy_bootstrap;
 pub mod publish;
 pub mod round;
 pub mod webhook;

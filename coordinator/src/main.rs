@@ -137,6 +137,11 @@ struct Run {
     /// How long a serving certificate is valid; renewed with a third of its life left.
     #[arg(long, default_value = "90d", value_parser = humantime::parse_duration)]
     webhook_cert_validity: Duration,
+    /// The agents' ValidatingAdmissionPolicy (and binding) of the release: once its binding is
+    /// in force, the copy the chart installs before everything else on a first install
+    /// (`<name>-bootstrap`) is removed.
+    #[arg(long, env = "NODEWARD_AGENT_ADMISSION_POLICY")]
+    agent_admission_policy: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -241,6 +246,12 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     server::spawn(run.listen, metrics.encoder(), readiness.clone(), &mut tasks).await?;
     start_webhook(&run, &client, &readiness, &mut tasks).await?;
 
+    if let Some(policy) = &run.agent_admission_policy {
+        tasks.spawn(nodeward_coordinator::policy_bootstrap::retire(
+            client.clone(),
+            policy.clone(),
+        ));
+    }
     let changed = Arc::new(Changes::default());
     let stores = Stores::watch(&client, &run.lease_namespace, &changed, &mut tasks);
 

@@ -128,9 +128,12 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "Service",
         "ServiceAccount",
         "ServiceAccount",
-        // The agent's and the coordinator's admission policies, each with its binding.
+        // The agent's and the coordinator's admission policies, each with its binding, and the
+        // agent's first-install copy (a pre-install hook).
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
@@ -162,10 +165,30 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         .flatten()
         .filter_map(|v| v["hostPath"]["path"].as_str())
         .collect();
+    // The host's journal (where the kernel log is read by default) read-only, through the
+    // parents of its directories; never /dev/kmsg, and never privileged.
     assert_eq!(
         host_paths,
-        ["/run/dbus/system_bus_socket", "/etc/systemd/logind.conf.d"]
+        [
+            "/run/dbus/system_bus_socket",
+            "/etc/systemd/logind.conf.d",
+            "/var/log",
+            "/run/log"
+        ]
     );
+    for journal in ["/host/var/log", "/host/run/log"] {
+        let mount = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"] == journal);
+        assert_eq!(
+            mount.map(|m| m["readOnly"] == true),
+            Some(true),
+            "{journal}"
+        );
+    }
+    assert!(security["privileged"].is_null(), "{security}");
     // The drop-in directory is writable (writeDropIn is on by default: a stock node's 5 s
     // leaves a drain nothing), read-only when it is turned off.
     let logind_conf_read_only = |pod: &Value| {
@@ -456,9 +479,12 @@ async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<V
     std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(env))?)?;
     let documents = render(&env.id, &env.namespace, &[&values])?;
     // The CRDs are every test's (installed once per run); only the upgrade test changes them.
+    // The first-install copy of the agents' policy (a hook) is left out: the release as it
+    // stands once the coordinator has retired it.
     let documents: Vec<Value> = documents
         .into_iter()
         .filter(|d| d["kind"] != "CustomResourceDefinition")
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null())
         .collect();
     apply(&env.client, &documents).await?;
     Ok(documents)
@@ -1954,4 +1980,172 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
         )
         .await?;
     remove_chart(env, &documents).await
+}
+
+/// A first `helm install`: Helm creates admission policies after every kind it knows, the
+/// agent DaemonSet among them, so the chart installs a copy of the agents' policy as a
+/// pre-install hook. The copy exists before the DaemonSet does, refuses an agent's escalation
+/// on its own, and the coordinator (as its own identity) retires it once the release's own
+/// binding is in force, never before.
+#[tokio::test]
+async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_daemonset()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::{
+        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
+        apps::v1::DaemonSet,
+    };
+    use kube::api::{WatchEvent, WatchParams};
+    let env = TestEnv::new("firstinstall").await?;
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let node = env.node_name(0);
+    let dir = std::env::temp_dir().join(format!("nodeward-firstinstall-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();
+    let values = dir.join("values.yaml");
+    std::fs::write(
+        &values,
+        serde_yaml::to_string(&json!({
+            "agent": {"nodeSelector": {TEST_LABEL: env.id}},
+            "coordinator": {"nodeSelector": {TEST_LABEL: "none"}, "replicas": 1},
+            "defaultPolicy": {"enabled": false},
+            "evictionWebhook": {"enabled": false},
+        }))?,
+    )?;
+    let helm_in = |args: &[&str]| -> anyhow::Result<String> {
+        run(Command::new(helm()?)
+            .args(args)
+            .arg("--namespace")
+            .arg(&env.namespace)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig))
+    };
+
+    // When the DaemonSet is created, from before the install on.
+    let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.namespace);
+    let from = daemonsets
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let watching = daemonsets.clone();
+    let created = tokio::spawn(async move {
+        let events = watching
+            .watch(&WatchParams::default().timeout(120), &from)
+            .await?;
+        futures::pin_mut!(events);
+        while let Some(event) = events.try_next().await? {
+            if let WatchEvent::Added(daemonset) = event {
+                return Ok(daemonset.resource_version());
+            }
+        }
+        anyhow::Ok(None)
+    });
+    adopt_crds(&env.client, &env.id, &env.namespace).await?;
+    helm_in(&[
+        "install",
+        &env.id,
+        chart().to_str().context("chart path")?,
+        "--values",
+        values.to_str().context("values path")?,
+    ])?;
+    let daemonset_created: u64 = created
+        .await??
+        .context("the DaemonSet's creation")?
+        .parse()?;
+
+    let own = format!("{}-nodeward-agent-own-node", env.id);
+    let copy = format!("{own}-bootstrap");
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.client.clone());
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.client.clone());
+    // Never changed since it was created, so its resource version is its creation's (one etcd:
+    // the versions of all objects are one sequence).
+    let copy_created: u64 = bindings
+        .get(&copy)
+        .await?
+        .resource_version()
+        .context("the copy's resource version")?
+        .parse()?;
+    let policy_created: u64 = policies
+        .get(&copy)
+        .await?
+        .resource_version()
+        .context("the copy's policy's resource version")?
+        .parse()?;
+    assert!(
+        policy_created < daemonset_created && copy_created < daemonset_created,
+        "the copy (policy {policy_created}, binding {copy_created}) before the DaemonSet ({daemonset_created})"
+    );
+
+    // Without the release's own binding (as in the moment before Helm creates it), the copy
+    // alone refuses an escalation by the agent's identity.
+    let own_binding = bindings.get(&own).await?;
+    bindings.delete(&own, &DeleteParams::default()).await?;
+    let agent = agent_on(&env, &node).await?;
+    let as_agent: Api<Node> = Api::all(agent);
+    let control_plane = Patch::Merge(
+        json!({"metadata": {"labels": {"node-role.kubernetes.io/control-plane": ""}}}),
+    );
+    // The API server loads policies and bindings from its watches, within moments of their
+    // changes: the attack is tried as a dry run (admitted or not, nothing is written) until the
+    // copy alone refuses it.
+    let dry_run = PatchParams::default().dry_run();
+    let said = wait::eventually(
+        "a refusal by the copy alone",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(as_agent.patch(&node, &dry_run, &control_plane).await);
+            Ok(said
+                .contains(&format!("with binding '{copy}'"))
+                .then_some(said))
+        },
+    )
+    .await?;
+    assert!(said.starts_with("403"), "{said}");
+    assert!(
+        said.contains("may change only the nodeward.io/agent label of its Node"),
+        "{said}"
+    );
+
+    // The coordinator, as the chart's coordinator identity, keeps the copy while the release's
+    // binding is missing and retires it once that binding is in force.
+    let lease_name = format!("{}-nodeward-coordinator", env.id);
+    let coordinator_kubeconfig = dir.join("coordinator.kubeconfig");
+    write_kubeconfig(
+        Identity::Token(token(&env, &lease_name, None).await?),
+        &coordinator_kubeconfig,
+    )?;
+    let policy_flag = format!("--agent-admission-policy={own}");
+    let coordinator = nodeward_e2e::daemon::coordinator_as(
+        &env,
+        &coordinator_kubeconfig,
+        &["--lease-name", &lease_name, &policy_flag],
+    )?;
+    coordinator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .with_context(|| coordinator.output())?;
+    assert!(
+        bindings.get_opt(&copy).await?.is_some(),
+        "kept while the release's binding is missing"
+    );
+    let mut restored = own_binding.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: Some(own.clone()),
+        labels: own_binding.metadata.labels.clone(),
+        ..Default::default()
+    };
+    bindings.create(&PostParams::default(), &restored).await?;
+    wait::eventually("the copy retired", Duration::from_secs(90), || async {
+        let gone =
+            bindings.get_opt(&copy).await?.is_none() && policies.get_opt(&copy).await?.is_none();
+        Ok(gone.then_some(()))
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    assert!(bindings.get_opt(&own).await?.is_some() && policies.get_opt(&own).await?.is_some());
+    drop(coordinator);
+
+    helm_in(&["uninstall", &env.id])?;
+    env.cleanup().await
 }

@@ -93,3 +93,13 @@ conditions of the node-problem-detector monitor files in agent.npd.configs.
 {{- end }}
 {{- $types | uniq | toYaml }}
 {{- end }}
+
+{{/*
+The annotations of the agent admission policy's first-install copy (its hook weight as the
+argument): created before every other object of a first install, replaced on a reinstall.
+*/}}
+{{- define "nodeward.agent.policyCopyHook" -}}
+helm.sh/hook: pre-install
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation
+{{- end -}}

@@ -1,8 +1,9 @@
-//! Kernel messages from systemd-journald's files, read-only: reading them needs no privilege
-//! (the DaemonSet mounts the host's journal directories read-only, where `/dev/kmsg` would need
-//! a privileged container). journald keeps no kmsg sequence number, so a record's place is the
-//! kernel's own timestamp of it (`_SOURCE_MONOTONIC_TIMESTAMP`, microseconds since boot), which
-//! is also its age.
+//! systemd-journald's files, read-only: the kernel's messages (reading them needs no privilege,
+//! where `/dev/kmsg` needs a privileged container; the DaemonSet mounts the host's journal
+//! directories read-only) and the messages of named programs (the journal monitors). journald
+//! keeps no kmsg sequence number, so a record's place is its timestamp in microseconds since
+//! boot (the kernel's own, `_SOURCE_MONOTONIC_TIMESTAMP`, for kernel records), which is also
+//! its age.
 
 use std::{
     path::{Path, PathBuf},
@@ -112,16 +113,17 @@ pub fn follow(
     // From this boot's start (the filter keeps other boots out; the minute spares clock steps).
     options.since_realtime(boot_started_realtime().saturating_sub(60_000_000));
     let subscription = live.subscribe_with_options(options).map_err(opening)?;
+    let records_watched = records.clone();
     std::thread::Builder::new()
         .name("journal-watch".into())
         .spawn(move || {
             if let Err(e) = live.run() {
-                tracing::warn!(error = %e, "following the journal failed; the kernel log stops");
+                tracing::warn!(error = %e, records = ?records_watched, "following the journal failed; its patterns stop");
             }
         })
         .map_err(|e| format!("starting a thread to follow the journal: {e}"))?;
     std::thread::Builder::new()
-        .name("journal-kernel".into())
+        .name("journal-reader".into())
         .spawn(move || {
             // The backlog was queued at subscription: once it is drained, the reader caught up.
             loop {
