@@ -37,7 +37,17 @@ pub async fn start(
     node: &Node<'_>,
     events: &mpsc::Sender<LogEvent>,
 ) -> Followed {
-    let (source, published) = published(config, client, node).await;
+    let follows_any = config.detectors.kernel_log.enabled
+        || (config.detectors.journal.enabled && !config.detectors.journal.monitors.is_empty());
+    // No log followed: nothing to read from the NodeReport (no request at start).
+    let (source, published) = if follows_any {
+        published(config, client, node).await
+    } else {
+        (
+            journal::source(&config.detectors.kernel_log),
+            BTreeMap::new(),
+        )
+    };
     let (kernel, journal) = follow(config, node, source, events, &published);
     Followed {
         kernel,
