@@ -44,7 +44,8 @@ pub struct Metrics {
     /// From a maintenance's creation to its admission being written.
     pub admission_latency_seconds: Histogram,
     /// The coordinator's own share of an admission decided as soon as it arrived: from its
-    /// watch event to its admission write, less the budget writes before it.
+    /// watch event to its admission write, less the decision loop's waits on the API server
+    /// meanwhile (lookups, budget writes, an earlier round's writes).
     pub admission_coordinator_seconds: Histogram,
     /// Conditional budget writes refused because another writer changed the policy first.
     pub slot_conflicts: Counter,
@@ -122,7 +123,7 @@ impl Metrics {
         );
         registry.register(
             "admission_coordinator_seconds",
-            "From a new maintenance's watch event to its admission write, less the budget writes (admitted at once)",
+            "From a new maintenance's watch event to its admission write, less the decision loop's waits on the API server meanwhile (admitted at once)",
             metrics.admission_coordinator_seconds.clone(),
         );
         registry.register(

@@ -644,13 +644,17 @@ impl Executor {
             })
     }
 
-    /// Sets `condition` on `m`'s status, keeping its other conditions.
+    /// Sets `condition` on `m`'s status, keeping its other conditions. The list is written
+    /// whole, so the write is conditional on `m`'s resourceVersion: over a stale view it would
+    /// drop a condition the coordinator set since; it fails instead and the next tick, with a
+    /// fresh view, writes it again.
     pub(super) async fn set_condition(
         &self,
         m: &NodeMaintenance,
         condition: Condition,
     ) -> Result<(), crate::Error> {
-        let patch = StatusPatch::default().condition(m, condition).to_patch();
+        let mut patch = StatusPatch::default().condition(m, condition).to_patch();
+        patch["metadata"] = json!({"resourceVersion": m.resource_version()});
         Api::<NodeMaintenance>::all(self.client.clone())
             .patch_status(
                 &m.name_any(),

@@ -29,7 +29,9 @@ pub fn start(
         writer,
         watcher(
             api,
-            watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            nodeward_runtime::watch::of_few(
+                watcher::Config::default().fields(&format!("spec.nodeName={node}")),
+            ),
         )
         .default_backoff(),
     );

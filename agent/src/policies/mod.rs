@@ -160,7 +160,9 @@ pub async fn follow(follow: Follow) {
     let policies = writer.as_reader();
     let published = watcher(
         Api::<ConfigMap>::namespaced(client.clone(), &namespace),
-        watcher::Config::default().fields(&format!("metadata.name={POLICIES_CONFIGMAP}")),
+        nodeward_runtime::watch::of_few(
+            watcher::Config::default().fields(&format!("metadata.name={POLICIES_CONFIGMAP}")),
+        ),
     )
     .default_backoff();
     let nodes = node_writer.as_reader();

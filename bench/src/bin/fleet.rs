@@ -62,9 +62,14 @@ struct Args {
     /// Real agents (the first nodes); at most 250.
     #[arg(long, default_value_t = 50)]
     agents: usize,
-    /// Runs (the figures are medians over them).
+    /// Runs (the figures are medians over them), each with its own fleet.
     #[arg(long, default_value_t = 1)]
     runs: usize,
+    /// Windows of each phase per run: steady state is measured this many windows in a row,
+    /// then the rollout as many (it lasts long enough: about 4,950 reboots at
+    /// `--max-concurrent`); each pair counts as one sample of the medians.
+    #[arg(long, default_value_t = 1)]
+    windows: usize,
     /// Time for the agents' first findings and writes to settle before measuring.
     #[arg(long, default_value = "150s", value_parser = humantime::parse_duration)]
     warmup: Duration,
@@ -306,6 +311,8 @@ struct Figures {
     rollout_max_events: f64,
     admissions_per_minute: f64,
     agent_rss_mib: f64,
+    /// The coordinator's RSS at the end of the steady window, and after the rollout's.
+    coordinator_rss_steady_mib: f64,
     coordinator_rss_mib: f64,
     coordinator_mcores_steady: f64,
     coordinator_mcores_rollout: f64,
@@ -327,14 +334,23 @@ async fn main() -> anyhow::Result<()> {
     );
     let mut runs = Vec::new();
     for run in 1..=args.runs {
-        let figures = one_run(&args).await?;
-        print_figures(&format!("run {run}"), &args, &figures);
-        runs.push(figures);
+        for (window, figures) in one_run(&args).await?.into_iter().enumerate() {
+            print_figures(
+                &format!("run {run}, window {}", window + 1),
+                &args,
+                &figures,
+            );
+            runs.push(figures);
+        }
     }
     let pick = |f: fn(&Figures) -> f64| median_f64(runs.iter().map(f).collect());
     let steady = Cost::median(&runs.iter().map(|f| f.steady.clone()).collect::<Vec<_>>());
     let rollout = Cost::median(&runs.iter().map(|f| f.rollout.clone()).collect::<Vec<_>>());
-    println!("\nmedians of {} runs at {} nodes:", runs.len(), args.nodes);
+    println!(
+        "\nmedians of {} samples at {} nodes:",
+        runs.len(),
+        args.nodes
+    );
     println!("  steady, per agent: {}", steady.describe());
     println!(
         "  rollout at maxConcurrent {} ({:.0} admissions/min), per agent: {} (max over agents {:.1} events/min)",
@@ -351,8 +367,9 @@ async fn main() -> anyhow::Result<()> {
         args.nodes
     );
     println!(
-        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB, CPU {:.0} mc steady / {:.0} mc rollout, own admission share p99 <= {}",
+        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB steady, {:.1} MiB after the rollout, CPU {:.0} mc steady / {:.0} mc rollout, own admission share p99 <= {}",
         pick(|f| f.agent_rss_mib),
+        pick(|f| f.coordinator_rss_steady_mib),
         pick(|f| f.coordinator_rss_mib),
         pick(|f| f.coordinator_mcores_steady),
         pick(|f| f.coordinator_mcores_rollout),
@@ -387,8 +404,9 @@ fn print_figures(title: &str, args: &Args, f: &Figures) {
         f.server_rollout.describe()
     );
     println!(
-        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB, {:.0} mc steady, {:.0} mc rollout, own p99 {:?}",
+        "  agent RSS {:.1} MiB; coordinator RSS {:.1} MiB steady, {:.1} MiB after the rollout, {:.0} mc steady, {:.0} mc rollout, own p99 {:?}",
         f.agent_rss_mib,
+        f.coordinator_rss_steady_mib,
         f.coordinator_rss_mib,
         f.coordinator_mcores_steady,
         f.coordinator_mcores_rollout,
@@ -407,7 +425,8 @@ struct Fleet {
     agents: Vec<Daemon>,
 }
 
-async fn one_run(args: &Args) -> anyhow::Result<Figures> {
+/// One fleet: `--windows` steady windows, then the rollout's; the figures of each pair.
+async fn one_run(args: &Args) -> anyhow::Result<Vec<Figures>> {
     let fleet = start_fleet(args).await?;
     println!(
         "{} agents ready; warming up for {:?}",
@@ -416,8 +435,11 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
     );
     tokio::time::sleep(args.warmup).await;
     let coordinator_pid = fleet.coordinator.child.id();
-    let (steady, server_steady, _, coordinator_mcores_steady) =
-        measure(&fleet, coordinator_pid, args.window).await?;
+    let mut steady = Vec::new();
+    for _ in 0..args.windows {
+        let window = measure(&fleet, coordinator_pid, args.window).await?;
+        steady.push((window, footprint(coordinator_pid)?.0));
+    }
 
     // The rolling reboot of the simulated nodes, played by their simulated agents.
     let env = &fleet.env;
@@ -429,45 +451,51 @@ async fn one_run(args: &Args) -> anyhow::Result<Figures> {
             .await?;
     }
     let count = || *admitted.lock().unwrap_or_else(|p| p.into_inner());
-    // The first wave admitted; then the window.
+    // The first wave admitted; then the windows.
     nodeward_e2e::wait::eventually("the rollout to start", Duration::from_secs(120), || {
         let n = count();
         async move { Ok((n > 0).then_some(())) }
     })
     .await?;
-    let before = count();
-    let (rollout, server_rollout, rollout_max_events, coordinator_mcores_rollout) =
-        measure(&fleet, coordinator_pid, args.window).await?;
-    let admissions_per_minute = (count() - before) as f64 * 60.0 / args.window.as_secs_f64();
-
-    let agent_rss = fleet
-        .agents
-        .iter()
-        .filter_map(|a| footprint(a.child.id()).ok().map(|f| f.0))
-        .collect();
-    let coordinator_rss_mib = footprint(coordinator_pid)?.0;
-    let coordinator_own_p99 = histogram_p99(
-        &samples(&fleet.coordinator.get("/metrics").await?.1),
-        "nodeward_coordinator_admission_coordinator_seconds_bucket",
-    );
+    let mut figures = Vec::new();
+    for ((steady, server_steady, _, coordinator_mcores_steady), coordinator_rss_steady_mib) in
+        steady
+    {
+        let before = count();
+        let (rollout, server_rollout, rollout_max_events, coordinator_mcores_rollout) =
+            measure(&fleet, coordinator_pid, args.window).await?;
+        let admissions_per_minute = (count() - before) as f64 * 60.0 / args.window.as_secs_f64();
+        let agent_rss = fleet
+            .agents
+            .iter()
+            .filter_map(|a| footprint(a.child.id()).ok().map(|f| f.0))
+            .collect();
+        // Cumulative over the rollout so far: its admissions are mostly its first wave's.
+        let coordinator_own_p99 = histogram_p99(
+            &samples(&fleet.coordinator.get("/metrics").await?.1),
+            "nodeward_coordinator_admission_coordinator_seconds_bucket",
+        );
+        figures.push(Figures {
+            steady: Cost::median(&steady),
+            rollout: Cost::median(&rollout),
+            server_steady,
+            server_rollout,
+            rollout_max_events,
+            admissions_per_minute,
+            agent_rss_mib: median_f64(agent_rss),
+            coordinator_rss_steady_mib,
+            coordinator_rss_mib: footprint(coordinator_pid)?.0,
+            coordinator_mcores_steady,
+            coordinator_mcores_rollout,
+            coordinator_own_p99,
+        });
+    }
     simulating.abort();
     fleet.liveness.abort();
     drop(fleet.agents);
     drop(fleet.coordinator);
     fleet.env.cleanup().await?;
-    Ok(Figures {
-        steady: Cost::median(&steady),
-        rollout: Cost::median(&rollout),
-        server_steady,
-        server_rollout,
-        rollout_max_events,
-        admissions_per_minute,
-        agent_rss_mib: median_f64(agent_rss),
-        coordinator_rss_mib,
-        coordinator_mcores_steady,
-        coordinator_mcores_rollout,
-        coordinator_own_p99,
-    })
+    Ok(figures)
 }
 
 /// The nodes, the simulated agents' liveness, one policy over every node, the coordinator and

@@ -23,6 +23,8 @@ use nodeward_api::{
 use nodeward_runtime::{ApiError, events::Events};
 use tokio::sync::watch::Receiver;
 
+mod api_waits;
+mod denials;
 mod nodes;
 mod slots;
 mod surges;
@@ -59,6 +61,8 @@ pub struct Controller {
     standing: Option<Standing>,
     /// When each maintenance first seen pending arrived, until it is admitted or denied.
     arrived: HashMap<String, Instant>,
+    /// When the loop waited on the API server, to tell admissions' own share.
+    api_waits: api_waits::ApiWaits,
 }
 
 impl Controller {
@@ -87,6 +91,7 @@ impl Controller {
             remediated_at: HashMap::new(),
             standing: None,
             arrived: HashMap::new(),
+            api_waits: api_waits::ApiWaits::default(),
         }
     }
 
@@ -141,7 +146,10 @@ impl Controller {
             }
             let confirm = self.round(&stores, &leader).await;
             last_full = Some(Instant::now());
-            if self.confirm_gone(confirm).await {
+            let confirming = Instant::now();
+            let gone = self.confirm_gone(confirm).await;
+            self.api_waits.since(confirming);
+            if gone {
                 changed.anything();
             }
         }
@@ -153,7 +161,9 @@ impl Controller {
     /// One round: decide, then write. Returns the missing objects to confirm gone.
     async fn round(&mut self, stores: &Stores, leader: &Receiver<bool>) -> BTreeSet<Gone> {
         self.standing = None;
+        let settling = Instant::now();
         self.settle_writes().await;
+        self.api_waits.since(settling);
         let mut objects = stores.objects();
         self.fresh_policies.apply(&mut objects.policies, true);
         self.writer
@@ -168,7 +178,9 @@ impl Controller {
                 .collect();
             self.arrived.retain(|name, _| pending.contains(name));
         }
+        let looking = Instant::now();
         self.look_up(&mut objects).await;
+        self.api_waits.since(looking);
         let started = Instant::now();
         let mut plan = round::plan(&objects, &mut self.memory, Timestamp::now());
         if !self.decided("full", started, &plan, leader) {
@@ -177,6 +189,8 @@ impl Controller {
         if self.admit_all(&objects, &plan).await {
             self.standing = Some(std::mem::take(&mut plan.standing));
         }
+        // From here on the round writes what it decided.
+        let writing = Instant::now();
         self.report_risks(&objects, &plan);
         let mut fenced = self.deny_all(&objects, &plan.deny).await;
         for work in &plan.surges {
@@ -242,6 +256,7 @@ impl Controller {
         for request in &plan.remediate {
             self.remediate(&objects, request).await;
         }
+        self.api_waits.since(writing);
         plan.confirm_gone
     }
 
@@ -337,12 +352,14 @@ impl Controller {
                     .any(|p| p.name == name && p.matched.contains(node))
             })
         });
+        let looking = Instant::now();
         let blocked = if lookups.is_empty() {
             BTreeMap::new()
         } else {
             self.blockers.blocked(&lookups).await
         };
         let (held, scans) = self.look_ahead(&objects.maintenances).await;
+        self.api_waits.since(looking);
         let started = Instant::now();
         let Some(plan) = round::admit_new(
             &mut standing,
@@ -361,8 +378,10 @@ impl Controller {
         if self.admit_all(&objects, &plan).await {
             self.standing = Some(standing);
         }
+        let writing = Instant::now();
         let fenced = self.deny_all(&objects, &plan.deny).await;
         self.release(&objects, &fenced).await;
+        self.api_waits.since(writing);
         true
     }
 
@@ -420,19 +439,6 @@ impl Controller {
         }
     }
 
-    /// Writes the denials; returns the uids of the half-done admissions whose denial was
-    /// written, so that their slots can be freed.
-    async fn deny_all(&mut self, objects: &Objects, denials: &[round::Denial]) -> BTreeSet<String> {
-        let mut fenced = BTreeSet::new();
-        for denial in denials {
-            if self.deny(objects, denial).await && denial.gives_back_slots {
-                fenced
-                    .extend(Self::maintenance(objects, &denial.maintenance).and_then(|m| m.uid()));
-            }
-        }
-        fenced
-    }
-
     /// Writes the plan's budget slots, then starts writing the admissions they hold (the
     /// loop goes on meanwhile; a failed admission write wakes a full round). Returns whether
     /// every slot stood and every admission is being written: what the plan left standing is
@@ -443,12 +449,14 @@ impl Controller {
         let failed = self
             .write_policies(&objects.policies, &plan.policy_status)
             .await;
-        let slot_writes = started.elapsed();
+        self.api_waits.since(started);
         // The coordinator's own share of each admission: from its watch event to its write,
-        // less the budget writes (API server time).
+        // less the loop's waits on the API server meanwhile (these budget writes, the
+        // lookups, an earlier round's writes).
+        let now = Instant::now();
         for admission in &plan.admit {
             if let Some(arrived) = self.arrived.remove(&admission.maintenance) {
-                let own = arrived.elapsed().saturating_sub(slot_writes);
+                let own = self.api_waits.own_share(arrived, now);
                 self.writer
                     .metrics
                     .admission_coordinator_seconds

@@ -8,10 +8,7 @@ use std::{
 };
 
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::Node,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-};
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
@@ -19,7 +16,7 @@ use kube::{
 };
 use nodeward_api::{
     MaintenancePhase, MaintenanceReason, NodeMaintenance,
-    conditions::{denial, maintenance as maintenance_conditions, node as node_conditions, overdue},
+    conditions::{maintenance as maintenance_conditions, node as node_conditions, overdue},
     labels::{
         COORDINATOR_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT, SHUTDOWN_CORDON_BY,
         SHUTDOWN_TAINT,
@@ -39,25 +36,6 @@ use crate::{
     round::{self, Objects, Plan},
 };
 
-/// A denial whose reason is unchanged and whose message follows the rollout's progress is
-/// rewritten (new message) at most this often.
-const DENIAL_REFRESH: Duration = Duration::from_secs(30);
-
-/// Whether a denial's message changes as the cluster moves on (which nodes hold slots, which
-/// are unhealthy or NotReady): with many maintenances waiting, rewriting each of them on every
-/// change would be a write storm, so those refresh every [`DENIAL_REFRESH`]. The others
-/// (blocked, paused, outside a window) change only when their cause does, and an operator
-/// should see that at once.
-fn message_follows_progress(reason: &str) -> bool {
-    matches!(
-        reason,
-        denial::BUDGET_EXHAUSTED
-            | denial::TOO_MANY_UNHEALTHY
-            | denial::QUORUM_PROTECTED
-            // Its budget's healthy count moves as the evicted replicas come back.
-            | denial::WORKLOAD_NOT_READY
-    )
-}
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
 
@@ -108,71 +86,6 @@ impl Controller {
         name: &str,
     ) -> Option<&'a Arc<NodeMaintenance>> {
         objects.maintenances.iter().find(|m| m.name_any() == name)
-    }
-
-    /// Writes a denial; returns whether it was written (a denial unchanged since it was last
-    /// written is not, unless it gives slots back: then the write is what fences them).
-    pub(super) async fn deny(&mut self, objects: &Objects, denial: &round::Denial) -> bool {
-        let Some(current) = Self::maintenance(objects, &denial.maintenance) else {
-            return false;
-        };
-        let existing: Option<&Condition> = current.status.as_ref().and_then(|s| {
-            s.conditions
-                .iter()
-                .find(|c| c.type_ == maintenance_conditions::ADMITTED)
-        });
-        let same_reason =
-            existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason);
-        let recently = self
-            .denied_at
-            .get(&denial.maintenance)
-            .is_some_and(|t| t.elapsed() < DENIAL_REFRESH);
-        let unchanged = existing.is_some_and(|c| c.message == denial.message)
-            || (recently && message_follows_progress(denial.reason));
-        if same_reason && unchanged && !denial.gives_back_slots {
-            return false;
-        }
-        let now = Timestamp::now();
-        let generation = current.metadata.generation;
-        let written = self
-            .writer
-            .write_maintenance(current, |status| {
-                status.phase = MaintenancePhase::Pending;
-                if denial.gives_back_slots {
-                    status.withdraw_admission();
-                }
-                round::set_condition(
-                    &mut status.conditions,
-                    maintenance_conditions::ADMITTED,
-                    "False",
-                    denial.reason,
-                    denial.message.clone(),
-                    generation,
-                    now,
-                );
-            })
-            .await;
-        if written {
-            self.denied_at
-                .insert(denial.maintenance.clone(), Instant::now());
-            self.denied_at.retain(|_, t| t.elapsed() < DENIAL_REFRESH);
-            if !same_reason {
-                self.writer
-                    .metrics
-                    .denials
-                    .get_or_create(&ReasonLabels {
-                        reason: denial.reason.to_owned(),
-                    })
-                    .inc();
-                self.writer.event(
-                    current.as_ref(),
-                    EventType::Normal,
-                    denial.reason,
-                    denial.message.clone(),
-                );
-            }
-        }
-        written
     }
 
     pub(super) async fn end(
@@ -653,25 +566,5 @@ pub(super) fn only(uid: &str) -> DeleteParams {
             resource_version: None,
         }),
         ..DeleteParams::default()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    pub(super) fn only_denials_whose_message_follows_progress_are_throttled() {
-        for reason in [
-            denial::BUDGET_EXHAUSTED,
-            denial::TOO_MANY_UNHEALTHY,
-            denial::QUORUM_PROTECTED,
-            denial::WORKLOAD_NOT_READY,
-        ] {
-            assert!(message_follows_progress(reason), "{reason}");
-        }
-        for reason in [denial::BLOCKED, denial::PAUSED, denial::OUTSIDE_WINDOW] {
-            assert!(!message_follows_progress(reason), "{reason}");
-        }
     }
 }
