@@ -30,3 +30,27 @@ pub fn notifier<T>(
 pub fn of_few(config: watcher::Config) -> watcher::Config {
     config.disable_bookmarks()
 }
+
+/// Whether a watch failed only because the version it resumed from has expired (410 Gone):
+/// the watcher lists afresh, as it should. Routine for a watch [`of_few`] while its kind
+/// churns (a large rollout's maintenances), so not worth a warning.
+pub fn expired(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::WatchError(status) if status.code == 410)
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+
+    use super::*;
+
+    #[test]
+    fn only_an_expired_version_is_routine() {
+        let status =
+            |code| watcher::Error::WatchError(Box::new(Status::failure("x", "y").with_code(code)));
+        assert!(expired(&status(410)));
+        assert!(!expired(&status(403)));
+        assert!(!expired(&status(500)));
+        assert!(!expired(&watcher::Error::NoResourceVersion));
+    }
+}

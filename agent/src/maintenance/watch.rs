@@ -36,8 +36,14 @@ pub fn start(
         .default_backoff(),
     );
     let running = events.for_each(move |event| {
-        if let Err(e) = event {
-            tracing::warn!(error = %e, "watching this node's maintenances failed; retrying with backoff");
+        match event {
+            Err(e) if nodeward_runtime::watch::expired(&e) => {
+                tracing::debug!(error = %e, "the watch of this node's maintenances lists afresh");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "watching this node's maintenances failed; retrying with backoff");
+            }
+            Ok(_) => {}
         }
         tx.send_modify(|n| *n = n.wrapping_add(1));
         futures::future::ready(())

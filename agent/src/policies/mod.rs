@@ -189,6 +189,10 @@ pub async fn follow(follow: Follow) {
                 None
             }
             Ok(watcher::Event::InitDone) => Some(listed.take()),
+            Err(e) if nodeward_runtime::watch::expired(&e) => {
+                tracing::debug!(error = %e, "the watch of the published policies lists afresh");
+                None
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "watching the published policies failed; retrying");
                 None
