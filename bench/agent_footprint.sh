@@ -28,6 +28,11 @@ api() { curl -fsS --cacert "$state/pki/ca.crt" --cert "$state/pki/admin.crt" --k
 node="bench-agent-$$"
 api -X POST -H 'Content-Type: application/json' "$NODEWARD_API_SERVER/api/v1/nodes" \
   -d "{\"metadata\":{\"name\":\"$node\",\"annotations\":{\"kwok.x-k8s.io/node\":\"fake\"}}}" >/dev/null
+# nodeward's namespace, where the agent keeps its Lease (without it every renewal would fail
+# and be retried, and that is what would be measured).
+namespace="bench-agent-$$"
+api -X POST -H 'Content-Type: application/json' "$NODEWARD_API_SERVER/api/v1/namespaces" \
+  -d "{\"metadata\":{\"name\":\"$namespace\"}}" >/dev/null
 
 work=$(mktemp -d)
 cat >"$work/agent.yaml" <<EOF
@@ -40,10 +45,10 @@ detectors:
   - {name: true-check, condition: BenchProblem, reason: Bench, command: [/bin/true], interval: 60s}
 EOF
 port=$((20000 + RANDOM % 20000))
-"$agent" run --node-name "$node" --kubeconfig "$state/admin.kubeconfig" --config "$work/agent.yaml" \
-  --listen "127.0.0.1:$port" >"$work/agent.log" 2>&1 &
+"$agent" run --node-name "$node" --namespace "$namespace" --kubeconfig "$state/admin.kubeconfig" \
+  --config "$work/agent.yaml" --listen "127.0.0.1:$port" >"$work/agent.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$work"; api -X DELETE "$NODEWARD_API_SERVER/api/v1/nodes/$node" >/dev/null 2>&1 || true' EXIT
+trap 'kill $pid 2>/dev/null; rm -rf "$work"; api -X DELETE "$NODEWARD_API_SERVER/api/v1/nodes/$node" >/dev/null 2>&1 || true; api -X DELETE "$NODEWARD_API_SERVER/api/v1/namespaces/$namespace" >/dev/null 2>&1 || true' EXIT
 
 writes() {
   curl -fsS "http://127.0.0.1:$port/metrics" |
