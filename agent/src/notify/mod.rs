@@ -345,23 +345,16 @@ async fn send_once(
 
 /// The fields of a notification's JSON body as `field: value` lines, for a mail's body.
 fn details(ours: &serde_json::Value) -> String {
-    [
-        "event",
-        "node",
-        "maintenance",
-        "reason",
-        "action",
-        "message",
-        "correlation",
-        "time",
-    ]
-    .iter()
-    .filter_map(|field| {
-        let value = ours.get(*field)?.as_str()?;
-        (!value.is_empty()).then(|| format!("{field}: {value}"))
-    })
-    .collect::<Vec<_>>()
-    .join("\n")
+    // A notice's fields (what a template can name) between its event and its time.
+    std::iter::once("event")
+        .chain(PLACEHOLDERS)
+        .chain(["time"])
+        .filter_map(|field| {
+            let value = ours.get(field)?.as_str()?;
+            (!value.is_empty()).then(|| format!("{field}: {value}"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]

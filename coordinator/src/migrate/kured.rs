@@ -16,17 +16,7 @@ pub type Flags = BTreeMap<String, String>;
 /// bare `--switch`), then its `KURED_<FLAG>` environment variables where no flag set them
 /// (kured reads both). Repeated flags (`--blocking-pod-selector`) are joined with `;`.
 pub fn flags(daemonset: &DaemonSet) -> Result<(Flags, Container), String> {
-    let spec = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .ok_or("the DaemonSet has no pod template spec")?;
-    let container = spec
-        .containers
-        .iter()
-        .find(|c| c.name == "kured" || c.image.as_deref().is_some_and(|i| i.contains("kured")))
-        .ok_or("no container named kured (or running a kured image) in the DaemonSet")?
-        .clone();
+    let container = super::program_container(daemonset, "kured")?;
     let mut flags = Flags::new();
     for (name, value) in super::container_flags(&container) {
         let value = value.trim_matches('"').to_owned();
@@ -53,10 +43,8 @@ pub fn flags(daemonset: &DaemonSet) -> Result<(Flags, Container), String> {
 /// DaemonSet's hostPath volumes (`/sentinel/reboot-required` with `/sentinel` from
 /// `/var/run` is `/var/run/reboot-required`); the path itself when no mount covers it.
 pub fn host_path(daemonset: &DaemonSet, container: &Container, path: &str) -> String {
-    let volumes = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
+    let volumes = super::pod_spec(daemonset)
+        .ok()
         .and_then(|s| s.volumes.as_ref());
     for mount in container.volume_mounts.iter().flatten() {
         let Some(rest) = path.strip_prefix(mount.mount_path.trim_end_matches('/')) else {

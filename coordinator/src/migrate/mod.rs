@@ -21,6 +21,32 @@ pub struct Migration {
     pub notes: Vec<String>,
 }
 
+/// The DaemonSet's pod spec.
+pub(super) fn pod_spec(
+    daemonset: &DaemonSet,
+) -> Result<&k8s_openapi::api::core::v1::PodSpec, String> {
+    daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .ok_or_else(|| "the DaemonSet has no pod template spec".to_owned())
+}
+
+/// The DaemonSet's container named like `program` or running an image whose name holds it.
+pub fn program_container(
+    daemonset: &DaemonSet,
+    program: &str,
+) -> Result<k8s_openapi::api::core::v1::Container, String> {
+    pod_spec(daemonset)?
+        .containers
+        .iter()
+        .find(|c| {
+            c.name.contains(program) || c.image.as_deref().is_some_and(|i| i.contains(program))
+        })
+        .cloned()
+        .ok_or_else(|| format!("no {program} container (by name or image) in the DaemonSet"))
+}
+
 /// A container's command and arguments as flags, in order: `--flag=value`, `--flag value`, or a
 /// bare `--switch` (`true`); words that are no flag are skipped.
 pub fn container_flags(container: &k8s_openapi::api::core::v1::Container) -> Vec<(String, String)> {
@@ -104,12 +130,7 @@ pub async fn read_npd_cluster(
     let daemonset = read_cluster(client.clone(), namespace, name).await?;
     let api = Api::<ConfigMap>::namespaced(client, namespace);
     let mut configmaps = Vec::new();
-    let volumes = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.volumes.clone())
-        .unwrap_or_default();
+    let volumes = pod_spec(&daemonset)?.volumes.clone().unwrap_or_default();
     for source in volumes.iter().filter_map(|v| v.config_map.as_ref()) {
         let configmap = api
             .get(&source.name)

@@ -53,22 +53,7 @@ fn instead(file: &str, plugin: &str) -> Option<&'static str> {
 
 /// node-problem-detector's container and its flags (`--flag=value` or `--flag value`).
 fn flags(daemonset: &DaemonSet) -> Result<(Container, BTreeMap<String, String>), String> {
-    let spec = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .ok_or("the DaemonSet has no pod template spec")?;
-    let container = spec
-        .containers
-        .iter()
-        .find(|c| {
-            c.name.contains("node-problem-detector")
-                || c.image
-                    .as_deref()
-                    .is_some_and(|i| i.contains("node-problem-detector"))
-        })
-        .ok_or("no node-problem-detector container in the DaemonSet")?
-        .clone();
+    let container = super::program_container(daemonset, "node-problem-detector")?;
     // A repeated flag: the last one counts, as Go's flag package has it.
     let flags = super::container_flags(&container).into_iter().collect();
     Ok((container, flags))
@@ -81,11 +66,7 @@ fn file_text(
     configmaps: &[ConfigMap],
     path: &str,
 ) -> Option<String> {
-    let volumes = daemonset
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.volumes.as_ref())?;
+    let volumes = super::pod_spec(daemonset).ok()?.volumes.as_ref()?;
     for mount in container.volume_mounts.iter().flatten() {
         let Some(rest) = path.strip_prefix(&format!("{}/", mount.mount_path.trim_end_matches('/')))
         else {
