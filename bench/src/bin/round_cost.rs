@@ -2,9 +2,11 @@
 //! ([`round::plan`]) and an admission-only round ([`round::admit_new`]) over synthetic
 //! clusters of `--nodes` Ready nodes (labels and conditions as a kubelet posts them), a
 //! NodeReport each, one policy selecting them all and `--active` admitted maintenances.
-//! Single-threaded; medians of `--runs`.
+//! With `--pending N` the policy allows only the `--active` ones and N more wait denied, as
+//! in a rolling reboot of the whole cluster. Single-threaded; medians of `--runs`.
 //!
 //!   cargo run --release -p nodeward-bench --bin round-cost -- --nodes 1000 5000
+//!   cargo run --release -p nodeward-bench --bin round-cost -- --nodes 5000 --active 50 --pending 4950
 
 use std::{collections::BTreeMap, sync::Arc, time::Instant};
 
@@ -22,6 +24,9 @@ struct Args {
     /// Maintenances already admitted (holding slots) in each cluster.
     #[arg(long, default_value_t = 10)]
     active: usize,
+    /// Maintenances waiting for a slot besides them (the policy then allows only `--active`).
+    #[arg(long, default_value_t = 0)]
+    pending: usize,
     /// Timed repetitions of each (the median is reported).
     #[arg(long, default_value_t = 21)]
     runs: usize,
@@ -72,7 +77,7 @@ fn maintenance(name: &str, node: &str, status: serde_json::Value) -> Arc<NodeMai
     )
 }
 
-fn cluster(nodes: usize, active: usize, now: &str) -> Objects {
+fn cluster(nodes: usize, active: usize, pending: usize, now: &str) -> Objects {
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i:05}")).collect();
     let slots: Vec<_> = (0..active)
         .map(|i| {
@@ -83,7 +88,8 @@ fn cluster(nodes: usize, active: usize, now: &str) -> Objects {
     let policy: DisruptionPolicy = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
         "metadata": {"name": "workers", "generation": 1},
-        "spec": {"nodeSelector": {"matchLabels": {"pool": "workers"}}, "maxConcurrent": "100%"},
+        "spec": {"nodeSelector": {"matchLabels": {"pool": "workers"}},
+            "maxConcurrent": if pending == 0 { json!("100%") } else { json!(active) }},
         "status": {"slots": slots},
     }))
     .expect("policy");
@@ -93,6 +99,10 @@ fn cluster(nodes: usize, active: usize, now: &str) -> Objects {
         policies: vec![Arc::new(policy)],
         maintenances: (0..active)
             .map(|i| maintenance(&format!("m{i}"), &names[i], json!({"phase": "Draining"})))
+            .chain(
+                (active..(active + pending).min(nodes))
+                    .map(|i| maintenance(&format!("m{i}"), &names[i], json!({"phase": "Pending"}))),
+            )
             .collect(),
         ..Objects::default()
     }
@@ -109,7 +119,7 @@ fn main() {
     println!("cores: {cores} (one used)");
     let now = jiff::Timestamp::now();
     for &nodes in &args.nodes {
-        let objects = cluster(nodes, args.active, &now.to_string());
+        let objects = cluster(nodes, args.active, args.pending, &now.to_string());
         let mut memory = Memory::default();
         let mut full = Vec::new();
         let mut standing = round::plan(&objects, &mut memory, now).standing;
@@ -138,12 +148,21 @@ fn main() {
             )
             .expect("the standing decides");
             admission.push(started.elapsed().as_secs_f64());
-            assert_eq!(plan.admit.len(), 1, "the new maintenance is admitted");
+            if args.pending == 0 {
+                assert_eq!(plan.admit.len(), 1, "the new maintenance is admitted");
+            } else {
+                assert_eq!(
+                    plan.deny.len(),
+                    1,
+                    "the new maintenance waits with the others"
+                );
+            }
         }
         let (full, admission) = (median_ms(full), median_ms(admission));
         println!(
-            "{nodes} nodes, {} admitted: full round {full:.2} ms, admission round {admission:.3} ms ({:.0}x)",
+            "{nodes} nodes, {} admitted, {} pending: full round {full:.2} ms, admission round {admission:.3} ms ({:.0}x)",
             args.active,
+            args.pending,
             full / admission
         );
     }

@@ -69,22 +69,30 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// The nodes of `policy` that count against its budget: disrupted, or NotReady (except
-    /// `except`, the node being decided, whose own NotReady is what its maintenance fixes).
+    /// Its NotReady nodes. Readiness stays put while a round decides (only `disrupted` grows),
+    /// so a round takes this once instead of scanning every node for each decision: thousands
+    /// of pending maintenances would cost thousands of scans of thousands of nodes.
+    pub fn not_ready(&self) -> BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, s)| !s.ready)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The nodes of `policy` that count against its budget: disrupted, or NotReady (of
+    /// `not_ready`, [`Self::not_ready`]) except `except`, the node being decided, whose own
+    /// NotReady is what its maintenance fixes.
     pub fn in_use<'a>(
         &'a self,
         policy: &PolicyState,
+        not_ready: &'a BTreeSet<String>,
         except: Option<&str>,
     ) -> BTreeSet<&'a String> {
         // Disrupted and NotReady nodes are few; a policy can match thousands.
-        let not_ready = self
-            .nodes
-            .iter()
-            .filter(|(name, s)| !s.ready && Some(name.as_str()) != except)
-            .map(|(name, _)| name);
         self.disrupted
             .iter()
-            .chain(not_ready)
+            .chain(not_ready.iter().filter(|n| Some(n.as_str()) != except))
             .filter(|n| policy.matched.contains(*n))
             .collect()
     }
@@ -117,11 +125,11 @@ fn deny(reason: &'static str, message: String) -> Decision {
     Decision::Deny { reason, message }
 }
 
-/// Decides one pending maintenance against the current state: the first rule it breaks
-/// denies it, checked in this order: the node, its policies' state, blockers, the node's
-/// agent, the workloads on it, control-plane quorum, `maxUnhealthy`, the budgets, and last
-/// whether its pods are known.
-pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
+/// Decides one pending maintenance against the current state (`not_ready`: the cluster's
+/// [`Cluster::not_ready`]): the first rule it breaks denies it, checked in this order: the
+/// node, its policies' state, blockers, the node's agent, the workloads on it, control-plane
+/// quorum, `maxUnhealthy`, the budgets, and last whether its pods are known.
+pub fn decide(cluster: &Cluster, not_ready: &BTreeSet<String>, pending: &Pending) -> Decision {
     let Some(node) = cluster.nodes.get(&pending.node) else {
         return deny(
             denial::BLOCKED,
@@ -145,7 +153,7 @@ pub fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
         .and_then(|()| workloads_allow(node, pending, &policies))
         .and_then(|()| quorum_allows(cluster, node, pending, &policies))
         .and_then(|()| health_allows(cluster, pending, &policies))
-        .and_then(|()| budgets_allow(cluster, pending, &policies))
+        .and_then(|()| budgets_allow(cluster, not_ready, pending, &policies))
         .and_then(|()| pods_known(node, pending, &policies));
     match verdict {
         Ok(()) => Decision::Admit {
@@ -319,11 +327,12 @@ fn health_allows(
 /// Every policy counting the node has a disruption left in its `maxConcurrent`.
 fn budgets_allow(
     cluster: &Cluster,
+    not_ready: &BTreeSet<String>,
     pending: &Pending,
     policies: &[&PolicyState],
 ) -> Result<(), Decision> {
     for p in policies {
-        let in_use = cluster.in_use(p, Some(&pending.node));
+        let in_use = cluster.in_use(p, not_ready, Some(&pending.node));
         if in_use.len() >= p.max_concurrent {
             let count = in_use.len();
             let mut names: Vec<&str> = in_use.iter().take(5).map(|n| n.as_str()).collect();
@@ -347,6 +356,10 @@ fn budgets_allow(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
+        super::decide(cluster, &cluster.not_ready(), pending)
+    }
 
     fn ready() -> NodeState {
         NodeState {

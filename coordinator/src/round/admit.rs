@@ -25,11 +25,15 @@ pub(super) fn pending_oldest_first<'a>(
     let mut unfinished: Vec<&NodeMaintenance> = maintenances
         .filter(|m| !m.phase().is_finished() && m.meta().deletion_timestamp.is_none())
         .collect();
-    unfinished.sort_by_key(|m| {
-        (
-            timestamp(m.metadata.creation_timestamp.as_ref()),
-            m.name_any(),
-        )
+    // By reference: a key owning the name would clone it at every comparison.
+    unfinished.sort_by(|a, b| {
+        let key = |m: &'a NodeMaintenance| {
+            (
+                timestamp(m.metadata.creation_timestamp.as_ref()),
+                m.metadata.name.as_deref(),
+            )
+        };
+        key(a).cmp(&key(b))
     });
     // The newest unfinished request of each node, by node.
     let mut newest: BTreeMap<&str, String> = BTreeMap::new();
@@ -80,6 +84,7 @@ pub struct Superseded {
 /// a node disrupted only by the maintenance being decided is not disrupted for its decision.
 pub(super) fn admit_pending(
     cluster: &mut Cluster,
+    not_ready: &BTreeSet<String>,
     slots: &mut BTreeMap<String, Vec<BudgetSlot>>,
     disrupted_by: &BTreeMap<String, BTreeSet<String>>,
     pending: &[&NodeMaintenance],
@@ -104,7 +109,7 @@ pub(super) fn admit_pending(
             needs_agent: !(m.spec.action == MaintenanceAction::DeleteNode
                 && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
         };
-        match decide::decide(cluster, &request) {
+        match decide::decide(cluster, not_ready, &request) {
             Decision::Admit { policies } => {
                 let (node_uid, surges) = cluster
                     .nodes
@@ -227,6 +232,7 @@ pub fn admit_new(
     let mut plan = Plan::default();
     admit_pending(
         &mut standing.cluster,
+        &standing.not_ready,
         &mut slots,
         &BTreeMap::new(),
         &pending,
@@ -252,7 +258,10 @@ pub fn admit_new(
         if let Some(mark) = standing.policies.get_mut(name) {
             mark.slots = status.slots.iter().map(|s| s.uid.clone()).collect();
         }
-        let in_use = standing.cluster.in_use(state, None).len();
+        let in_use = standing
+            .cluster
+            .in_use(state, &standing.not_ready, None)
+            .len();
         plan.budget_use
             .insert(name.clone(), (in_use, state.max_concurrent));
         plan.policy_status.insert(name.clone(), status);

@@ -151,6 +151,8 @@ pub struct Plan {
 pub struct Standing {
     /// The cluster as admission saw it, with this round's admissions.
     pub cluster: Cluster,
+    /// Its NotReady nodes ([`Cluster::not_ready`]): readiness changes only in a full round.
+    pub not_ready: BTreeSet<String>,
     /// Each policy as decided on.
     pub policies: BTreeMap<String, PolicyMark>,
 }
@@ -307,11 +309,13 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     for (node, state) in &mut cluster.nodes {
         surge::apply_scan(state, objects.scans.get(node));
     }
+    let not_ready = cluster.not_ready();
     let (pending, superseded) = admit::pending_oldest_first(index.maintenances.values().copied());
     // Written a few at a time: one node's identity may have created thousands.
     plan.superseded = superseded.into_iter().take(SUPERSEDED_PER_ROUND).collect();
     admit::admit_pending(
         &mut cluster,
+        &not_ready,
         &mut slots,
         &disrupted_by,
         &pending,
@@ -330,9 +334,11 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let listed = policy_status::Listed {
         slots,
         scans: &objects.scans,
+        not_ready: &not_ready,
     };
     policy_status::write(&index, &health, &cluster, listed, &gates, now, &mut plan);
     plan.standing.cluster = cluster;
+    plan.standing.not_ready = not_ready;
     plan
 }
 

@@ -47,6 +47,8 @@ pub(super) struct Listed<'a> {
     pub slots: BTreeMap<String, Vec<BudgetSlot>>,
     /// The single-replica Deployments on the nodes of its pending maintenances, as scanned.
     pub scans: &'a BTreeMap<String, surge::Scan>,
+    /// The cluster's NotReady nodes.
+    pub not_ready: &'a BTreeSet<String>,
 }
 
 /// Puts each policy's new status into `plan` where it changed, with its budget use and the
@@ -61,19 +63,16 @@ pub(super) fn write(
     now: Timestamp,
     plan: &mut Plan,
 ) {
-    let Listed { mut slots, scans } = listed;
+    let Listed {
+        mut slots,
+        scans,
+        not_ready,
+    } = listed;
     let pending: BTreeSet<&str> = index
         .maintenances
         .values()
         .filter(|m| m.phase() == MaintenancePhase::Pending)
         .map(|m| m.spec.node_name.as_str())
-        .collect();
-    // NotReady nodes are few; matched ones can be thousands.
-    let not_ready: Vec<&String> = cluster
-        .nodes
-        .iter()
-        .filter(|(_, s)| !s.ready)
-        .map(|(name, _)| name)
         .collect();
     for (position, p) in index.policies.iter().enumerate() {
         let old = p.policy.status.clone().unwrap_or_default();
@@ -83,7 +82,7 @@ pub(super) fn write(
             slots: slots.remove(&p.name).unwrap_or_default(),
             matched: count(p.matched.len()),
             ready: count(
-                p.matched.len() - not_ready.iter().filter(|n| p.matched.contains(**n)).count(),
+                p.matched.len() - not_ready.iter().filter(|n| p.matched.contains(*n)).count(),
             ),
             unhealthy: count(unhealthy),
             in_maintenance: count(
@@ -104,7 +103,7 @@ pub(super) fn write(
             .policies
             .iter()
             .find(|s| s.name == p.name)
-            .map_or(0, |s| cluster.in_use(s, None).len());
+            .map_or(0, |s| cluster.in_use(s, not_ready, None).len());
         plan.budget_use
             .insert(p.name.clone(), (in_use, p.max_concurrent));
         set_paused(&mut status.conditions, index, p, now);

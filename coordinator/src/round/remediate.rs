@@ -120,7 +120,7 @@ pub(super) fn admit_without_agent(
         // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
     };
-    match decide(deciding, &pending) {
+    match decide(deciding, &deciding.not_ready(), &pending) {
         Decision::Admit { .. } => {
             deciding.disrupted.insert(node.to_owned());
             Ok(())

@@ -113,6 +113,30 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
 }
 
 #[test]
+fn a_not_ready_node_counts_against_the_budget_in_an_admission_only_round_too() {
+    // Three nodes, one NotReady, a budget of one: the NotReady node fills it.
+    let mut objects = cluster(3);
+    objects.nodes[2] = node("n2").not_ready().build();
+    objects.policies = vec![policy(json!({"maxConcurrent": 1})).build()];
+    let mut round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(round.standing.not_ready, BTreeSet::from(["n2".to_owned()]));
+    let objects = written(objects, &round);
+    let next = admit_new(
+        &mut round.standing,
+        &objects.policies,
+        &[maintenance("m0", "n0").created(300).build()],
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+        &BTreeMap::new(),
+        t(400),
+    )
+    .expect("the standing decides");
+    assert!(next.admit.is_empty(), "{next:?}");
+    assert_eq!(next.deny[0].reason, "BudgetExhausted");
+    assert!(next.deny[0].message.contains("n2"), "{:?}", next.deny);
+}
+
+#[test]
 fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() {
     let objects = cluster(3);
     let round = plan(&objects, &mut Memory::default(), t(200));
