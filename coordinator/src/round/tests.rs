@@ -72,16 +72,7 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
         })
         .collect();
 
-    let fast = admit_new(
-        &mut round.standing,
-        &objects.policies,
-        &new,
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        t(400),
-    )
-    .expect("the standing decides");
+    let fast = admit_new_plainly(&mut round.standing, &objects.policies, &new, 400);
     objects.maintenances.extend(new);
     let full = plan(&objects, &mut Memory::default(), t(400));
     // The oldest new one (m3) takes the second slot; the others find the budget used.
@@ -98,16 +89,12 @@ fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
     assert_eq!(fast.budget_use["pool"], (2, 2));
     assert!(round.standing.policies["pool"].slots.contains("uid-m3"));
     // What it admitted counts against the next burst.
-    let next = admit_new(
+    let next = admit_new_plainly(
         &mut round.standing,
         &written(objects, &fast).policies,
         &[maintenance("m4", "n4").created(500).build()],
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        t(500),
-    )
-    .expect("the standing decides");
+        500,
+    );
     assert!(next.admit.is_empty());
     assert_eq!(next.deny[0].reason, "BudgetExhausted");
 }
@@ -121,16 +108,12 @@ fn a_not_ready_node_counts_against_the_budget_in_an_admission_only_round_too() {
     let mut round = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(round.standing.not_ready, BTreeSet::from(["n2".to_owned()]));
     let objects = written(objects, &round);
-    let next = admit_new(
+    let next = admit_new_plainly(
         &mut round.standing,
         &objects.policies,
         &[maintenance("m0", "n0").created(300).build()],
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        &BTreeMap::new(),
-        t(400),
-    )
-    .expect("the standing decides");
+        400,
+    );
     assert!(next.admit.is_empty(), "{next:?}");
     assert_eq!(next.deny[0].reason, "BudgetExhausted");
     assert!(next.deny[0].message.contains("n2"), "{:?}", next.deny);
@@ -228,6 +211,26 @@ fn the_standing_looks_at_windows_blockers_and_budgets_again() {
 /// The maintenances `round` admits, by name.
 fn admitted(round: &Plan) -> Vec<&str> {
     round.admit.iter().map(|a| a.maintenance.as_str()).collect()
+}
+
+/// An admission-only round of `new` with no blockers, held nodes or scans.
+fn admit_new_plainly(
+    standing: &mut Standing,
+    policies: &[Arc<DisruptionPolicy>],
+    new: &[Arc<NodeMaintenance>],
+    now: i64,
+) -> Plan {
+    let none = BTreeMap::new();
+    admit_new(
+        standing,
+        policies,
+        new,
+        &none,
+        &none,
+        &BTreeMap::new(),
+        t(now),
+    )
+    .expect("the standing decides")
 }
 
 #[test]
