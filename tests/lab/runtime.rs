@@ -25,7 +25,7 @@ async fn checked_on_host(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<Value
 }
 
 #[tokio::test]
-#[ignore = "passed on a settled lab (108 s) but ran past 10 minutes on a freshly booted one; run with --ignored"]
+#[ignore = "passed on a settled lab (108 s) but on freshly booted ones ran past 10 minutes, and failed after 18 (2026-11-26); run with --ignored"]
 async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_answers_ready()
 -> anyhow::Result<()> {
     let lab = Lab::get().await?;

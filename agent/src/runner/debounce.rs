@@ -12,6 +12,13 @@ use crate::detect::{Finding, Status};
 /// turn every detection round into a write of the Node and the NodeReport.
 pub const DETAIL_REFRESH: Duration = Duration::from_secs(600);
 
+/// How long a check must keep failing to decide (a timeout, an error) before a verdict it
+/// reported becomes Unknown, whatever the detector's `for`: on a loaded node a check now and
+/// then runs past its timeout, and with a `for` of 0 (the reboot sentinel's) each such run
+/// would flap the node condition to Unknown and back, two writes of the Node and the
+/// NodeReport each time (seen on the node lab's emulated VMs: every few seconds).
+pub const UNKNOWN_HOLD: Duration = Duration::from_secs(60);
+
 /// What one detector has reported, and what it is currently seeing.
 #[derive(Clone, Debug)]
 pub struct Debounced {
@@ -61,9 +68,16 @@ impl Debounced {
 
     /// Feeds one observation made at `now`. The first observation of a detector that passes
     /// is reported at once (a healthy start needs no waiting); every status change, including
-    /// the first problem, must hold for `hold` first.
+    /// the first problem, must hold for `hold` first, and a reported verdict gives way to
+    /// Unknown only after [`UNKNOWN_HOLD`] at least.
     pub fn observe(&mut self, finding: Finding, now: Instant, hold: Duration) -> Change {
         let current = self.reported.as_ref().map(|r| r.finding.status);
+        let hold = match current {
+            Some(status) if status != Status::Unknown && finding.status == Status::Unknown => {
+                hold.max(UNKNOWN_HOLD)
+            }
+            _ => hold,
+        };
         if current == Some(finding.status) {
             self.candidate = None;
             let due = self
@@ -247,6 +261,56 @@ mod tests {
         assert!(d.reported().is_none());
         assert_eq!(
             d.observe(finding(Status::Unknown, "?"), t0 + HOLD, HOLD),
+            Change::Status
+        );
+    }
+
+    #[test]
+    fn a_verdict_gives_way_to_unknown_only_after_a_minute_even_without_a_hold() {
+        let t0 = Instant::now();
+        let mut d = Debounced::new();
+        d.observe(finding(Status::Ok, "no sentinel"), t0, Duration::ZERO);
+        // One check past its timeout, then a verdict again: nothing is reported.
+        let late = |at| finding(Status::Unknown, &format!("timed out at {at}"));
+        assert_eq!(
+            d.observe(late(5), t0 + Duration::from_secs(5), Duration::ZERO),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(
+                finding(Status::Ok, "no sentinel"),
+                t0 + Duration::from_secs(10),
+                Duration::ZERO
+            ),
+            Change::None
+        );
+        assert_eq!(d.reported().map(|r| r.finding.status), Some(Status::Ok));
+        // A check that keeps failing is Unknown once it has for UNKNOWN_HOLD.
+        let since = t0 + Duration::from_secs(20);
+        assert_eq!(d.observe(late(20), since, Duration::ZERO), Change::None);
+        assert_eq!(
+            d.observe(
+                late(79),
+                since + UNKNOWN_HOLD - Duration::from_secs(1),
+                Duration::ZERO
+            ),
+            Change::None
+        );
+        assert_eq!(
+            d.observe(late(80), since + UNKNOWN_HOLD, Duration::ZERO),
+            Change::Status
+        );
+        assert_eq!(
+            d.reported().map(|r| r.finding.status),
+            Some(Status::Unknown)
+        );
+        // A problem, by contrast, is reported after the detector's own hold (here none).
+        assert_eq!(
+            d.observe(
+                finding(Status::Problem, "sentinel"),
+                since + UNKNOWN_HOLD,
+                Duration::ZERO
+            ),
             Change::Status
         );
     }
