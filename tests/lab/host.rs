@@ -35,7 +35,7 @@ const OPS_CAN_REBOOT: &str = "runuser -u ops -- busctl call org.freedesktop.logi
     /org/freedesktop/login1 org.freedesktop.login1.Manager CanReboot";
 
 #[tokio::test]
-#[ignore = "its reboot-gate half has not yet run to its end on the lab (host mode itself runs in the rolling reboot); run with --ignored"]
+#[ignore = "passes (344 s on a freshly booted lab, 2026-11-26, and kubelet, network and rolling pass after it), but ./tests/run already takes 72-77 of CI's 90 minutes (host mode itself runs in the rolling reboot); run with --ignored"]
 async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_admitted()
 -> anyhow::Result<()> {
     let lab = Lab::get().await?;
