@@ -33,7 +33,7 @@ pub(super) fn pod_spec(
 }
 
 /// The DaemonSet's container named like `program` or running an image whose name holds it.
-pub fn program_container(
+pub(super) fn program_container(
     daemonset: &DaemonSet,
     program: &str,
 ) -> Result<k8s_openapi::api::core::v1::Container, String> {

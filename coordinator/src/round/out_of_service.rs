@@ -10,11 +10,15 @@ use nodeward_api::{
     node::is_ready,
 };
 
-use super::{OutOfService, Plan, remediate::admit_without_agent, view::Index};
+use super::{
+    OutOfService, Plan,
+    remediate::{Deciding, admit_without_agent},
+    view::Index,
+};
 use crate::admission::decide::Cluster;
 
 pub(super) fn decide(index: &Index, cluster: &Cluster, plan: &mut Plan) {
-    let mut deciding: Option<Cluster> = None;
+    let mut deciding: Option<Deciding> = None;
     for (name, node) in &index.nodes {
         let ours = node.annotations().contains_key(OUT_OF_SERVICE_ANNOTATION);
         let tainted = node

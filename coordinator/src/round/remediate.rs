@@ -99,17 +99,22 @@ pub(super) fn assess<'a>(
 /// remediation start (and why not).
 pub(super) type Gate = Option<Result<(), String>>;
 
+/// The cluster as the coordinator's own actions of a round decide on it, with its NotReady nodes.
+pub(super) type Deciding = (Cluster, BTreeSet<String>);
+
 /// Whether the coordinator may act on `node` without its agent now (delete a node that never
 /// became Ready, taint a dead one out of service): as a remediation maintenance of it would be
 /// admitted (budgets, windows, pause, control-plane quorum, `maxUnhealthy`), counting what
-/// this round already allowed (in `deciding`, made from `cluster` at the first). Why not, if
+/// this round already allowed (in `deciding`, made from `cluster` at the first with its NotReady
+/// nodes, which stay put while the round decides). Why not, if
 /// not.
 pub(super) fn admit_without_agent(
     cluster: &Cluster,
-    deciding: &mut Option<Cluster>,
+    deciding: &mut Option<Deciding>,
     node: &str,
 ) -> Result<(), String> {
-    let deciding = deciding.get_or_insert_with(|| cluster.clone());
+    let (deciding, not_ready) =
+        deciding.get_or_insert_with(|| (cluster.clone(), cluster.not_ready()));
     if deciding.disrupted.contains(node) {
         return Ok(());
     }
@@ -120,7 +125,7 @@ pub(super) fn admit_without_agent(
         // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
     };
-    match decide(deciding, &deciding.not_ready(), &pending) {
+    match decide(deciding, not_ready, &pending) {
         Decision::Admit { .. } => {
             deciding.disrupted.insert(node.to_owned());
             Ok(())
@@ -148,7 +153,7 @@ pub(super) fn remediate(
         .collect();
     let mut requested: BTreeSet<String> = BTreeSet::new();
     // The cluster with this round's startup deletions counted, made at the first one.
-    let mut deciding: Option<Cluster> = None;
+    let mut deciding: Option<Deciding> = None;
     let mut gates = Vec::with_capacity(index.policies.len());
     for (position, p) in index.policies.iter().enumerate() {
         let unhealthy = health.unhealthy_under(position);
