@@ -86,6 +86,9 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         lab.running(&namespace, &format!("app={app}"), 1).await?;
     }
 
+    // The drain rests on the agent's delay lock: taken before the reboot is typed, or the
+    // test says why not.
+    support::wait_delay_lock(&lab.client, &vm).await?;
     let departures = support::watch_departures(&lab.client, &namespace);
     let boot = vm.boot_id().await?;
     let typed = Instant::now();
@@ -147,21 +150,30 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         lines.sort();
         lines.join("; ")
     };
+    // A group never asked to go: what the agent and the coordinator said, for the failure.
+    let story = if ["low", "high", "daemon"]
+        .iter()
+        .all(|group| !asked(group).is_empty())
+    {
+        String::new()
+    } else {
+        support::drain_story(&lab.client, &vm).await
+    };
     // The evicted pod, not its replacement (Pending: the node is cordoned). The drain waits
     // for it to stop, or (a kubelet slow to report) until 10 s past its grace period.
     let low = seen
         .values()
         .find(|d| d.group == "low" && d.asked.is_some())
-        .with_context(|| format!("the low pod was never asked to go: {timeline}"))?;
+        .with_context(|| format!("the low pod was never asked to go: {timeline}\n{story}"))?;
     let low_done = [low.stopped, low.let_go]
         .into_iter()
         .flatten()
         .min()
-        .with_context(|| format!("the evicted low pod never stopped: {timeline}"))?;
+        .with_context(|| format!("the evicted low pod never stopped: {timeline}\n{story}"))?;
     let high_asked = asked("high")
         .into_iter()
         .min()
-        .with_context(|| format!("the high pod was never asked to go: {timeline}"))?;
+        .with_context(|| format!("the high pod was never asked to go: {timeline}\n{story}"))?;
     // (1 s for the conversion of the API server's second-precision time to this clock.)
     assert!(
         high_asked + Duration::from_secs(1) >= low_done,
@@ -174,7 +186,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     let daemon = asked("daemon")
         .into_iter()
         .min()
-        .with_context(|| format!("the DaemonSet pod was never asked to go: {timeline}"))?;
+        .with_context(|| format!("the DaemonSet pod was never asked to go: {timeline}\n{story}"))?;
     assert!(
         asked("blocked").iter().all(|t| *t > daemon),
         "the PDB-blocked pod was deleted by the drain: {timeline}"

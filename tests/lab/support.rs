@@ -75,7 +75,7 @@ pub struct Lab {
 
 impl Lab {
     /// The lab, this test's turn on it, the chart installed, what an earlier test that failed
-    /// may have left undone, every node Ready with a Ready agent.
+    /// may have left undone, every node Ready with a Ready agent, both coordinators Ready.
     pub async fn get() -> anyhow::Result<Self> {
         let turn = exclusive().await;
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
@@ -152,6 +152,20 @@ impl Lab {
                 s.number_ready == nodes && s.updated_number_scheduled == Some(nodes)
             })
         })
+        .await?;
+        // Both coordinators answering: the agents' evictions pass their webhook (failure
+        // policy Fail), and a reboot drains the coordinator pods from their nodes.
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
+        wait::until(
+            &deployments,
+            &format!("{RELEASE}-coordinator"),
+            "both coordinator replicas Ready",
+            REBOOT,
+            |d| {
+                d.and_then(|d| d.status.as_ref())
+                    .is_some_and(|s| s.ready_replicas == Some(2) && s.updated_replicas == Some(2))
+            },
+        )
         .await?;
         let nodes_api: Api<Node> = Api::all(self.client.clone());
         for name in &self.lab.nodes {
@@ -601,18 +615,6 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
                     .args(["--set", REBOOT_BY_COMMAND]))?;
             }
-            let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-            wait::until(
-                &deployments,
-                &format!("{RELEASE}-coordinator"),
-                "both coordinator replicas Ready",
-                REBOOT,
-                |d| {
-                    d.and_then(|d| d.status.as_ref())
-                        .is_some_and(|s| s.ready_replicas == Some(2))
-                },
-            )
-            .await?;
             anyhow::Ok(())
         })
         .await?;
@@ -675,4 +677,65 @@ pub async fn agent_pod(client: &Client, node: &str) -> anyhow::Result<Pod> {
         .into_iter()
         .find(|p| p.metadata.deletion_timestamp.is_none())
         .with_context(|| format!("no agent pod on {node}"))
+}
+
+/// What a failed drain test needs to be understood: the Events about `node` (the agent's and
+/// the coordinator's, oldest first) and the last lines the agent containers on `vm` logged,
+/// the previous boot's included (the kubelet keeps a container's log files across reboots).
+pub async fn drain_story(client: &Client, vm: &Vm) -> String {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let mut lines = match events
+        .list(&ListParams::default().fields(&format!("regarding.name={}", vm.name)))
+        .await
+    {
+        Ok(list) => {
+            let mut items = list.items;
+            items.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+            items
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {} {}",
+                        e.metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default(),
+                        e.reason.as_deref().unwrap_or_default(),
+                        e.note.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect()
+        }
+        Err(e) => vec![format!("(no Events: {e})")],
+    };
+    lines.insert(0, format!("Events about {}:", vm.name));
+    let logs = vm
+        .exec(&format!(
+            "for f in /var/log/pods/{NAMESPACE}_*-agent-*/agent/*.log; do echo \"== $f\"; tail -n 40 \"$f\"; done"
+        ))
+        .await
+        .map(|o| o.stdout)
+        .unwrap_or_else(|e| format!("(no agent logs: {e:#})"));
+    format!("{}\nthe agent's logs:\n{logs}", lines.join("\n"))
+}
+
+/// Waits until the agent on `vm` holds its logind delay lock: what a shutdown's drain rests on.
+pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<()> {
+    let held = wait::eventually(
+        &format!("nodeward's delay lock held on {}", vm.name),
+        Duration::from_secs(180),
+        || async {
+            let locks = nodeward_locks(vm).await?;
+            Ok(locks
+                .iter()
+                .any(|l| l.contains("shutdown") && l.contains("delay"))
+                .then_some(()))
+        },
+    )
+    .await;
+    match held {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.context(drain_story(client, vm).await)),
+    }
 }

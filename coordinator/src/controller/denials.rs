@@ -67,8 +67,7 @@ fn triage(existing: Option<&Condition>, denial: &round::Denial, recently: bool) 
     if denial.gives_back_slots {
         return Some(Write::Fence);
     }
-    let same_reason = existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason);
-    if !same_reason {
+    if !same_reason(existing, denial) {
         return Some(Write::Change);
     }
     if existing.is_some_and(|c| c.message == denial.message) {
@@ -102,6 +101,12 @@ fn chosen(wanted: &[(usize, Write)], limit: usize) -> (Vec<usize>, bool) {
     (taken, left)
 }
 
+/// Whether the maintenance is denied already, for the same reason (then a new message is no
+/// new denial: no Event, no count).
+fn same_reason(existing: Option<&Condition>, denial: &round::Denial) -> bool {
+    existing.is_some_and(|c| c.status == "False" && c.reason == denial.reason)
+}
+
 fn admitted_condition(m: &NodeMaintenance) -> Option<&Condition> {
     m.status.as_ref().and_then(|s| {
         s.conditions
@@ -124,11 +129,15 @@ impl Controller {
             .iter()
             .map(|m| (m.name_any(), m))
             .collect();
-        let wanted: Vec<(usize, Write)> = denials
+        // Each denial with its maintenance as the round saw it, looked up once.
+        let found: Vec<(&round::Denial, &Arc<NodeMaintenance>)> = denials
+            .iter()
+            .filter_map(|denial| Some((denial, *by_name.get(&denial.maintenance)?)))
+            .collect();
+        let wanted: Vec<(usize, Write)> = found
             .iter()
             .enumerate()
-            .filter_map(|(index, denial)| {
-                let current = by_name.get(&denial.maintenance)?;
+            .filter_map(|(index, (denial, current))| {
                 let recently = self.denied_at.contains_key(&denial.maintenance);
                 Some((
                     index,
@@ -140,10 +149,7 @@ impl Controller {
         let mut fenced = BTreeSet::new();
         let mut written = 0;
         for index in taken {
-            let denial = &denials[index];
-            let Some(current) = by_name.get(&denial.maintenance) else {
-                continue;
-            };
+            let (denial, current) = found[index];
             if self.deny(current, denial).await {
                 written += 1;
                 if denial.gives_back_slots {
@@ -166,8 +172,7 @@ impl Controller {
 
     /// Writes one denial; returns whether it was written.
     async fn deny(&mut self, current: &Arc<NodeMaintenance>, denial: &round::Denial) -> bool {
-        let same_reason = admitted_condition(current)
-            .is_some_and(|c| c.status == "False" && c.reason == denial.reason);
+        let new_reason = !same_reason(admitted_condition(current), denial);
         let now = Timestamp::now();
         let generation = current.metadata.generation;
         let written = self
@@ -191,7 +196,7 @@ impl Controller {
         if written {
             self.denied_at
                 .insert(denial.maintenance.clone(), Instant::now());
-            if !same_reason {
+            if new_reason {
                 self.writer
                     .metrics
                     .denials
