@@ -35,6 +35,22 @@ if ! file_is_static=$(LC_ALL=C readelf -lW "$busybox" 2>/dev/null) ||
   busybox=
 fi
 
+# What the build needs, installed before the key is taken: the key hashes the host's static
+# busybox, so that a fresh machine's first run and its later ones agree on the key.
+need=()
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+command -v buildah >/dev/null || need+=(buildah)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+[ -n "$busybox" ] || need+=(busybox-static)
+if [ ${#need[@]} -gt 0 ]; then
+  [ "$(id -u)" -eq 0 ] || { log "installing ${need[*]} needs root"; exit 1; }
+  log "installing Debian packages: ${need[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
+  busybox=/bin/busybox
+fi
+
 key=$(
   {
     echo "$suite ${packages[*]} $disk_size"
@@ -53,19 +69,6 @@ if [ -e "$out/done" ]; then
 fi
 
 [ "$(id -u)" -eq 0 ] || { log "building the node image needs root (mmdebstrap, chroot)"; exit 1; }
-need=()
-command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
-command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
-command -v buildah >/dev/null || need+=(buildah)
-command -v gcc >/dev/null || need+=(gcc libc6-dev)
-[ -n "$busybox" ] || need+=(busybox-static)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing Debian packages: ${need[*]}"
-  DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
-  busybox=/bin/busybox
-fi
-
 started=$(date +%s)
 work=$(mktemp -d "${TMPDIR:-/tmp}/nodelab-image.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -1,5 +1,5 @@
-//! Carrying a drain plan out: stage by stage, priority group by priority group, each pod
-//! evicted through the Eviction API (PodDisruptionBudgets respected; a refusal is retried with
+//! Carrying a drain plan out: stage by stage, priority group by priority group (a group's
+//! evictions sent together), each pod evicted through the Eviction API (PodDisruptionBudgets respected; a refusal is retried with
 //! backoff and jitter until the stage deadline) with a grace period that never outlasts the
 //! stage, then waited for until it is gone. Pods already terminating are only waited for.
 //! When a stage's deadline passes, its `onTimeout` applies: `Delete` the pods left (bypassing
@@ -10,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, ResourceExt,
@@ -28,6 +29,10 @@ use crate::{Error, backoff::Backoff};
 
 /// How often pods are re-read while waiting for them to go.
 const POLL: Duration = Duration::from_millis(250);
+
+/// Evictions (or deletions) of one group in flight at once: enough that a large group is asked within a few
+/// round trips, few enough not to crowd the agent's client or the API server.
+const EVICTIONS_IN_FLIGHT: usize = 16;
 
 /// Where a drain stands, for the NodeReport, the NodeMaintenance and Events.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -452,18 +457,24 @@ pub fn failure(outcome: Option<Outcome>, drain_timeout: Option<Duration>) -> Opt
     }
 }
 
-/// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply); their names.
+/// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply), as many at once as
+/// evictions; their names.
 async fn delete(drain: &Drain<'_>, pods: &[PodInfo], params: DeleteParams) -> Vec<String> {
-    let mut names = Vec::with_capacity(pods.len());
-    for pod in pods {
-        let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
-        match api.delete(&pod.name, &params).await {
-            Ok(_) | Err(kube::Error::Api(_)) => {}
-            Err(e) => tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed"),
-        }
-        names.push(key(&pod.namespace, &pod.name));
-    }
-    names
+    futures::stream::iter(pods.iter().cloned())
+        .map(|pod: PodInfo| {
+            let params = params.clone();
+            async move {
+                let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
+                match api.delete(&pod.name, &params).await {
+                    Ok(_) | Err(kube::Error::Api(_)) => {}
+                    Err(e) => tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed"),
+                }
+                key(&pod.namespace, &pod.name)
+            }
+        })
+        .buffered(EVICTIONS_IN_FLIGHT)
+        .collect()
+        .await
 }
 
 /// Forces a drain that ran out of time through: deletes every pod the plan still takes,
@@ -478,6 +489,18 @@ pub async fn force(drain: &Drain<'_>) -> Result<Vec<String>, Error> {
         .cloned()
         .collect();
     Ok(delete(drain, &pods, DeleteParams::default()).await)
+}
+
+/// Asks the API server to evict `pod` with `grace` seconds to stop.
+async fn evict(drain: &Drain<'_>, pod: &PodInfo, grace: i64) -> Result<(), kube::Error> {
+    let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
+    let params = EvictParams {
+        delete_options: Some(
+            DeleteParams::default().grace_period(u32::try_from(grace).unwrap_or(0)),
+        ),
+        ..EvictParams::default()
+    };
+    api.evict(&pod.name, &params).await.map(|_| ())
 }
 
 /// Evicts one priority group and waits for it to go, until `stage_end`. Returns the pods
@@ -502,6 +525,7 @@ async fn evict_group(
     loop {
         let now = Instant::now();
         let mut blocking = Vec::new();
+        let mut due = Vec::new();
         for pod in group {
             let id = key(&pod.namespace, &pod.name);
             if asked.contains(&id) {
@@ -521,19 +545,27 @@ async fn evict_group(
                 }
                 continue;
             }
-            let grace = plan::grace_period(pod, stage_end.saturating_duration_since(now));
-            let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
-            let params = EvictParams {
-                delete_options: Some(
-                    DeleteParams::default().grace_period(u32::try_from(grace).unwrap_or(0)),
-                ),
-                ..EvictParams::default()
-            };
-            match api.evict(&pod.name, &params).await {
-                Ok(_) => {
+            due.push(pod.clone());
+        }
+        // A group's pods are alike to the plan: their evictions go out together (as kubectl
+        // drain's do), so that the last pod of a large group is not asked a second later
+        // than the first; the answers are taken in the group's order.
+        let answers: Vec<_> = futures::stream::iter(due)
+            .map(|pod: PodInfo| async move {
+                let grace = plan::grace_period(&pod, stage_end.saturating_duration_since(now));
+                let answer = evict(drain, &pod, grace).await;
+                (pod, grace, answer)
+            })
+            .buffered(EVICTIONS_IN_FLIGHT)
+            .collect()
+            .await;
+        for (pod, grace, answer) in answers {
+            let id = key(&pod.namespace, &pod.name);
+            match answer {
+                Ok(()) => {
                     tracing::info!(pod = %id, grace_seconds = grace, stage = %progress.stage, "evicted");
                     asked.insert(id);
-                    progress.asked(pod);
+                    progress.asked(&pod);
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     asked.insert(id);
@@ -546,7 +578,7 @@ async fn evict_group(
                         )
                     });
                     *next = now + b.next_delay();
-                    let why = refusal(pod, &e);
+                    let why = refusal(&pod, &e);
                     tracing::info!(pod = %id, reason = %why.reason, message = ?why.message, "eviction refused; retrying");
                     blocking.push(why);
                 }
