@@ -9,6 +9,7 @@ use anyhow::Context;
 use k8s_openapi::api::{core::v1::Node, events::v1::Event};
 use kube::{Api, api::ListParams};
 use nodeward_api::labels::SHUTDOWN_TAINT as SHUTDOWN;
+use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
 
 use crate::support::{self, Lab, REBOOT};
@@ -36,19 +37,59 @@ fn after(log: &[(f64, String, String)], earlier: &str, later: &str) -> anyhow::R
     Ok((last, first))
 }
 
-#[tokio::test]
-async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_reboots()
--> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes[0].clone();
-    let vm = lab.vm(&node);
-    for (name, value) in [("lab-low", 100), ("lab-high", 10000)] {
+/// The priority classes of the pods the tests drain, lowest first.
+const CLASSES: [(&str, i32); 2] = [("lab-low", 100), ("lab-high", 10000)];
+
+async fn priority_classes(lab: &Lab) -> anyhow::Result<()> {
+    for (name, value) in CLASSES {
         lab.apply(
             json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
             "metadata": {"name": name}, "value": value}),
         )
         .await?;
     }
+    Ok(())
+}
+
+/// Types `systemctl reboot` in `vm` and waits until it is back with a new boot id, Ready, and
+/// uncordoned and untainted by the agent. Returns when it was typed and how long the VM took
+/// to come back with a new boot id.
+async fn reboot_typed(lab: &Lab, vm: &Vm) -> anyhow::Result<(Instant, Duration)> {
+    let boot = vm.boot_id().await?;
+    let typed = Instant::now();
+    // The guest agent may not answer once the shutdown is under way.
+    let _ = vm
+        .exec_with("systemctl reboot", Duration::from_secs(20))
+        .await;
+    let new_boot = vm.wait_rebooted(&boot, REBOOT).await?;
+    let back = typed.elapsed();
+    anyhow::ensure!(new_boot != boot, "{}: the same boot id", vm.name);
+    vm.wait_node_ready(&lab.client, REBOOT).await?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let restored = nodeward_e2e::wait::until(
+        &nodes,
+        &vm.name,
+        "the node uncordoned and untainted",
+        REBOOT,
+        |n| {
+            n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+                s.unschedulable != Some(true)
+                    && !s.taints.iter().flatten().any(|t| t.key == SHUTDOWN)
+            })
+        },
+    )
+    .await?;
+    anyhow::ensure!(restored.is_some(), "{} is gone", vm.name);
+    Ok((typed, back))
+}
+
+#[tokio::test]
+async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_reboots()
+-> anyhow::Result<()> {
+    let lab = Lab::get().await?;
+    let node = lab.lab.nodes[0].clone();
+    let vm = lab.vm(&node);
+    priority_classes(&lab).await?;
     let namespace = lab.namespace("lab-shutdown").await?;
     support::clear_term_log(&vm).await?;
     // One pod per group: under software emulation the kubelet takes tens of seconds to stop a
@@ -90,33 +131,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     // test says why not.
     support::wait_delay_lock(&lab.client, &vm).await?;
     let departures = support::watch_departures(&lab.client, &namespace);
-    let boot = vm.boot_id().await?;
-    let typed = Instant::now();
-    // The guest agent may not answer once the shutdown is under way.
-    let _ = vm
-        .exec_with("systemctl reboot", Duration::from_secs(20))
-        .await;
-    let new_boot = vm.wait_rebooted(&boot, REBOOT).await?;
-    let back = typed.elapsed();
-    assert_ne!(new_boot, boot);
-    vm.wait_node_ready(&lab.client, REBOOT).await?;
-
-    // Back: uncordoned and untainted by the agent.
-    let nodes: Api<Node> = Api::all(lab.client.clone());
-    let restored = nodeward_e2e::wait::until(
-        &nodes,
-        &node,
-        "the node uncordoned and untainted",
-        REBOOT,
-        |n| {
-            n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
-                s.unschedulable != Some(true)
-                    && !s.taints.iter().flatten().any(|t| t.key == SHUTDOWN)
-            })
-        },
-    )
-    .await?;
-    assert!(restored.is_some());
+    let (_, back) = reboot_typed(&lab, &vm).await?;
 
     // The drain, as the API server saw it: low, then high once low had stopped; the blocked
     // pod held the high group until the stage's deadline and was never evicted (the default
@@ -233,5 +248,95 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         "the drain took {drained} s, past logind's 120 s"
     );
     println!("{node}: lock held {drained:.0} s of logind's 120 s");
+    lab.delete_namespace(&namespace).await
+}
+
+/// The same reboot with the kubelet's own graceful node shutdown on (30 s): both hold a delay
+/// lock and both act on logind's announcement; logind's delay stays nodeward's (its drop-in
+/// sorts after the kubelet's `99-kubelet.conf`), nodeward drains through the API, and the test
+/// prints which of the two reached the pod first (its `DisruptionTarget` condition).
+#[tokio::test]
+async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands()
+-> anyhow::Result<()> {
+    let lab = Lab::get().await?;
+    let node = lab.lab.nodes[1].clone();
+    let vm = lab.vm(&node);
+    vm.run(support::KUBELET_SHUTDOWN_ON).await?;
+    vm.wait_node_ready(&lab.client, REBOOT).await?;
+    nodeward_e2e::wait::eventually("the kubelet's delay lock", REBOOT, || async {
+        let listed = vm
+            .run("systemd-inhibit --list --no-pager --no-legend")
+            .await?;
+        Ok(listed
+            .lines()
+            .any(|l| l.contains("kubelet") && l.contains("delay"))
+            .then_some(()))
+    })
+    .await?;
+    support::wait_delay_lock(&lab.client, &vm).await?;
+    let delay = vm
+        .run("busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec")
+        .await?;
+    assert_eq!(
+        delay.trim(),
+        "t 120000000",
+        "logind's delay with both drop-ins"
+    );
+
+    priority_classes(&lab).await?;
+    let namespace = lab.namespace("lab-kubelet-shutdown").await?;
+    lab.apply(support::term_recorder(
+        &namespace,
+        "low",
+        &node,
+        1,
+        Some("lab-low"),
+    ))
+    .await?;
+    lab.running(&namespace, "app=low", 1).await?;
+    let departures = support::watch_departures(&lab.client, &namespace);
+    let (typed, _) = reboot_typed(&lab, &vm).await?;
+
+    // nodeward drained (its Events), whatever the kubelet did meanwhile.
+    let events: Api<Event> = Api::all(lab.client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
+        .await?;
+    let since =
+        jiff::Timestamp::now().checked_sub(jiff::SignedDuration::try_from(typed.elapsed())?)?;
+    let drained = list.items.iter().any(|e| {
+        e.reason.as_deref() == Some("ShutdownDrainStarted")
+            && e.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+                t.0 >= since
+                    .checked_sub(jiff::SignedDuration::from_secs(1))
+                    .unwrap_or(since)
+            })
+    });
+    let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let story = support::drain_story(&lab.client, &vm).await;
+    anyhow::ensure!(
+        drained,
+        "no ShutdownDrainStarted since the reboot: {seen:?}\n{story}"
+    );
+    let low = seen
+        .iter()
+        .find(|(_, d)| d.group == "low" && d.disrupted_by.is_some())
+        .with_context(|| {
+            format!("neither the kubelet nor nodeward reached the low pod: {seen:?}\n{story}")
+        })?;
+    println!(
+        "{node}, kubelet's graceful shutdown on: logind's delay {}; the low pod {} was reached first by {}{}; back after {:.0} s",
+        delay.trim(),
+        low.0,
+        low.1.disrupted_by.as_deref().unwrap_or_default(),
+        if low.1.asked.is_some() {
+            " and asked to go through the API"
+        } else {
+            ""
+        },
+        typed.elapsed().as_secs_f64()
+    );
+    vm.run(support::KUBELET_SHUTDOWN_OFF).await?;
+    vm.wait_node_ready(&lab.client, REBOOT).await?;
     lab.delete_namespace(&namespace).await
 }

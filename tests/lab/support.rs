@@ -54,6 +54,20 @@ shutdownGuard:
 reboot:
   method: signal
 ";
+/// Turns the kubelet's own graceful node shutdown on in a guest (its configuration kept aside
+/// for [`KUBELET_SHUTDOWN_OFF`]): 30 s, 10 s of them for critical pods.
+pub const KUBELET_SHUTDOWN_ON: &str = "cd /etc/kubernetes && { [ -e kubelet.yaml.lab ] || cp kubelet.yaml kubelet.yaml.lab; } && \
+    cp kubelet.yaml.lab kubelet.yaml && \
+    printf 'shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n' >> kubelet.yaml && \
+    systemctl restart kubelet";
+/// Turns it off again: the lab's configuration back, the kubelet's logind drop-in removed and
+/// logind reloaded (what a test that failed half-way leaves is undone by the next one's reset).
+pub const KUBELET_SHUTDOWN_OFF: &str = "if [ -e /etc/kubernetes/kubelet.yaml.lab ]; then
+      mv /etc/kubernetes/kubelet.yaml.lab /etc/kubernetes/kubelet.yaml
+      rm -f /etc/systemd/logind.conf.d/99-kubelet.conf
+      systemctl kill -s HUP systemd-logind
+      systemctl restart kubelet
+    fi";
 /// The nftables table tests add rules to in a guest (deleted before the next test starts).
 pub const FIREWALL_TABLE: &str = "nodelab_test";
 
@@ -106,7 +120,8 @@ impl Lab {
         for vm in self.lab.vms() {
             vm.run_when_up(
                 &format!(
-                    "systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
+                    "{KUBELET_SHUTDOWN_OFF}
+                    systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
                     if [ -e /etc/systemd/system/nodeward-agent.service ]; then
                       systemctl disable --now nodeward-agent.service
                       rm -rf /etc/systemd/system/nodeward-agent.service /usr/local/bin/nodeward-agent \
@@ -474,6 +489,10 @@ pub struct Departure {
     /// `deletionTimestamp`), as the agent's drain does (kubectl's
     /// `--skip-wait-for-delete-timeout=10`).
     pub let_go: Option<Instant>,
+    /// The reason of its first `DisruptionTarget` condition: who reached it first
+    /// (`EvictionByEvictionAPI`: an eviction; `TerminationByKubelet`: the kubelet's own
+    /// graceful node shutdown).
+    pub disrupted_by: Option<String>,
 }
 
 /// Starts watching the pods of `namespace`; what it saw, by pod name. Unlike the pods' own
@@ -503,6 +522,7 @@ pub fn watch_departures(
                 asked: None,
                 stopped: None,
                 let_go: None,
+                disrupted_by: None,
             });
             if deleted || pod.metadata.deletion_timestamp.is_some() {
                 entry.asked.get_or_insert(now);
@@ -519,6 +539,14 @@ pub fn watch_departures(
                 entry
                     .let_go
                     .get_or_insert(end + std::time::Duration::from_secs(10));
+            }
+            if entry.disrupted_by.is_none() {
+                entry.disrupted_by = pod
+                    .status
+                    .iter()
+                    .flat_map(|s| s.conditions.iter().flatten())
+                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+                    .and_then(|c| c.reason.clone());
             }
             if deleted || terminal {
                 entry.stopped.get_or_insert(now);
