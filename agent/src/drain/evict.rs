@@ -1,9 +1,10 @@
 //! Carrying a drain plan out: stage by stage, priority group by priority group (a group's
-//! evictions sent together), each pod evicted through the Eviction API (PodDisruptionBudgets respected; a refusal is retried with
-//! backoff and jitter until the stage deadline) with a grace period that never outlasts the
-//! stage, then waited for until it is gone. Pods already terminating are only waited for.
-//! When a stage's deadline passes, its `onTimeout` applies: `Delete` the pods left (bypassing
-//! their budgets), `Continue` with the next stage, or `Fail` the drain.
+//! evictions sent together), each pod evicted through the Eviction API (PodDisruptionBudgets
+//! respected; a refusal is retried with backoff and jitter until the stage deadline) with a
+//! grace period that never outlasts the stage, then waited for until it is gone. Pods already
+//! terminating are only waited for. When a stage's deadline passes, its `onTimeout` applies:
+//! `Delete` the pods left (bypassing their budgets), `Continue` with the next stage, or `Fail`
+//! the drain.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -30,8 +31,8 @@ use crate::{Error, backoff::Backoff};
 /// How often pods are re-read while waiting for them to go.
 const POLL: Duration = Duration::from_millis(250);
 
-/// Evictions (or deletions) of one group in flight at once: enough that a large group is asked within a few
-/// round trips, few enough not to crowd the agent's client or the API server.
+/// Evictions (or deletions) of one group in flight at once: enough that a large group is asked
+/// within a few round trips, few enough not to crowd the agent's client or the API server.
 const EVICTIONS_IN_FLIGHT: usize = 16;
 
 /// Where a drain stands, for the NodeReport, the NodeMaintenance and Events.
