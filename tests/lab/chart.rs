@@ -66,9 +66,7 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         // its drop-in (a stock node's InhibitDelayMaxSec is 5 s).
         let locks = support::nodeward_locks(&vm).await?;
         assert!(
-            locks
-                .iter()
-                .any(|l| l.contains("shutdown") && l.contains("delay")),
+            support::has_shutdown_delay(&locks),
             "{}: {locks:?}",
             vm.name
         );

@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use k8s_openapi::api::{core::v1::Node, events::v1::Event};
-use kube::{Api, api::ListParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use nodeward_api::labels::SHUTDOWN_TAINT as SHUTDOWN;
 use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
@@ -229,12 +229,9 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     );
 
     // The drain stayed within the delay logind really grants (the agent raised it to 120 s).
-    let events: Api<Event> = Api::all(lab.client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
-        .await?;
+    let events = support::node_events(&lab.client, &node).await?;
     let time_of = |reason: &str| {
-        list.items
+        events
             .iter()
             .filter(|e| e.reason.as_deref() == Some(reason))
             .filter_map(|e| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
@@ -264,13 +261,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
     vm.run(support::KUBELET_SHUTDOWN_ON).await?;
     vm.wait_node_ready(&lab.client, REBOOT).await?;
     nodeward_e2e::wait::eventually("the kubelet's delay lock", REBOOT, || async {
-        let listed = vm
-            .run("systemd-inhibit --list --no-pager --no-legend")
-            .await?;
-        Ok(listed
-            .lines()
-            .any(|l| l.contains("kubelet") && l.contains("delay"))
-            .then_some(()))
+        Ok(support::has_shutdown_delay(&support::locks_of(&vm, "kubelet").await?).then_some(()))
     })
     .await?;
     support::wait_delay_lock(&lab.client, &vm).await?;
@@ -295,23 +286,21 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
     .await?;
     lab.running(&namespace, "app=low", 1).await?;
     let departures = support::watch_departures(&lab.client, &namespace);
+    // (1 s back for the API server's second-precision creation times.)
+    let since = jiff::Timestamp::now().checked_sub(jiff::SignedDuration::from_secs(1))?;
     let (typed, _) = reboot_typed(&lab, &vm).await?;
 
     // nodeward drained (its Events), whatever the kubelet did meanwhile.
-    let events: Api<Event> = Api::all(lab.client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
-        .await?;
-    let since =
-        jiff::Timestamp::now().checked_sub(jiff::SignedDuration::try_from(typed.elapsed())?)?;
-    let drained = list.items.iter().any(|e| {
-        e.reason.as_deref() == Some("ShutdownDrainStarted")
-            && e.metadata.creation_timestamp.as_ref().is_some_and(|t| {
-                t.0 >= since
-                    .checked_sub(jiff::SignedDuration::from_secs(1))
-                    .unwrap_or(since)
-            })
-    });
+    let drained = support::node_events(&lab.client, &node)
+        .await?
+        .iter()
+        .any(|e| {
+            e.reason.as_deref() == Some("ShutdownDrainStarted")
+                && e.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_some_and(|t| t.0 >= since)
+        });
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let story = support::drain_story(&lab.client, &vm).await;
     anyhow::ensure!(

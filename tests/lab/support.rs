@@ -55,10 +55,14 @@ reboot:
   method: signal
 ";
 /// Turns the kubelet's own graceful node shutdown on in a guest (its configuration kept aside
-/// for [`KUBELET_SHUTDOWN_OFF`]): 30 s, 10 s of them for critical pods.
+/// for [`KUBELET_SHUTDOWN_OFF`]): 30 s, 10 s of them for critical pods; with the drop-in the
+/// kubelet writes where logind's delay is shorter than its grace period (`99-kubelet.conf`,
+/// 30 s), as on a node where the kubelet's was set up first, and logind reloaded.
 pub const KUBELET_SHUTDOWN_ON: &str = "cd /etc/kubernetes && { [ -e kubelet.yaml.lab ] || cp kubelet.yaml kubelet.yaml.lab; } && \
     cp kubelet.yaml.lab kubelet.yaml && \
     printf 'shutdownGracePeriod: 30s\nshutdownGracePeriodCriticalPods: 10s\n' >> kubelet.yaml && \
+    printf '[Login]\nInhibitDelayMaxSec=30\n' > /etc/systemd/logind.conf.d/99-kubelet.conf && \
+    systemctl kill -s HUP systemd-logind && \
     systemctl restart kubelet";
 /// Turns it off again: the lab's configuration back, the kubelet's logind drop-in removed and
 /// logind reloaded (what a test that failed half-way leaves is undone by the next one's reset).
@@ -643,6 +647,13 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
                     .args(["--set", REBOOT_BY_COMMAND]))?;
             }
+            // CRDs just created answer 429 ("storage is (re)initializing") for a moment.
+            let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
+            wait::eventually("the NodeMaintenance API served", REBOOT, || async {
+                maintenances.list(&ListParams::default().limit(1)).await?;
+                Ok(Some(()))
+            })
+            .await?;
             anyhow::Ok(())
         })
         .await?;
@@ -652,14 +663,38 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
 /// nodeward's logind inhibitor locks in `vm`, one `systemd-inhibit --list` line each (who, uid,
 /// user, pid, command, what, why, mode).
 pub async fn nodeward_locks(vm: &Vm) -> anyhow::Result<Vec<String>> {
+    locks_of(vm, "nodeward").await
+}
+
+/// The logind inhibitor locks in `vm` whose line names `who` (see [`nodeward_locks`]).
+pub async fn locks_of(vm: &Vm, who: &str) -> anyhow::Result<Vec<String>> {
     let listed = vm
         .run("systemd-inhibit --list --no-pager --no-legend")
         .await?;
     Ok(listed
         .lines()
-        .filter(|l| l.contains("nodeward"))
+        .filter(|l| l.contains(who))
         .map(str::to_owned)
         .collect())
+}
+
+/// Whether `locks` (lines of `systemd-inhibit --list`) hold a delay lock on shutdown.
+pub fn has_shutdown_delay(locks: &[String]) -> bool {
+    locks
+        .iter()
+        .any(|l| l.contains("shutdown") && l.contains("delay"))
+}
+
+/// The Events about `node` (events.k8s.io, by `regarding`).
+pub async fn node_events(
+    client: &Client,
+    node: &str,
+) -> kube::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    let list = events
+        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
+        .await?;
+    Ok(list.items)
 }
 
 /// A token of the chart's agent service account bound to `object` (a reference with apiVersion,
@@ -711,13 +746,8 @@ pub async fn agent_pod(client: &Client, node: &str) -> anyhow::Result<Pod> {
 /// the coordinator's, oldest first) and the last lines the agent containers on `vm` logged,
 /// the previous boot's included (the kubelet keeps a container's log files across reboots).
 pub async fn drain_story(client: &Client, vm: &Vm) -> String {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    let mut lines = match events
-        .list(&ListParams::default().fields(&format!("regarding.name={}", vm.name)))
-        .await
-    {
-        Ok(list) => {
-            let mut items = list.items;
+    let mut lines = match node_events(client, &vm.name).await {
+        Ok(mut items) => {
             items.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
             items
                 .iter()
@@ -753,13 +783,7 @@ pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<()> {
     let held = wait::eventually(
         &format!("nodeward's delay lock held on {}", vm.name),
         Duration::from_secs(180),
-        || async {
-            let locks = nodeward_locks(vm).await?;
-            Ok(locks
-                .iter()
-                .any(|l| l.contains("shutdown") && l.contains("delay"))
-                .then_some(()))
-        },
+        || async { Ok(has_shutdown_delay(&nodeward_locks(vm).await?).then_some(())) },
     )
     .await;
     match held {
