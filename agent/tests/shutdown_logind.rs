@@ -340,6 +340,42 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
 }
 
 #[tokio::test]
+async fn a_drain_that_leaves_many_pods_still_reports_its_end_in_an_event() -> anyhow::Result<()> {
+    // Twelve pods no budget lets go: the note naming each (and why it stays) is over the
+    // 1024 bytes the API server takes, which once lost the Event on a real node.
+    let env = TestEnv::new("guard-many-left").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    env.replicaset("guarded", &node, 12, &PodOptions::default())
+        .await?;
+    env.pdb("guarded", "guarded", 12).await?;
+    env.running_pods("guarded", 12).await?;
+
+    let logind = Logind::start(&env.id, 20).await?;
+    let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 3s, onTimeout: Continue}\n";
+    let agent = agent(&env, &node, &logind, plan)?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+    power_off(&logind).await?;
+    let finished = wait::eventually("the ShutdownDrainFinished Event", TIMEOUT, || async {
+        Ok(env
+            .events_about(&node, "regarding.kind=Node")
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("ShutdownDrainFinished")))
+    })
+    .await
+    .with_context(|| agent.output())?;
+    let note = finished.note.unwrap_or_default();
+    assert!(note.len() <= 1024, "{} bytes: {note}", note.len());
+    assert!(note.starts_with("stages ran out of time; left: "), "{note}");
+    assert!(note.ends_with("cut at the API's limit)"), "{note}");
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
 async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::Result<()> {
     let env = TestEnv::new("guard-restart").await?;
     let node = env.node_name(0);

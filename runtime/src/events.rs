@@ -67,7 +67,7 @@ impl Events {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(note),
+            note: Some(fitted(note)),
             action: action.to_owned(),
             secondary: None,
         };
@@ -93,6 +93,22 @@ impl Events {
             events.publish(&about, type_, action, &reason, note).await;
         });
     }
+}
+
+/// The API server refuses an Event whose note is over 1024 bytes (and the Event is lost);
+/// a longer one (a drain's list of the pods it left) is cut at a character boundary, saying so.
+const NOTE_LIMIT: usize = 1024;
+
+fn fitted(note: String) -> String {
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let suffix = format!(" ... ({} bytes in all; cut at the API's limit)", note.len());
+    let mut end = NOTE_LIMIT.saturating_sub(suffix.len());
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", &note[..end])
 }
 
 /// A token bucket: `capacity` events at once, then one more every `refill`.
@@ -139,6 +155,22 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_note_over_the_apis_limit_is_cut_at_a_character_boundary() {
+        assert_eq!(fitted("short".into()), "short");
+        let exact = "x".repeat(NOTE_LIMIT);
+        assert_eq!(fitted(exact.clone()), exact);
+        // Two-byte characters, so that the cut falls inside one unless it looks for a boundary.
+        let long = "é".repeat(NOTE_LIMIT);
+        let cut = fitted(long);
+        assert!(cut.len() <= NOTE_LIMIT, "{} bytes", cut.len());
+        assert!(cut.starts_with("éé"), "{cut}");
+        assert!(
+            cut.ends_with("(2048 bytes in all; cut at the API's limit)"),
+            "{cut}"
+        );
+    }
 
     #[test]
     fn rate_limit_allows_a_burst_then_one_per_refill() {

@@ -2,6 +2,8 @@
 //! journal files (journald's copy of every kernel message), mounted read-only into a pod that is
 //! not privileged.
 
+use std::time::Duration;
+
 use k8s_openapi::api::events::v1::Event;
 use kube::{Api, api::ListParams};
 use nodeward_api::report::KernelLogSource;
@@ -64,12 +66,14 @@ async fn the_chart_agent_reads_kernel_messages_from_the_hosts_journal_without_pr
         Some(nodeward_api::labels::AGENT_FIELD_MANAGER),
         "{event:?}"
     );
-    // Read from the journal: the NodeReport's position says so.
-    let report = lab.report(&node).await?;
-    let position = report
-        .status
-        .and_then(|s| s.kernel_log)
-        .ok_or_else(|| anyhow::anyhow!("no kernel log position in the NodeReport"))?;
+    // Read from the journal: the NodeReport's position says so. The agent publishes the Event
+    // first and records its place in the report's next write, so the position may lag it.
+    let position = wait::eventually(
+        "the NodeReport's kernel log position",
+        Duration::from_secs(60),
+        || async { Ok(lab.report(&node).await?.status.and_then(|s| s.kernel_log)) },
+    )
+    .await?;
     assert_eq!(position.source, KernelLogSource::Journal, "{position:?}");
     Ok(())
 }

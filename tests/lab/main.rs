@@ -2,6 +2,7 @@
 //! kubelet) joined to the shared control plane. `./tests/run` boots the lab before the tests;
 //! run alone, the first test starts one (minutes under software emulation).
 
+mod bench;
 mod chart;
 mod host;
 mod kernel;

@@ -324,7 +324,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
     for (index, stage) in ordered.stages.iter().enumerate() {
         progress.stage = stage.stage.name.clone();
         let stage_end =
-            started + plan::stage_deadline(drain.plan, index, started.elapsed(), budget, budget);
+            started + plan::stage_deadline(&ordered, index, started.elapsed(), budget, budget);
         let mut left_in_stage: Vec<PodInfo> = Vec::new();
         for (group_index, group) in stage.groups.iter().enumerate() {
             let remaining = evict_group(

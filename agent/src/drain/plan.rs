@@ -255,28 +255,27 @@ pub fn order(
 }
 
 /// When stage `index` must end: its own timeout from `started`, but early enough to leave each
-/// later stage its share of the overall deadline (its timeout, at most a fifth of the budget),
-/// as the kubelet reserves time for critical pods.
+/// later stage that has pods its share of the overall deadline (its timeout, at most a fifth of
+/// the budget), as the kubelet reserves time for critical pods. A later stage with nothing to
+/// drain keeps no share: on a node without critical pods the workloads get that time too.
 pub fn stage_deadline(
-    plan: &DrainPlan,
+    ordered: &Ordered,
     index: usize,
     started: Duration,
     overall_deadline: Option<Duration>,
     budget: Option<Duration>,
 ) -> Duration {
-    let own = plan
-        .stages
-        .get(index)
-        .and_then(|s| s.timeout.to_std().ok())
-        .unwrap_or_default();
+    let timeout = |s: &StagePods| s.stage.timeout.to_std().unwrap_or_default();
+    let own = ordered.stages.get(index).map(timeout).unwrap_or_default();
     let by_timeout = started + own;
     match (overall_deadline, budget) {
         (Some(deadline), Some(budget)) => {
-            let reserved: Duration = plan
+            let reserved: Duration = ordered
                 .stages
                 .iter()
                 .skip(index + 1)
-                .map(|s| s.timeout.to_std().unwrap_or_default().min(budget / 5))
+                .filter(|s| !s.groups.is_empty())
+                .map(|s| timeout(s).min(budget / 5))
                 .sum();
             by_timeout.min(deadline.saturating_sub(reserved).max(started))
         }
@@ -441,23 +440,44 @@ mod tests {
     }
 
     #[test]
-    fn later_stages_keep_their_share_of_the_budget() {
+    fn later_stages_with_pods_keep_their_share_of_the_budget() {
         let plan = default_plan(Purpose::MachineDown);
+        let pods = vec![
+            pod("web", PodType::Default, 0),
+            pod("dns", PodType::Default, CRITICAL_PRIORITY),
+            pod("ds", PodType::DaemonSet, 0),
+        ];
+        let ordered = order(&plan, Purpose::MachineDown, pods.clone(), None);
         let budget = Duration::from_secs(100);
         // workloads (300s) must leave critical min(60, 20) + daemonsets min(30, 20) = 40s.
-        let first = stage_deadline(&plan, 0, Duration::ZERO, Some(budget), Some(budget));
-        assert_eq!(first, Duration::from_secs(60));
-        let last = stage_deadline(
-            &plan,
-            2,
-            Duration::from_secs(90),
-            Some(budget),
-            Some(budget),
+        let deadline = |ordered: &Ordered, index, started| {
+            stage_deadline(ordered, index, started, Some(budget), Some(budget))
+        };
+        assert_eq!(
+            deadline(&ordered, 0, Duration::ZERO),
+            Duration::from_secs(60)
         );
-        assert_eq!(last, Duration::from_secs(100));
+        assert_eq!(
+            deadline(&ordered, 2, Duration::from_secs(90)),
+            Duration::from_secs(100)
+        );
+        // No critical pod on the node: the workloads keep the critical stage's share.
+        let no_critical: Vec<PodInfo> = pods.iter().filter(|p| p.name != "dns").cloned().collect();
+        let ordered = order(&plan, Purpose::MachineDown, no_critical, None);
+        assert_eq!(
+            deadline(&ordered, 0, Duration::ZERO),
+            Duration::from_secs(80)
+        );
+        // Nothing after them: the whole budget.
+        let only_web: Vec<PodInfo> = pods.into_iter().filter(|p| p.name == "web").collect();
+        let ordered = order(&plan, Purpose::MachineDown, only_web, None);
+        assert_eq!(
+            deadline(&ordered, 0, Duration::ZERO),
+            Duration::from_secs(100)
+        );
         // Without a deadline (a maintenance drain) each stage has its own timeout.
         assert_eq!(
-            stage_deadline(&plan, 1, Duration::from_secs(7), None, None),
+            stage_deadline(&ordered, 1, Duration::from_secs(7), None, None),
             Duration::from_secs(67)
         );
     }

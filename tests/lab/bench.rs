@@ -1,0 +1,180 @@
+//! The shutdown drain on a real node, as a figure for BENCHMARKS.md ("Shutdown drain on a VM
+//! node"): 30 pods in 3 priority groups, `systemctl reboot` typed in the guest, and the time
+//! until the agent released logind's lock against the time the node's kubelet took to stop
+//! each group (what no drain can avoid). Not in `./tests/run`: one run takes about ten minutes
+//! under software emulation.
+//!
+//!   NODEWARD_TEST_NODELAB=DIR cargo test -p nodeward-e2e --test nodelab -- --ignored bench:: --show-output
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
+use kube::{
+    Api,
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::json;
+
+use crate::support::{self, Departure, Lab, REBOOT};
+
+const GROUPS: [(&str, i32); 3] = [
+    ("bench-low", 100),
+    ("bench-mid", 1000),
+    ("bench-high", 10000),
+];
+const PODS_PER_GROUP: i32 = 10;
+
+/// When the test first saw the agent's ShutdownDrainFinished Event about `node`, on the test's
+/// clock: the agent sends it just before it closes the lock's descriptor (its Released record
+/// comes after, and may not get out before the machine goes down). Events older than a minute
+/// before the call are an earlier run's.
+fn watch_drain_finished(client: &kube::Client, node: &str) -> Arc<Mutex<Option<Instant>>> {
+    let seen: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let recorded = seen.clone();
+    let since = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60);
+    let events: Api<Event> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("regarding.name={node}"));
+    tokio::spawn(
+        watcher(events, config)
+            .applied_objects()
+            .for_each(move |event| {
+                // Not an earlier run's: that was a reboot (minutes) ago, and by the guest's clock.
+                let finished = event.ok().is_some_and(|e| {
+                    let at = e.series.map(|s| s.last_observed_time).or(e.event_time);
+                    e.reason.as_deref() == Some("ShutdownDrainFinished")
+                        && at.is_some_and(|t| t.0 > since)
+                });
+                if finished {
+                    recorded
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert_with(Instant::now);
+                }
+                futures::future::ready(())
+            }),
+    );
+    seen
+}
+
+/// From the first eviction of a group to the last of its pods gone, as the API server showed
+/// it; `None` when a pod of the group was never asked or never seen gone.
+fn group_wait(departures: &[&Departure]) -> Option<(Instant, Instant)> {
+    let first = departures.iter().map(|d| d.asked).min()??;
+    let last = departures.iter().map(|d| d.stopped).max()??;
+    departures
+        .iter()
+        .all(|d| d.asked.is_some() && d.stopped.is_some())
+        .then_some((first, last))
+}
+
+#[tokio::test]
+#[ignore = "a benchmark (BENCHMARKS.md, \"Shutdown drain on a VM node\"): about ten minutes under emulation; run with --ignored bench::"]
+async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyhow::Result<()> {
+    let lab = Lab::get().await?;
+    // A node without a coordinator pod: the drain is the bench's pods alone.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> =
+        Api::namespaced(lab.client.clone(), support::NAMESPACE);
+    let coordinators: Vec<String> = pods
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/component=coordinator"))
+        .await?
+        .items
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    let node = lab
+        .lab
+        .nodes
+        .iter()
+        .find(|n| !coordinators.contains(n))
+        .context("a node without a coordinator pod")?
+        .clone();
+    let vm = lab.vm(&node);
+    for (class, value) in GROUPS {
+        lab.apply(
+            json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+            "metadata": {"name": class}, "value": value}),
+        )
+        .await?;
+    }
+    let namespace = lab.namespace("lab-bench").await?;
+    // A group at a time: thirty sandboxes created at once overran the CRI's deadline on an
+    // emulated VM.
+    for (class, _) in GROUPS {
+        lab.apply(support::term_recorder(
+            &namespace,
+            class,
+            &node,
+            PODS_PER_GROUP,
+            Some(class),
+        ))
+        .await?;
+        lab.running(&namespace, &format!("app={class}"), PODS_PER_GROUP as usize)
+            .await?;
+    }
+    support::wait_delay_lock(&lab.client, &vm).await?;
+
+    let departures = support::watch_departures(&lab.client, &namespace);
+    let release = watch_drain_finished(&lab.client, &node);
+    let boot = vm.boot_id().await?;
+    let typed = Instant::now();
+    // The guest agent may not answer once the shutdown is under way.
+    let _ = vm
+        .exec_with("systemctl reboot", Duration::from_secs(20))
+        .await;
+    let released = nodeward_e2e::wait::eventually(
+        "the agent's ShutdownDrainFinished Event",
+        REBOOT,
+        || async { Ok(*release.lock().unwrap_or_else(|p| p.into_inner())) },
+    )
+    .await?;
+    vm.wait_rebooted(&boot, REBOOT).await?;
+    vm.wait_node_ready(&lab.client, REBOOT).await?;
+
+    let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let story = support::drain_story(&lab.client, &vm).await;
+    let mut waits = Vec::new();
+    let mut previous_end: Option<Instant> = None;
+    for (class, _) in GROUPS {
+        // The evicted pods, not their replacements (Pending: the node is cordoned).
+        let evicted: Vec<&Departure> = seen
+            .values()
+            .filter(|d| d.group == class && d.asked.is_some())
+            .collect();
+        anyhow::ensure!(
+            evicted.len() == PODS_PER_GROUP as usize,
+            "{class}: {} of {PODS_PER_GROUP} pods asked to go: {seen:?}\n{story}",
+            evicted.len()
+        );
+        let (first, last) = group_wait(&evicted)
+            .with_context(|| format!("{class}: a pod never seen gone: {seen:?}\n{story}"))?;
+        if let Some(end) = previous_end {
+            // (1 s for the API server's second-precision deletion times.)
+            anyhow::ensure!(
+                first + Duration::from_secs(1) >= end,
+                "{class} asked to go before the group before it had gone: {seen:?}"
+            );
+        }
+        previous_end = Some(last);
+        waits.push(last.duration_since(first));
+    }
+    let total = released.duration_since(typed);
+    let stage_waits: Duration = waits.iter().sum();
+    println!(
+        "{node}: 30 pods in 3 priority groups: systemctl reboot to the lock released (ShutdownDrainFinished seen) {:.2} s; the kubelet took {} to stop the groups, {:.2} s in all; overhead {:.2} s ({:.2}x)",
+        total.as_secs_f64(),
+        waits
+            .iter()
+            .map(|w| format!("{:.2} s", w.as_secs_f64()))
+            .collect::<Vec<_>>()
+            .join(", "),
+        stage_waits.as_secs_f64(),
+        total.saturating_sub(stage_waits).as_secs_f64(),
+        total.as_secs_f64() / stage_waits.as_secs_f64().max(f64::EPSILON)
+    );
+    lab.delete_namespace(&namespace).await
+}
