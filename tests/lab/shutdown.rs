@@ -135,10 +135,10 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
 
     // The drain, as the API server saw it: low, then high once low had stopped; the blocked
     // pod held the high group until the stage's deadline and was never evicted (the default
-    // plan goes on at a deadline); then the DaemonSet stage. The default plan leaves the later
-    // stages their share (a fifth of the budget each) of the 115 s a 120 s delay gives (5 s
-    // margin): the workloads stage ends 69 s after the start, the critical stage (a
-    // coordinator pod, if one runs here) 92 s after.
+    // plan goes on at a deadline); then the DaemonSet stage. The default plan leaves each later
+    // stage with pods its share (a fifth of the budget) of the 115 s a 120 s delay gives (5 s
+    // margin): the workloads stage ends 69 s after the start with a coordinator pod here (the
+    // critical stage), 92 s after without one.
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let asked = |group: &str| -> Vec<Instant> {
         seen.values()
@@ -208,8 +208,8 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     );
     let held = daemon.duration_since(start).as_secs_f64();
     assert!(
-        (55.0..100.0).contains(&held),
-        "the blocked pod held the drain {held:.1} s (expected its stage's deadline, ~69 s): {timeline}"
+        (55.0..110.0).contains(&held),
+        "the blocked pod held the drain {held:.1} s (expected its stage's deadline, 69 or 92 s): {timeline}"
     );
 
     // The pods really got SIGTERM from the kubelet before the machine went down, in that order.

@@ -435,7 +435,7 @@ pub fn term_recorder_daemonset(namespace: &str, name: &str, node: &str) -> Value
 
 fn pod_spec(node: &str, group: &str) -> Value {
     // `sleep & wait` so that the trap runs as soon as the signal comes; a long sleep, because
-    // an emulated VM with thirty pods forking every second had no CPU left for containerd.
+    // every wakeup forks, which an emulated VM running thirty of these pods pays for.
     let script = format!(
         "trap 'echo $(cut -d\" \" -f1 /proc/uptime) $HOSTNAME {group} TERM >> /log/term; exit 0' TERM; \
          while :; do sleep 3600 & wait $!; done"
