@@ -288,11 +288,33 @@ async fn apply(client: &Client, documents: &[Value]) -> anyhow::Result<()> {
     let params = PatchParams::apply("nodeward-e2e-chart").force();
     for document in documents {
         let (api, name) = dynamic_api(client, document).await?;
-        api.patch(&name, &params, &Patch::Apply(document))
+        let patch = Patch::Apply(document);
+        past_storage_reinit(|| api.patch(&name, &params, &patch))
             .await
             .with_context(|| format!("applying {} {name}", document["kind"]))?;
     }
     Ok(())
+}
+
+/// Runs a request again while the API server answers 429 "storage is (re)initializing": the
+/// upgrade test changes the CRDs, and requests for their kinds meanwhile meet new storage. Any
+/// other answer is the request's (the test clients do not retry by themselves).
+async fn past_storage_reinit<T, F, Fut>(request: F) -> kube::Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = kube::Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        match request().await {
+            Err(kube::Error::Api(status))
+                if status.code == 429 && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            answer => return answer,
+        }
+    }
 }
 
 async fn dynamic_api(
@@ -1376,7 +1398,10 @@ async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
         .filter(|d| d["metadata"]["namespace"].is_null() && d["kind"] != "CustomResourceDefinition")
     {
         let (api, name) = dynamic_api(&env.client, document).await?;
-        api.delete(&name, &DeleteParams::default()).await?;
+        let params = DeleteParams::default();
+        past_storage_reinit(|| api.delete(&name, &params))
+            .await
+            .with_context(|| format!("deleting {} {name}", document["kind"]))?;
     }
     env.cleanup().await
 }
