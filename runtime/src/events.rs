@@ -104,10 +104,7 @@ fn fitted(note: String) -> String {
         return note;
     }
     let suffix = format!(" ... ({} bytes in all; cut at the API's limit)", note.len());
-    let mut end = NOTE_LIMIT.saturating_sub(suffix.len());
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = note.floor_char_boundary(NOTE_LIMIT.saturating_sub(suffix.len()));
     format!("{}{suffix}", &note[..end])
 }
 
