@@ -571,6 +571,27 @@ async fn apply_crds(client: &Client) -> anyhow::Result<()> {
             },
         )
         .await?;
+        // Established comes before the storage of a new kind: for a moment its requests
+        // answer 429 "storage is (re)initializing", which the test clients do not retry.
+        let served = crd.spec.versions.iter().find(|v| v.storage);
+        let version = served.map(|v| v.name.clone()).unwrap_or_default();
+        let resource = kube::api::ApiResource {
+            group: crd.spec.group.clone(),
+            version: version.clone(),
+            api_version: format!("{}/{version}", crd.spec.group),
+            kind: crd.spec.names.kind.clone(),
+            plural: crd.spec.names.plural.clone(),
+        };
+        let objects: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+        wait::eventually(
+            &format!("{name} served"),
+            Duration::from_secs(30),
+            || async {
+                objects.list(&ListParams::default().limit(1)).await?;
+                Ok(Some(()))
+            },
+        )
+        .await?;
     }
     Ok(())
 }
