@@ -1,16 +1,16 @@
 //! The agent in host mode on a real node (installed by [`Lab::host_mode`]): the shipped unit
 //! with its hardening reports no false findings with the filesystem and kernel-log detectors
 //! on, and its reboot gate refuses a reboot by a user polkit allows to reboot until the
-//! coordinator admits a maintenance of the node. (The rolling-reboot test reboots a host-mode
-//! node by maintenance.)
+//! coordinator admits a maintenance of the node. The rolling-reboot test runs these steps on
+//! its host-mode VM before the rollout and checks the gate again after the VM's reboot: one
+//! install of host mode serves both (each costs minutes on an emulated VM).
 
 use std::time::Duration;
 
-use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use nodeward_api::{MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::wait;
+use nodeward_api::{MaintenancePhase, NodeMaintenance, report::NodeReportStatus};
+use nodeward_e2e::{nodelab::Vm, wait};
 
 use crate::support::{self, Lab, REBOOT};
 
@@ -34,15 +34,20 @@ const OPERATOR_RULE: &str = r#"polkit.addRule(function(action, subject) {
 const OPS_CAN_REBOOT: &str = "runuser -u ops -- busctl call org.freedesktop.login1 \
     /org/freedesktop/login1 org.freedesktop.login1.Manager CanReboot";
 
-#[tokio::test]
-#[ignore = "passes (344 s on a freshly booted lab, 2026-11-26, and kubelet, network and rolling pass after it), but ./tests/run already takes 72-77 of CI's 90 minutes (host mode itself runs in the rolling reboot); run with --ignored"]
-async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_admitted()
--> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let vm = lab.lab.vms().pop().context("a VM")?;
-    let node = vm.name.clone();
+/// Waits until logind's answer to ops is `answer` (`yes` or `no`).
+async fn ops_can_reboot(vm: &Vm, what: &str, answer: &str) -> anyhow::Result<()> {
+    let want = format!("s \"{answer}\"");
+    wait::eventually(what, Duration::from_secs(60), || async {
+        let can = vm.run(OPS_CAN_REBOOT).await?;
+        Ok((can.trim() == want).then_some(()))
+    })
+    .await
+}
 
-    // An operator polkit lets reboot: with the chart's agent (no gate) the reboot is theirs.
+/// Gives user ops a reboot through polkit and waits until logind says yes to it. Run while
+/// the chart's agent (no gate) serves `vm`: the yes shows that the rule took, so that a later
+/// no is the gate's.
+pub async fn let_an_operator_reboot(vm: &Vm) -> anyhow::Result<()> {
     vm.run(
         "mkdir -p /etc/polkit-1/rules.d && (id ops >/dev/null 2>&1 || useradd --create-home ops)",
     )
@@ -52,19 +57,13 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
         OPERATOR_RULE.as_bytes(),
     )
     .await?;
-    let can = wait::eventually(
-        "polkit to load the rule",
-        Duration::from_secs(60),
-        || async {
-            let can = vm.run(OPS_CAN_REBOOT).await?;
-            Ok((can.trim() == "s \"yes\"").then_some(can))
-        },
-    )
-    .await?;
-    assert_eq!(can.trim(), "s \"yes\"");
+    ops_can_reboot(vm, "polkit to load the rule (ops may reboot)", "yes").await
+}
 
-    // Host mode as the README installs it, with the reboot gate on.
-    let report = lab.host_mode(&vm).await?;
+/// The host-mode agent's first full report has no problem findings, a healthy finding of each
+/// detector that a hardened unit could fool, and the unit runs with its hardening.
+pub async fn assert_no_false_findings(vm: &Vm, report: &NodeReportStatus) -> anyhow::Result<()> {
+    let node = &vm.name;
     let problems = support::problems(&report.findings);
     assert!(problems.is_empty(), "{node}: {problems:?}");
     for detector in [
@@ -89,12 +88,15 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
         unit.contains("ActiveState=active") && unit.contains("ProtectSystem=strict"),
         "{unit}"
     );
+    Ok(())
+}
 
-    // The gate: a block lock while nothing is admitted; the operator's reboot is refused.
-    let locks = support::nodeward_locks(&vm).await?;
+/// The gate while nothing of `vm`'s node is admitted: a block lock, logind's no to ops, and
+/// ops' `systemctl reboot` refused with the machine still on the same boot.
+pub async fn assert_gate_refuses(vm: &Vm) -> anyhow::Result<()> {
+    ops_can_reboot(vm, "the gate to leave ops no reboot", "no").await?;
+    let locks = support::nodeward_locks(vm).await?;
     assert!(locks.iter().any(|l| l.contains("block")), "{locks:?}");
-    let can = vm.run(OPS_CAN_REBOOT).await?;
-    assert_eq!(can.trim(), "s \"no\"", "the gate leaves ops no reboot");
     let boot = vm.boot_id().await?;
     let refused = vm.exec("runuser -u ops -- systemctl reboot").await?;
     assert!(
@@ -102,31 +104,27 @@ async fn a_host_mode_agent_reports_no_false_findings_and_gates_reboots_until_adm
         "the operator's reboot was not refused: {refused:?}"
     );
     assert_eq!(vm.boot_id().await?, boot, "no reboot happened");
+    Ok(())
+}
 
-    // Admitted (a drain that holds until deleted): the gate opens. Deleted: it closes again
-    // and the node is back in service.
+/// A maintenance of the node admitted (a drain that holds until deleted) opens the gate to
+/// ops; deleted, the gate closes again and the node is back in service.
+pub async fn assert_gate_opens_while_admitted(lab: &Lab, vm: &Vm) -> anyhow::Result<()> {
+    let node = &vm.name;
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let name = format!("{node}-host-mode-drain");
-    lab.create_maintenance(&name, &node, "Manual", "DrainOnly")
+    lab.create_maintenance(&name, node, "Manual", "DrainOnly")
         .await?;
     wait::until(&maintenances, &name, "drained (Acting)", REBOOT, |m| {
         m.and_then(|m| m.status.as_ref())
             .is_some_and(|s| s.phase == MaintenancePhase::Acting)
     })
     .await?;
-    wait::eventually("the gate to open", Duration::from_secs(60), || async {
-        let can = vm.run(OPS_CAN_REBOOT).await?;
-        Ok((can.trim() == "s \"yes\"").then_some(()))
-    })
-    .await?;
+    ops_can_reboot(vm, "the gate to open", "yes").await?;
     wait::deleted(&maintenances, &name, REBOOT).await?;
-    wait::eventually("the gate to close", Duration::from_secs(60), || async {
-        let can = vm.run(OPS_CAN_REBOOT).await?;
-        Ok((can.trim() == "s \"no\"").then_some(()))
-    })
-    .await?;
+    ops_can_reboot(vm, "the gate to close", "no").await?;
     let nodes: Api<Node> = Api::all(lab.client.clone());
-    let spec = nodes.get(&node).await?.spec.unwrap_or_default();
+    let spec = nodes.get(node).await?.spec.unwrap_or_default();
     assert_ne!(spec.unschedulable, Some(true), "uncordoned");
     Ok(())
 }

@@ -3,6 +3,8 @@
 //! two at once, the health gate waits for the real kubelet's Ready, and all of them succeed.
 //! The DaemonSet agents reboot by running `systemctl reboot` on the host and the host-mode one
 //! by sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method command|signal`).
+//! Before the rollout the host-mode VM shows its agent's health and reboot gate (`host.rs`),
+//! and after its reboot the gate is back.
 
 use std::time::Instant;
 
@@ -12,16 +14,24 @@ use kube::{Api, ResourceExt, api::ListParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{history, wait};
 
-use crate::support::{Lab, REBOOT};
+use crate::{
+    host,
+    support::{Lab, REBOOT},
+};
 
 #[tokio::test]
-async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -> anyhow::Result<()>
-{
+async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_only_when_admitted()
+-> anyhow::Result<()> {
     let lab = Lab::get().await?;
     // A mixed fleet: the last VM's agent runs in host mode (with its reboot gate), the others'
     // as the chart's DaemonSet pods.
     let host_mode = lab.lab.vms().pop().context("a VM")?;
-    lab.host_mode(&host_mode).await?;
+    host::let_an_operator_reboot(&host_mode).await?;
+    let report = lab.host_mode(&host_mode).await?;
+    host::assert_no_false_findings(&host_mode, &report).await?;
+    host::assert_gate_refuses(&host_mode).await?;
+    host::assert_gate_opens_while_admitted(&lab, &host_mode).await?;
+
     let names: Vec<String> = lab.lab.nodes.iter().map(|n| format!("roll-{n}")).collect();
     let ours = names.clone();
     let history = history::watch_where(&lab.client, move |m| ours.contains(&m.name_any()), "");
@@ -148,6 +158,9 @@ async fn a_rolling_reboot_by_node_maintenance_reboots_every_vm_one_at_a_time() -
             "{name}: how it rebooted: {note:?}, expected {expected:?}"
         );
     }
+
+    // The host-mode agent closed its gate again on the new boot.
+    host::assert_gate_refuses(&host_mode).await?;
 
     // Never two disrupted at once, in everything the API server showed.
     let seen = history.lock().unwrap_or_else(|p| p.into_inner()).clone();

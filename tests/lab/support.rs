@@ -93,7 +93,8 @@ pub struct Lab {
 
 impl Lab {
     /// The lab, this test's turn on it, the chart installed, what an earlier test that failed
-    /// may have left undone, every node Ready with a Ready agent, both coordinators Ready.
+    /// may have left undone, every node Ready with a Ready agent, both coordinators Ready, and
+    /// every VM's clock set to this machine's ([`nodelab::Vm::sync_clock`]).
     pub async fn get() -> anyhow::Result<Self> {
         let turn = exclusive().await;
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
@@ -107,6 +108,10 @@ impl Lab {
         };
         this.reset().await?;
         this.settled().await?;
+        for vm in this.lab.vms() {
+            let off = vm.sync_clock().await?;
+            println!("{}: clock set, it was {off:+.3} s off", vm.name);
+        }
         Ok(this)
     }
 

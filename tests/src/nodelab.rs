@@ -191,6 +191,22 @@ impl GuestAgent {
         }
     }
 
+    /// How far the guest's clock is from this machine's, in seconds: its time against the
+    /// middle of the call's round trip.
+    async fn clock_offset(&mut self) -> anyhow::Result<f64> {
+        let sent = unix_nanos()?;
+        let guest = self
+            .call(
+                json!({"execute": "guest-get-time"}),
+                Duration::from_secs(10),
+            )
+            .await?
+            .as_i64()
+            .context("guest-get-time's answer")?;
+        let back = unix_nanos()?;
+        Ok((guest - sent / 2 - back / 2) as f64 / 1e9)
+    }
+
     async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
         let mut line = serde_json::to_vec(message)?;
         line.push(b'\n');
@@ -210,6 +226,12 @@ impl GuestAgent {
         }
         Ok(reply["return"].clone())
     }
+}
+
+/// Nanoseconds since the Unix epoch on this machine's clock.
+fn unix_nanos() -> anyhow::Result<i64> {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    Ok(i64::try_from(since.as_nanos())?)
 }
 
 fn rand_id() -> u32 {
@@ -280,6 +302,36 @@ impl Vm {
         }
         .await;
         result.with_context(|| format!("running {script:?} in {}", self.name))
+    }
+
+    /// Sets the VM's clock to this machine's (to within a millisecond or so); returns how
+    /// far off it was, in seconds (negative: behind). A VM's clock starts from the emulated
+    /// RTC, which keeps whole seconds, and no time server is in reach, so a guest runs up to
+    /// a second off the API server's clock: everything that compares the node's clock with
+    /// the API server's (a drain lets a pod go 10 s past its deletionTimestamp) or times a
+    /// guest from this machine would inherit it. Real nodes keep time with NTP.
+    pub async fn sync_clock(&self) -> anyhow::Result<f64> {
+        let lock = agent_lock(&self.dir);
+        let _turn = lock.lock().await;
+        let result = async {
+            let mut agent = GuestAgent::connect(&self.socket(), Duration::from_secs(30)).await?;
+            let before = agent.clock_offset().await?;
+            let set = json!({"execute": "guest-set-time", "arguments": {"time": unix_nanos()?}});
+            match agent.call(set, Duration::from_secs(10)).await {
+                // The clock is set first; then the agent runs hwclock, which the image lacks
+                // (the RTC's whole seconds would not keep the rest).
+                Err(e) if !e.to_string().contains("hwclock") => return Err(e),
+                _ => {}
+            }
+            let after = agent.clock_offset().await?;
+            anyhow::ensure!(
+                after.abs() < 0.05,
+                "the clock is still {after:.3} s off after setting it"
+            );
+            Ok(before)
+        }
+        .await;
+        result.with_context(|| format!("setting the clock of {}", self.name))
     }
 
     /// Runs `script` (60 s at most).
