@@ -45,6 +45,8 @@ pub enum Error {
     },
     #[error("serving peer probes: {0}")]
     PeerProbes(String),
+    #[error("the drain's task ended without an outcome: {0}")]
+    DrainTask(String),
     #[error(transparent)]
     Runtime(#[from] nodeward_runtime::Error),
 }

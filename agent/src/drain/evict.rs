@@ -25,11 +25,19 @@ use nodeward_api::{
 use nodeward_runtime::ApiError;
 use tokio::time::Instant;
 
-use super::plan::{self, Ordered, PodInfo, Purpose};
+use super::{
+    plan::{self, Ordered, PodInfo, Purpose},
+    pods::{NodePods, instant_of, key, let_go_at},
+};
 use crate::{Error, backoff::Backoff};
 
-/// How often pods are re-read while waiting for them to go.
+/// How often pods are listed while waiting for them to go, when their watch does not follow
+/// them (not yet listed, or failed).
 const POLL: Duration = Duration::from_millis(250);
+
+/// How often a group waiting for its pods to go looks again at what no watch wakes it for (a
+/// surge that holds a pod back).
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// Evictions (or deletions) of one group in flight at once: enough that a large group is asked
 /// within a few round trips, few enough not to crowd the agent's client or the API server.
@@ -84,25 +92,26 @@ pub enum Outcome {
     },
 }
 
-/// What the drain needs to know.
-pub struct Drain<'a> {
+/// What the drain needs to know (owned: a drain runs as a task of its own).
+#[derive(Clone)]
+pub struct Drain {
     pub client: Client,
-    pub node: &'a str,
-    pub plan: &'a DrainPlan,
+    pub node: String,
+    pub plan: DrainPlan,
     pub purpose: Purpose,
     /// The agent's own pod (namespace, name), which stays.
     pub own_pod: Option<(String, String)>,
     /// The drain ends by then whatever happens (the shutdown budget), if set.
     pub deadline: Option<Instant>,
     /// The taint the node carries while drained (pods tolerating it may come back).
-    pub taint: &'a str,
+    pub taint: &'static str,
     /// The maintenance drained (the store holds its live status), whose surges hold their
     /// pods back until the coordinator has their replacement available.
     pub surges: Option<(Store<NodeMaintenance>, String)>,
 }
 
 /// Why `pod` waits for a surge of the maintenance being drained, if it does.
-fn held_by_surge(drain: &Drain<'_>, pod: &PodInfo) -> Option<BlockingPod> {
+fn held_by_surge(drain: &Drain, pod: &PodInfo) -> Option<BlockingPod> {
     let (store, name) = drain.surges.as_ref()?;
     let m = store.get(&ObjectRef::new(name))?;
     let surge = m
@@ -172,57 +181,21 @@ fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>, taint
     }
 }
 
-fn key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
-}
-
-/// How long past the end of its grace period a terminating pod is still waited for.
-const PAST_GRACE: Duration = Duration::from_secs(10);
-
-/// Whether `pod` is terminating and its grace period ended more than [`PAST_GRACE`] before
-/// `now`: the kubelet is killing it, and waiting for its report holds nothing back (kubectl
-/// drain's `--skip-wait-for-delete-timeout`). A slow kubelet then no longer runs a drain stage
-/// out of time for a pod that was already let go.
-fn past_grace(pod: &Pod, now: jiff::Timestamp) -> bool {
-    pod.metadata
-        .deletion_timestamp
-        .as_ref()
-        .and_then(|t| t.0.checked_add(PAST_GRACE).ok())
-        .is_some_and(|end| end < now)
-}
-
-/// The pods on `node` that are still running or terminating within their grace period, by
-/// `namespace/name`.
-async fn pods_on(client: &Client, node: &str) -> Result<HashMap<String, Pod>, Error> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let listed = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .map_err(|e| ApiError::new("listing the pods of", format!("node {node}"), e))?;
-    let now = jiff::Timestamp::now();
-    Ok(listed
-        .items
-        .into_iter()
-        .filter(|p| {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed")) && !past_grace(p, now)
-        })
-        .map(|p| (key(&p.namespace().unwrap_or_default(), &p.name_any()), p))
-        .collect())
-}
-
-/// Reads the node's pods and orders them by the plan.
-pub async fn order(drain: &Drain<'_>) -> Result<Ordered, Error> {
-    let on_node = pods_on(&drain.client, drain.node).await?;
-    let namespaces: HashMap<String, BTreeMap<String, String>> =
+/// Reads the node's pods (the namespaces' labels at the same time) and orders them by the
+/// plan.
+pub async fn order(drain: &Drain, pods: &NodePods) -> Result<Ordered, Error> {
+    let namespaces = async {
         Api::<Namespace>::all(drain.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|e| ApiError::new("listing", "namespaces".to_owned(), e))?
-            .items
-            .into_iter()
-            .map(|n| (n.name_any(), n.labels().clone()))
-            .collect();
+            .map_err(|e| Error::from(ApiError::new("listing", "namespaces".to_owned(), e)))
+    };
+    let (on_node, namespaces) = futures::try_join!(pods.current(), namespaces)?;
+    let namespaces: HashMap<String, BTreeMap<String, String>> = namespaces
+        .items
+        .into_iter()
+        .map(|n| (n.name_any(), n.labels().clone()))
+        .collect();
     let pods = on_node
         .values()
         .map(|p| info(p, &namespaces, drain.taint))
@@ -231,7 +204,7 @@ pub async fn order(drain: &Drain<'_>) -> Result<Ordered, Error> {
         .own_pod
         .as_ref()
         .map(|(ns, name)| (ns.as_str(), name.as_str()));
-    Ok(plan::order(drain.plan, drain.purpose, pods, own))
+    Ok(plan::order(&drain.plan, drain.purpose, pods, own))
 }
 
 /// Why an eviction was refused, for the progress record.
@@ -310,8 +283,9 @@ impl Progress {
 }
 
 /// Runs the drain. `report` is called whenever progress changes.
-pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
-    let ordered = order(drain).await?;
+pub async fn run(drain: &Drain, mut report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
+    let mut pods = NodePods::watched(&drain.client, &drain.node);
+    let ordered = order(drain, &pods).await?;
     let mut gone = Gone::default();
     let started = Instant::now();
     let budget = drain.deadline.map(|d| d.saturating_duration_since(started));
@@ -329,6 +303,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
         for (group_index, group) in stage.groups.iter().enumerate() {
             let remaining = evict_group(
                 drain,
+                &mut pods,
                 group,
                 stage_end,
                 &mut gone,
@@ -382,7 +357,7 @@ pub async fn run(drain: &Drain<'_>, mut report: impl FnMut(&Progress)) -> Result
                     .deadline
                     .unwrap_or_else(|| Instant::now() + Duration::from_secs(30));
                 let still = wait_gone(
-                    drain,
+                    &mut pods,
                     &left_in_stage,
                     until,
                     &mut gone,
@@ -460,7 +435,7 @@ pub fn failure(outcome: Option<Outcome>, drain_timeout: Option<Duration>) -> Opt
 
 /// Deletes `pods` (no eviction: PodDisruptionBudgets do not apply), as many at once as
 /// evictions; their names.
-async fn delete(drain: &Drain<'_>, pods: &[PodInfo], params: DeleteParams) -> Vec<String> {
+async fn delete(drain: &Drain, pods: &[PodInfo], params: DeleteParams) -> Vec<String> {
     futures::stream::iter(pods.iter().cloned())
         .map(|pod: PodInfo| {
             let params = params.clone();
@@ -480,8 +455,8 @@ async fn delete(drain: &Drain<'_>, pods: &[PodInfo], params: DeleteParams) -> Ve
 
 /// Forces a drain that ran out of time through: deletes every pod the plan still takes,
 /// each with its own grace period, without waiting. The pods deleted.
-pub async fn force(drain: &Drain<'_>) -> Result<Vec<String>, Error> {
-    let ordered = order(drain).await?;
+pub async fn force(drain: &Drain) -> Result<Vec<String>, Error> {
+    let ordered = order(drain, &NodePods::listed(&drain.client, &drain.node)).await?;
     let pods: Vec<PodInfo> = ordered
         .stages
         .iter()
@@ -493,7 +468,7 @@ pub async fn force(drain: &Drain<'_>) -> Result<Vec<String>, Error> {
 }
 
 /// Asks the API server to evict `pod` with `grace` seconds to stop.
-async fn evict(drain: &Drain<'_>, pod: &PodInfo, grace: i64) -> Result<(), kube::Error> {
+async fn evict(drain: &Drain, pod: &PodInfo, grace: i64) -> Result<(), kube::Error> {
     let api: Api<Pod> = Api::namespaced(drain.client.clone(), &pod.namespace);
     let params = EvictParams {
         delete_options: Some(
@@ -507,7 +482,8 @@ async fn evict(drain: &Drain<'_>, pod: &PodInfo, grace: i64) -> Result<(), kube:
 /// Evicts one priority group and waits for it to go, until `stage_end`. Returns the pods
 /// still there at the end.
 async fn evict_group(
-    drain: &Drain<'_>,
+    drain: &Drain,
+    pods: &mut NodePods,
     group: &[PodInfo],
     stage_end: Instant,
     tracker: &mut Gone,
@@ -585,7 +561,7 @@ async fn evict_group(
                 }
             }
         }
-        let on_node = pods_on(&drain.client, drain.node).await?;
+        let on_node = pods.current().await?;
         let left: Vec<PodInfo> = group
             .iter()
             .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
@@ -603,13 +579,34 @@ async fn evict_group(
         if left.is_empty() || Instant::now() >= stage_end {
             return Ok(left);
         }
-        tokio::time::sleep(POLL.min(stage_end.saturating_duration_since(Instant::now()))).await;
+        // Woken by a change to the node's pods, or when a refused eviction is due again or a
+        // pod is let go, whichever comes first.
+        let retry = backoff
+            .iter()
+            .filter(|(id, _)| !asked.contains(*id))
+            .map(|(_, (_, next))| *next);
+        let wake = retry
+            .chain(let_go(&left, &on_node))
+            .fold(stage_end.min(Instant::now() + RECHECK), Instant::min);
+        pods.change_or(wake, POLL).await;
     }
+}
+
+/// When each of `left` (its pod in `on_node`) is let go, if it is terminating.
+fn let_go<'a>(
+    left: &'a [PodInfo],
+    on_node: &'a HashMap<String, Pod>,
+) -> impl Iterator<Item = Instant> + 'a {
+    left.iter()
+        .filter_map(|p| on_node.get(&key(&p.namespace, &p.name)))
+        .filter_map(let_go_at)
+        // Let go once strictly past the instant: a millisecond later.
+        .map(|at| instant_of(at) + Duration::from_millis(1))
 }
 
 /// Waits until `pods` are gone or `until`; returns those still there.
 async fn wait_gone(
-    drain: &Drain<'_>,
+    on: &mut NodePods,
     pods: &[PodInfo],
     until: Instant,
     tracker: &mut Gone,
@@ -617,7 +614,7 @@ async fn wait_gone(
     report: &mut impl FnMut(&Progress),
 ) -> Result<Vec<PodInfo>, Error> {
     loop {
-        let on_node = pods_on(&drain.client, drain.node).await?;
+        let on_node = on.current().await?;
         let left: Vec<PodInfo> = pods
             .iter()
             .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
@@ -629,7 +626,8 @@ async fn wait_gone(
         if left.is_empty() || Instant::now() >= until {
             return Ok(left);
         }
-        tokio::time::sleep(POLL).await;
+        let wake = let_go(&left, &on_node).fold(until, Instant::min);
+        on.change_or(wake, POLL).await;
     }
 }
 
@@ -650,28 +648,6 @@ mod tests {
             returns: false,
             controller: None,
         }
-    }
-
-    #[test]
-    fn a_pod_past_its_grace_period_is_no_longer_waited_for() {
-        let at = |t: &str| -> jiff::Timestamp { t.parse().expect("a time") };
-        let mut pod = Pod::default();
-        assert!(
-            !past_grace(&pod, at("2026-11-25T12:00:00Z")),
-            "not terminating"
-        );
-        pod.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at("2026-11-25T12:00:00Z")),
-        );
-        assert!(
-            !past_grace(&pod, at("2026-11-25T11:59:50Z")),
-            "within its grace"
-        );
-        assert!(
-            !past_grace(&pod, at("2026-11-25T12:00:09Z")),
-            "just past it: still waited for"
-        );
-        assert!(past_grace(&pod, at("2026-11-25T12:00:11Z")));
     }
 
     #[test]

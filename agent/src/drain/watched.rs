@@ -3,13 +3,14 @@
 //! deadline is enforced here as well, since a stage can overrun it while an API call hangs.
 
 use std::{
-    future::Future,
-    pin::Pin,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use tokio::time::{Instant, Interval};
+use tokio::{
+    task::JoinHandle,
+    time::{Instant, Interval},
+};
 
 use super::evict::{self, Drain, Outcome, Progress};
 use crate::Error;
@@ -27,30 +28,33 @@ pub enum Report {
     },
 }
 
-type Draining<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Error>> + Send + 'a>>;
-
-/// A running drain. Dropping it stops the drain.
-pub struct Watched<'a> {
+/// A running drain, in a task of its own so that it goes on while the caller records its
+/// progress. Dropping it stops the drain.
+pub struct Watched {
     /// `None` once it ended.
-    draining: Option<Draining<'a>>,
+    draining: Option<JoinHandle<Result<Outcome, Error>>>,
     deadline: Option<Instant>,
     tick: Interval,
     latest: Arc<Mutex<Option<Progress>>>,
 }
 
-impl<'a> Watched<'a> {
+impl Watched {
     /// Starts `drain`.
-    pub fn start(drain: &'a Drain<'a>) -> Self {
+    pub fn start(drain: Drain) -> Self {
         let latest: Arc<Mutex<Option<Progress>>> = Arc::default();
         let seen = latest.clone();
-        let draining = evict::run(drain, move |p| {
-            if let Ok(mut l) = seen.lock() {
-                *l = Some(p.clone());
-            }
+        let deadline = drain.deadline;
+        let draining = tokio::spawn(async move {
+            evict::run(&drain, move |p| {
+                if let Ok(mut l) = seen.lock() {
+                    *l = Some(p.clone());
+                }
+            })
+            .await
         });
         Self {
-            draining: Some(Box::pin(draining)),
-            deadline: drain.deadline,
+            draining: Some(draining),
+            deadline,
             tick: tokio::time::interval(Duration::from_secs(1)),
             latest,
         }
@@ -69,11 +73,13 @@ impl<'a> Watched<'a> {
             }
         };
         let outcome = tokio::select! {
-            result = draining => Some(result),
+            joined = draining => Some(joined.unwrap_or_else(|e| Err(Error::DrainTask(e.to_string())))),
             _ = out_of_time => None,
             _ = self.tick.tick() => return Report::Tick(self.take()),
         };
-        self.draining = None;
+        if let Some(draining) = self.draining.take() {
+            draining.abort();
+        }
         Report::Ended {
             outcome,
             last: self.take(),
@@ -82,5 +88,13 @@ impl<'a> Watched<'a> {
 
     fn take(&self) -> Option<Progress> {
         self.latest.lock().ok().and_then(|mut l| l.take())
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(draining) = &self.draining {
+            draining.abort();
+        }
     }
 }

@@ -324,15 +324,15 @@ impl Executor {
         });
         let drain = Drain {
             client: self.client.clone(),
-            node: &self.node,
-            plan: &effective.plan,
+            node: self.node.clone(),
+            plan: effective.plan.clone(),
             purpose: Purpose::of(m.spec.action),
             own_pod: self.own_pod.clone(),
             deadline,
             taint: MAINTENANCE_TAINT,
             surges: Some((store.clone(), m.name_any())),
         };
-        let mut watched = Watched::start(&drain);
+        let mut watched = Watched::start(drain.clone());
         let outcome = loop {
             match watched.next().await {
                 Report::Tick(progress) => {

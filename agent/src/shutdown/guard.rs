@@ -389,23 +389,23 @@ impl Guard {
         held: &mut Option<OwnedFd>,
         delay: Duration,
     ) {
-        let (left, resumed) = self.begin(state, delay).await;
         let plan = self
             .settings
             .plan
             .clone()
             .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
+        let (deadline, left, resumed) = self.begin(state, delay).await;
         let drain = Drain {
             client: self.client.clone(),
-            node: &self.node,
-            plan: &plan,
+            node: self.node.clone(),
+            plan,
             purpose: Purpose::MachineDown,
             own_pod: self.settings.own_pod.clone(),
-            deadline: Some(tokio::time::Instant::now() + left),
+            deadline: Some(deadline),
             taint: SHUTDOWN_TAINT,
             surges: None, // going down now: nothing can wait for a surge
         };
-        self.event(
+        let started = self.event(
             EventType::Warning,
             "ShutdownDrainStarted",
             format!(
@@ -413,10 +413,13 @@ impl Guard {
                 left.as_secs(),
                 if resumed { " (resumed)" } else { "" }
             ),
-        )
-        .await;
+        );
         let mut announced = Announced::default();
-        let mut watched = Watched::start(&drain);
+        // Every round trip before the first eviction comes out of the budget: the shutdown
+        // record and the Event are written while the drain reads the node's pods (after the
+        // cordon: a pod that landed before it is in the plan) and evicts the first group.
+        let mut watched = Watched::start(drain);
+        tokio::join!(self.update(state, |_| {}), started);
         let outcome = loop {
             match watched.next().await {
                 Report::Tick(Some(p)) => self.record_progress(state, &p, &mut announced).await,
@@ -451,11 +454,16 @@ impl Guard {
         .await;
     }
 
-    /// Taints and cordons the node and records the drain's start and deadline, or, after an
-    /// agent restart within this shutdown, goes on with the recorded ones. Returns the time
-    /// left and whether it resumed.
-    async fn begin(&self, state: &Arc<Mutex<State>>, delay: Duration) -> (Duration, bool) {
-        let now = Timestamp::now();
+    /// Taints and cordons the node and keeps the drain's start and deadline in the shutdown
+    /// record (for the caller to write), or, after an agent restart within this shutdown, goes
+    /// on with the recorded ones. Returns the deadline, the time left at the start and whether
+    /// it resumed.
+    async fn begin(
+        &self,
+        state: &Arc<Mutex<State>>,
+        delay: Duration,
+    ) -> (tokio::time::Instant, Duration, bool) {
+        let (now, at) = (Timestamp::now(), tokio::time::Instant::now());
         let resumed = lock(state)
             .shutdown
             .clone()
@@ -496,9 +504,12 @@ impl Guard {
             cordoned_by_agent: applied.cordoned,
             tainted_by_agent: applied.tainted,
         };
-        self.update(state, |s| s.shutdown = Some(record.clone()))
-            .await;
-        (left, resumed.is_some())
+        {
+            let mut s = lock(state);
+            s.shutdown = Some(record);
+            s.written = false;
+        }
+        (at + left, left, resumed.is_some())
     }
 
     async fn record_progress(
