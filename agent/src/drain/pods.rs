@@ -100,7 +100,11 @@ impl NodePods {
         self.store = store;
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
-        let events = reflector(writer, watcher(api, config).default_backoff());
+        // Managed fields are most of a pod's bytes, and the drain reads none of them.
+        let stream = watcher(api, config)
+            .default_backoff()
+            .modify(|pod| pod.managed_fields_mut().clear());
+        let events = reflector(writer, stream);
         let (following, changed) = (self.following.clone(), self.changed.clone());
         let node = self.node.clone();
         let watch = tokio::spawn(events.for_each(move |event| {
