@@ -479,6 +479,42 @@ async fn evict(drain: &Drain, pod: &PodInfo, grace: i64) -> Result<(), kube::Err
     api.evict(&pod.name, &params).await.map(|_| ())
 }
 
+/// The pods of `group` to ask now (not asked yet, not held by a surge, not backing off after
+/// a refusal), and why the others wait.
+fn due(
+    drain: &Drain,
+    group: &[PodInfo],
+    asked: &std::collections::HashSet<String>,
+    backoff: &HashMap<String, (Backoff, Instant)>,
+    progress: &Progress,
+    now: Instant,
+) -> (Vec<PodInfo>, Vec<BlockingPod>) {
+    let mut blocking = Vec::new();
+    let mut due = Vec::new();
+    for pod in group {
+        let id = key(&pod.namespace, &pod.name);
+        if asked.contains(&id) {
+            continue;
+        }
+        if let Some(held) = held_by_surge(drain, pod) {
+            blocking.push(held);
+            continue;
+        }
+        if backoff.get(&id).is_some_and(|(_, next)| *next > now) {
+            if let Some(b) = progress
+                .blocking
+                .iter()
+                .find(|b| b.namespace == pod.namespace && b.name == pod.name)
+            {
+                blocking.push(b.clone());
+            }
+            continue;
+        }
+        due.push(pod.clone());
+    }
+    (due, blocking)
+}
+
 /// Evicts one priority group and waits for it to go, until `stage_end`. Returns the pods
 /// still there at the end.
 async fn evict_group(
@@ -501,29 +537,7 @@ async fn evict_group(
         .collect();
     loop {
         let now = Instant::now();
-        let mut blocking = Vec::new();
-        let mut due = Vec::new();
-        for pod in group {
-            let id = key(&pod.namespace, &pod.name);
-            if asked.contains(&id) {
-                continue;
-            }
-            if let Some(held) = held_by_surge(drain, pod) {
-                blocking.push(held);
-                continue;
-            }
-            if backoff.get(&id).is_some_and(|(_, next)| *next > now) {
-                if let Some(b) = progress
-                    .blocking
-                    .iter()
-                    .find(|b| b.namespace == pod.namespace && b.name == pod.name)
-                {
-                    blocking.push(b.clone());
-                }
-                continue;
-            }
-            due.push(pod.clone());
-        }
+        let (due, mut blocking) = due(drain, group, &asked, &backoff, progress, now);
         // A group's pods are alike to the plan: their evictions go out together (as kubectl
         // drain's do), so that the last pod of a large group is not asked a second later
         // than the first; the answers are taken in the group's order.

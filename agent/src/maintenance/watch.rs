@@ -55,3 +55,17 @@ pub fn start(
 pub fn any_admitted(maintenances: &[std::sync::Arc<NodeMaintenance>]) -> bool {
     maintenances.iter().any(|m| m.is_active())
 }
+
+/// Publishes whether a maintenance of this node is admitted and unfinished.
+pub async fn follow_admissions(
+    mut maintenances: NodeMaintenances,
+    admitted: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        let now = any_admitted(&maintenances.store.state());
+        admitted.send_if_modified(|current| std::mem::replace(current, now) != now);
+        if maintenances.changes.changed().await.is_err() {
+            return;
+        }
+    }
+}

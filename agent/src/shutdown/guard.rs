@@ -43,7 +43,7 @@ use crate::{
         plan::{self, Purpose},
         watched::{Report, Watched},
     },
-    maintenance::watch::{NodeMaintenances, any_admitted},
+    maintenance::watch::{NodeMaintenances, follow_admissions},
 };
 
 /// Field manager for the guard's NodeReport fields (`inhibitor`, `shutdown`), apart from the
@@ -693,18 +693,4 @@ struct Announced {
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Publishes whether a maintenance of this node is admitted and unfinished.
-async fn follow_admissions(
-    mut maintenances: NodeMaintenances,
-    admitted: tokio::sync::watch::Sender<bool>,
-) {
-    loop {
-        let now = any_admitted(&maintenances.store.state());
-        admitted.send_if_modified(|current| std::mem::replace(current, now) != now);
-        if maintenances.changes.changed().await.is_err() {
-            return;
-        }
-    }
 }
