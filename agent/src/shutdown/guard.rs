@@ -394,7 +394,7 @@ impl Guard {
             .plan
             .clone()
             .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
-        let (deadline, left, resumed) = self.begin(state, delay).await;
+        let (record, deadline, left, resumed) = self.begin(state, delay).await;
         let drain = Drain {
             client: self.client.clone(),
             node: self.node.clone(),
@@ -419,7 +419,7 @@ impl Guard {
         // record and the Event are written while the drain reads the node's pods (after the
         // cordon: a pod that landed before it is in the plan) and evicts the first group.
         let mut watched = Watched::start(drain);
-        tokio::join!(self.update(state, |_| {}), started);
+        tokio::join!(self.update(state, |s| s.shutdown = Some(record)), started);
         let outcome = loop {
             match watched.next().await {
                 Report::Tick(Some(p)) => self.record_progress(state, &p, &mut announced).await,
@@ -454,15 +454,15 @@ impl Guard {
         .await;
     }
 
-    /// Taints and cordons the node and keeps the drain's start and deadline in the shutdown
-    /// record (for the caller to write), or, after an agent restart within this shutdown, goes
-    /// on with the recorded ones. Returns the deadline, the time left at the start and whether
-    /// it resumed.
+    /// Taints and cordons the node and makes the shutdown record with the drain's start and
+    /// deadline (for the caller to write), or, after an agent restart within this shutdown, goes
+    /// on with the recorded ones. Returns the record, the deadline, the time left at the start
+    /// and whether it resumed.
     async fn begin(
         &self,
         state: &Arc<Mutex<State>>,
         delay: Duration,
-    ) -> (tokio::time::Instant, Duration, bool) {
+    ) -> (ShutdownProgress, tokio::time::Instant, Duration, bool) {
         let (now, at) = (Timestamp::now(), tokio::time::Instant::now());
         let resumed = lock(state)
             .shutdown
@@ -504,12 +504,7 @@ impl Guard {
             cordoned_by_agent: applied.cordoned,
             tainted_by_agent: applied.tainted,
         };
-        {
-            let mut s = lock(state);
-            s.shutdown = Some(record);
-            s.written = false;
-        }
-        (at + left, left, resumed.is_some())
+        (record, at + left, left, resumed.is_some())
     }
 
     async fn record_progress(
