@@ -57,14 +57,13 @@ pub fn key(namespace: &str, name: &str) -> String {
 pub struct NodePods {
     client: Client,
     node: String,
-    store: Store<Pod>,
     /// Whether the store follows the API server: it has listed and no watch error came since.
     following: Arc<AtomicBool>,
     changed: Arc<Notify>,
     /// Whether the pods are to be watched (else every read lists).
     watched: bool,
-    /// The watch, once started.
-    watch: Option<JoinHandle<()>>,
+    /// The watch and the store it fills, once started.
+    watch: Option<(Store<Pod>, JoinHandle<()>)>,
 }
 
 impl NodePods {
@@ -79,11 +78,9 @@ impl NodePods {
     }
 
     fn new(client: &Client, node: &str, watched: bool) -> Self {
-        let (store, _) = reflector::store::<Pod>();
         Self {
             client: client.clone(),
             node: node.to_owned(),
-            store,
             following: Arc::new(AtomicBool::new(false)),
             changed: Arc::new(Notify::new()),
             watched,
@@ -97,7 +94,6 @@ impl NodePods {
             return;
         }
         let (store, writer) = reflector::store::<Pod>();
-        self.store = store;
         let api: Api<Pod> = Api::all(self.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
         // Managed fields are most of a pod's bytes, and the drain reads none of them.
@@ -120,7 +116,7 @@ impl NodePods {
             changed.notify_one();
             futures::future::ready(())
         }));
-        self.watch = Some(watch);
+        self.watch = Some((store, watch));
     }
 
     /// Whether the pods come from the watch (else each read is a LIST).
@@ -131,17 +127,18 @@ impl NodePods {
     /// The pods of the node the drain still waits for ([`waited_for`]), by `namespace/name`.
     pub async fn current(&self) -> Result<HashMap<String, Pod>, Error> {
         let now = jiff::Timestamp::now();
-        let pods: Vec<Pod> = if self.followed() {
-            self.store.state().iter().map(|p| (**p).clone()).collect()
-        } else {
-            Api::<Pod>::all(self.client.clone())
-                .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
-                .await
-                .map_err(|e| {
-                    ApiError::new("listing the pods of", format!("node {}", self.node), e)
-                })?
-                .items
-        };
+        let pods: Vec<Pod> =
+            if let Some((store, _)) = self.watch.as_ref().filter(|_| self.followed()) {
+                store.state().iter().map(|p| (**p).clone()).collect()
+            } else {
+                Api::<Pod>::all(self.client.clone())
+                    .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.node)))
+                    .await
+                    .map_err(|e| {
+                        ApiError::new("listing the pods of", format!("node {}", self.node), e)
+                    })?
+                    .items
+            };
         Ok(pods
             .into_iter()
             .filter(|p| waited_for(p, now))
@@ -167,7 +164,7 @@ impl NodePods {
 
 impl Drop for NodePods {
     fn drop(&mut self) {
-        if let Some(watch) = &self.watch {
+        if let Some((_, watch)) = &self.watch {
             watch.abort();
         }
     }
