@@ -289,32 +289,11 @@ async fn apply(client: &Client, documents: &[Value]) -> anyhow::Result<()> {
     for document in documents {
         let (api, name) = dynamic_api(client, document).await?;
         let patch = Patch::Apply(document);
-        past_storage_reinit(|| api.patch(&name, &params, &patch))
+        api.patch(&name, &params, &patch)
             .await
             .with_context(|| format!("applying {} {name}", document["kind"]))?;
     }
     Ok(())
-}
-
-/// Runs a request again while the API server answers 429 "storage is (re)initializing": the
-/// upgrade test changes the CRDs, and requests for their kinds meanwhile meet new storage. Any
-/// other answer is the request's (the test clients do not retry by themselves).
-async fn past_storage_reinit<T, F, Fut>(request: F) -> kube::Result<T>
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = kube::Result<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match request().await {
-            Err(kube::Error::Api(status))
-                if status.code == 429 && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            answer => return answer,
-        }
-    }
 }
 
 async fn dynamic_api(
@@ -1399,7 +1378,7 @@ async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
     {
         let (api, name) = dynamic_api(&env.client, document).await?;
         let params = DeleteParams::default();
-        past_storage_reinit(|| api.delete(&name, &params))
+        api.delete(&name, &params)
             .await
             .with_context(|| format!("deleting {} {name}", document["kind"]))?;
     }
@@ -1758,7 +1737,8 @@ fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
 
 #[tokio::test]
 async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> anyhow::Result<()> {
-    let env = TestEnv::new("helm-upgrade").await?;
+    // It changes the CRDs, so it runs while no other test does.
+    let env = TestEnv::alone("helm-upgrade").await?;
     let dir = std::env::temp_dir().join(format!("nodeward-upgrade-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();
@@ -1883,6 +1863,7 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
         crds.replace(&name, &PostParams::default(), &restored)
             .await?;
     }
+    nodeward_e2e::env::apply_crds(&env.client).await?;
     for name in [&kept, &probe] {
         let _ = policies.delete(name, &DeleteParams::default()).await;
     }

@@ -3,7 +3,10 @@
 
 use std::{
     collections::BTreeMap,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        Arc, LazyLock,
+        atomic::{AtomicU32, Ordering},
+    },
     time::Duration,
 };
 
@@ -103,12 +106,39 @@ pub struct TestEnv {
     pub namespace: String,
     /// Short unique id of this test, used in every name it creates.
     pub id: String,
+    /// Held for the test's life: shared, or alone for a test that changes the CRDs.
+    _crds: CrdTurn,
+}
+
+/// For a moment after a CRD changes, every request for its kind is answered 429 "storage is
+/// (re)initializing", which the test clients do not retry. So a test that changes the CRDs
+/// runs while no other test of the process does, and other tests overlap freely.
+fn crd_turns() -> Arc<tokio::sync::RwLock<()>> {
+    static TURNS: LazyLock<Arc<tokio::sync::RwLock<()>>> = LazyLock::new(Default::default);
+    TURNS.clone()
+}
+
+enum CrdTurn {
+    Shared(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>),
+    Alone(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
 }
 
 impl TestEnv {
     /// Attaches to (or starts) the shared control plane, installs the CRDs and creates this
     /// test's namespace. `test` is a short name for the test, used in object names.
     pub async fn new(test: &str) -> anyhow::Result<Self> {
+        let turn = CrdTurn::Shared(crd_turns().read_owned().await);
+        Self::with_turn(test, turn).await
+    }
+
+    /// As `new`, for a test that changes the CRDs: it waits until no other test of this
+    /// process holds an environment, and others wait until it has ended.
+    pub async fn alone(test: &str) -> anyhow::Result<Self> {
+        let turn = CrdTurn::Alone(crd_turns().write_owned().await);
+        Self::with_turn(test, turn).await
+    }
+
+    async fn with_turn(test: &str, turn: CrdTurn) -> anyhow::Result<Self> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let client = controlplane::admin_client().await?;
         let id = format!(
@@ -121,6 +151,7 @@ impl TestEnv {
             namespace: format!("e2e-{id}"),
             client,
             id,
+            _crds: turn,
         };
         install_crds(&env.client).await?;
         let ns: Namespace = serde_json::from_value(json!({
@@ -548,7 +579,9 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
         .map(|_| ())
 }
 
-async fn apply_crds(client: &Client) -> anyhow::Result<()> {
+/// Applies nodeward's CRDs and waits until the API server serves them, on every call: for a
+/// test that changed them, to put them back.
+pub async fn apply_crds(client: &Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in nodeward_api::crds::all() {
         let name = crd.name_any();
