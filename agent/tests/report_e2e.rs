@@ -386,6 +386,86 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
     env.cleanup().await
 }
 
+/// The established TCP connections process `pid` holds to `port` on the loopback address,
+/// read from the kernel's socket table of its network namespace.
+fn connections_to(pid: u32, port: u16) -> anyhow::Result<usize> {
+    let mut sockets = std::collections::HashSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
+        let target = std::fs::read_link(fd?.path()).unwrap_or_default();
+        if let Some(inode) = target
+            .to_str()
+            .and_then(|t| t.strip_prefix("socket:["))
+            .and_then(|t| t.strip_suffix(']'))
+        {
+            sockets.insert(inode.to_owned());
+        }
+    }
+    const ESTABLISHED: &str = "01";
+    let remote = format!("0100007F:{port:04X}");
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp"))?;
+    Ok(table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 9 && f[2] == remote && f[3] == ESTABLISHED && sockets.contains(f[9]))
+        .count())
+}
+
+/// HTTP/2 carries all of an agent's watches and requests on one connection: a fleet of agents
+/// costs the API server one connection (and one TLS session) per node, and requests sent at
+/// once, as a drain's evictions are, need no new handshakes. Over HTTP/1.1 each open watch
+/// holds a connection of its own.
+#[tokio::test]
+async fn an_agent_holds_one_connection_to_the_api_server_for_all_its_watches() -> anyhow::Result<()>
+{
+    let env = TestEnv::new("agent-conns").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let agent = Agent::start(&node, &env, "500ms", "2s")?;
+    wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
+    agent.wait_ready().await?;
+    let watches = || async {
+        let (_, text) = agent.get("/metrics").await?;
+        anyhow::Ok(
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("nodeward_api_requests_total{") && l.contains("verb=\"watch\"")
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>(),
+        )
+    };
+    let opened = wait::eventually("the agent's watches to be open", TIMEOUT, || async {
+        Ok(Some(watches().await?).filter(|w| *w >= 2.0))
+    })
+    .await?;
+
+    let kubeconfig = kube::config::Kubeconfig::read_from(&controlplane::shared().kubeconfig)?;
+    let server = kubeconfig
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref()?.server.clone())
+        .context("the kubeconfig names no server")?;
+    let port: u16 = server
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .with_context(|| format!("no port in {server}"))?;
+    // Several rounds of checks and a heartbeat have sent requests meanwhile.
+    let renewals = "nodeward_api_writes_total{resource=\"leases\",result=\"ok\"}";
+    wait::eventually("a renewal of the Lease", TIMEOUT, || async {
+        Ok((agent.metric(renewals).await? >= 1.0).then_some(()))
+    })
+    .await?;
+    let connections = connections_to(agent.child.id(), port)?;
+    assert_eq!(
+        connections, 1,
+        "{opened} watches opened, the Lease renewed: one connection to the API server"
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
 #[tokio::test]
 async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Result<()> {
     let env = TestEnv::new("agent-unregistered").await?;

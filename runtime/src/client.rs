@@ -117,13 +117,94 @@ pub async fn connect_counting(
         hyper::header::USER_AGENT,
         hyper::header::HeaderValue::from_static(user_agent),
     ));
-    let builder =
-        kube::client::ClientBuilder::try_from(config).map_err(|e| Error::Connect(e.to_string()))?;
+    let builder = if config.proxy_url.is_some() {
+        // kube-rs's own stack tunnels through the kubeconfig's proxy-url (over HTTP/1.1).
+        kube::client::ClientBuilder::try_from(config).map_err(|e| Error::Connect(e.to_string()))?
+    } else {
+        let namespace = config.default_namespace.clone();
+        kube::client::ClientBuilder::new(http2_service(config)?, namespace)
+    };
     match cost {
         None => Ok(builder.build()),
         Some(cost) => Ok(builder.with_layer(&CountingLayer(cost)).build()),
     }
 }
+
+/// How often an idle HTTP/2 connection is pinged, and how long an answer may take before the
+/// connection is dropped (client-go's ReadIdleTimeout and PingTimeout): with every request on
+/// one connection, a connection that died silently must be noticed and replaced.
+const PING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const PING_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// kube-rs's default stack (base URI, credentials, extra headers, connect and read timeouts)
+/// over a connection that speaks HTTP/2 when the API server offers it, as client-go does.
+/// kube-rs speaks only HTTP/1.1, which opens a connection and a TLS handshake for each request
+/// sent while others are open: ten evictions sent at once cost ten handshakes, which on a
+/// slow node is most of a second, and each watch holds a connection of its own.
+fn http2_service(config: kube::Config) -> Result<ClientService, Error> {
+    use kube::client::ConfigExt;
+    use tower::ServiceExt;
+
+    let connect = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Connect(format!("{what} for the API server's client: {e}"))
+    };
+    let tls = config
+        .rustls_client_config()
+        .map_err(|e| connect("building the TLS configuration", &e))?;
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+    let https = match &config.tls_server_name {
+        None => https.https_or_http(),
+        Some(name) => {
+            let name = rustls_pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| connect(&format!("reading tls-server-name {name:?}"), &e))?;
+            https
+                .https_or_http()
+                .with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name))
+        }
+    };
+    let mut connector = hyper_timeout::TimeoutConnector::new(
+        https.enable_http1().enable_http2().wrap_connector(http),
+    );
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .timer(hyper_util::rt::TokioTimer::new())
+        .http2_keep_alive_interval(PING_INTERVAL)
+        .http2_keep_alive_timeout(PING_TIMEOUT)
+        .http2_keep_alive_while_idle(true)
+        .build(connector);
+    Ok(tower::ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(
+            config
+                .auth_layer()
+                .map_err(|e| connect("loading the credentials", &e))?,
+        )
+        .layer(
+            config
+                .extra_headers_layer()
+                .map_err(|e| connect("reading the extra headers", &e))?,
+        )
+        .map_err(tower::BoxError::from)
+        .service(client)
+        .map_response(|response| {
+            response.map(|body| {
+                Box::new(body.map_err(tower::BoxError::from)) as Box<kube::client::DynBody>
+            })
+        })
+        .boxed())
+}
+
+/// What kube-rs's own builder makes: any client stack, its response bodies boxed.
+type ClientService = tower::util::BoxService<
+    hyper::Request<kube::client::Body>,
+    hyper::Response<Box<kube::client::DynBody>>,
+    tower::BoxError,
+>;
 
 /// Wraps the client's service so that [`ApiCost`] hears of every request and response.
 struct CountingLayer(Arc<dyn ApiCost>);
