@@ -86,6 +86,18 @@ pub struct PodRule {
     pub namespace_selector: Option<LabelSelector>,
 }
 
+impl DrainPlan {
+    /// Whether a rule of the plan selects by namespace labels: only then does a drain read
+    /// the cluster's namespaces (all of them, which in a large cluster is a large read).
+    pub fn reads_namespace_labels(&self) -> bool {
+        self.stages
+            .iter()
+            .filter_map(|s| s.selector.as_ref())
+            .chain(&self.skip)
+            .any(|rule| rule.namespace_selector.is_some())
+    }
+}
+
 /// What a drain stage does with the pods left when its timeout expires.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnTimeout {
@@ -96,4 +108,34 @@ pub enum OnTimeout {
     Delete,
     /// Leave them and go on with the next stage.
     Continue,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(selector: Option<PodRule>) -> DrainStage {
+        serde_json::from_value::<DrainStage>(serde_json::json!({"name": "s", "timeout": "1m"}))
+            .map(|s| DrainStage { selector, ..s })
+            .expect("a stage")
+    }
+
+    #[test]
+    fn only_a_rule_with_a_namespace_selector_makes_a_drain_read_namespace_labels() {
+        let by_pod = PodRule {
+            pod_selector: Some(LabelSelector::default()),
+            namespace_selector: None,
+        };
+        let by_namespace = PodRule {
+            pod_selector: None,
+            namespace_selector: Some(LabelSelector::default()),
+        };
+        let plan = |stages, skip| DrainPlan { stages, skip };
+        assert!(!plan(vec![stage(None)], vec![]).reads_namespace_labels());
+        assert!(
+            !plan(vec![stage(Some(by_pod.clone()))], vec![by_pod.clone()]).reads_namespace_labels()
+        );
+        assert!(plan(vec![stage(Some(by_namespace.clone()))], vec![]).reads_namespace_labels());
+        assert!(plan(vec![stage(None)], vec![by_pod, by_namespace]).reads_namespace_labels());
+    }
 }

@@ -181,21 +181,30 @@ fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>, taint
     }
 }
 
-/// Reads the node's pods (the namespaces' labels at the same time) and orders them by the
-/// plan.
+/// Reads the node's pods (the namespaces' labels at the same time, when the plan selects by
+/// them) and orders them by the plan.
 pub async fn order(drain: &Drain, pods: &NodePods) -> Result<Ordered, Error> {
     let namespaces = async {
-        Api::<Namespace>::all(drain.client.clone())
+        if !drain.plan.reads_namespace_labels() {
+            return Ok(HashMap::new());
+        }
+        let list = Api::<Namespace>::all(drain.client.clone())
             .list(&ListParams::default())
             .await
-            .map_err(|e| Error::from(ApiError::new("listing", "namespaces".to_owned(), e)))
+            .map_err(|e| Error::from(ApiError::new("listing", "namespaces".to_owned(), e)))?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect::<HashMap<String, BTreeMap<String, String>>>())
     };
+    let reading = Instant::now();
     let (on_node, namespaces) = futures::try_join!(pods.current(), namespaces)?;
-    let namespaces: HashMap<String, BTreeMap<String, String>> = namespaces
-        .items
-        .into_iter()
-        .map(|n| (n.name_any(), n.labels().clone()))
-        .collect();
+    tracing::info!(
+        pods = on_node.len(),
+        after_ms = reading.elapsed().as_millis(),
+        "the node's pods read for the drain"
+    );
     let pods = on_node
         .values()
         .map(|p| info(p, &namespaces, drain.taint))

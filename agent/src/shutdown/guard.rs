@@ -493,6 +493,12 @@ impl Guard {
                     Applied::default()
                 }
             };
+        tracing::info!(
+            after_ms = at.elapsed().as_millis(),
+            cordoned = applied.cordoned,
+            tainted = applied.tainted,
+            "node tainted and cordoned for the shutdown"
+        );
         let record = ShutdownProgress {
             phase: ShutdownPhase::Draining,
             boot_id: self.boot_id.clone(),
