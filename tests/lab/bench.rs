@@ -22,6 +22,8 @@ use kube::{
 };
 use serde_json::json;
 
+use nodeward_e2e::nodelab::Vm;
+
 use crate::support::{self, Departure, Lab, REBOOT};
 
 const GROUPS: [(&str, i32); 3] = [
@@ -89,6 +91,29 @@ fn kubelet_time(departures: &[&Departure]) -> String {
     }
 }
 
+/// When the agent logged logind's announcement of the shutdown, on the guest's clock (set to
+/// this machine's before the test, within 50 ms): the first such line of the agent's logs
+/// after `since`. What comes before it (the guest agent starting `systemctl`, systemctl asking
+/// logind, logind announcing) is no part of nodeward.
+async fn announced_at(vm: &Vm, since: jiff::Timestamp) -> anyhow::Result<jiff::Timestamp> {
+    const ANNOUNCED: &str = "shutdown announced: draining the node";
+    let logs = vm
+        .exec(&format!(
+            "grep -h '{ANNOUNCED}' /var/log/pods/{}_*-agent-*/agent/*.log",
+            support::NAMESPACE
+        ))
+        .await?
+        .stdout;
+    // A CRI log line: time, stream, tag, then the agent's JSON line.
+    logs.lines()
+        .filter_map(|line| line.splitn(4, ' ').nth(3))
+        .filter_map(|json| serde_json::from_str::<serde_json::Value>(json).ok())
+        .filter_map(|entry| entry["timestamp"].as_str()?.parse::<jiff::Timestamp>().ok())
+        .filter(|at| *at >= since)
+        .min()
+        .with_context(|| format!("no \"{ANNOUNCED}\" in the agent's logs after {since}:\n{logs}"))
+}
+
 fn secs(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())
 }
@@ -143,6 +168,7 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
     let release = watch_drain_finished(&lab.client, &node);
     let boot = vm.boot_id().await?;
     let typed = Instant::now();
+    let typed_at = jiff::Timestamp::now();
     // The guest agent may not answer once the shutdown is under way.
     let _ = vm
         .exec_with("systemctl reboot", Duration::from_secs(20))
@@ -158,6 +184,8 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
 
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let story = support::drain_story(&lab.client, &vm).await;
+    let announced = announced_at(&vm, typed_at).await?.duration_since(typed_at);
+    let announced = Duration::try_from(announced).unwrap_or_default();
     let mut waits = Vec::new();
     let mut gaps = Vec::new();
     let mut kubelet = Vec::new();
@@ -194,20 +222,25 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
     let start = drain_started.map_or(Duration::ZERO, |f| f.saturating_duration_since(typed));
     let end = previous_end.map_or(Duration::ZERO, |e| released.saturating_duration_since(e));
     let list = |ds: &[Duration]| ds.iter().map(|d| secs(*d)).collect::<Vec<_>>().join(", ");
+    let overhead = total.saturating_sub(stage_waits);
     println!(
         "{node}: 30 pods in 3 priority groups: systemctl reboot to the lock released \
          (ShutdownDrainFinished seen) {}; the groups' waits {} ({} in all; the kubelet stopped \
-         them in {}); overhead {} ({:.2}x): to the first eviction {}, between groups {}, after \
-         the last {}",
+         them in {}); overhead {} ({:.2}x): to the first eviction {} (of it {} to logind's \
+         announcement, {} from it), between groups {}, after the last {}; overhead from the \
+         announcement {}",
         secs(total),
         list(&waits),
         secs(stage_waits),
         kubelet.join(", "),
-        secs(total.saturating_sub(stage_waits)),
+        secs(overhead),
         total.as_secs_f64() / stage_waits.as_secs_f64().max(f64::EPSILON),
         secs(start),
+        secs(announced),
+        secs(start.saturating_sub(announced)),
         list(&gaps),
         secs(end),
+        secs(overhead.saturating_sub(announced)),
     );
     lab.delete_namespace(&namespace).await
 }
