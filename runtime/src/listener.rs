@@ -1,7 +1,9 @@
 //! Accepting connections so that no client can exhaust a listener: a cap on connections held at
 //! once and on those from one address, a deadline for each request's headers (which also
 //! closes idle keep-alive connections) and for the TLS handshake, a cap on header size, and
-//! accept errors (out of descriptors) backed off instead of spun on.
+//! accept errors (out of descriptors) backed off instead of spun on. An HTTP/2 connection (the
+//! webhook's, where the API server asks for it) has a cap on its streams and is closed once it
+//! has had no request in flight for the headers' deadline.
 //!
 //! Both daemons serve `/healthz` on a port that neighbours on the node's network can reach
 //! (the agent runs with the host network), and the coordinator serves the eviction webhook that
@@ -15,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use hyper_util::rt::TokioTimer;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::backoff::Backoff;
@@ -36,6 +38,8 @@ pub struct Limits {
     pub request_timeout: Duration,
     /// Request line and headers, in bytes.
     pub max_header_bytes: usize,
+    /// Requests in flight at once on one HTTP/2 connection.
+    pub max_streams: u32,
 }
 
 impl Default for Limits {
@@ -49,6 +53,7 @@ impl Default for Limits {
             handshake_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(30),
             max_header_bytes: 16 * 1024,
+            max_streams: 100,
         }
     }
 }
@@ -63,6 +68,96 @@ impl Limits {
             // hyper's read buffer holds the headers; 8 KiB is its smallest.
             .max_buf_size(self.max_header_bytes.max(8192));
         builder
+    }
+}
+
+impl Limits {
+    /// An HTTP/2 connection builder that applies these limits: streams at once, header size,
+    /// and pings that drop a peer that stopped answering. [`serve_http2`] closes idle
+    /// connections.
+    pub fn http2(&self) -> hyper::server::conn::http2::Builder<TokioExecutor> {
+        let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(self.max_streams)
+            .max_header_list_size(u32::try_from(self.max_header_bytes).unwrap_or(u32::MAX))
+            .keep_alive_interval(self.header_timeout)
+            .keep_alive_timeout(self.header_timeout);
+        builder
+    }
+}
+
+/// Serves one HTTP/2 connection with `handle` within `limits`. Once no request has been in
+/// flight for `header_timeout` it is closed (GOAWAY; what is still open gets
+/// `request_timeout`), as an idle HTTP/1.1 connection is: a client holding connections it does
+/// not use cannot keep their places.
+pub async fn serve_http2<I, F, Fut, B>(io: I, handle: F, limits: &Limits)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = hyper::Response<B>> + Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (in_flight, mut watched) = tokio::sync::watch::channel(0usize);
+    let in_flight = Arc::new(in_flight);
+    let handle = Arc::new(handle);
+    let service = hyper::service::service_fn(move |request| {
+        // Counted until the answer or until hyper drops the request (a stream the client reset).
+        let counted = InFlight::count(in_flight.clone());
+        let answer = handle(request);
+        async move {
+            let response = answer.await;
+            drop(counted);
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let connection = limits.http2().serve_connection(io, service);
+    tokio::pin!(connection);
+    let idle = async {
+        loop {
+            if *watched.borrow_and_update() == 0 {
+                match tokio::time::timeout(limits.header_timeout, watched.changed()).await {
+                    Err(_) => return,
+                    Ok(Err(_)) => std::future::pending::<()>().await,
+                    Ok(Ok(())) => {}
+                }
+            } else if watched.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        ended = connection.as_mut() => {
+            if let Err(e) = ended {
+                tracing::debug!(error = %e, "HTTP/2 connection ended");
+            }
+            return;
+        }
+        () = idle => connection.as_mut().graceful_shutdown(),
+    }
+    if tokio::time::timeout(limits.request_timeout, connection)
+        .await
+        .is_err()
+    {
+        tracing::debug!("an idle HTTP/2 connection did not close in time; dropped");
+    }
+}
+
+/// One request in flight on an HTTP/2 connection, for [`serve_http2`]'s idle deadline.
+struct InFlight(Arc<tokio::sync::watch::Sender<usize>>);
+
+impl InFlight {
+    fn count(requests: Arc<tokio::sync::watch::Sender<usize>>) -> Self {
+        requests.send_modify(|n| *n += 1);
+        Self(requests)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -222,5 +317,56 @@ mod tests {
         let mut c = Connections::default();
         c.release([10, 0, 0, 1].into());
         assert_eq!(c.total(), 0);
+    }
+
+    /// A request that outlasts the idle deadline is answered; once nothing is in flight, the
+    /// connection is closed, and not before the deadline.
+    #[tokio::test]
+    async fn an_http2_connection_is_closed_once_idle_for_the_header_deadline() {
+        use bytes::Bytes;
+        use http_body_util::{Empty, Full};
+        use hyper_util::rt::TokioIo;
+
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let address = listener.local_addr().expect("address");
+        let serving = limits.clone();
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let slow = serving.header_timeout * 3;
+            let answer = move |_request| async move {
+                tokio::time::sleep(slow).await;
+                hyper::Response::new(Full::new(Bytes::from_static(b"ok")))
+            };
+            serve_http2(TokioIo::new(stream), answer, &serving).await;
+        });
+        let stream = TcpStream::connect(address).await.expect("connect");
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .expect("an HTTP/2 handshake");
+        let closed = tokio::spawn(async move {
+            let _ = connection.await;
+            tokio::time::Instant::now()
+        });
+        let request = hyper::Request::get("http://webhook/slow")
+            .body(Empty::<Bytes>::new())
+            .expect("a request");
+        let response = sender.send_request(request).await.expect("an answer");
+        assert_eq!(response.status(), 200, "a long request is not cut");
+        let answered = tokio::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the idle connection closed")
+            .expect("the client's connection task");
+        let idle = closed.duration_since(answered);
+        assert!(
+            idle >= limits.header_timeout.mul_f64(0.9),
+            "closed {idle:?} after its last answer, before the {:?} deadline",
+            limits.header_timeout
+        );
     }
 }

@@ -165,7 +165,7 @@ pub fn acceptor(serving: Arc<ServingCert>) -> Result<TlsAcceptor, String> {
     .map_err(|e| e.to_string())?
     .with_no_client_auth()
     .with_cert_resolver(serving);
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -183,10 +183,12 @@ pub async fn serve(
     let bound = listener.local_addr().map_err(|e| e.to_string())?;
     let http = limits.http1();
     let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
+    let per_connection = limits.clone();
     let serving = listener::accept(listener, limits, move |stream, peer| {
         let acceptor = acceptor.clone();
         let client = client.clone();
         let http = http.clone();
+        let limits = per_connection.clone();
         async move {
             let stream =
                 match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
@@ -200,20 +202,28 @@ pub async fn serve(
                         return;
                     }
                 };
-            let service = service_fn(move |request| {
+            let answer = move |request| {
                 let answer = handle(request, client.clone());
                 async move {
-                    Ok::<_, Infallible>(
-                        tokio::time::timeout(request_timeout, answer)
-                            .await
-                            .unwrap_or_else(|_| {
-                                reply(
-                                    StatusCode::REQUEST_TIMEOUT,
-                                    json!({"error": "the request took too long"}).to_string(),
-                                )
-                            }),
-                    )
+                    tokio::time::timeout(request_timeout, answer)
+                        .await
+                        .unwrap_or_else(|_| {
+                            reply(
+                                StatusCode::REQUEST_TIMEOUT,
+                                json!({"error": "the request took too long"}).to_string(),
+                            )
+                        })
                 }
+            };
+            // The API server speaks HTTP/2 where offered: its calls for a drain's evictions,
+            // sent at once, share one connection instead of a TLS handshake each.
+            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                listener::serve_http2(TokioIo::new(stream), answer, &limits).await;
+                return;
+            }
+            let service = service_fn(move |request| {
+                let answer = answer(request);
+                async move { Ok::<_, Infallible>(answer.await) }
             });
             if let Err(e) = http.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(%peer, error = %e, "webhook connection ended");
