@@ -69,9 +69,7 @@ impl Limits {
             .max_buf_size(self.max_header_bytes.max(8192));
         builder
     }
-}
 
-impl Limits {
     /// An HTTP/2 connection builder that applies these limits: streams at once, header size,
     /// and pings that drop a peer that stopped answering. [`serve_http2`] closes idle
     /// connections.
