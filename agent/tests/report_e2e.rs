@@ -446,10 +446,9 @@ async fn an_agent_holds_one_connection_to_the_api_server_for_all_its_watches() -
         .first()
         .and_then(|c| c.cluster.as_ref()?.server.clone())
         .context("the kubeconfig names no server")?;
-    let port: u16 = server
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.trim_end_matches('/').parse().ok())
+    let port = server
+        .parse::<hyper::Uri>()?
+        .port_u16()
         .with_context(|| format!("no port in {server}"))?;
     // Several rounds of checks and a heartbeat have sent requests meanwhile.
     let renewals = "nodeward_api_writes_total{resource=\"leases\",result=\"ok\"}";

@@ -119,22 +119,30 @@ fn crd_turns() -> Arc<tokio::sync::RwLock<()>> {
 }
 
 enum CrdTurn {
-    Shared(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>),
-    Alone(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>),
+    Shared {
+        _held: tokio::sync::OwnedRwLockReadGuard<()>,
+    },
+    Alone {
+        _held: tokio::sync::OwnedRwLockWriteGuard<()>,
+    },
 }
 
 impl TestEnv {
     /// Attaches to (or starts) the shared control plane, installs the CRDs and creates this
     /// test's namespace. `test` is a short name for the test, used in object names.
     pub async fn new(test: &str) -> anyhow::Result<Self> {
-        let turn = CrdTurn::Shared(crd_turns().read_owned().await);
+        let turn = CrdTurn::Shared {
+            _held: crd_turns().read_owned().await,
+        };
         Self::with_turn(test, turn).await
     }
 
     /// As `new`, for a test that changes the CRDs: it waits until no other test of this
     /// process holds an environment, and others wait until it has ended.
     pub async fn alone(test: &str) -> anyhow::Result<Self> {
-        let turn = CrdTurn::Alone(crd_turns().write_owned().await);
+        let turn = CrdTurn::Alone {
+            _held: crd_turns().write_owned().await,
+        };
         Self::with_turn(test, turn).await
     }
 
