@@ -317,43 +317,69 @@ mod tests {
         assert_eq!(c.total(), 0);
     }
 
-    /// A request that outlasts the idle deadline is answered; once nothing is in flight, the
-    /// connection is closed, and not before the deadline.
-    #[tokio::test]
-    async fn an_http2_connection_is_closed_once_idle_for_the_header_deadline() {
+    /// Serves one HTTP/2 connection on a loopback port within `limits`, answering each request
+    /// "ok" after `delay`; returns the port's address.
+    async fn serve_one(limits: &Limits, delay: Duration) -> std::net::SocketAddr {
         use bytes::Bytes;
-        use http_body_util::{Empty, Full};
+        use http_body_util::Full;
         use hyper_util::rt::TokioIo;
 
-        let limits = Limits {
-            header_timeout: Duration::from_millis(300),
-            ..Limits::default()
-        };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("address");
         let serving = limits.clone();
         tokio::spawn(async move {
             let (stream, _) = listener.accept().await.expect("accept");
-            let slow = serving.header_timeout * 3;
             let answer = move |_request| async move {
-                tokio::time::sleep(slow).await;
+                tokio::time::sleep(delay).await;
                 hyper::Response::new(Full::new(Bytes::from_static(b"ok")))
             };
             serve_http2(TokioIo::new(stream), answer, &serving).await;
         });
+        address
+    }
+
+    /// An HTTP/2 client connection to `address`; its task ends (with the time) when the
+    /// connection closes.
+    async fn client(
+        address: std::net::SocketAddr,
+    ) -> (
+        hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>,
+        tokio::task::JoinHandle<tokio::time::Instant>,
+    ) {
         let stream = TcpStream::connect(address).await.expect("connect");
-        let (mut sender, connection) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                .await
-                .expect("an HTTP/2 handshake");
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .expect("an HTTP/2 handshake");
         let closed = tokio::spawn(async move {
             let _ = connection.await;
             tokio::time::Instant::now()
         });
-        let request = hyper::Request::get("http://webhook/slow")
-            .body(Empty::<Bytes>::new())
-            .expect("a request");
-        let response = sender.send_request(request).await.expect("an answer");
+        (sender, closed)
+    }
+
+    fn request(path: &str) -> hyper::Request<http_body_util::Empty<bytes::Bytes>> {
+        hyper::Request::get(format!("http://webhook{path}"))
+            .body(http_body_util::Empty::new())
+            .expect("a request")
+    }
+
+    /// A request that outlasts the idle deadline is answered; once nothing is in flight, the
+    /// connection is closed, and not before the deadline.
+    #[tokio::test]
+    async fn an_http2_connection_is_closed_once_idle_for_the_header_deadline() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let address = serve_one(&limits, limits.header_timeout * 3).await;
+        let (mut sender, closed) = client(address).await;
+        let response = sender
+            .send_request(request("/slow"))
+            .await
+            .expect("an answer");
         assert_eq!(response.status(), 200, "a long request is not cut");
         let answered = tokio::time::Instant::now();
         let closed = tokio::time::timeout(Duration::from_secs(10), closed)
@@ -365,6 +391,59 @@ mod tests {
             idle >= limits.header_timeout.mul_f64(0.9),
             "closed {idle:?} after its last answer, before the {:?} deadline",
             limits.header_timeout
+        );
+    }
+
+    /// An attacker's way to pin a connection: start a request that takes long and reset its
+    /// stream. The request no longer counts as in flight, so the idle deadline still closes
+    /// the connection.
+    #[tokio::test]
+    async fn a_reset_stream_does_not_keep_an_http2_connection_open() {
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let address = serve_one(&limits, Duration::from_secs(3600)).await;
+        let (mut sender, closed) = client(address).await;
+        // Dropping the unanswered request resets its stream.
+        let pending = tokio::time::timeout(
+            limits.header_timeout,
+            sender.send_request(request("/forever")),
+        );
+        assert!(pending.await.is_err(), "the request is still unanswered");
+        let reset = tokio::time::Instant::now();
+        let closed = tokio::time::timeout(Duration::from_secs(10), closed)
+            .await
+            .expect("the connection closed though a request was started on it")
+            .expect("the client's connection task");
+        assert!(
+            closed.duration_since(reset) >= limits.header_timeout.mul_f64(0.9),
+            "closed before the idle deadline"
+        );
+    }
+
+    /// A client that never sends HTTP/2's preface holds the connection no longer than the
+    /// idle deadline and the time given to what is open.
+    #[tokio::test]
+    async fn an_http2_connection_without_a_preface_is_closed() {
+        use tokio::io::AsyncReadExt;
+
+        let limits = Limits {
+            header_timeout: Duration::from_millis(300),
+            request_timeout: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let address = serve_one(&limits, Duration::ZERO).await;
+        let mut stream = TcpStream::connect(address).await.expect("connect");
+        let connected = tokio::time::Instant::now();
+        let mut sink = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut sink))
+            .await
+            .expect("the server closed the silent connection")
+            .expect("reading until the close");
+        assert!(
+            connected.elapsed() >= limits.header_timeout.mul_f64(0.9),
+            "closed before the idle deadline"
         );
     }
 }
