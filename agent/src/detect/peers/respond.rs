@@ -86,11 +86,23 @@ mod tests {
 
     #[tokio::test]
     async fn tcp_and_udp_probes_are_answered_with_their_nonce() {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0")
-            .and_then(|s| s.local_addr())
-            .expect("port")
-            .port();
-        let responder = respond(None, port).await.expect("bind");
+        // A port free for UDP may be taken for TCP by a test running beside this one: try
+        // another then.
+        let mut tries = 0;
+        let (port, responder) = loop {
+            let port = std::net::UdpSocket::bind("127.0.0.1:0")
+                .and_then(|s| s.local_addr())
+                .expect("port")
+                .port();
+            match respond(None, port).await {
+                Ok(responder) => break (port, responder),
+                Err(e) if tries < 10 => {
+                    tries += 1;
+                    eprintln!("port {port} taken ({e}); another");
+                }
+                Err(e) => panic!("bind: {e:?}"),
+            }
+        };
         let task = tokio::spawn(responder);
         let local: IpAddr = "127.0.0.1".parse().expect("ip");
         let timeout = Duration::from_secs(2);
