@@ -263,15 +263,21 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
         ]
     );
 
+    // The report is written after the Node's conditions and their Events: wait for the one
+    // that records the cleared finding.
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let report = wait::until(
         &reports,
         &node,
-        "a NodeReport with a heartbeat",
+        "a NodeReport with a heartbeat and the cleared reboot-required finding",
         TIMEOUT,
         |r| {
-            r.and_then(|r| r.status.as_ref())
-                .is_some_and(|s| s.heartbeat_time.is_some())
+            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                s.heartbeat_time.is_some()
+                    && s.findings
+                        .iter()
+                        .any(|f| f.detector == "reboot-required" && f.status == "False")
+            })
         },
     )
     .await?
@@ -288,12 +294,6 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     );
     let status = report.status.as_ref().expect("status");
     assert_eq!(status.mode, Some(nodeward_api::report::AgentMode::Host));
-    assert!(
-        status
-            .findings
-            .iter()
-            .any(|f| f.detector == "reboot-required" && f.status == "False")
-    );
 
     agent.terminate()?;
     let exited = wait::eventually("the agent to exit after SIGTERM", TIMEOUT, || {

@@ -34,10 +34,11 @@ const OPERATOR_RULE: &str = r#"polkit.addRule(function(action, subject) {
 const OPS_CAN_REBOOT: &str = "runuser -u ops -- busctl call org.freedesktop.login1 \
     /org/freedesktop/login1 org.freedesktop.login1.Manager CanReboot";
 
-/// Waits until logind's answer to ops is `answer` (`yes` or `no`).
+/// Waits until logind's answer to ops is `answer` (`yes` or `no`). Minutes: right after a
+/// reboot the emulated VM is still starting its units, the agent among them.
 async fn ops_can_reboot(vm: &Vm, what: &str, answer: &str) -> anyhow::Result<()> {
     let want = format!("s \"{answer}\"");
-    wait::eventually(what, Duration::from_secs(60), || async {
+    wait::eventually(what, Duration::from_secs(180), || async {
         let can = vm.run(OPS_CAN_REBOOT).await?;
         Ok((can.trim() == want).then_some(()))
     })
