@@ -434,6 +434,7 @@ fn maintain(
             settings: shutdown::Settings::new(&config.shutdown_guard, own_pod.clone()),
             events: events.clone(),
             maintenances: maintenances.clone(),
+            own_node: own_node.as_reader(),
         };
         tasks.spawn(shutdown_guard.run());
     }

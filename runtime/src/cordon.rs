@@ -106,16 +106,39 @@ async fn update<T>(
     client: &Client,
     name: &str,
     action: &'static str,
+    change: impl FnMut(&mut Node) -> (bool, T),
+) -> Result<T, ApiError> {
+    update_from(client, None, name, action, change).await
+}
+
+/// [`update`], starting from `known` (the whole Node as a watch last delivered it) instead of
+/// a read: one round trip fewer when it is current. The write is conditional on its
+/// resourceVersion, so a stale copy costs a conflict and a read; a copy that needs no write
+/// proves nothing and is read again.
+async fn update_from<T>(
+    client: &Client,
+    mut known: Option<Node>,
+    name: &str,
+    action: &'static str,
     mut change: impl FnMut(&mut Node) -> (bool, T),
 ) -> Result<T, ApiError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut attempts = 0;
     loop {
-        let mut node = nodes
-            .get(name)
-            .await
-            .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?;
+        let (mut node, from_copy) = match known.take() {
+            Some(node) => (node, true),
+            None => (
+                nodes
+                    .get(name)
+                    .await
+                    .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?,
+                false,
+            ),
+        };
         let (write, result) = change(&mut node);
+        if !write && from_copy {
+            continue;
+        }
         if !write {
             return Ok(result);
         }
@@ -127,14 +150,16 @@ async fn update<T>(
     }
 }
 
-/// Cordons and taints `name`; returns what it did.
+/// Cordons and taints `name`; returns what it did. `known`: the whole Node as a watch last
+/// delivered it, to write without reading first (see [`update_from`]).
 pub async fn apply(
     client: &Client,
+    known: Option<Node>,
     name: &str,
     taint: &str,
     by: &str,
 ) -> Result<Applied, ApiError> {
-    update(client, name, "cordoning", |node| {
+    update_from(client, known, name, "cordoning", |node| {
         let applied = cordon_and_taint(node, taint, by);
         (applied != Applied::default(), applied)
     })

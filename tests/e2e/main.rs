@@ -1,5 +1,6 @@
 //! End-to-end tests against the real control plane (see `tests/controlplane/`).
 
+mod cordon;
 mod identity;
 mod images;
 mod packaging;

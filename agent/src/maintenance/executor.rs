@@ -245,7 +245,7 @@ impl Executor {
     async fn prepare(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
         self.finalizer(m, true).await?;
         let by = format!("maintenance/{}", m.name_any());
-        let done = cordon::apply(&self.client, &self.node, MAINTENANCE_TAINT, &by).await?;
+        let done = cordon::apply(&self.client, None, &self.node, MAINTENANCE_TAINT, &by).await?;
         self.transition(
             m,
             MaintenancePhase::Draining,

@@ -20,7 +20,7 @@ use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
     Api, Client, Resource,
     api::{Patch, PatchParams},
-    runtime::events::EventType,
+    runtime::{events::EventType, reflector},
 };
 use nodeward_api::{
     NodeReport,
@@ -34,12 +34,12 @@ use nodeward_runtime::{
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
-use super::{Settings, window::drain_window};
+use super::{Settings, ended, window::drain_window};
 use crate::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
     drain::{
-        evict::{Drain, Outcome, Progress},
+        evict::{Drain, Progress},
         plan::{self, Purpose},
         watched::{Report, Watched},
     },
@@ -71,6 +71,8 @@ pub struct Guard {
     pub events: Events,
     /// This node's maintenances, for the reboot gate.
     pub maintenances: NodeMaintenances,
+    /// This node as watched (whole objects): the shutdown's cordon writes it without reading.
+    pub own_node: reflector::Store<Node>,
 }
 
 /// What the guard knows now; written to the NodeReport on change.
@@ -434,7 +436,7 @@ impl Guard {
                 }
             }
         };
-        let (kind, note) = ended(&outcome);
+        let (kind, note) = ended::described(&outcome);
         tracing::warn!(%note, "drain before shutdown ended");
         self.event(
             kind,
@@ -479,20 +481,26 @@ impl Guard {
             seconds = left.as_secs(),
             "shutdown announced: draining the node"
         );
-        let applied =
-            match cordon::apply(&self.client, &self.node, SHUTDOWN_TAINT, SHUTDOWN_CORDON_BY).await
-            {
-                Ok(applied) => Applied {
-                    cordoned: applied.cordoned
-                        || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
-                    tainted: applied.tainted
-                        || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
-                },
-                Err(e) => {
-                    tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
-                    Applied::default()
-                }
-            };
+        // Cordoned from the watched copy: a read fewer before the first eviction.
+        let known = self.own_node.get(&reflector::ObjectRef::new(&self.node));
+        let known = known.map(|node| Node::clone(&node));
+        let cordoning = cordon::apply(
+            &self.client,
+            known,
+            &self.node,
+            SHUTDOWN_TAINT,
+            SHUTDOWN_CORDON_BY,
+        );
+        let applied = match cordoning.await {
+            Ok(applied) => Applied {
+                cordoned: applied.cordoned || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
+                tainted: applied.tainted || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
+                Applied::default()
+            }
+        };
         tracing::info!(
             after_ms = at.elapsed().as_millis(),
             cordoned = applied.cordoned,
@@ -659,29 +667,6 @@ impl Guard {
             // Written again with the next change, or the next session.
             lock(state).written = false;
         }
-    }
-}
-
-/// How a drain before shutdown ended (`None`: out of time), as an Event's type and note.
-fn ended(outcome: &Option<Result<Outcome, crate::Error>>) -> (EventType, String) {
-    match outcome {
-        Some(Ok(Outcome::Drained)) => (
-            EventType::Normal,
-            "every pod of the plan is gone".to_owned(),
-        ),
-        Some(Ok(Outcome::Incomplete { remaining })) => (
-            EventType::Warning,
-            format!("stages ran out of time; left: {}", remaining.join(", ")),
-        ),
-        Some(Ok(Outcome::Failed { stage, remaining })) => (
-            EventType::Warning,
-            format!("stage {stage} failed; left: {}", remaining.join(", ")),
-        ),
-        Some(Err(e)) => (EventType::Warning, format!("the drain failed: {e}")),
-        None => (
-            EventType::Warning,
-            "out of time: releasing the lock with pods left".to_owned(),
-        ),
     }
 }
 

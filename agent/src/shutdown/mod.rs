@@ -5,6 +5,7 @@ use serde::Deserialize;
 use std::{path::PathBuf, time::Duration};
 
 pub mod dropin;
+mod ended;
 pub mod guard;
 pub mod window;
 
