@@ -340,6 +340,74 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
 }
 
 #[tokio::test]
+async fn a_pod_that_comes_to_the_node_during_the_drain_is_drained_too() -> anyhow::Result<()> {
+    let env = TestEnv::new("guard-late").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    // A pod no eviction may take holds the drain in its stage while another comes.
+    env.guarded_pod("guarded", &node).await?;
+    let logind = Logind::start(&env.id, 30).await?;
+    let plan = "  budget: 25s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 8s, onTimeout: Continue}\n";
+    let agent = agent(&env, &node, &logind, plan)?;
+    wait_locked(&logind, TIMEOUT)
+        .await
+        .with_context(|| agent.output())?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let asked = Instant::now();
+    power_off(&logind).await?;
+    wait::until(
+        &reports,
+        &node,
+        "the drain held by its guarded pod",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
+                .is_some_and(|s| !s.blocking_pods.is_empty())
+        },
+    )
+    .await?;
+    // Bound to the node after the drain read its pods, as by a scheduler that had not seen
+    // the cordon yet; it tolerates no taint of the drain (a pod that does would be put back).
+    let tolerations = serde_json::json!([
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+        {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+    ]);
+    let options = PodOptions {
+        tolerations,
+        ..PodOptions::default()
+    };
+    env.replicaset("late", &node, 1, &options).await?;
+    let late = env.running_pods("late", 1).await?;
+    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
+        Ok(logind
+            .systemd
+            .started_at
+            .lock()
+            .expect("started")
+            .first()
+            .copied())
+    })
+    .await
+    .with_context(|| agent.output())?;
+    let evicted = evictions(&env.namespace)?;
+    assert!(
+        evicted.contains(&late[0].name_any()),
+        "the late pod was not drained: {evicted:?}"
+    );
+    // Its replacement, from the same ReplicaSet, is not chased: the drain ends after the
+    // stage and the late pod, not at its deadline.
+    let late_evicted = evicted.iter().filter(|n| n.starts_with("late-")).count();
+    assert_eq!(late_evicted, 1, "{evicted:?}");
+    let took = started.duration_since(asked);
+    assert!(
+        took < Duration::from_secs(21),
+        "released at the deadline (23 s), not when drained: {took:?}"
+    );
+    drop(agent);
+    env.cleanup().await
+}
+
+#[tokio::test]
 async fn a_drain_that_leaves_many_pods_still_reports_its_end_in_an_event() -> anyhow::Result<()> {
     // Twelve pods no budget lets go: the note naming each (and why it stays) is over the
     // 1024 bytes the API server takes, which once lost the Event on a real node.

@@ -19,15 +19,15 @@ use kube::{
     runtime::reflector::{ObjectRef, Store},
 };
 use nodeward_api::{
-    DrainPlan, NodeMaintenance, OnTimeout, PodType,
+    DrainPlan, NodeMaintenance, OnTimeout,
     maintenance::{BlockingPod, EVICTED_WORKLOADS_LIMIT, WorkloadRef},
 };
 use nodeward_runtime::ApiError;
 use tokio::time::Instant;
 
 use super::{
-    plan::{self, Ordered, PodInfo, Purpose},
-    pods::{NodePods, instant_of, key, let_go_at},
+    plan::{self, Ordered, PodInfo, Purpose, Seen},
+    pods::{self, NodePods, instant_of, key, let_go_at},
 };
 use crate::{Error, backoff::Backoff};
 
@@ -131,56 +131,6 @@ fn held_by_surge(drain: &Drain, pod: &PodInfo) -> Option<BlockingPod> {
     })
 }
 
-/// Kinds of pods, as the plan sees them.
-pub fn pod_type(pod: &Pod) -> PodType {
-    let mirror = pod
-        .annotations()
-        .contains_key("kubernetes.io/config.mirror");
-    let controller = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true));
-    match controller.map(|o| o.kind.as_str()) {
-        _ if mirror => PodType::Static,
-        Some("Node") => PodType::Static,
-        Some("DaemonSet") => PodType::DaemonSet,
-        _ => PodType::Default,
-    }
-}
-
-fn info(pod: &Pod, namespaces: &HashMap<String, BTreeMap<String, String>>, taint: &str) -> PodInfo {
-    let namespace = pod.namespace().unwrap_or_default();
-    let spec = pod.spec.as_ref();
-    let controlled = pod
-        .owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && o.kind != "Node");
-    let returns = controlled
-        && spec
-            .and_then(|s| s.tolerations.as_ref())
-            .is_some_and(|ts| ts.iter().any(|t| plan::tolerates(t, taint)));
-    PodInfo {
-        returns,
-        namespace_labels: namespaces.get(&namespace).cloned().unwrap_or_default(),
-        namespace,
-        name: pod.name_any(),
-        pod_type: pod_type(pod),
-        priority: spec.and_then(|s| s.priority).unwrap_or(0),
-        labels: pod.labels().clone(),
-        terminating: pod.metadata.deletion_timestamp.is_some(),
-        grace_period_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
-        controller: pod
-            .owner_references()
-            .iter()
-            .find(|o| o.controller == Some(true) && WorkloadRef::KINDS.contains(&o.kind.as_str()))
-            .map(|o| WorkloadRef {
-                kind: o.kind.clone(),
-                namespace: pod.namespace().unwrap_or_default(),
-                name: o.name.clone(),
-            }),
-    }
-}
-
 /// Reads the node's pods (the namespaces' labels at the same time, when the plan selects by
 /// them) and orders them by the plan.
 pub async fn order(drain: &Drain, pods: &NodePods) -> Result<Ordered, Error> {
@@ -207,7 +157,7 @@ pub async fn order(drain: &Drain, pods: &NodePods) -> Result<Ordered, Error> {
     );
     let pods = on_node
         .values()
-        .map(|p| info(p, &namespaces, drain.taint))
+        .map(|p| pods::info(p, &namespaces, drain.taint))
         .collect();
     let own = drain
         .own_pod
@@ -292,98 +242,151 @@ impl Progress {
 }
 
 /// Runs the drain. `report` is called whenever progress changes.
-pub async fn run(drain: &Drain, mut report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
-    let mut pods = NodePods::watched(&drain.client, &drain.node);
-    let ordered = order(drain, &pods).await?;
-    let mut gone = Gone::default();
+pub async fn run(drain: &Drain, report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
+    let pods = NodePods::watched(&drain.client, &drain.node);
+    let mut ordered = order(drain, &pods).await?;
+    let mut seen = Seen::default();
+    seen.add(&ordered);
     let started = Instant::now();
-    let budget = drain.deadline.map(|d| d.saturating_duration_since(started));
-    let mut progress = Progress::of(&ordered);
-    report(&progress);
-    for (pod, why) in &ordered.left {
-        tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");
+    let mut run = Run {
+        drain,
+        pods,
+        gone: Gone::default(),
+        progress: Progress::of(&ordered),
+        report,
+        started,
+        budget: drain.deadline.map(|d| d.saturating_duration_since(started)),
+        carried_over: Vec::new(),
+    };
+    (run.report)(&run.progress);
+    loop {
+        for (pod, why) in &ordered.left {
+            tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");
+        }
+        if let Some(failed) = run.stages(&ordered).await? {
+            return Ok(failed);
+        }
+        if drain.deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        // Pods that came after the read (bound by a scheduler that had not seen the cordon
+        // yet, or created with the node named) are drained as well, in the plan's order,
+        // after the plan's own; pods their controller would put back are not chased.
+        ordered = order(drain, &run.pods).await?.newcomers(&seen);
+        seen.add(&ordered);
+        if ordered.total() == 0 {
+            break;
+        }
+        let late: Vec<String> = ordered.keys().into_iter().collect();
+        tracing::warn!(pods = ?late, "pods came to the node during the drain; draining them too");
+        run.progress.total += ordered.total();
+        run.progress.remaining += ordered.total();
+        (run.report)(&run.progress);
     }
-    let mut carried_over: Vec<String> = Vec::new();
-    for (index, stage) in ordered.stages.iter().enumerate() {
-        progress.stage = stage.stage.name.clone();
-        let stage_end =
-            started + plan::stage_deadline(&ordered, index, started.elapsed(), budget, budget);
-        let mut left_in_stage: Vec<PodInfo> = Vec::new();
-        for (group_index, group) in stage.groups.iter().enumerate() {
-            let remaining = evict_group(
-                drain,
-                &mut pods,
-                group,
-                stage_end,
-                &mut gone,
-                &mut progress,
-                &mut report,
-            )
-            .await?;
-            left_in_stage.extend(remaining);
-            if Instant::now() >= stage_end {
-                // Out of time: the later groups of this stage are handled by onTimeout too.
-                for later in &stage.groups[group_index + 1..] {
-                    left_in_stage.extend(later.iter().cloned());
-                }
-                break;
-            }
-        }
-        if left_in_stage.is_empty() {
-            continue;
-        }
-        let names = why_left(&left_in_stage, &progress);
-        match stage.stage.on_timeout {
-            OnTimeout::Fail => {
-                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; failing the drain");
-                return Ok(Outcome::Failed {
-                    stage: stage.stage.name.clone(),
-                    remaining: names,
-                });
-            }
-            OnTimeout::Continue => {
-                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; going on with the next stage");
-                carried_over.extend(names);
-            }
-            OnTimeout::Delete => {
-                tracing::warn!(stage = %stage.stage.name, remaining = ?names, "drain stage timed out; deleting the pods left");
-                let deleted = delete(
-                    drain,
-                    &left_in_stage,
-                    DeleteParams::default().grace_period(0),
-                )
-                .await;
-                for pod in left_in_stage
-                    .iter()
-                    .filter(|p| deleted.contains(&key(&p.namespace, &p.name)))
-                {
-                    progress.asked(pod);
-                }
-                progress.blocking.clear();
-                report(&progress);
-                // Give the deletions until the overall deadline (or a few seconds) to land.
-                let until = drain
-                    .deadline
-                    .unwrap_or_else(|| Instant::now() + Duration::from_secs(30));
-                let still = wait_gone(
-                    &mut pods,
-                    &left_in_stage,
-                    until,
-                    &mut gone,
-                    &mut progress,
-                    &mut report,
-                )
-                .await?;
-                carried_over.extend(why_left(&still, &progress));
-            }
-        }
-    }
-    if carried_over.is_empty() {
+    if run.carried_over.is_empty() {
         Ok(Outcome::Drained)
     } else {
         Ok(Outcome::Incomplete {
-            remaining: carried_over,
+            remaining: run.carried_over,
         })
+    }
+}
+
+/// A drain under way: what its passes over the plan share.
+struct Run<'a, R> {
+    drain: &'a Drain,
+    pods: NodePods,
+    gone: Gone,
+    progress: Progress,
+    report: R,
+    started: Instant,
+    budget: Option<Duration>,
+    /// The pods stages that went on (`Continue`) or deleted (`Delete`) left behind.
+    carried_over: Vec<String>,
+}
+
+impl<R: FnMut(&Progress)> Run<'_, R> {
+    /// Drains `ordered` stage by stage; the outcome if a stage failed the drain.
+    async fn stages(&mut self, ordered: &Ordered) -> Result<Option<Outcome>, Error> {
+        let (drain, started, budget) = (self.drain, self.started, self.budget);
+        for (index, stage) in ordered.stages.iter().enumerate() {
+            self.progress.stage = stage.stage.name.clone();
+            let stage_end =
+                started + plan::stage_deadline(ordered, index, started.elapsed(), budget, budget);
+            let mut left_in_stage: Vec<PodInfo> = Vec::new();
+            for (group_index, group) in stage.groups.iter().enumerate() {
+                let remaining = evict_group(
+                    drain,
+                    &mut self.pods,
+                    group,
+                    stage_end,
+                    &mut self.gone,
+                    &mut self.progress,
+                    &mut self.report,
+                )
+                .await?;
+                left_in_stage.extend(remaining);
+                if Instant::now() >= stage_end {
+                    // Out of time: the later groups of this stage are handled by onTimeout too.
+                    for later in &stage.groups[group_index + 1..] {
+                        left_in_stage.extend(later.iter().cloned());
+                    }
+                    break;
+                }
+            }
+            if left_in_stage.is_empty() {
+                continue;
+            }
+            let names = why_left(&left_in_stage, &self.progress);
+            let name = &stage.stage.name;
+            match stage.stage.on_timeout {
+                OnTimeout::Fail => {
+                    tracing::warn!(stage = %name, remaining = ?names, "drain stage timed out; failing the drain");
+                    return Ok(Some(Outcome::Failed {
+                        stage: name.clone(),
+                        remaining: names,
+                    }));
+                }
+                OnTimeout::Continue => {
+                    tracing::warn!(stage = %name, remaining = ?names, "drain stage timed out; going on with the next stage");
+                    self.carried_over.extend(names);
+                }
+                OnTimeout::Delete => {
+                    tracing::warn!(stage = %name, remaining = ?names, "drain stage timed out; deleting the pods left");
+                    self.delete_left(&left_in_stage).await?;
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deletes the pods a stage left (`onTimeout: Delete`) and waits for them until the
+    /// overall deadline (or a few seconds); those still there are carried over.
+    async fn delete_left(&mut self, left: &[PodInfo]) -> Result<(), Error> {
+        let drain = self.drain;
+        let deleted = delete(drain, left, DeleteParams::default().grace_period(0)).await;
+        for pod in left
+            .iter()
+            .filter(|p| deleted.contains(&key(&p.namespace, &p.name)))
+        {
+            self.progress.asked(pod);
+        }
+        self.progress.blocking.clear();
+        (self.report)(&self.progress);
+        let until = drain
+            .deadline
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(30));
+        let still = wait_gone(
+            &mut self.pods,
+            left,
+            until,
+            &mut self.gone,
+            &mut self.progress,
+            &mut self.report,
+        )
+        .await?;
+        self.carried_over.extend(why_left(&still, &self.progress));
+        Ok(())
     }
 }
 
@@ -656,6 +659,8 @@ async fn wait_gone(
 
 #[cfg(test)]
 mod tests {
+    use nodeward_api::PodType;
+
     use super::*;
 
     fn left(name: &str, terminating: bool) -> PodInfo {

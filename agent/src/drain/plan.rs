@@ -5,7 +5,7 @@
 //! priority. Static and mirror pods are the kubelet's and never evicted; pods marked to stay
 //! (the agent's own pod, label `nodeward.io/drain=skip`, the plan's `skip` rules) are left.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use nodeward_api::{
@@ -99,6 +99,56 @@ impl Ordered {
             .flat_map(|s| s.groups.iter())
             .map(Vec::len)
             .sum()
+    }
+
+    /// Every pod of the order, staged or left, as `namespace/name`.
+    pub fn keys(&self) -> BTreeSet<String> {
+        self.pods()
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect()
+    }
+
+    fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        let staged = self.stages.iter().flat_map(|s| s.groups.iter().flatten());
+        staged.chain(self.left.iter().map(|(pod, _)| pod))
+    }
+
+    /// The pods of this order the drain has not seen yet (`seen`), in the same stages and
+    /// groups; not those a controller would put back (`returns`) nor those of a controller
+    /// whose pods the drain already took (likely their replacements): chasing them would
+    /// hold the drain until its deadline.
+    pub fn newcomers(mut self, seen: &Seen) -> Self {
+        let new = |p: &PodInfo| {
+            !p.returns
+                && !seen.pods.contains(&format!("{}/{}", p.namespace, p.name))
+                && p.controller
+                    .as_ref()
+                    .is_none_or(|c| !seen.controllers.contains(c))
+        };
+        for stage in &mut self.stages {
+            for group in &mut stage.groups {
+                group.retain(new);
+            }
+            stage.groups.retain(|g| !g.is_empty());
+        }
+        self.left.retain(|(p, _)| new(p));
+        self
+    }
+}
+
+/// The pods, and their controllers, a drain has met so far.
+#[derive(Debug, Default)]
+pub struct Seen {
+    pub pods: BTreeSet<String>,
+    pub controllers: BTreeSet<nodeward_api::maintenance::WorkloadRef>,
+}
+
+impl Seen {
+    /// Adds the pods of `ordered` and their controllers.
+    pub fn add(&mut self, ordered: &Ordered) {
+        self.pods.extend(ordered.keys());
+        self.controllers
+            .extend(ordered.pods().filter_map(|p| p.controller.clone()));
     }
 }
 
@@ -354,6 +404,56 @@ mod tests {
         assert_eq!(ordered.total(), 6);
         assert_eq!(ordered.left.len(), 1);
         assert_eq!(ordered.left[0].0.name, "static");
+    }
+
+    #[test]
+    fn pods_met_later_are_drained_unless_seen_or_put_back_by_their_controller() {
+        let plan = default_plan(Purpose::MachineDown);
+        let order_of = |pods| order(&plan, Purpose::MachineDown, pods, None);
+        let controlled = |name, owner: &str| PodInfo {
+            controller: Some(nodeward_api::maintenance::WorkloadRef {
+                kind: "ReplicaSet".into(),
+                namespace: "ns".into(),
+                name: owner.into(),
+            }),
+            ..pod(name, PodType::Default, 0)
+        };
+        let first = order_of(vec![
+            controlled("web-1", "web"),
+            pod("crit", PodType::Default, CRITICAL_PRIORITY),
+        ]);
+        let mut seen = Seen::default();
+        seen.add(&first);
+
+        let returning = PodInfo {
+            returns: true,
+            ..pod("tolerant", PodType::Default, 0)
+        };
+        let later = order_of(vec![
+            controlled("web-1", "web"),
+            // web-1's replacement, from the controller the drain already took a pod of
+            controlled("web-2", "web"),
+            controlled("api-1", "api"),
+            pod("late-crit", PodType::Default, CRITICAL_PRIORITY),
+            pod("crit", PodType::Default, CRITICAL_PRIORITY),
+            returning,
+        ])
+        .newcomers(&seen);
+        assert_eq!(
+            names(&later),
+            vec![
+                vec![vec!["api-1".to_owned()]],
+                vec![vec!["late-crit".into()]],
+                vec![]
+            ],
+            "in the plan's stages and order"
+        );
+        seen.add(&later);
+        let again = order_of(vec![
+            controlled("api-1", "api"),
+            pod("late-crit", PodType::Default, CRITICAL_PRIORITY),
+        ]);
+        assert_eq!(again.newcomers(&seen).total(), 0, "met once, drained once");
     }
 
     #[test]

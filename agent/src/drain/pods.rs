@@ -6,7 +6,7 @@
 //! has listed, and after it failed until it lists again, the drain lists the pods itself.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -21,9 +21,11 @@ use kube::{
     api::ListParams,
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
+use nodeward_api::{PodType, maintenance::WorkloadRef};
 use nodeward_runtime::ApiError;
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
+use super::plan::{self, PodInfo};
 use crate::Error;
 
 /// How long past its grace period a terminating pod is still waited for: by then the kubelet
@@ -51,6 +53,60 @@ pub fn waited_for(pod: &Pod, now: jiff::Timestamp) -> bool {
 /// A pod's key in the drain: `namespace/name`.
 pub fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
+}
+
+/// Kinds of pods, as the plan sees them.
+fn pod_type(pod: &Pod) -> PodType {
+    let mirror = pod
+        .annotations()
+        .contains_key("kubernetes.io/config.mirror");
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match controller.map(|o| o.kind.as_str()) {
+        _ if mirror => PodType::Static,
+        Some("Node") => PodType::Static,
+        Some("DaemonSet") => PodType::DaemonSet,
+        _ => PodType::Default,
+    }
+}
+
+pub fn info(
+    pod: &Pod,
+    namespaces: &HashMap<String, BTreeMap<String, String>>,
+    taint: &str,
+) -> PodInfo {
+    let namespace = pod.namespace().unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let controlled = pod
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind != "Node");
+    let returns = controlled
+        && spec
+            .and_then(|s| s.tolerations.as_ref())
+            .is_some_and(|ts| ts.iter().any(|t| plan::tolerates(t, taint)));
+    PodInfo {
+        returns,
+        namespace_labels: namespaces.get(&namespace).cloned().unwrap_or_default(),
+        namespace,
+        name: pod.name_any(),
+        pod_type: pod_type(pod),
+        priority: spec.and_then(|s| s.priority).unwrap_or(0),
+        labels: pod.labels().clone(),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+        grace_period_seconds: spec.and_then(|s| s.termination_grace_period_seconds),
+        controller: pod
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true) && WorkloadRef::KINDS.contains(&o.kind.as_str()))
+            .map(|o| WorkloadRef {
+                kind: o.kind.clone(),
+                namespace: pod.namespace().unwrap_or_default(),
+                name: o.name.clone(),
+            }),
+    }
 }
 
 /// The pods of one node, watched while a drain runs; the watch stops when this is dropped.
