@@ -176,9 +176,17 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
         );
     }
     assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
-    let events = env.events_about(&name, "").await?;
+    // The Drained Event follows the phase Acting.
+    let events = wait::eventually("the Drained Event", TIMEOUT, || async {
+        let events = env.events_about(&name, "").await?;
+        let drained = events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("Drained"));
+        Ok(drained.then_some(events))
+    })
+    .await?;
     let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
-    for reason in ["Admitted", "DrainStarted", "Drained"] {
+    for reason in ["Admitted", "DrainStarted"] {
         assert!(
             reasons.iter().any(|r| r == reason),
             "{reason} in {reasons:?}"
