@@ -21,22 +21,17 @@ fn cordoned(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
 }
 
-#[tokio::test]
-async fn a_cordon_from_a_stale_copy_keeps_what_others_wrote_and_claims_only_its_own()
--> anyhow::Result<()> {
-    let env = TestEnv::new("cordon-stale").await?;
+/// A test's node after `prepare` (given the node, it returns the copy to cordon from): the
+/// shutdown's cordon from that copy, what it says it did, and the node after it.
+async fn cordon_from(
+    test: &str,
+    prepare: impl AsyncFnOnce(&kube::Api<Node>, &str) -> anyhow::Result<Node>,
+) -> anyhow::Result<(TestEnv, Applied, Node)> {
+    let env = TestEnv::new(test).await?;
     let name = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
     let nodes = env.nodes();
-    let copy = nodes.get(&name).await?;
-
-    // An admin cordons the node and labels it after the copy was taken.
-    let admin = json!({"metadata": {"labels": {"example.com/rack": "r7"}},
-                       "spec": {"unschedulable": true}});
-    nodes
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&admin))
-        .await?;
-
+    let copy = prepare(&nodes, &name).await?;
     let applied = cordon::apply(
         &env.client,
         Some(copy),
@@ -44,6 +39,24 @@ async fn a_cordon_from_a_stale_copy_keeps_what_others_wrote_and_claims_only_its_
         SHUTDOWN_TAINT,
         SHUTDOWN_CORDON_BY,
     )
+    .await?;
+    let node = nodes.get(&name).await?;
+    Ok((env, applied, node))
+}
+
+#[tokio::test]
+async fn a_cordon_from_a_stale_copy_keeps_what_others_wrote_and_claims_only_its_own()
+-> anyhow::Result<()> {
+    let (env, applied, node) = cordon_from("cordon-stale", async |nodes, name| {
+        let copy = nodes.get(name).await?;
+        // An admin cordons the node and labels it after the copy was taken.
+        let admin = json!({"metadata": {"labels": {"example.com/rack": "r7"}},
+                           "spec": {"unschedulable": true}});
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&admin))
+            .await?;
+        Ok(copy)
+    })
     .await?;
     assert_eq!(
         applied,
@@ -53,7 +66,6 @@ async fn a_cordon_from_a_stale_copy_keeps_what_others_wrote_and_claims_only_its_
         },
         "the admin's cordon is not the agent's to undo later"
     );
-    let node = nodes.get(&name).await?;
     assert!(cordoned(&node) && tainted(&node));
     assert_eq!(
         node.metadata
@@ -69,29 +81,17 @@ async fn a_cordon_from_a_stale_copy_keeps_what_others_wrote_and_claims_only_its_
 
 #[tokio::test]
 async fn a_copy_that_leaves_nothing_to_write_is_read_again() -> anyhow::Result<()> {
-    let env = TestEnv::new("cordon-done").await?;
-    let name = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let nodes = env.nodes();
-    let params = PatchParams::default();
-
-    // A copy taken while an admin held the node cordoned and under the taint: from it, there
-    // is nothing to write. The admin has taken both away since.
-    let held = json!({"spec": {"unschedulable": true,
-                               "taints": [{"key": SHUTDOWN_TAINT, "effect": "NoSchedule"}]}});
-    let copy = nodes.patch(&name, &params, &Patch::Merge(&held)).await?;
-    let released = json!({"spec": {"unschedulable": null, "taints": null}});
-    nodes
-        .patch(&name, &params, &Patch::Merge(&released))
-        .await?;
-
-    let applied = cordon::apply(
-        &env.client,
-        Some(copy),
-        &name,
-        SHUTDOWN_TAINT,
-        SHUTDOWN_CORDON_BY,
-    )
+    let (env, applied, node) = cordon_from("cordon-done", async |nodes, name| {
+        // A copy taken while an admin held the node cordoned and under the taint: from it,
+        // there is nothing to write. The admin has taken both away since.
+        let params = PatchParams::default();
+        let held = json!({"spec": {"unschedulable": true,
+                                   "taints": [{"key": SHUTDOWN_TAINT, "effect": "NoSchedule"}]}});
+        let copy = nodes.patch(name, &params, &Patch::Merge(&held)).await?;
+        let released = json!({"spec": {"unschedulable": null, "taints": null}});
+        nodes.patch(name, &params, &Patch::Merge(&released)).await?;
+        Ok(copy)
+    })
     .await?;
     assert_eq!(
         applied,
@@ -100,7 +100,6 @@ async fn a_copy_that_leaves_nothing_to_write_is_read_again() -> anyhow::Result<(
             tainted: true
         }
     );
-    let node = nodes.get(&name).await?;
     assert!(
         cordoned(&node) && tainted(&node),
         "the copy was believed: the node is left schedulable"

@@ -317,16 +317,14 @@ impl Vm {
             let mut agent = GuestAgent::connect(&self.socket(), Duration::from_secs(30)).await?;
             let before = agent.clock_offset().await?;
             let set = json!({"execute": "guest-set-time", "arguments": {"time": unix_nanos()?}});
-            match agent.call(set, Duration::from_secs(10)).await {
-                // The clock is set first; then the agent runs hwclock, which the image lacks
-                // (the RTC's whole seconds would not keep the rest).
-                Err(e) if !e.to_string().contains("hwclock") => return Err(e),
-                _ => {}
-            }
+            // The guest agent sets the clock, then runs hwclock, which the image lacks (the
+            // RTC's whole seconds would not keep the rest): the call's error is expected, and
+            // the clock read back decides.
+            let answer = agent.call(set, Duration::from_secs(10)).await;
             let after = agent.clock_offset().await?;
             anyhow::ensure!(
                 after.abs() < 0.05,
-                "the clock is still {after:.3} s off after setting it"
+                "the clock is still {after:.3} s off after setting it (the guest agent: {answer:?})"
             );
             Ok(before)
         }
