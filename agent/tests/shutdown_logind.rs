@@ -129,6 +129,20 @@ fn app_of(pods: &[Pod], name: &str) -> String {
         .unwrap_or_else(|| format!("unknown pod {name}"))
 }
 
+/// When logind, the lock released, had the first unit started (the systemd stand-in's record).
+async fn unit_started(logind: &Logind) -> anyhow::Result<Instant> {
+    wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
+        Ok(logind
+            .systemd
+            .started_at
+            .lock()
+            .expect("started")
+            .first()
+            .copied())
+    })
+    .await
+}
+
 async fn power_off(logind: &Logind) -> anyhow::Result<()> {
     let connection = logind.connect().await?;
     ManagerProxy::new(&connection)
@@ -176,18 +190,9 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
 
     let asked = Instant::now();
     power_off(&logind).await?;
-    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
-        let at = logind
-            .systemd
-            .started_at
-            .lock()
-            .expect("started")
-            .first()
-            .copied();
-        Ok(at)
-    })
-    .await
-    .with_context(|| agent.output())?;
+    let started = unit_started(&logind)
+        .await
+        .with_context(|| agent.output())?;
     let units = logind.started_units();
     assert_eq!(units[0].0, "poweroff.target", "{units:?}");
     assert!(
@@ -292,17 +297,9 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     .context("shutdown record")?;
     assert_eq!(blocked.blocking_pods[0].reason, "DisruptionBudget");
     assert_eq!(blocked.blocking_pods[0].name, pod.name_any());
-    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
-        Ok(logind
-            .systemd
-            .started_at
-            .lock()
-            .expect("started")
-            .first()
-            .copied())
-    })
-    .await
-    .with_context(|| agent.output())?;
+    let started = unit_started(&logind)
+        .await
+        .with_context(|| agent.output())?;
     let took = started.duration_since(asked);
     assert!(
         took >= Duration::from_secs(4),
@@ -378,17 +375,9 @@ async fn a_pod_that_comes_to_the_node_during_the_drain_is_drained_too() -> anyho
     };
     env.replicaset("late", &node, 1, &options).await?;
     let late = env.running_pods("late", 1).await?;
-    let started = wait::eventually("StartUnit(poweroff.target)", TIMEOUT, || async {
-        Ok(logind
-            .systemd
-            .started_at
-            .lock()
-            .expect("started")
-            .first()
-            .copied())
-    })
-    .await
-    .with_context(|| agent.output())?;
+    let started = unit_started(&logind)
+        .await
+        .with_context(|| agent.output())?;
     let evicted = evictions(&env.namespace)?;
     assert!(
         evicted.contains(&late[0].name_any()),
