@@ -264,24 +264,34 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
     env.cleanup().await
 }
 
-#[tokio::test]
-async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() -> anyhow::Result<()>
-{
-    let env = TestEnv::new("guard-pdb").await?;
+/// A shutdown held by a pod no eviction may take: a node with one PDB-guarded pod, logind
+/// with `delay` seconds, the agent with `guard`, PowerOff asked once it holds its lock, and
+/// the drain's refusal recorded in the NodeReport.
+struct HeldShutdown {
+    env: TestEnv,
+    node: String,
+    guarded: Pod,
+    logind: Logind,
+    agent: Daemon,
+    /// When PowerOff was asked.
+    asked: Instant,
+    /// The shutdown record that shows the refusal.
+    blocked: nodeward_api::report::ShutdownProgress,
+}
+
+async fn held_shutdown(test: &str, delay: u64, guard: &str) -> anyhow::Result<HeldShutdown> {
+    let env = TestEnv::new(test).await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let pod = env.guarded_pod("guarded", &node).await?;
-
-    let logind = Logind::start(&env.id, 20).await?;
-    let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 4s, onTimeout: Delete}\n";
-    let agent = agent(&env, &node, &logind, plan)?;
+    let guarded = env.guarded_pod("guarded", &node).await?;
+    let logind = Logind::start(&env.id, delay).await?;
+    let agent = agent(&env, &node, &logind, guard)?;
     wait_locked(&logind, TIMEOUT)
         .await
         .with_context(|| agent.output())?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let asked = Instant::now();
     power_off(&logind).await?;
-    // The refusal is recorded, naming the budget.
     let blocked = wait::until(
         &reports,
         &node,
@@ -295,6 +305,31 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     .await?
     .and_then(|r| r.status?.shutdown)
     .context("shutdown record")?;
+    Ok(HeldShutdown {
+        env,
+        node,
+        guarded,
+        logind,
+        agent,
+        asked,
+        blocked,
+    })
+}
+
+#[tokio::test]
+async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() -> anyhow::Result<()>
+{
+    let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 4s, onTimeout: Delete}\n";
+    let HeldShutdown {
+        env,
+        node,
+        guarded: pod,
+        logind,
+        agent,
+        asked,
+        blocked,
+    } = held_shutdown("guard-pdb", 20, plan).await?;
+    // The refusal is recorded, naming the budget.
     assert_eq!(blocked.blocking_pods[0].reason, "DisruptionBudget");
     assert_eq!(blocked.blocking_pods[0].name, pod.name_any());
     let started = unit_started(&logind)
@@ -338,31 +373,16 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
 
 #[tokio::test]
 async fn a_pod_that_comes_to_the_node_during_the_drain_is_drained_too() -> anyhow::Result<()> {
-    let env = TestEnv::new("guard-late").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
     // A pod no eviction may take holds the drain in its stage while another comes.
-    env.guarded_pod("guarded", &node).await?;
-    let logind = Logind::start(&env.id, 30).await?;
     let plan = "  budget: 25s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 8s, onTimeout: Continue}\n";
-    let agent = agent(&env, &node, &logind, plan)?;
-    wait_locked(&logind, TIMEOUT)
-        .await
-        .with_context(|| agent.output())?;
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    let asked = Instant::now();
-    power_off(&logind).await?;
-    wait::until(
-        &reports,
-        &node,
-        "the drain held by its guarded pod",
-        TIMEOUT,
-        |r| {
-            r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
-                .is_some_and(|s| !s.blocking_pods.is_empty())
-        },
-    )
-    .await?;
+    let HeldShutdown {
+        env,
+        node,
+        logind,
+        agent,
+        asked,
+        ..
+    } = held_shutdown("guard-late", 30, plan).await?;
     // Bound to the node after the drain read its pods, as by a scheduler that had not seen
     // the cordon yet; it tolerates no taint of the drain (a pod that does would be put back).
     let tolerations = serde_json::json!([

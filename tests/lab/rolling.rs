@@ -7,7 +7,7 @@
 //! and after its reboot the gate is back.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
     time::Instant,
 };
@@ -205,8 +205,8 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
 
 /// When each node's Ready condition became True, for every such change a watch of the nodes
 /// sees from now on.
-fn ready_transitions(client: &kube::Client) -> Arc<Mutex<BTreeMap<String, Vec<Timestamp>>>> {
-    let seen: Arc<Mutex<BTreeMap<String, Vec<Timestamp>>>> = Arc::default();
+fn ready_transitions(client: &kube::Client) -> Arc<Mutex<BTreeMap<String, BTreeSet<Timestamp>>>> {
+    let seen: Arc<Mutex<BTreeMap<String, BTreeSet<Timestamp>>>> = Arc::default();
     let recorded = seen.clone();
     tokio::spawn(
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -227,10 +227,7 @@ fn ready_transitions(client: &kube::Client) -> Arc<Mutex<BTreeMap<String, Vec<Ti
                 });
                 if let Some((name, since)) = ready {
                     let mut seen = recorded.lock().unwrap_or_else(|p| p.into_inner());
-                    let times = seen.entry(name).or_default();
-                    if !times.contains(&since) {
-                        times.push(since);
-                    }
+                    seen.entry(name).or_default().insert(since);
                 }
                 futures::future::ready(())
             }),

@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use super::{
     plan::{self, Ordered, PodInfo, Purpose, Seen},
-    pods::{self, NodePods, instant_of, key, let_go_at},
+    pods::{self, NodePods, instant_of, let_go_at},
 };
 use crate::{Error, backoff::Backoff};
 
@@ -63,7 +63,7 @@ pub struct Progress {
 impl Progress {
     /// Records that `pod` was asked to go: its name, and its controller.
     fn asked(&mut self, pod: &PodInfo) {
-        self.evicted.push(key(&pod.namespace, &pod.name));
+        self.evicted.push(pod.key());
         self.going(pod);
     }
 
@@ -209,7 +209,7 @@ impl Gone {
                 .iter()
                 .any(|l| l.namespace == pod.namespace && l.name == pod.name)
             {
-                self.0.insert(key(&pod.namespace, &pod.name));
+                self.0.insert(pod.key());
             }
         }
         let remaining = progress.total.saturating_sub(self.0.len());
@@ -227,7 +227,7 @@ impl Progress {
             .iter()
             .flat_map(|s| s.groups.iter().flatten())
             .filter(|p| p.returns)
-            .map(|p| key(&p.namespace, &p.name))
+            .map(PodInfo::key)
             .collect();
         if !returning.is_empty() {
             tracing::warn!(pods = ?returning, "these pods tolerate the drain taint; their replacements may come back to this node");
@@ -261,7 +261,7 @@ pub async fn run(drain: &Drain, report: impl FnMut(&Progress)) -> Result<Outcome
     (run.report)(&run.progress);
     loop {
         for (pod, why) in &ordered.left {
-            tracing::debug!(pod = %key(&pod.namespace, &pod.name), %why, "left by the drain");
+            tracing::debug!(pod = %pod.key(), %why, "left by the drain");
         }
         if let Some(failed) = run.stages(&ordered).await? {
             return Ok(failed);
@@ -277,7 +277,7 @@ pub async fn run(drain: &Drain, report: impl FnMut(&Progress)) -> Result<Outcome
         if ordered.total() == 0 {
             break;
         }
-        let late: Vec<String> = ordered.keys().into_iter().collect();
+        let late: Vec<String> = ordered.staged().map(PodInfo::key).collect();
         tracing::warn!(pods = ?late, "pods came to the node during the drain; draining them too");
         run.progress.total += ordered.total();
         run.progress.remaining += ordered.total();
@@ -365,10 +365,7 @@ impl<R: FnMut(&Progress)> Run<'_, R> {
     async fn delete_left(&mut self, left: &[PodInfo]) -> Result<(), Error> {
         let drain = self.drain;
         let deleted = delete(drain, left, DeleteParams::default().grace_period(0)).await;
-        for pod in left
-            .iter()
-            .filter(|p| deleted.contains(&key(&p.namespace, &p.name)))
-        {
+        for pod in left.iter().filter(|p| deleted.contains(&p.key())) {
             self.progress.asked(pod);
         }
         self.progress.blocking.clear();
@@ -395,7 +392,7 @@ impl<R: FnMut(&Progress)> Run<'_, R> {
 fn why_left(left: &[PodInfo], progress: &Progress) -> Vec<String> {
     left.iter()
         .map(|p| {
-            let id = key(&p.namespace, &p.name);
+            let id = p.key();
             let refused = progress
                 .blocking
                 .iter()
@@ -457,7 +454,7 @@ async fn delete(drain: &Drain, pods: &[PodInfo], params: DeleteParams) -> Vec<St
                     Ok(_) | Err(kube::Error::Api(_)) => {}
                     Err(e) => tracing::warn!(error = %e, pod = %pod.name, "deleting a pod failed"),
                 }
-                key(&pod.namespace, &pod.name)
+                pod.key()
             }
         })
         .buffered(EVICTIONS_IN_FLIGHT)
@@ -504,7 +501,7 @@ fn due(
     let mut blocking = Vec::new();
     let mut due = Vec::new();
     for pod in group {
-        let id = key(&pod.namespace, &pod.name);
+        let id = pod.key();
         if asked.contains(&id) {
             continue;
         }
@@ -544,7 +541,7 @@ async fn evict_group(
         .filter(|p| p.terminating)
         .map(|p| {
             progress.going(p);
-            key(&p.namespace, &p.name)
+            p.key()
         })
         .collect();
     loop {
@@ -563,7 +560,7 @@ async fn evict_group(
             .collect()
             .await;
         for (pod, grace, answer) in answers {
-            let id = key(&pod.namespace, &pod.name);
+            let id = pod.key();
             match answer {
                 Ok(()) => {
                     tracing::info!(pod = %id, grace_seconds = grace, stage = %progress.stage, "evicted");
@@ -590,7 +587,7 @@ async fn evict_group(
         let on_node = pods.current().await?;
         let left: Vec<PodInfo> = group
             .iter()
-            .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
+            .filter(|p| on_node.contains_key(&p.key()))
             .cloned()
             .collect();
         blocking.retain(|b| {
@@ -624,7 +621,7 @@ fn let_go<'a>(
     on_node: &'a HashMap<String, Pod>,
 ) -> impl Iterator<Item = Instant> + 'a {
     left.iter()
-        .filter_map(|p| on_node.get(&key(&p.namespace, &p.name)))
+        .filter_map(|p| on_node.get(&p.key()))
         .filter_map(let_go_at)
         // Let go once strictly past the instant: a millisecond later.
         .map(|at| instant_of(at) + Duration::from_millis(1))
@@ -643,7 +640,7 @@ async fn wait_gone(
         let on_node = on.current().await?;
         let left: Vec<PodInfo> = pods
             .iter()
-            .filter(|p| on_node.contains_key(&key(&p.namespace, &p.name)))
+            .filter(|p| on_node.contains_key(&p.key()))
             .cloned()
             .collect();
         if tracker.saw(pods, &left, progress) {

@@ -35,6 +35,11 @@ impl Purpose {
     }
 }
 
+/// A pod's key in the drain: `namespace/name`.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
 /// A pod as the plan sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodInfo {
@@ -53,6 +58,13 @@ pub struct PodInfo {
     /// The controller that brings it back elsewhere once evicted (a ReplicaSet, StatefulSet
     /// or ReplicationController).
     pub controller: Option<nodeward_api::maintenance::WorkloadRef>,
+}
+
+impl PodInfo {
+    /// Its key in the drain: `namespace/name`.
+    pub fn key(&self) -> String {
+        key(&self.namespace, &self.name)
+    }
 }
 
 /// Whether `toleration` tolerates the taint `key` with effect `NoSchedule` (and no value), by
@@ -103,14 +115,16 @@ impl Ordered {
 
     /// Every pod of the order, staged or left, as `namespace/name`.
     pub fn keys(&self) -> BTreeSet<String> {
-        self.pods()
-            .map(|p| format!("{}/{}", p.namespace, p.name))
-            .collect()
+        self.pods().map(PodInfo::key).collect()
+    }
+
+    /// The pods the drain takes, stage by stage and group by group.
+    pub fn staged(&self) -> impl Iterator<Item = &PodInfo> {
+        self.stages.iter().flat_map(|s| s.groups.iter().flatten())
     }
 
     fn pods(&self) -> impl Iterator<Item = &PodInfo> {
-        let staged = self.stages.iter().flat_map(|s| s.groups.iter().flatten());
-        staged.chain(self.left.iter().map(|(pod, _)| pod))
+        self.staged().chain(self.left.iter().map(|(pod, _)| pod))
     }
 
     /// The pods of this order the drain has not seen yet (`seen`), in the same stages and
@@ -120,7 +134,7 @@ impl Ordered {
     pub fn newcomers(mut self, seen: &Seen) -> Self {
         let new = |p: &PodInfo| {
             !p.returns
-                && !seen.pods.contains(&format!("{}/{}", p.namespace, p.name))
+                && !seen.pods.contains(&p.key())
                 && p.controller
                     .as_ref()
                     .is_none_or(|c| !seen.controllers.contains(c))

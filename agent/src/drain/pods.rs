@@ -25,7 +25,7 @@ use nodeward_api::{PodType, maintenance::WorkloadRef};
 use nodeward_runtime::ApiError;
 use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
-use super::plan::{self, PodInfo};
+use super::plan::{self, PodInfo, key};
 use crate::Error;
 
 /// How long past its grace period a terminating pod is still waited for: by then the kubelet
@@ -48,11 +48,6 @@ pub fn let_go_at(pod: &Pod) -> Option<jiff::Timestamp> {
 pub fn waited_for(pod: &Pod, now: jiff::Timestamp) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     !matches!(phase, Some("Succeeded" | "Failed")) && let_go_at(pod).is_none_or(|end| end >= now)
-}
-
-/// A pod's key in the drain: `namespace/name`.
-pub fn key(namespace: &str, name: &str) -> String {
-    format!("{namespace}/{name}")
 }
 
 /// Kinds of pods, as the plan sees them.
