@@ -30,6 +30,10 @@ use crate::{controlplane, wait};
 /// Environment variable naming the state directory of an already running node lab.
 pub const STATE_ENV: &str = "NODEWARD_TEST_NODELAB";
 
+/// How close [`Vm::sync_clock`] brings a guest's clock to this machine's, in seconds: well
+/// under what any test compares (a drain's 10 s grace, a bench's 100 ms steps).
+const CLOCK_TOLERANCE: f64 = 0.05;
+
 /// The running lab: its VMs by name.
 #[derive(Debug)]
 pub struct NodeLab {
@@ -192,19 +196,28 @@ impl GuestAgent {
     }
 
     /// How far the guest's clock is from this machine's, in seconds: its time against the
-    /// middle of the call's round trip.
+    /// middle of the call's round trip, from the shortest of three calls (as NTP does: a long
+    /// trip on a loaded emulated guest leaves its middle uncertain by half of it).
     async fn clock_offset(&mut self) -> anyhow::Result<f64> {
-        let sent = unix_nanos()?;
-        let guest = self
-            .call(
-                json!({"execute": "guest-get-time"}),
-                Duration::from_secs(10),
-            )
-            .await?
-            .as_i64()
-            .context("guest-get-time's answer")?;
-        let back = unix_nanos()?;
-        Ok((guest - sent / 2 - back / 2) as f64 / 1e9)
+        let mut best: Option<(i64, i64)> = None;
+        for _ in 0..3 {
+            let sent = unix_nanos()?;
+            let guest = self
+                .call(
+                    json!({"execute": "guest-get-time"}),
+                    Duration::from_secs(10),
+                )
+                .await?
+                .as_i64()
+                .context("guest-get-time's answer")?;
+            let back = unix_nanos()?;
+            let sample = (back - sent, guest - sent / 2 - back / 2);
+            if best.is_none_or(|(trip, _)| sample.0 < trip) {
+                best = Some(sample);
+            }
+        }
+        let (_, offset) = best.context("no clock sample")?;
+        Ok(offset as f64 / 1e9)
     }
 
     async fn send(&mut self, message: &Value) -> anyhow::Result<()> {
@@ -316,17 +329,29 @@ impl Vm {
         let result = async {
             let mut agent = GuestAgent::connect(&self.socket(), Duration::from_secs(30)).await?;
             let before = agent.clock_offset().await?;
-            let set = json!({"execute": "guest-set-time", "arguments": {"time": unix_nanos()?}});
-            // The guest agent sets the clock, then runs hwclock, which the image lacks (the
-            // RTC's whole seconds would not keep the rest): the call's error is expected, and
-            // the clock read back decides.
-            let answer = agent.call(set, Duration::from_secs(10)).await;
-            let after = agent.clock_offset().await?;
-            anyhow::ensure!(
-                after.abs() < 0.05,
-                "the clock is still {after:.3} s off after setting it (the guest agent: {answer:?})"
+            // The guest sets what it was sent when it gets to it, so it ends up behind by the
+            // time the message took (tens of ms on a loaded emulated guest): each try adds what
+            // the one before fell short by.
+            let mut lead = 0.0_f64;
+            let mut last = (before, Ok(Value::Null));
+            for _ in 0..4 {
+                let time = unix_nanos()? + (lead * 1e9) as i64;
+                let set = json!({"execute": "guest-set-time", "arguments": {"time": time}});
+                // The guest agent sets the clock, then runs hwclock, which the image lacks
+                // (the RTC's whole seconds would not keep the rest): the call's error is
+                // expected, and the clock read back decides.
+                let answer = agent.call(set, Duration::from_secs(10)).await;
+                let after = agent.clock_offset().await?;
+                if after.abs() < CLOCK_TOLERANCE {
+                    return Ok(before);
+                }
+                lead -= after;
+                last = (after, answer);
+            }
+            let (after, answer) = last;
+            anyhow::bail!(
+                "the clock is still {after:.3} s off after setting it 4 times (the guest agent: {answer:?})"
             );
-            Ok(before)
         }
         .await;
         result.with_context(|| format!("setting the clock of {}", self.name))
