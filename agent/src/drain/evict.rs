@@ -35,10 +35,6 @@ use crate::{Error, backoff::Backoff};
 /// them (not yet listed, or failed).
 const POLL: Duration = Duration::from_millis(250);
 
-/// How long a drain that waits for its node's cordon gives its watch to list the pods before
-/// it lists them itself.
-const WATCH_LISTS_WITHIN: Duration = Duration::from_secs(2);
-
 /// How often a group waiting for its pods to go looks again at what no watch wakes it for (a
 /// surge that holds a pod back).
 const RECHECK: Duration = Duration::from_secs(1);
@@ -112,9 +108,6 @@ pub struct Drain {
     /// The maintenance drained (the store holds its live status), whose surges hold their
     /// pods back until the coordinator has their replacement available.
     pub surges: Option<(Store<NodeMaintenance>, String)>,
-    /// The drain reads the pods only once this turns true (or its sender is gone); its watch
-    /// lists them meanwhile. The shutdown writes its cordon while the drain's watch lists.
-    pub evict_after: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// Why `pod` waits for a surge of the maintenance being drained, if it does.
@@ -250,18 +243,7 @@ impl Progress {
 
 /// Runs the drain. `report` is called whenever progress changes.
 pub async fn run(drain: &Drain, report: impl FnMut(&Progress)) -> Result<Outcome, Error> {
-    let mut pods = NodePods::watched(&drain.client, &drain.node);
-    if let Some(mut gate) = drain.evict_after.clone() {
-        // The drain's watch, which its waits need anyway, lists the pods while the node is
-        // cordoned; the plan is read from it once both are done (a pod bound after its list
-        // comes as an event, or to the drain's later pass).
-        let gate = async {
-            // An error is the sender gone: nothing more to wait for.
-            let _ = gate.wait_for(|open| *open).await;
-        };
-        let listing = Instant::now() + WATCH_LISTS_WITHIN;
-        tokio::join!(gate, pods.followed_by(listing));
-    }
+    let pods = NodePods::watched(&drain.client, &drain.node);
     let mut ordered = order(drain, &pods).await?;
     let mut seen = Seen::default();
     seen.add(&ordered);

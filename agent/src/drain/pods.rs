@@ -197,18 +197,6 @@ impl NodePods {
             .collect())
     }
 
-    /// Starts the watch now and waits until it has listed or `until`, whichever comes first:
-    /// reads after that come from it (else they list).
-    pub async fn followed_by(&mut self, until: Instant) {
-        self.follow();
-        while !self.followed() {
-            tokio::select! {
-                () = self.changed.notified() => {}
-                () = tokio::time::sleep_until(until) => return,
-            }
-        }
-    }
-
     /// Waits until a pod of the node changes, `until`, or `poll` from now when the pods are
     /// not followed, whichever comes first.
     pub async fn change_or(&mut self, until: Instant, poll: Duration) {

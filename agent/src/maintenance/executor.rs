@@ -331,7 +331,6 @@ impl Executor {
             deadline,
             taint: MAINTENANCE_TAINT,
             surges: Some((store.clone(), m.name_any())),
-            evict_after: None, // cordoned before the drain starts
         };
         let mut watched = Watched::start(drain.clone());
         let outcome = loop {

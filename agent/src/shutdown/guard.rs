@@ -396,13 +396,7 @@ impl Guard {
             .plan
             .clone()
             .unwrap_or_else(|| plan::default_plan(Purpose::MachineDown));
-        let (mut record, deadline, left, resumed) = self.begin(state, delay);
-        // Every round trip before the first eviction comes out of the budget: the drain's watch
-        // lists the node's pods while the cordon is written (the plan is read from it after the
-        // cordon; a pod bound just before it that the watch has not delivered yet comes to the
-        // drain's later pass), and the shutdown record and
-        // the Event are written while it evicts the first group.
-        let (cordoned, evict_after) = tokio::sync::watch::channel(false);
+        let (record, deadline, left, resumed) = self.begin(state, delay).await;
         let drain = Drain {
             client: self.client.clone(),
             node: self.node.clone(),
@@ -412,14 +406,7 @@ impl Guard {
             deadline: Some(deadline),
             taint: SHUTDOWN_TAINT,
             surges: None, // going down now: nothing can wait for a surge
-            evict_after: Some(evict_after),
         };
-        let mut watched = Watched::start(drain);
-        let applied = self.cordon().await;
-        record.cordoned_by_agent |= applied.cordoned;
-        record.tainted_by_agent |= applied.tainted;
-        // An error is the drain gone already: nothing waits.
-        let _ = cordoned.send(true);
         let started = self.event(
             EventType::Warning,
             "ShutdownDrainStarted",
@@ -430,6 +417,10 @@ impl Guard {
             ),
         );
         let mut announced = Announced::default();
+        // Every round trip before the first eviction comes out of the budget: the shutdown
+        // record and the Event are written while the drain reads the node's pods (after the
+        // cordon: a pod that landed before it is in the plan) and evicts the first group.
+        let mut watched = Watched::start(drain);
         tokio::join!(self.update(state, |s| s.shutdown = Some(record)), started);
         let outcome = loop {
             match watched.next().await {
@@ -465,11 +456,11 @@ impl Guard {
         .await;
     }
 
-    /// Makes the shutdown record with the drain's start and deadline (for the caller to
-    /// write once the node is cordoned), or, after an agent restart within this shutdown, goes
+    /// Taints and cordons the node and makes the shutdown record with the drain's start and
+    /// deadline (for the caller to write), or, after an agent restart within this shutdown, goes
     /// on with the recorded ones. Returns the record, the deadline, the time left at the start
     /// and whether it resumed.
-    fn begin(
+    async fn begin(
         &self,
         state: &Arc<Mutex<State>>,
         delay: Duration,
@@ -490,37 +481,21 @@ impl Guard {
             seconds = left.as_secs(),
             "shutdown announced: draining the node"
         );
-        let record = ShutdownProgress {
-            phase: ShutdownPhase::Draining,
-            boot_id: self.boot_id.clone(),
-            started_at,
-            deadline: Time(deadline),
-            pods_total: 0,
-            pods_remaining: 0,
-            blocking_pods: Vec::new(),
-            // What an earlier run of this shutdown did stays to be undone after the reboot.
-            cordoned_by_agent: resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
-            tainted_by_agent: resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
-        };
-        (record, at + left, left, resumed.is_some())
-    }
-
-    /// Taints and cordons the node for the shutdown, from the watched copy (a read fewer before
-    /// the first eviction); what the agent did (nothing if it failed: the drain goes on).
-    async fn cordon(&self) -> Applied {
-        let at = tokio::time::Instant::now();
+        // Cordoned from the watched copy: a read fewer before the first eviction.
         let known = self.own_node.get(&reflector::ObjectRef::new(&self.node));
         let known = known.map(|node| Node::clone(&node));
-        let applied = match cordon::apply(
+        let cordoning = cordon::apply(
             &self.client,
             known,
             &self.node,
             SHUTDOWN_TAINT,
             SHUTDOWN_CORDON_BY,
-        )
-        .await
-        {
-            Ok(applied) => applied,
+        );
+        let applied = match cordoning.await {
+            Ok(applied) => Applied {
+                cordoned: applied.cordoned || resumed.as_ref().is_some_and(|r| r.cordoned_by_agent),
+                tainted: applied.tainted || resumed.as_ref().is_some_and(|r| r.tainted_by_agent),
+            },
             Err(e) => {
                 tracing::warn!(error = %e, "cordoning before shutdown failed; draining anyway");
                 Applied::default()
@@ -532,7 +507,18 @@ impl Guard {
             tainted = applied.tainted,
             "node tainted and cordoned for the shutdown"
         );
-        applied
+        let record = ShutdownProgress {
+            phase: ShutdownPhase::Draining,
+            boot_id: self.boot_id.clone(),
+            started_at,
+            deadline: Time(deadline),
+            pods_total: 0,
+            pods_remaining: 0,
+            blocking_pods: Vec::new(),
+            cordoned_by_agent: applied.cordoned,
+            tainted_by_agent: applied.tainted,
+        };
+        (record, at + left, left, resumed.is_some())
     }
 
     async fn record_progress(
