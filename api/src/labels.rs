@@ -72,3 +72,12 @@ pub const COORDINATOR_FIELD_MANAGER: &str = "nodeward-coordinator";
 /// Well-known node labels nodeward reads.
 pub const CONTROL_PLANE_ROLE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// A host-mode agent authenticated by a client certificate is the user
+/// `nodeward:agent:<node>` in the group [`AGENT_GROUP`] (as a kubelet is `system:node:<node>`
+/// in `system:nodes`): the chart binds the group to the agent's roles, and its admission policy
+/// and eviction webhook keep each such user to the node its name carries. Unlike a token bound
+/// to the Node, such a credential needs no Node object, so the agent on a node whose kubelet
+/// never registered can still report `KubeletUnregistered`.
+pub const AGENT_USER_PREFIX: &str = "nodeward:agent:";
+pub const AGENT_GROUP: &str = "nodeward:agents";

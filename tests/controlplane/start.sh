@@ -194,7 +194,7 @@ mv "$state/admin.kubeconfig.tmp" "$state/admin.kubeconfig"
 # --- kube-controller-manager -------------------------------------------------------------------
 "$bin/kube-controller-manager" \
   --kubeconfig "$state/controller-manager.kubeconfig" \
-  --controllers disruption-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,node-lifecycle-controller,taint-eviction-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,root-ca-certificate-publisher-controller,endpoints-controller,endpointslice-controller,job-controller \
+  --controllers disruption-controller,replicaset-controller,deployment-controller,daemonset-controller,statefulset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,serviceaccount-token-controller,node-lifecycle-controller,certificatesigningrequest-signing-controller,taint-eviction-controller,pod-garbage-collector-controller,clusterrole-aggregation-controller,root-ca-certificate-publisher-controller,endpoints-controller,endpointslice-controller,job-controller \
   --use-service-account-credentials \
   --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
   --cluster-signing-cert-file "$pki/ca.crt" --cluster-signing-key-file "$pki/ca.key" \

@@ -24,8 +24,8 @@ use kube::{
     discovery::{self, Scope},
 };
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, NodeMaintenance,
-    labels::{AGENT_LABEL, CORDONED_BY_ANNOTATION},
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport,
+    labels::{AGENT_GROUP, AGENT_LABEL, AGENT_USER_PREFIX, CORDONED_BY_ANNOTATION},
 };
 use nodeward_e2e::{
     Identity, NodeSpec, PodOptions, TestEnv,
@@ -491,9 +491,17 @@ async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<V
     Ok(documents)
 }
 
+/// The group whose host-mode certificates `env`'s release takes for agents.
+fn agent_group(env: &TestEnv) -> String {
+    format!("{AGENT_GROUP}:{}", env.id)
+}
+
 fn own_nodes_values(env: &TestEnv) -> Value {
     json!({
-        "agent": {"nodeSelector": {TEST_LABEL: env.id}, "config": {"detectors": {"custom": [
+        // Host-mode certificates of this test's own group: another test's release (its webhook
+        // perhaps not served any more) never takes them in.
+        "agent": {"nodeSelector": {TEST_LABEL: env.id}, "hostCertificates": {"group": agent_group(env)},
+            "config": {"detectors": {"custom": [
             {"name": "ntp", "condition": "NTPProblem", "reason": "ClockSkew", "command": ["/bin/true"]}]}}},
         "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
         "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
@@ -829,6 +837,164 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
     );
     assert!(said.starts_with("403"), "{said}");
 
+    remove_chart(env, &documents).await
+}
+
+/// A host-mode agent's client certificate (user `nodeward:agent:<node>` in `nodeward:agents`,
+/// issued through the CSR API as an operator would) is held to the node its name carries, as a
+/// token's claim holds the DaemonSet's agent; and it needs no Node, so an agent on a node whose
+/// kubelet never registered writes its report and its Lease.
+#[tokio::test]
+async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() -> anyhow::Result<()>
+{
+    let env = TestEnv::new("hostcert").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-hostcert-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let unregistered = env.node_name(7);
+    let agent_of = |node: String| {
+        let env = &env;
+        async move {
+            let issued = nodeward_e2e::certificates::issue(
+                &env.client,
+                &format!("{}-{node}", env.id),
+                &format!("{AGENT_USER_PREFIX}{node}"),
+                &[&agent_group(env)],
+            )
+            .await?;
+            client_as(Identity::Certificate(issued)).await
+        }
+    };
+    let agent = agent_of(node_a.clone()).await?;
+
+    // Its own Node (nodeward's label): yes; another: refused by the policy, once loaded.
+    let nodes: Api<Node> = Api::all(agent.clone());
+    nodes
+        .patch(
+            &node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
+        )
+        .await?;
+    let label = Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": "b"}}}));
+    let said = wait::eventually(
+        "the policy to refuse node B to the certificate",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(nodes.patch(&node_b, &PatchParams::default(), &label).await);
+            Ok(said
+                .contains("may change only its own Node")
+                .then_some(said))
+        },
+    )
+    .await?;
+    assert!(
+        said.contains(&format!(
+            "nodeward-agent on node {node_a} may change only its own Node, not {node_b}"
+        )),
+        "{said}"
+    );
+
+    // A node that never registered: its agent reports and keeps its Lease, under its name only.
+    let lonely = agent_of(unregistered.clone()).await?;
+    let reports: Api<NodeReport> = Api::all(lonely.clone());
+    let report = |node: &str| -> anyhow::Result<NodeReport> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+            "metadata": {"name": node}, "spec": {"nodeName": node},
+        }))?)
+    };
+    reports
+        .create(&PostParams::default(), &report(&unregistered)?)
+        .await
+        .context("the unregistered node's agent writing its report")?;
+    let said = refusal(
+        reports
+            .create(&PostParams::default(), &report(&node_b)?)
+            .await,
+    );
+    assert!(said.starts_with("403"), "another node's report: {said}");
+    let leases: Api<Lease> = Api::namespaced(lonely.clone(), &env.namespace);
+    let lease = |name: String| -> anyhow::Result<Lease> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"holderIdentity": unregistered, "renewTime": "2026-11-25T00:00:00.000000Z"},
+        }))?)
+    };
+    leases
+        .create(
+            &PostParams::default(),
+            &lease(format!("nodeward-agent-{unregistered}"))?,
+        )
+        .await
+        .context("the unregistered node's agent writing its Lease")?;
+    let said = refusal(
+        leases
+            .create(
+                &PostParams::default(),
+                &lease(format!("nodeward-agent-{node_b}"))?,
+            )
+            .await,
+    );
+    assert!(said.contains("may write only the Lease"), "{said}");
+
+    // Evictions through the chart's webhook: its own node's pods, not another's.
+    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
+    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
+    webhook.wait_ca_bundle(&env).await?;
+    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
+        .await?;
+    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let pods: Api<Pod> = Api::namespaced(agent.clone(), &env.namespace);
+    let dry_run = dry_run_eviction();
+    let said = wait::eventually(
+        "the webhook to refuse the certificate's eviction on node B",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(pods.evict(&on_b.name_any(), &dry_run).await);
+            Ok(said.contains("may evict only pods").then_some(said))
+        },
+    )
+    .await
+    .with_context(|| webhook.coordinator.output())?;
+    assert!(
+        said.contains(&format!("nodeward-agent on node {node_a} may evict")),
+        "{said}"
+    );
+    pods.evict(&on_a.name_any(), &dry_run)
+        .await
+        .with_context(|| webhook.coordinator.output())?;
+    drop(webhook);
+
+    // The same user outside the group has none of the agent's rights.
+    let outsider = nodeward_e2e::certificates::issue(
+        &env.client,
+        &format!("{}-outsider", env.id),
+        &format!("{AGENT_USER_PREFIX}{node_a}"),
+        &[],
+    )
+    .await?;
+    let outsider = client_as(Identity::Certificate(outsider)).await?;
+    let said = refusal(
+        Api::<Node>::all(outsider)
+            .patch(
+                &node_a,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "false"}}})),
+            )
+            .await,
+    );
+    assert!(
+        said.starts_with("403") && said.contains("forbidden"),
+        "{said}"
+    );
+
+    Api::<NodeReport>::all(env.client.clone())
+        .delete(&unregistered, &DeleteParams::default())
+        .await?;
     remove_chart(env, &documents).await
 }
 

@@ -104,6 +104,8 @@ pub enum Identity {
     Token(String),
     /// The admin impersonating a user (and groups), as `kubectl --as` does.
     Impersonate { user: String, groups: Vec<String> },
+    /// A client certificate ([`crate::certificates::issue`]).
+    Certificate(crate::certificates::ClientCertificate),
 }
 
 /// A client with the admin credentials of the shared control plane. Clients are bound to the
@@ -133,6 +135,15 @@ pub fn kubeconfig_as(identity: Identity) -> anyhow::Result<kube::config::Kubecon
         Identity::Impersonate { user, groups } => {
             auth.impersonate = Some(user);
             auth.impersonate_groups = (!groups.is_empty()).then_some(groups);
+        }
+        Identity::Certificate(issued) => {
+            use base64::Engine;
+            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            *auth = kube::config::AuthInfo {
+                client_certificate_data: Some(encode(&issued.certificate)),
+                client_key_data: Some(encode(&issued.key).into()),
+                ..Default::default()
+            };
         }
     }
     Ok(kubeconfig)

@@ -1,6 +1,7 @@
 //! Test support for nodeward's end-to-end tests: a real control plane shared by the whole test
 //! run, a namespace and node names per test, and fixtures (kwok nodes, workloads, PDBs).
 
+pub mod certificates;
 pub mod chaos;
 pub mod controlplane;
 pub mod daemon;

@@ -47,6 +47,30 @@ app.kubernetes.io/component: coordinator
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodeward.agent.name" .) -}}
 {{- end -}}
 
+{{/*
+A host-mode agent's certificate user, nodeward:agent:<node> (nodeward_api::labels::
+AGENT_USER_PREFIX), in agent.hostCertificates.group, when agent.hostCertificates is enabled.
+*/}}
+{{- define "nodeward.agent.userPrefix" -}}nodeward:agent:{{- end -}}
+
+{{/* A CEL condition: the request is an agent's (its service account, or a certificate user). */}}
+{{- define "nodeward.agent.isAgent" -}}
+request.userInfo.username == '{{ include "nodeward.agent.username" . }}'
+{{- with .Values.agent.hostCertificates }}{{ if .enabled }} || ('{{ .group }}' in request.userInfo.groups && request.userInfo.username.startsWith('{{ include "nodeward.agent.userPrefix" $ }}')){{ end }}{{ end }}
+{{- end -}}
+
+{{/* The agent's RBAC subjects: its service account, and the certificate users' group. */}}
+{{- define "nodeward.agent.subjects" -}}
+- kind: ServiceAccount
+  name: {{ include "nodeward.agent.name" . }}
+  namespace: {{ .Release.Namespace }}
+{{- if .Values.agent.hostCertificates.enabled }}
+- kind: Group
+  apiGroup: rbac.authorization.k8s.io
+  name: {{ .Values.agent.hostCertificates.group }}
+{{- end }}
+{{- end -}}
+
 {{/* The eviction webhook's Service, certificate Secret, configuration and webhook name. */}}
 {{- define "nodeward.coordinator.username" -}}
 {{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "nodeward.coordinator.name" .) -}}

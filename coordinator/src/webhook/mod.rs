@@ -20,6 +20,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::serv
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
+use nodeward_api::labels::AGENT_USER_PREFIX;
 use nodeward_runtime::listener::{self, Limits};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use serde_json::{Value, json};
@@ -49,7 +50,8 @@ const MAX_REVIEW: usize = 256 * 1024;
 pub struct EvictionRequest {
     pub uid: String,
     pub user: String,
-    /// The node named by the caller's token, if any.
+    /// The caller's node: named by its token's claim, or by its user name (a host-mode agent's
+    /// certificate, [`AGENT_USER_PREFIX`]), if either does.
     pub node: Option<String>,
     pub namespace: String,
     pub pod: String,
@@ -67,15 +69,19 @@ pub fn parse(review: &Value) -> Result<EvictionRequest, String> {
             .map(String::from)
             .ok_or_else(|| format!("request.{field} is missing"))
     };
+    let user = request["userInfo"]["username"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let claimed = request["userInfo"]["extra"][NODE_CLAIM][0].as_str();
+    let named = user.strip_prefix(AGENT_USER_PREFIX);
     Ok(EvictionRequest {
         uid: text(&request["uid"], "uid")?,
-        user: request["userInfo"]["username"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned(),
-        node: request["userInfo"]["extra"][NODE_CLAIM][0]
-            .as_str()
+        node: claimed
+            .or(named)
+            .filter(|n| !n.is_empty())
             .map(String::from),
+        user,
         namespace: text(&request["namespace"], "namespace")?,
         pod: text(&request["name"], "name")?,
     })
@@ -86,7 +92,7 @@ pub fn parse(review: &Value) -> Result<EvictionRequest, String> {
 pub fn decide(request: &EvictionRequest, pod_node: Option<Option<&str>>) -> Result<(), String> {
     let Some(node) = request.node.as_deref() else {
         return Err(format!(
-            "{} has no {NODE_CLAIM} claim: nodeward-agent evictions need a service-account token bound to the agent's pod",
+            "{} names no node: nodeward-agent evictions need a service-account token bound to the agent's pod or Node ({NODE_CLAIM}), or a host-mode certificate for the user {AGENT_USER_PREFIX}<node>",
             request.user
         ));
     };
@@ -331,8 +337,24 @@ mod tests {
         assert!(
             decide(&anonymous, Some(Some("node-a")))
                 .expect_err("no claim")
-                .contains("has no authentication.kubernetes.io/node-name claim")
+                .contains("names no node")
         );
+    }
+
+    #[test]
+    fn a_host_mode_certificate_names_its_node_in_its_user_name() {
+        let as_user = |user: &str| {
+            let mut review = review(None);
+            review["request"]["userInfo"]["username"] = json!(user);
+            parse(&review).expect("a valid review")
+        };
+        let request = as_user("nodeward:agent:node-a");
+        assert_eq!(request.node.as_deref(), Some("node-a"));
+        assert_eq!(decide(&request, Some(Some("node-a"))), Ok(()));
+        assert!(decide(&request, Some(Some("node-b"))).is_err());
+        // The prefix alone names nothing; another user's name is no node.
+        assert_eq!(as_user("nodeward:agent:").node, None);
+        assert_eq!(as_user("system:node:node-a").node, None);
     }
 
     #[test]
