@@ -26,7 +26,7 @@ use nodeward_e2e::{history, wait};
 
 use crate::{
     host,
-    support::{Lab, REBOOT},
+    support::{HostCredential, Lab, REBOOT},
 };
 
 #[tokio::test]
@@ -37,7 +37,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     // as the chart's DaemonSet pods.
     let host_mode = lab.lab.vms().pop().context("a VM")?;
     host::let_an_operator_reboot(&host_mode).await?;
-    let report = lab.host_mode(&host_mode).await?;
+    let report = lab.host_mode(&host_mode, HostCredential::NodeToken).await?;
     host::assert_no_false_findings(&host_mode, &report).await?;
     host::assert_gate_refuses(&host_mode).await?;
     host::assert_gate_opens_while_admitted(&lab, &host_mode).await?;

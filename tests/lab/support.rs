@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::Context;
+use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
@@ -20,7 +21,8 @@ use kube::{
     runtime::watcher,
 };
 use nodeward_api::{
-    NodeMaintenance, NodeReport,
+    DisruptionPolicy, NodeMaintenance, NodeReport,
+    labels::{AGENT_GROUP, AGENT_USER_PREFIX},
     report::{AgentMode, Finding, NodeReportStatus},
 };
 use nodeward_e2e::{
@@ -44,10 +46,21 @@ pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
 pub const TEST_LABEL: &str = "nodelab.nodeward.io/test";
 /// Marks a node whose agent runs in host mode (the chart's agent is kept off it).
 pub const HOST_MODE_LABEL: &str = "nodelab.nodeward.io/host-mode";
+/// How a host-mode agent authenticates (README, "Host mode").
+#[derive(Clone, Copy, Debug)]
+pub enum HostCredential {
+    /// A token of the agent's service account bound to the Node.
+    NodeToken,
+    /// A client certificate for `nodeward:agent:<node>` in the chart's group, issued through
+    /// the CSR API.
+    Certificate,
+}
+
 /// A host-mode agent's `/etc/nodeward/agent.yaml`: the lab's fast kubelet and peer detectors
-/// (as [`FAST_DETECTORS`]), the reboot gate on, and reboots by signal to PID 1.
+/// (as [`FAST_DETECTORS`]), a Node missing for 30 s an unregistered kubelet, the reboot gate
+/// on, and reboots by signal to PID 1.
 pub const HOST_AGENT_CONFIG: &str = "detectors:
-  kubelet: {interval: 5s, timeout: 5s, for: 10s}
+  kubelet: {interval: 5s, timeout: 5s, for: 10s, registrationTimeout: 30s}
   peers: {interval: 5s, timeout: 5s, for: 10s}
 shutdownGuard:
   rebootGate: true
@@ -64,6 +77,17 @@ pub const KUBELET_SHUTDOWN_ON: &str = "cd /etc/kubernetes && { [ -e kubelet.yaml
     printf '[Login]\nInhibitDelayMaxSec=30\n' > /etc/systemd/logind.conf.d/99-kubelet.conf && \
     systemctl kill -s HUP systemd-logind && \
     systemctl restart kubelet";
+/// What the registration test changes on a node (`registration.rs`), undone: the
+/// drop-in gone, the CNI configuration back, the kubelet restarted as the lab runs it.
+pub const REGISTRATION_RESTORED: &str = "if [ -e /run/systemd/system/kubelet.service.d/50-nodelab-registration.conf ]; then
+      rm -f /run/systemd/system/kubelet.service.d/50-nodelab-registration.conf /etc/kubernetes/unreachable.kubeconfig
+      if [ -e /etc/kubernetes/10-lab.conflist.aside ]; then
+        mv /etc/kubernetes/10-lab.conflist.aside /etc/cni/net.d/10-lab.conflist
+      fi
+      systemctl daemon-reload
+      systemctl restart kubelet
+    fi";
+
 /// Turns it off again: the lab's configuration back, the kubelet's logind drop-in removed and
 /// logind reloaded (what a test that failed half-way leaves is undone by the next one's reset).
 pub const KUBELET_SHUTDOWN_OFF: &str = "if [ -e /etc/kubernetes/kubelet.yaml.lab ]; then
@@ -115,8 +139,9 @@ impl Lab {
         Ok(this)
     }
 
-    /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running,
-    /// no test firewall table, no host-mode agent, no test maintenance or namespace.
+    /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running
+    /// as the lab runs it, no test firewall table, no host-mode agent, no test maintenance,
+    /// policy or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
         let maintenances: Api<NodeMaintenance> = Api::all(self.client.clone());
         let left = maintenances
@@ -130,6 +155,7 @@ impl Lab {
             vm.run_when_up(
                 &format!(
                     "{KUBELET_SHUTDOWN_OFF}
+                    {REGISTRATION_RESTORED}
                     systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
                     if [ -e /etc/systemd/system/nodeward-agent.service ]; then
                       systemctl disable --now nodeward-agent.service
@@ -148,6 +174,13 @@ impl Lab {
                     &Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: null}}})),
                 )
                 .await?;
+        }
+        let policies: Api<DisruptionPolicy> = Api::all(self.client.clone());
+        let left = policies
+            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
+            .await?;
+        for policy in left.items {
+            wait::deleted(&policies, &policy.name_any(), REBOOT).await?;
         }
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
@@ -203,10 +236,14 @@ impl Lab {
 
     /// Runs `vm`'s agent in host mode, as the README installs it: the chart's agent pod leaves
     /// the node (its affinity excludes [`HOST_MODE_LABEL`]), then the static binary from the
-    /// agent image, the shipped unit, a kubeconfig with a token of the agent's service account
-    /// bound to the Node, and [`HOST_AGENT_CONFIG`]; enabled and started. Returns the report
-    /// status once the host-mode agent has every detector's finding.
-    pub async fn host_mode(&self, vm: &Vm) -> anyhow::Result<NodeReportStatus> {
+    /// agent image, the shipped unit, a kubeconfig with `credential`, and [`HOST_AGENT_CONFIG`];
+    /// enabled and started. Returns the report status once the host-mode agent has every
+    /// detector's finding.
+    pub async fn host_mode(
+        &self,
+        vm: &Vm,
+        credential: HostCredential,
+    ) -> anyhow::Result<NodeReportStatus> {
         let node = vm.name.clone();
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
@@ -223,19 +260,40 @@ impl Lab {
         )
         .await?;
 
-        // The token names the node for the admission policy and dies with the Node.
-        let uid = nodes.get(&node).await?.uid().context("the Node's uid")?;
-        let token = agent_token(
-            &self.client,
-            json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}),
-            86400,
-        )
-        .await?;
+        let user = match credential {
+            // The token names the node for the admission policy and dies with the Node.
+            HostCredential::NodeToken => {
+                let uid = nodes.get(&node).await?.uid().context("the Node's uid")?;
+                let token = agent_token(
+                    &self.client,
+                    json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}),
+                    86400,
+                )
+                .await?;
+                format!("token: {token}")
+            }
+            // The user names the node, and needs no Node.
+            HostCredential::Certificate => {
+                let issued = nodeward_e2e::certificates::issue(
+                    &self.client,
+                    &format!("nodeward-agent-{node}"),
+                    &format!("{AGENT_USER_PREFIX}{node}"),
+                    &[AGENT_GROUP],
+                )
+                .await?;
+                let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+                format!(
+                    "client-certificate-data: {}\n    client-key-data: {}",
+                    encode(&issued.certificate),
+                    encode(&issued.key)
+                )
+            }
+        };
         let server = vm
             .run("sed -n 's/^ *server: //p' /etc/kubernetes/kubelet.kubeconfig")
             .await?;
         let kubeconfig = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: /etc/kubernetes/pki/ca.crt\nusers:\n- name: agent\n  user:\n    token: {token}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: agent}}\ncurrent-context: lab\n",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: /etc/kubernetes/pki/ca.crt\nusers:\n- name: agent\n  user:\n    {user}\ncontexts:\n- name: lab\n  context: {{cluster: lab, user: agent}}\ncurrent-context: lab\n",
             server.trim()
         );
         let unit = std::fs::read(nodeward_e2e::repo_root().join("systemd/nodeward-agent.service"))?;

@@ -339,6 +339,43 @@ impl Controller {
         }
     }
 
+    /// Sets `node`'s `StartupTimedOut` False: it became Ready after its startup timed out.
+    pub(super) async fn started_late(&mut self, node: &str) {
+        let now = Time(Timestamp::now());
+        let condition = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node},
+            "status": {"conditions": [{
+                "type": node_conditions::STARTUP_TIMED_OUT,
+                "status": "False",
+                "reason": "BecameReady",
+                "message": "Ready after its startup timed out",
+                "lastTransitionTime": now,
+                "lastHeartbeatTime": now,
+            }]},
+        });
+        let applied = Api::<Node>::all(self.writer.client.clone())
+            .patch_status(
+                node,
+                &PatchParams::apply(COORDINATOR_FIELD_MANAGER).force(),
+                &Patch::Apply(&condition),
+            )
+            .await;
+        match applied {
+            Ok(written) => {
+                tracing::info!(%node, "node Ready after its startup timed out");
+                self.writer.event(
+                    &written,
+                    EventType::Normal,
+                    "NodeBecameReady",
+                    "Ready after its startup timed out".to_owned(),
+                );
+            }
+            Err(e) => tracing::warn!(error = %ApiError::new("clearing the startup condition of", format!("Node {node}"), e), "startup condition left True"),
+        }
+    }
+
     pub(super) async fn remediate(
         &mut self,
         objects: &Objects,

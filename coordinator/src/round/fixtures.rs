@@ -103,6 +103,17 @@ impl NodeFixture {
         self
     }
 
+    /// With the condition `type_` at `status` (added to the others).
+    pub fn condition(mut self, type_: &str, status: &str) -> Self {
+        let condition = serde_json::from_value(json!({"type": type_, "status": status,
+            "lastTransitionTime": t(-5_000).to_string()}))
+        .expect("condition");
+        if let Some(s) = self.0.status.as_mut() {
+            s.conditions.get_or_insert_default().push(condition);
+        }
+        self
+    }
+
     /// Created at `t(seconds)` and never Ready (no status yet).
     pub fn new_at(mut self, seconds: i64) -> Self {
         self.0.metadata.creation_timestamp = Some(Time(t(seconds)));

@@ -131,6 +131,8 @@ pub struct Plan {
     pub remediate: Vec<RemediationRequest>,
     /// Nodes that never became Ready within a policy's `nodeStartupTimeout`.
     pub startup_timeouts: Vec<StartupTimeout>,
+    /// Nodes Ready after all whose `StartupTimedOut` is still True: it is set False.
+    pub started_late: Vec<String>,
     /// Per policy: nodes disrupted now (slots plus NotReady) and the `maxConcurrent` count.
     pub budget_use: BTreeMap<String, (usize, usize)>,
     pub unhealthy: BTreeMap<String, usize>,
@@ -326,6 +328,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     overdue::enforce(&index, &cluster, now, &mut plan);
     overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
+    plan.started_late = remediate::started_late(&index);
     out_of_service::decide(&index, &cluster, &mut plan);
     pending_taint::decide(&index, &mut plan);
     node_labels::decide(&index, &mut plan);

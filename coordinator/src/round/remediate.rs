@@ -137,6 +137,21 @@ pub(super) fn admit_without_agent(
 /// Per policy (in [`Index::policies`] order): counts its unhealthy nodes, opens or closes its
 /// remediation gate, and asks for remediation and startup actions where it allows them (one
 /// request per node in all). Returns each policy's gate.
+/// The nodes that became Ready after their startup timed out (whatever policy said so): their
+/// `StartupTimedOut` condition is to be set False.
+pub(super) fn started_late(index: &Index) -> Vec<String> {
+    index
+        .nodes
+        .iter()
+        .filter(|(_, node)| {
+            nodeward_api::node::is_ready(node)
+                && nodeward_api::node::condition(node, node_conditions::STARTUP_TIMED_OUT)
+                    .is_some_and(|c| c.status == "True")
+        })
+        .map(|(name, _)| (*name).to_owned())
+        .collect()
+}
+
 pub(super) fn remediate(
     index: &Index,
     health: &Assessed,

@@ -650,6 +650,22 @@ fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
 }
 
 #[test]
+fn a_node_ready_after_its_startup_timed_out_has_the_condition_cleared() {
+    let mut objects = cluster(0);
+    objects.nodes = vec![
+        node("late").condition("StartupTimedOut", "True").build(),
+        node("still-down")
+            .not_ready()
+            .condition("StartupTimedOut", "True")
+            .build(),
+        node("cleared").condition("StartupTimedOut", "False").build(),
+        node("never-timed-out").build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(10));
+    assert_eq!(round.started_late, ["late"]);
+}
+
+#[test]
 fn a_drained_delete_node_maintenance_deletes_only_its_node_and_only_if_admitted() {
     let mut objects = cluster(2);
     objects.policies = vec![policy(json!({"maxConcurrent": 2})).slot("d0", "n0").build()];
