@@ -11,7 +11,7 @@ use std::{
 
 use anyhow::Context;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
-use kube::Api;
+use kube::{Api, api::DeleteParams};
 use nodeward_api::{NodeReport, report::KernelLogSource};
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
 use serde_json::Value;
@@ -548,6 +548,45 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
         !conditions.iter().any(|c| c.type_ == "KubeletUnregistered"),
         "report-only, never a Node condition"
     );
+
+    // The Node deleted (the garbage collector takes its report with it) and registered again
+    // later: the agent makes its report again and hands it to the new Node.
+    env.nodes().delete(&node, &DeleteParams::default()).await?;
+    wait::until(
+        &reports,
+        &node,
+        "the report made again, unowned and unregistered, after its Node went",
+        TIMEOUT,
+        |r| {
+            finding(r, "True")
+                && r.is_some_and(|r| {
+                    r.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_none_or(Vec::is_empty)
+                })
+        },
+    )
+    .await?;
+    env.create_nodes(&[NodeSpec::worker("zone-c")]).await?;
+    let again = env.nodes().get(&node).await?;
+    assert_ne!(again.metadata.uid, node_object.metadata.uid, "a new Node");
+    wait::until(
+        &reports,
+        &node,
+        "the new Node owning the report, registered",
+        TIMEOUT,
+        |r| {
+            finding(r, "False")
+                && r.is_some_and(|r| {
+                    r.metadata.owner_references.as_ref().is_some_and(|o| {
+                        o.iter()
+                            .any(|o| Some(&o.uid) == again.metadata.uid.as_ref())
+                    })
+                })
+        },
+    )
+    .await?;
     env.cleanup().await
 }
 

@@ -1,6 +1,7 @@
 //! A kubelet that cannot register, on a real node: its host-mode agent, authenticated by a
 //! client certificate (it needs no Node), reports `KubeletUnregistered`; once the kubelet
-//! registers a Node that never becomes Ready, the coordinator's startup timeout reports it.
+//! registers a Node that never becomes Ready, the coordinator's startup timeout reports it, until
+//! the node is Ready after all.
 
 use std::time::{Duration, Instant};
 
@@ -138,9 +139,14 @@ async fn a_kubelet_that_cannot_register_is_unregistered_then_a_node_never_ready_
     })
     .await?;
 
-    // The pod network back: Ready, and nothing left behind.
+    // The pod network back: Ready, the condition cleared, and nothing left behind.
     vm.run(REGISTRATION_RESTORED).await?;
     vm.wait_node_ready(&lab.client, REBOOT).await?;
+    wait::until(&nodes, &node, "StartupTimedOut=False", REBOOT, |n| {
+        wait::node_condition(n, "StartupTimedOut")
+            .is_some_and(|(status, reason)| status == "False" && reason == "BecameReady")
+    })
+    .await?;
     policies
         .delete(policy_name, &DeleteParams::default())
         .await?;

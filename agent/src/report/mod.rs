@@ -356,8 +356,21 @@ impl Reporter {
             )
             .await;
         self.metrics.api_write("nodes/status", result.is_ok());
-        let node = result
-            .map_err(|e| ApiError::new("applying conditions to", format!("node {name}"), e))?;
+        let node = match result {
+            Ok(node) => node,
+            // The Node was deleted: its conditions go to the next one, as to a first, once the
+            // kubelet registers it again.
+            Err(kube::Error::Api(status)) if status.code == 404 => {
+                tracing::info!(node = %name, "the Node is gone: its conditions are written once it is registered again");
+                self.written = None;
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(
+                    ApiError::new("applying conditions to", format!("node {name}"), e).into(),
+                );
+            }
+        };
         tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status.condition_status())).collect::<Vec<_>>(), "node conditions written");
         self.written = Some(desired.clone());
         self.publish(&node.object_ref(&()), transitions(&before, &desired))
@@ -428,7 +441,14 @@ impl Reporter {
                 &Patch::Apply(&patch),
             )
             .await
-            .map_err(|e| ApiError::new("applying the status of", object, e))?;
+            .map_err(|e| {
+                // Deleted (with its Node, whose dependent it is, or by hand): the retry makes
+                // it again.
+                if matches!(&e, kube::Error::Api(status) if status.code == 404) {
+                    self.report_owned = false;
+                }
+                ApiError::new("applying the status of", object, e)
+            })?;
         // Report-only findings (an unregistered kubelet, events-only checks) have no Node
         // condition: their Events go on the NodeReport, named as the Node is.
         let report_only = aggregate(

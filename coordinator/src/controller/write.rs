@@ -372,7 +372,9 @@ impl Controller {
                     "Ready after its startup timed out".to_owned(),
                 );
             }
-            Err(e) => tracing::warn!(error = %ApiError::new("clearing the startup condition of", format!("Node {node}"), e), "startup condition left True"),
+            Err(e) => {
+                tracing::warn!(error = %ApiError::new("clearing the startup condition of", format!("Node {node}"), e), "startup condition left True")
+            }
         }
     }
 

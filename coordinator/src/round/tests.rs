@@ -658,7 +658,9 @@ fn a_node_ready_after_its_startup_timed_out_has_the_condition_cleared() {
             .not_ready()
             .condition("StartupTimedOut", "True")
             .build(),
-        node("cleared").condition("StartupTimedOut", "False").build(),
+        node("cleared")
+            .condition("StartupTimedOut", "False")
+            .build(),
         node("never-timed-out").build(),
     ];
     let round = plan(&objects, &mut Memory::default(), t(10));
