@@ -416,6 +416,40 @@ impl EvictionWebhook {
         })
     }
 
+    /// Started as `env`'s release's coordinator, with the chart's webhook configuration from
+    /// `documents` pointed at it and its CA bundle in place: evictions go through it.
+    async fn serving(
+        env: &TestEnv,
+        dir: &Path,
+        documents: &[Value],
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let webhook = Self::start(env, &env.id, dir, extra).await?;
+        apply(&env.client, &[webhook.configuration(documents)?]).await?;
+        webhook.wait_ca_bundle(env).await?;
+        Ok(webhook)
+    }
+
+    /// Evicts `pod` through `pods` (with `params`) until the webhook refuses it as another
+    /// node's: the refusal.
+    async fn refusal_of(
+        &self,
+        pods: &Api<Pod>,
+        pod: &Pod,
+        params: &kube::api::EvictParams,
+    ) -> anyhow::Result<String> {
+        wait::eventually(
+            "the webhook to refuse an eviction of another node's pod",
+            Duration::from_secs(30),
+            || async {
+                let said = refusal(pods.evict(&pod.name_any(), params).await);
+                Ok(said.contains("may evict only pods").then_some(said))
+            },
+        )
+        .await
+        .with_context(|| self.coordinator.output())
+    }
+
     /// The chart's webhook configuration from `documents`, pointed at this coordinator by URL.
     fn configuration(&self, documents: &[Value]) -> anyhow::Result<Value> {
         let mut configuration = find(documents, "ValidatingWebhookConfiguration")?.clone();
@@ -789,22 +823,13 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
 
     // Evictions: the chart's webhook, served by the chart's coordinator with the certificate it
     // keeps itself.
-    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
-    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
-    webhook.wait_ca_bundle(&env).await?;
+    let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;
     env.replicaset("evict-a", &node_a, 1, &PodOptions::default())
         .await?;
     let evict_a = env.running_pods("evict-a", 1).await?.remove(0);
-    let said = wait::eventually(
-        "the webhook to refuse the eviction on node B",
-        Duration::from_secs(30),
-        || async {
-            let said = refusal(pods.evict(&on_b.name_any(), &Default::default()).await);
-            Ok(said.contains("may evict only pods").then_some(said))
-        },
-    )
-    .await
-    .with_context(|| webhook.coordinator.output())?;
+    let said = webhook
+        .refusal_of(&pods, &on_b, &Default::default())
+        .await?;
     assert!(
         said.contains(&format!(
             "nodeward-agent on node {node_a} may evict only pods on its own node; {}/{} runs on {node_b}",
@@ -939,9 +964,7 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
     assert!(said.contains("may write only the Lease"), "{said}");
 
     // Evictions through the chart's webhook: its own node's pods, not another's.
-    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
-    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
-    webhook.wait_ca_bundle(&env).await?;
+    let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;
     env.replicaset("on-a", &node_a, 1, &PodOptions::default())
         .await?;
     env.replicaset("on-b", &node_b, 1, &PodOptions::default())
@@ -950,16 +973,7 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
     let on_b = env.running_pods("on-b", 1).await?.remove(0);
     let pods: Api<Pod> = Api::namespaced(agent.clone(), &env.namespace);
     let dry_run = dry_run_eviction();
-    let said = wait::eventually(
-        "the webhook to refuse the certificate's eviction on node B",
-        Duration::from_secs(30),
-        || async {
-            let said = refusal(pods.evict(&on_b.name_any(), &dry_run).await);
-            Ok(said.contains("may evict only pods").then_some(said))
-        },
-    )
-    .await
-    .with_context(|| webhook.coordinator.output())?;
+    let said = webhook.refusal_of(&pods, &on_b, &dry_run).await?;
     assert!(
         said.contains(&format!("nodeward-agent on node {node_a} may evict")),
         "{said}"
@@ -1787,9 +1801,7 @@ async fn a_thousand_stalled_connections_exhaust_neither_the_webhook_nor_the_heal
     let documents = apply_chart_on_own_nodes(&env, &dir).await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
     let agent = agent_on(&env, &node_a).await?;
-    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &[]).await?;
-    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
-    webhook.wait_ca_bundle(&env).await?;
+    let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;
     env.replicaset("on-b", &node_b, 1, &PodOptions::default())
         .await?;
     let on_b = env.running_pods("on-b", 1).await?.remove(0);
@@ -2053,9 +2065,8 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
     // Only B's agent is alive: the flood's newest request waits (AgentUnavailable).
     env.heartbeats(std::slice::from_ref(&node_b)).await?;
     let dir = std::env::temp_dir().join(format!("nodeward-flood-{}", env.id));
-    let webhook = EvictionWebhook::start(&env, &env.id, &dir, &["--leader-elect=false"]).await?;
-    apply(&env.client, &[webhook.configuration(&documents)?]).await?;
-    webhook.wait_ca_bundle(&env).await?;
+    let webhook =
+        EvictionWebhook::serving(&env, &dir, &documents, &["--leader-elect=false"]).await?;
     let pid = webhook.coordinator.child.id();
     let rss_before = rss_kib(pid)?;
 

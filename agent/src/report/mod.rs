@@ -342,6 +342,27 @@ impl Reporter {
                 })
             })
             .collect();
+        let Some(node) = self.apply_conditions(&nodes, &name, conditions).await? else {
+            // The Node was deleted: its conditions go to the next one, as to a first, once the
+            // kubelet registers it again.
+            tracing::info!(node = %name, "the Node is gone: its conditions are written once it is registered again");
+            self.written = None;
+            return Ok(());
+        };
+        tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status.condition_status())).collect::<Vec<_>>(), "node conditions written");
+        self.written = Some(desired.clone());
+        self.publish(&node.object_ref(&()), transitions(&before, &desired))
+            .await;
+        Ok(())
+    }
+
+    /// Applies `conditions` to the Node `name`: the Node as written, `None` if it is gone.
+    async fn apply_conditions(
+        &self,
+        nodes: &Api<Node>,
+        name: &str,
+        conditions: Vec<serde_json::Value>,
+    ) -> Result<Option<Node>, Error> {
         let patch = json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -350,32 +371,19 @@ impl Reporter {
         });
         let result = nodes
             .patch_status(
-                &name,
+                name,
                 &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await;
         self.metrics.api_write("nodes/status", result.is_ok());
-        let node = match result {
-            Ok(node) => node,
-            // The Node was deleted: its conditions go to the next one, as to a first, once the
-            // kubelet registers it again.
-            Err(kube::Error::Api(status)) if status.code == 404 => {
-                tracing::info!(node = %name, "the Node is gone: its conditions are written once it is registered again");
-                self.written = None;
-                return Ok(());
-            }
+        match result {
+            Ok(node) => Ok(Some(node)),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
             Err(e) => {
-                return Err(
-                    ApiError::new("applying conditions to", format!("node {name}"), e).into(),
-                );
+                Err(ApiError::new("applying conditions to", format!("node {name}"), e).into())
             }
-        };
-        tracing::info!(node = %name, conditions = ?desired.iter().map(|c| (&c.type_, c.status.condition_status())).collect::<Vec<_>>(), "node conditions written");
-        self.written = Some(desired.clone());
-        self.publish(&node.object_ref(&()), transitions(&before, &desired))
-            .await;
-        Ok(())
+        }
     }
 
     /// Publishes Events about `reference`, within the rate limit.

@@ -250,12 +250,7 @@ impl Controller {
                 }
             }
         }
-        for timeout in &plan.startup_timeouts {
-            self.startup_timeout(timeout).await;
-        }
-        for node in &plan.started_late {
-            self.started_late(node).await;
-        }
+        self.startups(&plan).await;
         for request in &plan.remediate {
             self.remediate(&objects, request).await;
         }

@@ -287,7 +287,17 @@ impl Controller {
         }
     }
 
-    pub(super) async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
+    /// The round's startup timeouts, and the nodes Ready after theirs.
+    pub(super) async fn startups(&mut self, plan: &round::Plan) {
+        for timeout in &plan.startup_timeouts {
+            self.startup_timeout(timeout).await;
+        }
+        for node in &plan.started_late {
+            self.started_late(node).await;
+        }
+    }
+
+    async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
         let nodes: Api<Node> = Api::all(self.writer.client.clone());
         if !timeout.reported {
             let condition = serde_json::json!({
@@ -340,7 +350,7 @@ impl Controller {
     }
 
     /// Sets `node`'s `StartupTimedOut` False: it became Ready after its startup timed out.
-    pub(super) async fn started_late(&mut self, node: &str) {
+    async fn started_late(&mut self, node: &str) {
         let now = Time(Timestamp::now());
         let condition = serde_json::json!({
             "apiVersion": "v1",
