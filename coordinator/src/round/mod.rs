@@ -78,7 +78,8 @@ pub struct Objects {
 /// What the coordinator carries from one round to the next.
 #[derive(Clone, Debug, Default)]
 pub struct Memory {
-    /// Nodes seen Ready at least once (a Node object alone does not say whether it ever was).
+    /// The uids of the Nodes seen Ready at least once (a Node object alone does not say whether
+    /// it ever was).
     pub seen_ready: BTreeSet<String>,
     /// The `maxUnhealthy` gate of each policy, with its cooldown.
     pub gates: BTreeMap<String, RemediationGate>,

@@ -71,7 +71,12 @@ pub(super) fn assess<'a>(
                 created: timestamp(node.metadata.creation_timestamp.as_ref()),
                 conditions: node_conditions(node),
                 agent_heartbeat: index.heartbeat(name),
-                ever_ready: memory.seen_ready.contains(name) || was_ready_before(node),
+                ever_ready: node
+                    .metadata
+                    .uid
+                    .as_ref()
+                    .is_some_and(|uid| memory.seen_ready.contains(uid))
+                    || was_ready_before(node),
             };
             let h = health::assess(&observed, &p.rules, now);
             if let Health::Unhealthy(why) | Health::NeverReady(why) = &h {

@@ -641,11 +641,33 @@ fn a_node_never_ready_within_the_startup_timeout_gets_the_startup_action() {
     assert!(!timed_out[0].reported);
     // A node seen Ready once is not "never Ready" when it later goes NotReady.
     let mut memory = Memory::default();
-    memory.seen_ready.insert("new".into());
+    memory.seen_ready.insert("uid-new".into());
     assert!(
         plan(&objects, &mut memory, t(300))
             .startup_timeouts
             .is_empty()
+    );
+}
+
+#[test]
+fn a_node_registered_again_under_its_name_starts_anew() {
+    let mut objects = cluster(1);
+    objects.nodes.push(node("again").build());
+    objects.policies = vec![policy(json!({"remediation": {"nodeStartupTimeout": "5m"}})).build()];
+    let mut memory = Memory::default();
+    plan(&objects, &mut memory, t(0));
+    assert!(memory.seen_ready.contains("uid-again"));
+    // Deleted and registered again within one round: a new uid, never Ready yet.
+    let mut again = node("again").new_at(0).build().as_ref().clone();
+    again.metadata.uid = Some("uid-again-2".into());
+    objects.nodes.pop();
+    objects.nodes.push(Arc::new(again));
+    let timed_out = plan(&objects, &mut memory, t(300)).startup_timeouts;
+    assert_eq!(timed_out.len(), 1, "{timed_out:?}");
+    assert_eq!(timed_out[0].node, "again");
+    assert!(
+        !memory.seen_ready.contains("uid-again"),
+        "the old uid forgotten"
     );
 }
 

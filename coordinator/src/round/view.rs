@@ -38,19 +38,28 @@ pub(super) struct Index<'a> {
 }
 
 impl<'a> Index<'a> {
-    /// Indexes `objects`; remembers the nodes Ready now as seen Ready.
+    /// Indexes `objects`; remembers the nodes Ready now as seen Ready (by uid: a Node registered
+    /// again under the same name starts anew).
     pub fn new(objects: &'a Objects, memory: &mut Memory, now: Timestamp) -> Self {
         let nodes: BTreeMap<&str, &Node> = objects
             .nodes
             .iter()
             .map(|n| (name_of(n.as_ref()), n.as_ref()))
             .collect();
-        for (name, node) in &nodes {
-            if is_ready(node) && !memory.seen_ready.contains(*name) {
-                memory.seen_ready.insert((*name).to_owned());
+        for node in nodes.values() {
+            if let Some(uid) = node.metadata.uid.as_ref().filter(|_| is_ready(node))
+                && !memory.seen_ready.contains(uid)
+            {
+                memory.seen_ready.insert(uid.clone());
             }
         }
-        memory.seen_ready.retain(|n| nodes.contains_key(n.as_str()));
+        let present: BTreeSet<&str> = nodes
+            .values()
+            .filter_map(|n| n.metadata.uid.as_deref())
+            .collect();
+        memory
+            .seen_ready
+            .retain(|uid| present.contains(uid.as_str()));
         let mut policies: Vec<PolicyView> = objects
             .policies
             .iter()
