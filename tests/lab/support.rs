@@ -78,11 +78,15 @@ pub const KUBELET_SHUTDOWN_ON: &str = "cd /etc/kubernetes && { [ -e kubelet.yaml
     systemctl kill -s HUP systemd-logind && \
     systemctl restart kubelet";
 /// What the registration test changes on a node (`registration.rs`), undone: the
-/// drop-in gone, the CNI configuration back, the kubelet restarted as the lab runs it.
+/// drop-in gone, the CNI configuration back (containerd restarted to read it), the kubelet
+/// restarted as the lab runs it.
 pub const REGISTRATION_RESTORED: &str = "if [ -e /run/systemd/system/kubelet.service.d/50-nodelab-registration.conf ]; then
       rm -f /run/systemd/system/kubelet.service.d/50-nodelab-registration.conf /etc/kubernetes/unreachable.kubeconfig
       if [ -e /etc/kubernetes/10-lab.conflist.aside ]; then
         mv /etc/kubernetes/10-lab.conflist.aside /etc/cni/net.d/10-lab.conflist
+        # containerd reloads its CNI configuration on a change, but not after a reload failed
+        # for want of one: only a restart takes it in again (its containers go on).
+        systemctl restart containerd
       fi
       systemctl daemon-reload
       systemctl restart kubelet
