@@ -564,6 +564,50 @@ async fn agent_on(env: &TestEnv, node: &str) -> anyhow::Result<Client> {
     client_as(Identity::Token(token(env, &account, Some(&pod)).await?)).await
 }
 
+/// A running pod (of its own ReplicaSet) on node A and one on node B.
+async fn a_pod_on_each(env: &TestEnv, node_a: &str, node_b: &str) -> anyhow::Result<(Pod, Pod)> {
+    env.replicaset("on-a", node_a, 1, &PodOptions::default())
+        .await?;
+    env.replicaset("on-b", node_b, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    Ok((on_a, on_b))
+}
+
+/// `agent` (node A's agent identity) labels its own Node as nodeward's, and the admission policy,
+/// once the API server has loaded it, refuses it node B.
+async fn held_to_its_own_node(agent: &Client, node_a: &str, node_b: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(agent.clone());
+    nodes
+        .patch(
+            node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
+        )
+        .await?;
+    let label = Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": "b"}}}));
+    let message = wait::eventually(
+        "the policy to refuse node B",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(nodes.patch(node_b, &PatchParams::default(), &label).await);
+            Ok(said
+                .contains("may change only its own Node")
+                .then_some(said))
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        message.starts_with("403")
+            && message.contains(&format!(
+                "nodeward-agent on node {node_a} may change only its own Node, not {node_b}"
+            )),
+        "{message}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Result<()> {
     let env = TestEnv::new("chart").await?;
@@ -573,48 +617,11 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
 
     let coordinator_account = format!("{}-nodeward-coordinator", env.id);
     let agent = agent_on(&env, &node_a).await?;
-    let nodes: Api<Node> = Api::all(agent.clone());
     let label = |value: &str| Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": value}}}));
-
-    // Its own Node (nodeward's label): yes. Another: refused by the policy (once the API server
-    // has loaded it).
-    nodes
-        .patch(
-            &node_a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
-        )
-        .await?;
-    let message = wait::eventually(
-        "the policy to refuse node B",
-        Duration::from_secs(30),
-        || async {
-            let said = refusal(
-                nodes
-                    .patch(&node_b, &PatchParams::default(), &label("b"))
-                    .await,
-            );
-            Ok(said
-                .contains("may change only its own Node")
-                .then_some(said))
-        },
-    )
-    .await?;
-    assert!(
-        message.starts_with("403")
-            && message.contains(&format!(
-                "nodeward-agent on node {node_a} may change only its own Node, not {node_b}"
-            )),
-        "{message}"
-    );
+    held_to_its_own_node(&agent, &node_a, &node_b).await?;
 
     // Pods: deleting one on its node is allowed, on another node refused.
-    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
-        .await?;
-    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
-        .await?;
-    let on_a = env.running_pods("on-a", 1).await?.remove(0);
-    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let (on_a, on_b) = a_pod_on_each(&env, &node_a, &node_b).await?;
     let pods: Api<Pod> = Api::namespaced(agent.clone(), &env.namespace);
     pods.delete(&on_a.name_any(), &DeleteParams::default())
         .await?;
@@ -892,33 +899,7 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
     };
     let agent = agent_of(node_a.clone()).await?;
 
-    // Its own Node (nodeward's label): yes; another: refused by the policy, once loaded.
-    let nodes: Api<Node> = Api::all(agent.clone());
-    nodes
-        .patch(
-            &node_a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
-        )
-        .await?;
-    let label = Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": "b"}}}));
-    let said = wait::eventually(
-        "the policy to refuse node B to the certificate",
-        Duration::from_secs(30),
-        || async {
-            let said = refusal(nodes.patch(&node_b, &PatchParams::default(), &label).await);
-            Ok(said
-                .contains("may change only its own Node")
-                .then_some(said))
-        },
-    )
-    .await?;
-    assert!(
-        said.contains(&format!(
-            "nodeward-agent on node {node_a} may change only its own Node, not {node_b}"
-        )),
-        "{said}"
-    );
+    held_to_its_own_node(&agent, &node_a, &node_b).await?;
 
     // A node that never registered: its agent reports and keeps its Lease, under its name only.
     let lonely = agent_of(unregistered.clone()).await?;
@@ -965,12 +946,7 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
 
     // Evictions through the chart's webhook: its own node's pods, not another's.
     let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;
-    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
-        .await?;
-    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
-        .await?;
-    let on_a = env.running_pods("on-a", 1).await?.remove(0);
-    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let (on_a, on_b) = a_pod_on_each(&env, &node_a, &node_b).await?;
     let pods: Api<Pod> = Api::namespaced(agent.clone(), &env.namespace);
     let dry_run = dry_run_eviction();
     let said = webhook.refusal_of(&pods, &on_b, &dry_run).await?;
@@ -1684,12 +1660,7 @@ async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_re
     let configuration = webhook.configuration(&documents)?;
     apply(&env.client, std::slice::from_ref(&configuration)).await?;
     webhook.wait_ca_bundle(&env).await?;
-    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
-        .await?;
-    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
-        .await?;
-    let on_a = env.running_pods("on-a", 1).await?.remove(0);
-    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let (on_a, on_b) = a_pod_on_each(&env, &node_a, &node_b).await?;
     let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
     let dry_run = dry_run_eviction();
 

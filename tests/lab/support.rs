@@ -147,13 +147,7 @@ impl Lab {
     /// as the lab runs it, no test firewall table, no host-mode agent, no test maintenance,
     /// policy or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
-        let maintenances: Api<NodeMaintenance> = Api::all(self.client.clone());
-        let left = maintenances
-            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
-            .await?;
-        for maintenance in left.items {
-            wait::deleted(&maintenances, &maintenance.name_any(), REBOOT).await?;
-        }
+        delete_tests(&Api::<NodeMaintenance>::all(self.client.clone())).await?;
         let nodes: Api<Node> = Api::all(self.client.clone());
         for vm in self.lab.vms() {
             vm.run_when_up(
@@ -179,13 +173,7 @@ impl Lab {
                 )
                 .await?;
         }
-        let policies: Api<DisruptionPolicy> = Api::all(self.client.clone());
-        let left = policies
-            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
-            .await?;
-        for policy in left.items {
-            wait::deleted(&policies, &policy.name_any(), REBOOT).await?;
-        }
+        delete_tests(&Api::<DisruptionPolicy>::all(self.client.clone())).await?;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
             .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
@@ -751,6 +739,20 @@ pub fn has_shutdown_delay(locks: &[String]) -> bool {
     locks
         .iter()
         .any(|l| l.contains("shutdown") && l.contains("delay"))
+}
+
+/// Deletes the objects of `api` labelled as a test's, and waits until they are gone.
+async fn delete_tests<K>(api: &Api<K>) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    let left = api
+        .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
+        .await?;
+    for object in left.items {
+        wait::deleted(api, &object.name_any(), REBOOT).await?;
+    }
+    Ok(())
 }
 
 /// The Events about `node` (events.k8s.io, by `regarding`).
