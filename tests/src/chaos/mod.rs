@@ -489,6 +489,11 @@ impl Soak<'_> {
         if all.iter().any(|m| !m.phase().is_finished()) {
             return Ok(false);
         }
+        // The coordinator frees a finished maintenance's slot in the round after it sees it
+        // finish: the end is once it has.
+        if self.slots_held().await? > 0 {
+            return Ok(false);
+        }
         // A node that stays down is restored by the coordinator once its agent is lost.
         for machine in &self.machines {
             if !crate::node_restored(&self.env.nodes().get(&machine.name).await?) {
@@ -506,6 +511,20 @@ impl Soak<'_> {
                             .is_some_and(|t| t.0 >= machine.booted_at())
                 })
         }))
+    }
+
+    /// The budget slots this run's policies hold.
+    async fn slots_held(&self) -> anyhow::Result<usize> {
+        let policies: Api<DisruptionPolicy> = Api::all(self.env.client.clone());
+        Ok(policies
+            .list(
+                &kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={}", self.env.id)),
+            )
+            .await?
+            .items
+            .into_iter()
+            .map(|p| p.status.map_or(0, |s| s.slots.len()))
+            .sum())
     }
 
     async fn ours(&self) -> anyhow::Result<Vec<NodeMaintenance>> {
@@ -557,16 +576,7 @@ impl Soak<'_> {
                 },
             }
         }
-        let policies: Api<DisruptionPolicy> = Api::all(self.env.client.clone());
-        for p in policies
-            .list(
-                &kube::api::ListParams::default().labels(&format!("{TEST_LABEL}={}", self.env.id)),
-            )
-            .await?
-            .items
-        {
-            report.leaked_slots += p.status.map_or(0, |s| s.slots.len());
-        }
+        report.leaked_slots = self.slots_held().await?;
         for machine in &self.machines {
             let node = self.env.nodes().get(&machine.name).await?;
             if !crate::node_restored(&node) {
