@@ -8,7 +8,6 @@ use std::{
 };
 
 use anyhow::Context;
-use base64::Engine;
 use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
@@ -273,12 +272,8 @@ impl Lab {
                     &[AGENT_GROUP],
                 )
                 .await?;
-                let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
-                format!(
-                    "client-certificate-data: {}\n    client-key-data: {}",
-                    encode(&issued.certificate),
-                    encode(&issued.key)
-                )
+                let (certificate, key) = issued.kubeconfig_data();
+                format!("client-certificate-data: {certificate}\n    client-key-data: {key}")
             }
         };
         let server = vm

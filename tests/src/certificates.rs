@@ -21,6 +21,14 @@ pub struct ClientCertificate {
     pub key: String,
 }
 
+impl ClientCertificate {
+    /// The certificate and the key as a kubeconfig carries them (`client-certificate-data`,
+    /// `client-key-data`): base64 of the PEM.
+    pub fn kubeconfig_data(&self) -> (String, String) {
+        (base64_of(&self.certificate), base64_of(&self.key))
+    }
+}
+
 /// A client certificate for `user` in `groups` (subject CN and O), valid for a day: requested
 /// with `client` (the admin), approved, signed, and its request deleted.
 pub async fn issue(

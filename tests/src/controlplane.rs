@@ -137,11 +137,10 @@ pub fn kubeconfig_as(identity: Identity) -> anyhow::Result<kube::config::Kubecon
             auth.impersonate_groups = (!groups.is_empty()).then_some(groups);
         }
         Identity::Certificate(issued) => {
-            use base64::Engine;
-            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            let (certificate, key) = issued.kubeconfig_data();
             *auth = kube::config::AuthInfo {
-                client_certificate_data: Some(encode(&issued.certificate)),
-                client_key_data: Some(encode(&issued.key).into()),
+                client_certificate_data: Some(certificate),
+                client_key_data: Some(key.into()),
                 ..Default::default()
             };
         }
