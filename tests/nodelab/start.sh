@@ -3,6 +3,7 @@
 # and kube-proxy) joined to the test control plane as real Nodes, and keeps them running.
 #
 #   tests/nodelab/start.sh STATE_DIR --controlplane CP_STATE_DIR [--nodes 3] [--parent-pid PID]
+#                          [--images DIR]   # nodeward's amd64 image archives (default target/images)
 #
 # Networking reaches only what the test owns:
 # - NIC 1: QEMU user networking with restrict=on; its only way out is a guestfwd of
@@ -26,14 +27,15 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root_dir=$(cd "$here/../.." && pwd)
-state=${1:?usage: start.sh STATE_DIR --controlplane CP_STATE_DIR [--nodes N] [--parent-pid PID]}
+state=${1:?usage: start.sh STATE_DIR --controlplane CP_STATE_DIR [--nodes N] [--parent-pid PID] [--images DIR]}
 shift
-cp_state= nodes=3 parent=$PPID
+cp_state= nodes=3 parent=$PPID images_dir="$root_dir/target/images"
 while [ $# -gt 0 ]; do
   case $1 in
     --controlplane) cp_state=$2; shift 2 ;;
     --nodes) nodes=$2; shift 2 ;;
     --parent-pid) parent=$2; shift 2 ;;
+    --images) images_dir=$2; shift 2 ;;
     *) echo "start.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -147,7 +149,6 @@ current-context: nodeward-test
 EOF
 }
 
-images_dir="$root_dir/target/images"
 for ((i = 1; i <= nodes; i++)); do
   name="lab$i"
   names+=("$name")

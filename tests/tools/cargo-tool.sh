@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs a Rust tool from crates.io once per machine and version (`cargo install --locked`,
-# cached), and prints the binary's path.
+# cached), and prints the binary's path. Built without the tools' own fat LTO and single codegen
+# unit: they check this workspace in seconds either way, and on a cold machine that LTO was
+# most of the build (cargo-deny: 240 s).
 #
 #   tests/tools/cargo-tool.sh cargo-deny        # the version pinned below
 set -euo pipefail
@@ -14,7 +16,8 @@ version=${pinned[$name]:?no version pinned for $name}
 root=${NODEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeward}/tools/$name-$version
 if [ ! -x "$root/bin/$name" ]; then
   echo "building $name $version from crates.io (once per machine)" >&2
-  cargo install --quiet --locked --root "$root.tmp" "$name@$version" >&2
+  CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    cargo install --quiet --locked --root "$root.tmp" "$name@$version" >&2
   rm -rf "$root" && mv "$root.tmp" "$root"
 fi
 echo "$root/bin/$name"
