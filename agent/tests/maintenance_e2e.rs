@@ -177,21 +177,9 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     }
     assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
     // The Drained Event follows the phase Acting.
-    let events = wait::eventually("the Drained Event", TIMEOUT, || async {
-        let events = env.events_about(&name, "").await?;
-        let drained = events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("Drained"));
-        Ok(drained.then_some(events))
-    })
-    .await?;
-    let reasons: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
-    for reason in ["Admitted", "DrainStarted"] {
-        assert!(
-            reasons.iter().any(|r| r == reason),
-            "{reason} in {reasons:?}"
-        );
-    }
+    let events = env
+        .wait_events(&name, "", &["Admitted", "DrainStarted", "Drained"])
+        .await?;
     let correlated = events
         .iter()
         .filter(|e| e.reason.as_deref() == Some("Drained"))
@@ -319,13 +307,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     .await
     .with_context(|| cluster.agent.output())?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
-    let events = env.events_about(&name, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("Cancelled")),
-        "{events:?}"
-    );
+    env.wait_event(&name, "", "Cancelled").await?;
     drop(cluster);
     env.cleanup().await
 }
@@ -459,13 +441,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     );
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
     slot_freed(&env, &policy).await?;
-    let events = env.events_about(&name, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("DrainFailed")),
-        "{events:?}"
-    );
+    env.wait_event(&name, "", "DrainFailed").await?;
     assert!(
         env.pods()
             .get_opt(&guarded.name_any())
@@ -553,13 +529,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
         "the guarded pod deleted"
     );
     assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
-    let events = env.events_about(&forced, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("DrainForced")),
-        "{events:?}"
-    );
+    env.wait_event(&forced, "", "DrainForced").await?;
     maintenances
         .delete(&forced, &DeleteParams::default())
         .await?;
@@ -605,13 +575,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
         (false, false),
         "the machine stays up: not left cordoned"
     );
-    let events = env.events_about(&name, "").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("ActionFailed")),
-        "{events:?}"
-    );
+    env.wait_event(&name, "", "ActionFailed").await?;
     slot_freed(&env, &policy).await?;
     drop(cluster);
     env.cleanup().await

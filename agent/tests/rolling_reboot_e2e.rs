@@ -487,18 +487,8 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
             .all(|t| !t.key.starts_with("nodeward.io/")),
         "untainted"
     );
-    let reasons: Vec<String> = env
-        .events_about(&name, "")
-        .await?
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["Rebooted", "HealthGateFailed"] {
-        assert!(
-            reasons.iter().any(|r| r == reason),
-            "{reason} in {reasons:?}"
-        );
-    }
+    env.wait_events(&name, "", &["Rebooted", "HealthGateFailed"])
+        .await?;
     drop((machine, coordinator));
     env.cleanup().await
 }
@@ -818,18 +808,12 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     );
     let web = deployments.get("web").await?;
     assert_eq!(available(Some(&web)), 1);
-    let reasons: Vec<String> = env
-        .events_about(&reboot, "")
-        .await?
-        .into_iter()
-        .filter_map(|e| e.reason)
-        .collect();
-    for reason in ["BackInService", "WorkloadsWaiting", "WorkloadsAvailable"] {
-        assert!(
-            reasons.iter().any(|r| r == reason),
-            "{reason} in {reasons:?}"
-        );
-    }
+    env.wait_events(
+        &reboot,
+        "",
+        &["BackInService", "WorkloadsWaiting", "WorkloadsAvailable"],
+    )
+    .await?;
     maintenances
         .delete(&drain, &DeleteParams::default())
         .await?;

@@ -245,15 +245,17 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
             .any(|t| t.key == "nodeward.io/shutdown")
     );
     // Events tell the story; the test's pods tolerate every taint, so they may come back.
-    let events = env.events_about(&node, "regarding.kind=Node").await?;
-    let seen: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
-    for reason in [
-        "ShutdownDrainStarted",
-        "PodsWillReturn",
-        "ShutdownDrainFinished",
-    ] {
-        assert!(seen.iter().any(|r| r == reason), "{reason} in {seen:?}");
-    }
+    let events = env
+        .wait_events(
+            &node,
+            "regarding.kind=Node",
+            &[
+                "ShutdownDrainStarted",
+                "PodsWillReturn",
+                "ShutdownDrainFinished",
+            ],
+        )
+        .await?;
     let returning = events
         .iter()
         .find(|e| e.reason.as_deref() == Some("PodsWillReturn"))
@@ -347,7 +349,7 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
     let evicted = evictions(&env.namespace)?;
     assert!(evicted.len() >= 2, "retried with backoff: {evicted:?}");
     let blocked_events: Vec<String> = env
-        .events_about(&node, "regarding.kind=Node")
+        .wait_events(&node, "regarding.kind=Node", &["EvictionBlocked"])
         .await?
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("EvictionBlocked"))
@@ -844,13 +846,8 @@ async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> a
         |r| r.is_some_and(|r| r.status.as_ref().is_none_or(|s| s.shutdown.is_none())),
     )
     .await?;
-    let events = env.events_about(&node, "regarding.kind=Node").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some("NodeRestored")),
-        "{events:?}"
-    );
+    env.wait_event(&node, "regarding.kind=Node", "NodeRestored")
+        .await?;
     drop(agent);
     env.cleanup().await
 }

@@ -495,25 +495,53 @@ impl TestEnv {
             .items)
     }
 
-    /// Waits for an Event with `reason` about `name` (Events are published off the path of
-    /// what they tell of, so they can come after it).
+    /// Waits for an Event with `reason` about `name`.
     pub async fn wait_event(
         &self,
         name: &str,
         field_selector: &str,
         reason: &str,
     ) -> anyhow::Result<k8s_openapi::api::events::v1::Event> {
-        wait::eventually(
-            &format!("a {reason} Event about {name}"),
+        self.wait_events(name, field_selector, &[reason])
+            .await?
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason))
+            .with_context(|| format!("a {reason} Event about {name}"))
+    }
+
+    /// Waits until the Events about `name` include every one of `reasons` and returns them all
+    /// (Events are published after the state they tell of, so reading them once right after a
+    /// phase is seen races with their writer).
+    pub async fn wait_events(
+        &self,
+        name: &str,
+        field_selector: &str,
+        reasons: &[&str],
+    ) -> anyhow::Result<Vec<k8s_openapi::api::events::v1::Event>> {
+        let found = wait::eventually(
+            &format!("the Events {reasons:?} about {name}"),
             Duration::from_secs(30),
             || async {
                 let events = self.events_about(name, field_selector).await?;
-                Ok(events
-                    .into_iter()
-                    .find(|e| e.reason.as_deref() == Some(reason)))
+                let seen: Vec<String> = events.iter().filter_map(|e| e.reason.clone()).collect();
+                let complete = reasons.iter().all(|r| seen.iter().any(|s| s == r));
+                Ok(complete.then_some(events))
             },
         )
-        .await
+        .await;
+        match found {
+            Ok(events) => Ok(events),
+            Err(error) => {
+                let seen: Vec<String> = self
+                    .events_about(name, field_selector)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|e| e.reason)
+                    .collect();
+                Err(error.context(format!("the Events seen about {name}: {seen:?}")))
+            }
+        }
     }
 
     /// Deletes what this test created: its namespace (and so its workloads), its nodes, its
