@@ -4,6 +4,8 @@
 
 use std::process::{Command, Output};
 
+use nodeward_e2e::scratch;
+
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 
 /// A network namespace deleted again when the test ends, however it ends.
@@ -116,11 +118,10 @@ fn check_reports_what_the_namespace_lacks_and_passes_once_it_is_fixed() {
 
 #[test]
 fn check_exits_2_naming_the_bad_field_of_the_configuration() {
-    let dir = std::env::temp_dir().join(format!("nodeward-check-config-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("agent.yaml");
-    std::fs::write(
-        &path,
+    let dir = scratch::dir(&format!("nodeward-check-config-{}", std::process::id())).expect("dir");
+    let path = scratch::write(
+        &dir,
+        "agent.yaml",
         "detectors:\n  network:\n    defaultRoute:\n      ipv6: sometimes\n",
     )
     .expect("write config");

@@ -4,18 +4,20 @@
 
 use std::process::Command;
 
-use nodeward_e2e::systemd::{PrivateBus, Systemd, Unit};
+use nodeward_e2e::{
+    scratch,
+    systemd::{PrivateBus, Systemd, Unit},
+};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 
 fn kubelet_finding(bus: Option<&str>) -> serde_json::Value {
-    let dir = std::env::temp_dir().join(format!("nodeward-kubelet-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let config = dir.join("agent.yaml");
+    let dir = scratch::dir(&format!("nodeward-kubelet-{}", std::process::id())).expect("dir");
     // Nothing listens on port 1: healthz fails, so the unit decides.
-    std::fs::write(
-        &config,
-        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  rebootRequired: {enabled: false}\n  peers: {enabled: false}\n  kubelet: {healthzURL: \"http://127.0.0.1:1/healthz\"}\n",
+    let config = scratch::agent_config_file(
+        &dir,
+        &["kubelet: {healthzURL: \"http://127.0.0.1:1/healthz\"}"],
+        "",
     )
     .expect("config");
     let mut command = Command::new(AGENT);

@@ -11,7 +11,7 @@ use kube::{
     api::{DeleteParams, Patch, PatchParams},
 };
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
-use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, wait};
+use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, scratch, wait};
 use serde_json::json;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -38,32 +38,18 @@ async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<
     })
 }
 
-/// The agent of `node` (its log named for `label`); `extra_config` as in [`start`].
+/// The agent of `node` (its log named for `label`), with no detectors and no shutdown guard;
+/// `extra_config` as in [`start`].
 fn agent(env: &TestEnv, node: &str, extra_config: &str, label: &str) -> anyhow::Result<Daemon> {
-    let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\nshutdownGuard: {{enabled: false}}\n{extra_config}"
-        ),
+    let dir = scratch::dir(&format!("nodeward-maintenance-{}", env.id))?;
+    let config = scratch::agent_config_file(
+        &dir,
+        &[],
+        &format!("shutdownGuard: {{enabled: false}}\n{extra_config}"),
     )?;
     // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
-    Daemon::start_with_env(
-        AGENT,
-        &format!("{}-{label}", env.id),
-        &nodeward_e2e::daemon::agent_args(
-            node,
-            &env.namespace,
-            &controlplane::shared().kubeconfig,
-            &config,
-        ),
-        &[(
-            "DBUS_SYSTEM_BUS_ADDRESS",
-            "unix:path=/nonexistent/nodeward-e2e-bus",
-        )],
-    )
+    let no_bus = "unix:path=/nonexistent/nodeward-e2e-bus";
+    nodeward_e2e::daemon::agent(AGENT, env, node, &config, no_bus, label)
 }
 
 /// A policy's `workloadGate` for tests whose drain is to meet a PodDisruptionBudget that
@@ -234,12 +220,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
     let env = TestEnv::new("maint-admin").await?;
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    env.nodes()
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
+    env.merge_node(&node, json!({"spec": {"unschedulable": true}}))
         .await?;
     policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
@@ -591,17 +572,15 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
         .await?;
     // It publishes the policy for the agent (paused: it admits nothing).
     let _coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
-    let dir = std::env::temp_dir().join(format!("nodeward-maintenance-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let sentinel = dir.join("reboot-required");
-    std::fs::write(&sentinel, "")?;
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: false}}\n",
+    let dir = scratch::dir(&format!("nodeward-maintenance-{}", env.id))?;
+    let sentinel = scratch::write(&dir, "reboot-required", "")?;
+    let config = scratch::agent_config_file(
+        &dir,
+        &[&format!(
+            "rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}",
             sentinel.display()
-        ),
+        )],
+        "shutdownGuard: {enabled: false}\n",
     )?;
     let args = nodeward_e2e::daemon::agent_args(
         &node,

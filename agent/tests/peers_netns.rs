@@ -22,7 +22,7 @@ use nodeward_api::NodeReport;
 use nodeward_e2e::{
     NodeSpec, TestEnv,
     proxy::{self, Proxy},
-    wait,
+    scratch, wait,
 };
 use serde_json::json;
 
@@ -208,16 +208,18 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
         proxy::api_server_address()?,
     )
     .await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-peers-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, proxy::admin_kubeconfig_via(proxy.address))?;
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  peers:\n    port: {PROBE_PORT}\n    interval: 1s\n    timeout: 1s\n    probeTimeout: 500ms\n    for: 2s\nreporting:\n  heartbeatInterval: 2s\n"
-        ),
+    let dir = scratch::dir(&format!("nodeward-peers-{}", env.id))?;
+    let kubeconfig = scratch::write(
+        &dir,
+        "kubeconfig",
+        proxy::admin_kubeconfig_via(proxy.address),
+    )?;
+    let config = scratch::agent_config_file(
+        &dir,
+        &[&format!(
+            "peers: {{port: {PROBE_PORT}, interval: 1s, timeout: 1s, probeTimeout: 500ms, for: 2s}}"
+        )],
+        "reporting:\n  heartbeatInterval: 2s\n",
     )?;
     // The peer directory: the coordinator publishes each node with an agent (a NodeReport).
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;

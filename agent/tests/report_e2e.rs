@@ -13,7 +13,7 @@ use anyhow::Context;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, api::DeleteParams};
 use nodeward_api::{NodeReport, report::KernelLogSource};
-use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
+use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, scratch, wait};
 use serde_json::Value;
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -77,14 +77,21 @@ impl Agent {
             journal,
             env,
         } = options;
-        let dir = std::env::temp_dir().join(format!("nodeward-agent-{}", test.id));
-        std::fs::create_dir_all(&dir)?;
-        let config = dir.join("agent.yaml");
-        std::fs::write(
-            &config,
-            format!(
-                "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {kernel_log}\n  journal: {journal}\n  kubelet: {kubelet}\n  containerRuntime: {{enabled: false}}\n  rebootRequired:\n    interval: {interval}\n    timeout: {interval}\n    sentinelFile: {}\nreporting:\n  heartbeatInterval: {heartbeat}\n# No logind here; the shutdown guard has its own tests.\nshutdownGuard: {{enabled: false}}\n",
-                dir.join("reboot-required").display()
+        let dir = scratch::dir(&format!("nodeward-agent-{}", test.id))?;
+        let config = scratch::agent_config_file(
+            &dir,
+            &[
+                &format!("kernelLog: {kernel_log}"),
+                &format!("journal: {journal}"),
+                &format!("kubelet: {kubelet}"),
+                &format!(
+                    "rebootRequired: {{interval: {interval}, timeout: {interval}, sentinelFile: {}}}",
+                    dir.join("reboot-required").display()
+                ),
+            ],
+            // No logind here; the shutdown guard has its own tests.
+            &format!(
+                "reporting:\n  heartbeatInterval: {heartbeat}\nshutdownGuard: {{enabled: false}}\n"
             ),
         )?;
         let listen = daemon::free_address()?;
@@ -1077,5 +1084,42 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     .await?;
     drop(agent);
     drop(coordinator);
+    env.cleanup().await
+}
+
+/// An agent run for maintenances alone, every detector off: with nothing to wait for it reports
+/// at once (so it gets ready) and keeps reporting (a pause is acknowledged after that).
+#[tokio::test]
+async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> anyhow::Result<()> {
+    let env = TestEnv::new("agent-no-detectors").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let dir = scratch::dir(&format!("nodeward-no-detectors-{}", env.id))?;
+    let config = scratch::agent_config_file(&dir, &[], "shutdownGuard: {enabled: false}\n")?;
+    let no_bus = "unix:path=/nonexistent/nodeward-e2e-bus";
+    let agent = daemon::agent(AGENT, &env, &node, &config, no_bus, "agent")?;
+    agent.wait_ready(TIMEOUT).await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let report = wait::until(&reports, &node, "the first NodeReport", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref())
+            .is_some_and(|s| s.heartbeat_time.is_some())
+    })
+    .await
+    .with_context(|| agent.output())?
+    .context("NodeReport")?;
+    let findings = report.status.map(|s| s.findings).unwrap_or_default();
+    assert!(findings.is_empty(), "no detector, no finding: {findings:?}");
+
+    let coordinator = daemon::coordinator(&env, &["--leader-elect=false"])?;
+    let policy = env
+        .create_policy("paused", serde_json::json!({"paused": true}))
+        .await?;
+    wait::until(&reports, &node, "the pause acknowledged", TIMEOUT, |r| {
+        r.and_then(|r| r.status.as_ref())
+            .is_some_and(|s| s.pause_acknowledgements.iter().any(|a| a.policy == policy))
+    })
+    .await
+    .with_context(|| format!("{}\n{}", agent.output(), coordinator.output()))?;
+    drop((agent, coordinator));
     env.cleanup().await
 }

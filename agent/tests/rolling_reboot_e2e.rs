@@ -693,12 +693,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     // Drained: web's replica was evicted. The next maintenance asks now; it must wait.
     env.create_maintenance(&drain, &n1, "Manual", "DrainOnly")
         .await?;
-    env.nodes()
-        .patch(
-            &n0,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"e2e-web": null}}})),
-        )
+    env.merge_node(&n0, json!({"metadata": {"labels": {"e2e-web": null}}}))
         .await?;
     first.reboot().await?;
 
@@ -759,12 +754,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
 
     // Web may come back: it does, on the node back in service; then the reboot succeeds and
     // only then is the next node admitted.
-    env.nodes()
-        .patch(
-            &n0,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"e2e-web": env.id}}})),
-        )
+    env.merge_node(&n0, json!({"metadata": {"labels": {"e2e-web": env.id}}}))
         .await?;
     let done = succeeded(&maintenances, &reboot)
         .await

@@ -17,7 +17,7 @@ use kube::{Api, ResourceExt, runtime::watcher};
 use nodeward_agent::logind::ManagerProxy;
 use nodeward_api::{NodeReport, report::ShutdownPhase};
 use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, wait,
+    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, scratch, wait,
 };
 
 const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
@@ -25,29 +25,17 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Starts an agent for `node` whose only job here is the shutdown guard.
 fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Result<Daemon> {
-    let dir = std::env::temp_dir().join(format!("nodeward-guard-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{sentinelFile: {}}}\nshutdownGuard:\n{guard}",
+    let dir = scratch::dir(&format!("nodeward-guard-{}", env.id))?;
+    let config = scratch::agent_config_file(
+        &dir,
+        &[&format!(
+            "rebootRequired: {{sentinelFile: {}}}",
             dir.join("reboot-required").display()
-        ),
+        )],
+        &format!("shutdownGuard:\n{guard}"),
     )?;
-    let args = nodeward_e2e::daemon::agent_args(
-        node,
-        &env.namespace,
-        &controlplane::shared().kubeconfig,
-        &config,
-    );
     // The private bus is the agent's system bus.
-    Daemon::start_with_env(
-        AGENT,
-        &format!("{}-agent", env.id),
-        &args,
-        &[("DBUS_SYSTEM_BUS_ADDRESS", logind.bus.address.as_str())],
-    )
+    nodeward_e2e::daemon::agent(AGENT, env, node, &config, &logind.bus.address, "agent")
 }
 
 async fn nodeward_locks(logind: &Logind) -> anyhow::Result<Vec<(String, String)>> {
@@ -786,16 +774,10 @@ async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> a
     env.create_nodes(&[NodeSpec::worker("a")]).await?;
     // What the agent left before the reboot: its cordon, its taint, and the record of them
     // under the previous boot id.
-    env.nodes()
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({
+    env.merge_node(&node, serde_json::json!({
                 "metadata": {"annotations": {"nodeward.io/cordoned-by": "shutdown"}},
                 "spec": {"unschedulable": true, "taints": [{"key": "nodeward.io/shutdown", "effect": "NoSchedule"}]},
-            })),
-        )
-        .await?;
+            })).await?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let report: NodeReport = serde_json::from_value(serde_json::json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",

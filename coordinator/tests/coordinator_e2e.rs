@@ -1379,16 +1379,10 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
                 &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/maintenance"]}})),
             )
             .await?;
-        env.nodes()
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({
+        env.merge_node(node, json!({
                     "metadata": {"annotations": {"nodeward.io/cordoned-by": format!("maintenance/{name}")}},
                     "spec": {"unschedulable": true, "taints": taints},
-                })),
-            )
-            .await?;
+                })).await?;
         maintenances
             .patch_status(
                 name,
@@ -1576,13 +1570,11 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     // nothing runs it any more (kwok lets it go), it has been NotReady for ten minutes, and
     // its agent silent as long.
     report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
-    env.nodes()
-        .patch(
-            &n0,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}})),
-        )
-        .await?;
+    env.merge_node(
+        &n0,
+        json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}}),
+    )
+    .await?;
     let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
     set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
     silence_agent(&env, &n0, Duration::from_secs(900)).await?;
@@ -1658,13 +1650,11 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
-    env.nodes()
-        .patch(
-            &n0,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}})),
-        )
-        .await?;
+    env.merge_node(
+        &n0,
+        json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}}),
+    )
+    .await?;
     // NotReady for longer than deadlines.agentHeartbeat (default 12m), its agent as long.
     let fifteen_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(15);
     set_condition(&env, &n0, "Ready", "False", fifteen_minutes_ago).await?;
@@ -1776,12 +1766,7 @@ async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_o
     reporting_nodes(&env, &[NodeSpec::worker("a")]).await?;
     let node = env.node_name(0);
     let lb = "node.kubernetes.io/exclude-from-external-load-balancers";
-    env.nodes()
-        .patch(
-            &node,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {lb: "false"}}})),
-        )
+    env.merge_node(&node, json!({"metadata": {"labels": {lb: "false"}}}))
         .await?;
     env.create_policy(
         "pool",

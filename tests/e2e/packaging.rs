@@ -1037,19 +1037,17 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     )
     .await?;
     // node_b as a maintenance left it, beside an admin's dedicated taint.
-    env.nodes()
-        .patch(
-            &node_b,
-            &PatchParams::default(),
-            &Patch::Merge(json!({
-                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/lost"}},
-                "spec": {"unschedulable": true, "taints": [
-                    {"key": "nodeward.io/maintenance", "effect": "NoSchedule"},
-                    {"key": "dedicated", "value": "db", "effect": "NoSchedule"},
-                ]},
-            })),
-        )
-        .await?;
+    env.merge_node(
+        &node_b,
+        json!({
+            "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/lost"}},
+            "spec": {"unschedulable": true, "taints": [
+                {"key": "nodeward.io/maintenance", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "db", "effect": "NoSchedule"},
+            ]},
+        }),
+    )
+    .await?;
     // Each attack: what, on which node (a or b), the change, what the refusal says.
     type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
     let attacks: [Attack; 6] = [
@@ -1168,15 +1166,9 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         nodeward_runtime::cordon::out_of_service(n, false, "");
     })
     .await?;
-    env.nodes()
-        .patch(
-            &node_a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"taints": [
+    env.merge_node(&node_a, json!({"spec": {"taints": [
                 {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
-            ]}})),
-        )
-        .await?;
+            ]}})).await?;
     let said = refusal(
         update_node(&coordinator, &node_a, |n| {
             if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
@@ -1189,20 +1181,10 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         said.contains("take away only the one it recorded"),
         "an admin's out-of-service taint stays: {said}"
     );
-    env.nodes()
-        .patch(
-            &node_a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"taints": null}})),
-        )
+    env.merge_node(&node_a, json!({"spec": {"taints": null}}))
         .await?;
     // An admin's cordon (no record) is not the coordinator's to lift.
-    env.nodes()
-        .patch(
-            &node_a,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
+    env.merge_node(&node_a, json!({"spec": {"unschedulable": true}}))
         .await?;
     let said = refusal(
         update_node(&coordinator, &node_a, |n| {

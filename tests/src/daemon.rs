@@ -88,6 +88,27 @@ pub fn agent_args(
     ]
 }
 
+/// `nodeward-agent run` (the binary `binary`) for `node` in the test `env`, through the shared
+/// control plane's admin kubeconfig, with the configuration file `config` and `bus` as its
+/// system bus (a private one with logind, or one that does not exist); its log is named for
+/// `label`.
+pub fn agent(
+    binary: &str,
+    env: &crate::TestEnv,
+    node: &str,
+    config: &std::path::Path,
+    bus: &str,
+    label: &str,
+) -> anyhow::Result<Daemon> {
+    let kubeconfig = &crate::controlplane::shared().kubeconfig;
+    Daemon::start_with_env(
+        binary,
+        &format!("{}-{label}", env.id),
+        &agent_args(node, &env.namespace, kubeconfig, config),
+        &[("DBUS_SYSTEM_BUS_ADDRESS", bus)],
+    )
+}
+
 /// The workspace's coordinator, electing its leader in the test's namespace and deciding
 /// every second (`--resync 1s`), with `extra` arguments.
 pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {

@@ -196,6 +196,14 @@ impl TestEnv {
         Api::all(self.client.clone())
     }
 
+    /// Merge-patches the Node `name` (as an admin or a test's stand-in for a kubelet would).
+    pub async fn merge_node(&self, name: &str, patch: serde_json::Value) -> anyhow::Result<Node> {
+        self.nodes()
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .with_context(|| format!("patching Node {name}"))
+    }
+
     /// Creates one kwok node per spec (named `node_name(0..)`) and waits until all are Ready.
     pub async fn create_nodes(&self, specs: &[NodeSpec]) -> anyhow::Result<Vec<Node>> {
         let mut names = Vec::new();

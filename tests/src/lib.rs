@@ -15,6 +15,7 @@ pub mod logind;
 pub mod machine;
 pub mod nodelab;
 pub mod proxy;
+pub mod scratch;
 pub mod siege;
 pub mod systemd;
 pub mod wait;

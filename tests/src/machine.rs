@@ -11,9 +11,12 @@ use crate::{TestEnv, controlplane, daemon::Daemon, logind::Logind};
 /// The agent configuration every machine starts from: only the reboot-required detector (its
 /// sentinel in the machine's directory), the shutdown guard on.
 fn base_config(sentinel: &std::path::Path) -> String {
-    format!(
-        "detectors:\n  network: {{enabled: false}}\n  filesystem: {{enabled: false}}\n  peers: {{enabled: false}}\n  kernelLog: {{enabled: false}}\n  kubelet: {{enabled: false}}\n  containerRuntime: {{enabled: false}}\n  rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}\nshutdownGuard: {{enabled: true, budget: 8s, safetyMargin: 1s}}\n",
-        sentinel.display()
+    crate::scratch::agent_config(
+        &[&format!(
+            "rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}",
+            sentinel.display()
+        )],
+        "shutdownGuard: {enabled: true, budget: 8s, safetyMargin: 1s}\n",
     )
 }
 
@@ -45,14 +48,14 @@ impl Machine {
         reboot_required: bool,
     ) -> anyhow::Result<Self> {
         let name = env.node_name(index);
-        let dir = std::env::temp_dir().join(format!("nodeward-machine-{}-{index}", env.id));
-        std::fs::create_dir_all(&dir)?;
+        let dir = crate::scratch::dir(&format!("nodeward-machine-{}-{index}", env.id))?;
         let sentinel = dir.join("reboot-required");
         if reboot_required {
-            std::fs::write(&sentinel, "")?;
+            crate::scratch::write(&dir, "reboot-required", "")?;
         }
-        std::fs::write(
-            dir.join("agent.yaml"),
+        crate::scratch::write(
+            &dir,
+            "agent.yaml",
             format!("{}{extra_config}", base_config(&sentinel)),
         )?;
         let logind = Logind::start(&format!("{}-{index}", env.id), 10).await?;

@@ -39,6 +39,12 @@ pub fn start(
 ) -> watch::Receiver<Snapshot> {
     let (found_tx, mut found_rx) = mpsc::channel::<(Duration, Finding)>(detectors.len().max(1) * 2);
     let (snapshot_tx, snapshot_rx) = watch::channel(Snapshot::default());
+    if detectors.is_empty() {
+        // Nothing will be found, so the empty snapshot is already the whole one: published as
+        // a change, the first NodeReport is written now (and the agent gets ready) rather than
+        // never, as with an agent run for its maintenances and shutdown guard alone.
+        snapshot_tx.send_replace(Snapshot::default());
+    }
     for detector in detectors {
         let found_tx = found_tx.clone();
         let metrics = metrics.clone();
@@ -95,6 +101,9 @@ pub fn start(
                 return;
             }
         }
+        // Without detectors the loop ends at once; the reporter's snapshots stay open (a closed
+        // channel would end it, and with it the pause acknowledgements it writes).
+        snapshot_tx.closed().await;
     });
     snapshot_rx
 }
@@ -122,6 +131,23 @@ mod tests {
             on_host: false,
             ..Default::default()
         }
+    }
+
+    #[tokio::test]
+    async fn without_detectors_the_empty_snapshot_is_published_at_once() {
+        let mut tasks = JoinSet::new();
+        let mut snapshots = start(Vec::new(), Arc::new(Metrics::new()), &mut tasks);
+        tokio::time::timeout(Duration::from_secs(1), snapshots.changed())
+            .await
+            .expect("published at once")
+            .expect("runner alive");
+        assert!(snapshots.borrow_and_update().is_empty());
+        let later = tokio::time::timeout(Duration::from_millis(200), snapshots.changed()).await;
+        assert!(
+            later.is_err(),
+            "no further change, and the channel stays open: {later:?}"
+        );
+        tasks.abort_all();
     }
 
     #[tokio::test]

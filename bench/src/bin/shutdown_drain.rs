@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, wait,
-};
+use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, logind::Logind, scratch, wait};
 
 #[derive(Parser)]
 struct Args {
@@ -69,23 +67,18 @@ async fn run_once(args: &Args) -> anyhow::Result<(Duration, f64)> {
             .await?;
     }
     let logind = Logind::start(&env.id, 120).await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-bench-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
-    let config = dir.join("agent.yaml");
-    std::fs::write(
-        &config,
-        "detectors:\n  network: {enabled: false}\n  filesystem: {enabled: false}\n  peers: {enabled: false}\n  kernelLog: {enabled: false}\n  kubelet: {enabled: false}\n  containerRuntime: {enabled: false}\nshutdownGuard:\n  budget: 100s\n  safetyMargin: 5s\n",
+    let config = scratch::agent_config_file(
+        &scratch::dir(&format!("nodeward-bench-{}", env.id))?,
+        &[],
+        "shutdownGuard: {budget: 100s, safetyMargin: 5s}\n",
     )?;
-    let agent = Daemon::start_with_env(
+    let agent = nodeward_e2e::daemon::agent(
         &args.agent,
-        &format!("{}-agent", env.id),
-        &nodeward_e2e::daemon::agent_args(
-            &node,
-            &env.namespace,
-            &controlplane::shared().kubeconfig,
-            &config,
-        ),
-        &[("DBUS_SYSTEM_BUS_ADDRESS", logind.bus.address.as_str())],
+        &env,
+        &node,
+        &config,
+        &logind.bus.address,
+        "agent",
     )?;
     agent.wait_ready(Duration::from_secs(60)).await?;
     // The lock is taken once the guard's session is up.
