@@ -333,6 +333,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
+        .with_recheck(config.reporting.heartbeat_interval)
         .with_sightings(sightings)
         .with_published(logs.source, logs.published)
         .with_events_only(

@@ -393,6 +393,44 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
     env.cleanup().await
 }
 
+/// A NodeReport deleted while nothing changes (by hand, or with a Node registered again faster
+/// than a detector notices) is written again within a heartbeat interval, owned by its Node.
+#[tokio::test]
+async fn a_deleted_node_report_is_written_again_within_a_heartbeat() -> anyhow::Result<()> {
+    let env = TestEnv::new("agent-report-gone").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
+    let agent = Agent::start(&node, &env, "300ms", "2s")?;
+    agent.wait_ready().await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let first = reports.get(&node).await?;
+    reports.delete(&node, &DeleteParams::default()).await?;
+    let again = wait::until(
+        &reports,
+        &node,
+        "the NodeReport written again",
+        TIMEOUT,
+        |r| r.is_some_and(|r| r.metadata.uid != first.metadata.uid && r.status.is_some()),
+    )
+    .await?
+    .context("NodeReport")?;
+    let owner = again.metadata.owner_references.unwrap_or_default();
+    assert_eq!(
+        owner.first().map(|o| (o.kind.as_str(), o.name.as_str())),
+        Some(("Node", node.as_str())),
+        "owned by its Node again"
+    );
+    let finding = again
+        .status
+        .map(|s| s.findings)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|f| f.detector == "reboot-required");
+    assert!(finding.is_some(), "with the current findings");
+    drop(agent);
+    env.cleanup().await
+}
+
 /// The established TCP connections process `pid` holds to `port` on the loopback address,
 /// read from the kernel's socket table of its network namespace.
 fn connections_to(pid: u32, port: u16) -> anyhow::Result<usize> {

@@ -2,7 +2,9 @@
 //! field manager, written only when a condition changes) and the NodeReport (only when
 //! something in it changes: the findings, the pauses obeyed, the peers found unreachable; the
 //! agent's liveness is its Lease, [`crate::liveness`]). Failed writes are retried with
-//! backoff; detection goes on meanwhile.
+//! backoff; detection goes on meanwhile. Once per heartbeat interval the agent reads whether
+//! its NodeReport is still there (from the API server's cache) and makes it again if it was
+//! deleted, by hand or with a Node registered again under its name.
 
 pub mod conditions;
 pub mod events;
@@ -20,7 +22,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource,
-    api::{Patch, PatchParams, PostParams},
+    api::{GetParams, Patch, PatchParams, PostParams},
     runtime::events::EventType,
 };
 use nodeward_api::bounds::{MESSAGE_LIMIT, cut};
@@ -123,6 +125,8 @@ pub struct Reporter {
     published: (KernelLogSource, BTreeMap<LogName, u64>),
     /// Finding types of events-only checks: in the NodeReport and Events, never on the Node.
     events_only: BTreeSet<String>,
+    /// How often to look whether the NodeReport was deleted.
+    recheck: Duration,
 }
 
 impl Reporter {
@@ -150,7 +154,14 @@ impl Reporter {
             sightings: None,
             published: (KernelLogSource::Kmsg, BTreeMap::new()),
             events_only: BTreeSet::new(),
+            recheck: DEFAULT_HEARTBEAT,
         }
+    }
+
+    /// Looks every `every` whether the NodeReport was deleted (the heartbeat interval).
+    pub fn with_recheck(mut self, every: Duration) -> Self {
+        self.recheck = every;
+        self
     }
 
     /// The finding types of events-only checks (node-problem-detector's temporary rules).
@@ -196,6 +207,9 @@ impl Reporter {
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut report_due = true;
         let mut retry_at: Option<tokio::time::Instant> = None;
+        let mut recheck =
+            tokio::time::interval_at(tokio::time::Instant::now() + self.recheck, self.recheck);
+        recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 changed = snapshots.changed() => {
@@ -238,6 +252,13 @@ impl Reporter {
                     }
                 }
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)).await }, if retry_at.is_some() => {}
+                _ = recheck.tick(), if !report_due => {
+                    if self.report_deleted().await {
+                        tracing::info!(node = %self.identity.node_name, "the NodeReport was deleted; writing it again");
+                        self.report_owned = false;
+                        report_due = true;
+                    }
+                }
             }
             let snapshot = snapshots.borrow_and_update().clone();
             retry_at = None;
@@ -500,6 +521,22 @@ impl Reporter {
                 LogName::Kernel => None,
             })
             .collect()
+    }
+
+    /// Whether the NodeReport is gone, read from the API server's cache. A failed read says
+    /// no: the next write or look finds out.
+    async fn report_deleted(&self) -> bool {
+        let reports: Api<NodeReport> = Api::all(self.client.clone());
+        match reports
+            .get_metadata_opt_with(&self.identity.node_name, &GetParams::any())
+            .await
+        {
+            Ok(found) => found.is_none(),
+            Err(e) => {
+                tracing::debug!(error = %e, node = %self.identity.node_name, "looking for the NodeReport failed");
+                false
+            }
+        }
     }
 
     /// Creates the NodeReport if it is missing and makes its Node its owner once the Node
