@@ -260,6 +260,11 @@ impl Reporter {
                     }
                 }
             }
+            // A snapshot that changed while the last write was on its way counts whichever arm
+            // woke the loop: taking it below marks it seen, and its own arm would not fire.
+            if snapshots.has_changed().unwrap_or(false) {
+                report_due = true;
+            }
             let snapshot = snapshots.borrow_and_update().clone();
             retry_at = None;
             let mut failed = false;
