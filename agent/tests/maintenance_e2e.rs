@@ -102,9 +102,7 @@ fn node_state(node: &Node) -> (bool, bool) {
 #[tokio::test]
 async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-drain").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-drain", "a").await?;
     env.replicaset("app", &node, 2, &PodOptions::default())
         .await?;
     let pods = env.running_pods("app", 2).await?;
@@ -217,9 +215,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
 #[tokio::test]
 async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-admin").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-admin", "a").await?;
     env.merge_node(&node, json!({"spec": {"unschedulable": true}}))
         .await?;
     policy(&env, json!({})).await?;
@@ -250,9 +246,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-cancel").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-cancel", "a").await?;
     env.guarded_pod("guarded", &node).await?;
     // The drain is to meet the PDB: admission does not look ahead at it.
     policy(&env, json!({"workloadGate": no_look_ahead()})).await?;
@@ -297,9 +291,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
 async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordoned_until_it_does()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-workload").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-workload", "a").await?;
     let guarded = env.guarded_pod("guarded", &node).await?;
     let policy = policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
@@ -395,9 +387,7 @@ async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordo
 async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_policy_forces()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-timeout").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-timeout", "a").await?;
     let guarded = env.guarded_pod("guarded", &node).await?;
     let policy = policy(
         &env,
@@ -530,9 +520,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
 #[tokio::test]
 async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-actfail").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-actfail", "a").await?;
     let policy = policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = format!("{node}-reboot");
@@ -565,9 +553,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
 #[tokio::test]
 async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-autoreboot").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("maint-autoreboot", "a").await?;
     env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
         .await?;
     // It publishes the policy for the agent (paused: it admits nothing).

@@ -162,6 +162,19 @@ fn has(type_: &'static str, status: &'static str) -> impl Fn(Option<&Node>) -> b
 }
 
 /// Waits until `node` carries condition `type_` with `status`; returns the Node then.
+/// A test's environment with one worker Node in `zone` and an agent for it that checks every
+/// `interval` and renews its Lease every `heartbeat`.
+async fn one_node_with_agent(
+    test: &str,
+    zone: &str,
+    interval: &str,
+    heartbeat: &str,
+) -> anyhow::Result<(TestEnv, String, Agent)> {
+    let (env, node) = TestEnv::with_worker(test, zone).await?;
+    let agent = Agent::start(&node, &env, interval, heartbeat)?;
+    Ok((env, node, agent))
+}
+
 async fn wait_condition(
     nodes: &Api<Node>,
     node: &str,
@@ -209,10 +222,8 @@ fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
 #[tokio::test]
 async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() -> anyhow::Result<()>
 {
-    let env = TestEnv::new("agent-report").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let mut agent = Agent::start(&node, &env, "500ms", "2s")?;
+    let (env, node, mut agent) =
+        one_node_with_agent("agent-report", "zone-a", "500ms", "2s").await?;
 
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "RebootRequired", "False").await?;
@@ -314,11 +325,8 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
 
 #[tokio::test]
 async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
-    let env = TestEnv::new("agent-quiet").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
+    let (env, node, agent) = one_node_with_agent("agent-quiet", "zone-b", "300ms", "2s").await?;
     let heartbeat = Duration::from_secs(2);
-    let agent = Agent::start(&node, &env, "300ms", "2s")?;
     wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
 
@@ -397,10 +405,8 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
 /// than a detector notices) is written again within a heartbeat interval, owned by its Node.
 #[tokio::test]
 async fn a_deleted_node_report_is_written_again_within_a_heartbeat() -> anyhow::Result<()> {
-    let env = TestEnv::new("agent-report-gone").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-b")]).await?;
-    let agent = Agent::start(&node, &env, "300ms", "2s")?;
+    let (env, node, agent) =
+        one_node_with_agent("agent-report-gone", "zone-b", "300ms", "2s").await?;
     agent.wait_ready().await?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let first = reports.get(&node).await?;
@@ -463,10 +469,7 @@ fn connections_to(pid: u32, port: u16) -> anyhow::Result<usize> {
 #[tokio::test]
 async fn an_agent_holds_one_connection_to_the_api_server_for_all_its_watches() -> anyhow::Result<()>
 {
-    let env = TestEnv::new("agent-conns").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let agent = Agent::start(&node, &env, "500ms", "2s")?;
+    let (env, node, agent) = one_node_with_agent("agent-conns", "zone-a", "500ms", "2s").await?;
     wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
     let watches = || async {
@@ -659,9 +662,7 @@ fn dns_monitor(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
 #[tokio::test]
 async fn a_node_problem_detector_monitor_sets_its_permanent_condition_and_its_temporary_rule_only_raises_events()
 -> anyhow::Result<()> {
-    let env = TestEnv::new("agent-npd").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let (env, node) = TestEnv::with_worker("agent-npd", "zone-a").await?;
     let monitor = dns_monitor(&std::env::temp_dir().join(format!("nodeward-npd-{}", env.id)))?;
     let _agent = Agent::start_with(
         &node,
@@ -763,9 +764,7 @@ async fn kernel_messages_read_from_the_journal_files_raise_events_once_across_a_
 async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_across_a_restart()
 -> anyhow::Result<()> {
     use nodeward_e2e::journald::Journald;
-    let env = TestEnv::new("agent-journald").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
+    let (env, node) = TestEnv::with_worker("agent-journald", "zone-d").await?;
     let journald = Journald::start(&env.id).await?;
     let monitor = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("src/npd/testdata/systemd-monitor.json");
@@ -940,9 +939,7 @@ async fn kernel_log_across_a_restart(
 async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() -> anyhow::Result<()>
 {
     use nodeward_e2e::systemd::{PrivateBus, Systemd, Unit};
-    let env = TestEnv::new("agent-kubelet").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-e")]).await?;
+    let (env, node) = TestEnv::with_worker("agent-kubelet", "zone-e").await?;
     let bus = PrivateBus::start(&env.id)?;
     let systemd = Systemd::default();
     systemd.set("kubelet.service", Unit::active());
@@ -987,9 +984,7 @@ async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() ->
 #[tokio::test]
 async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> anyhow::Result<()> {
     use nodeward_e2e::proxy::{self, Proxy};
-    let env = TestEnv::new("agent-outage").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-f")]).await?;
+    let (env, node) = TestEnv::with_worker("agent-outage", "zone-f").await?;
     let proxy = Proxy::start("127.0.0.1:0".parse()?, proxy::api_server_address()?).await?;
     let dir = std::env::temp_dir().join(format!("nodeward-outage-{}", env.id));
     std::fs::create_dir_all(&dir)?;
@@ -1055,10 +1050,7 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     use nodeward_api::DisruptionPolicy;
     use nodeward_e2e::env::TEST_LABEL;
 
-    let env = TestEnv::new("agent-pause").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
-    let agent = Agent::start(&node, &env, "500ms", "30s")?;
+    let (env, node, agent) = one_node_with_agent("agent-pause", "zone-a", "500ms", "30s").await?;
     agent.wait_ready().await?;
     // The agent learns of policies from what the coordinator publishes for agents.
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
@@ -1129,9 +1121,7 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
 /// at once (so it gets ready) and keeps reporting (a pause is acknowledged after that).
 #[tokio::test]
 async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> anyhow::Result<()> {
-    let env = TestEnv::new("agent-no-detectors").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let (env, node) = TestEnv::with_worker("agent-no-detectors", "zone-a").await?;
     let dir = scratch::dir(&format!("nodeward-no-detectors-{}", env.id))?;
     let config = scratch::agent_config_file(&dir, &[], "shutdownGuard: {enabled: false}\n")?;
     let no_bus = "unix:path=/nonexistent/nodeward-e2e-bus";

@@ -415,9 +415,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
 async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("gate").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let node = env.node_name(0);
+    let (env, node) = TestEnv::with_worker("gate", "a").await?;
     // A problem the gate looks for, there before and after the reboot.
     env.nodes()
         .patch_status(
@@ -497,9 +495,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
 async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_once_back()
 -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("no-return").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let node = env.node_name(0);
+    let (env, node) = TestEnv::with_worker("no-return", "a").await?;
     env.create_policy(
         "pool",
         json!({"maxConcurrent": 1, "deadlines": {"reboot": "30s"}}),

@@ -410,9 +410,7 @@ async fn a_pod_that_comes_to_the_node_during_the_drain_is_drained_too() -> anyho
 async fn a_drain_that_leaves_many_pods_still_reports_its_end_in_an_event() -> anyhow::Result<()> {
     // Twelve pods no budget lets go: the note naming each (and why it stays) is over the
     // 1024 bytes the API server takes, which once lost the Event on a real node.
-    let env = TestEnv::new("guard-many-left").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-many-left", "a").await?;
     env.replicaset("guarded", &node, 12, &PodOptions::default())
         .await?;
     env.pdb("guarded", "guarded", 12).await?;
@@ -444,9 +442,7 @@ async fn a_drain_that_leaves_many_pods_still_reports_its_end_in_an_event() -> an
 
 #[tokio::test]
 async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::Result<()> {
-    let env = TestEnv::new("guard-restart").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-restart", "a").await?;
     let mut logind = Logind::start(&env.id, 10).await?;
     let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
     wait_locked(&logind, TIMEOUT)
@@ -479,9 +475,7 @@ async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::R
 
 #[tokio::test]
 async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow::Result<()> {
-    let env = TestEnv::new("guard-cancel").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-cancel", "a").await?;
     let logind = Logind::start(&env.id, 10).await?;
     // systemd refuses the poweroff job: logind cancels with PrepareForShutdown(false).
     logind
@@ -519,9 +513,7 @@ async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow
 #[tokio::test]
 async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_reported()
 -> anyhow::Result<()> {
-    let env = TestEnv::new("guard-dropin").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-dropin", "a").await?;
     let logind = Logind::start(&env.id, 5).await?;
     let guard = format!(
         "  budget: 40s\n  safetyMargin: 2s\n  writeDropIn: true\n  dropInDir: {}\n",
@@ -609,9 +601,7 @@ async fn the_reboot_gate_refuses_uncoordinated_shutdowns_until_one_is_admitted()
     use kube::api::{Patch, PatchParams, PostParams};
     use nodeward_api::NodeMaintenance;
 
-    let env = TestEnv::new("guard-gate").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-gate", "a").await?;
     let mut logind = Logind::start(&env.id, 10).await?;
     // The real polkitd decides for non-root callers: "nobody" may power off, but not past
     // a block lock (logind exempts root, and a user's own locks, from block locks).
@@ -707,9 +697,7 @@ async fn the_reboot_gate_refuses_uncoordinated_shutdowns_until_one_is_admitted()
 
 #[tokio::test]
 async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()> {
-    let env = TestEnv::new("guard-resume").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-resume", "a").await?;
     let pod = env.guarded_pod("guarded", &node).await?;
     let logind = Logind::start(&env.id, 30).await?;
     let plan = "  budget: 25s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 8s, onTimeout: Delete}\n";
@@ -769,9 +757,7 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
 async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> anyhow::Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
 
-    let env = TestEnv::new("guard-boot").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("guard-boot", "a").await?;
     // What the agent left before the reboot: its cordon, its taint, and the record of them
     // under the previous boot id.
     env.merge_node(&node, serde_json::json!({

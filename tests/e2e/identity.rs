@@ -13,7 +13,7 @@ use kube::{
     Api, ResourceExt,
     api::{ListParams, PostParams},
 };
-use nodeward_e2e::{Identity, NodeSpec, PodOptions, TestEnv, controlplane::client_as, wait};
+use nodeward_e2e::{Identity, PodOptions, TestEnv, controlplane::client_as, wait};
 use serde_json::json;
 
 fn is_forbidden(result: &Result<impl std::fmt::Debug, kube::Error>) -> bool {
@@ -22,9 +22,7 @@ fn is_forbidden(result: &Result<impl std::fmt::Debug, kube::Error>) -> bool {
 
 #[tokio::test]
 async fn service_account_tokens_impersonation_and_rbac_work() -> anyhow::Result<()> {
-    let env = TestEnv::new("identity").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let (env, node) = TestEnv::with_worker("identity", "zone-a").await?;
     let accounts: Api<ServiceAccount> = Api::namespaced(env.client.clone(), &env.namespace);
     let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "reader"}}))?;
     accounts.create(&PostParams::default(), &account).await?;

@@ -2131,9 +2131,7 @@ async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_da
         apps::v1::DaemonSet,
     };
     use kube::api::{WatchEvent, WatchParams};
-    let env = TestEnv::new("firstinstall").await?;
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
-    let node = env.node_name(0);
+    let (env, node) = TestEnv::with_worker("firstinstall", "a").await?;
     let dir = std::env::temp_dir().join(format!("nodeward-firstinstall-{}", env.id));
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();

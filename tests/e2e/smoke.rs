@@ -177,9 +177,7 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
 
 #[tokio::test]
 async fn eviction_is_refused_by_pdb_and_allowed_for_uncovered_pod() -> anyhow::Result<()> {
-    let env = TestEnv::new("pdb").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("zone-a")]).await?;
+    let (env, node) = TestEnv::with_worker("pdb", "zone-a").await?;
     env.replicaset("guarded", &node, 2, &PodOptions::default())
         .await?;
     env.replicaset("free", &node, 1, &PodOptions::default())

@@ -192,6 +192,15 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// A test's environment ([`TestEnv::new`]) with one Ready kwok worker in `zone`, named
+    /// `node_name(0)`; the environment and the node's name.
+    pub async fn with_worker(test: &str, zone: &str) -> anyhow::Result<(Self, String)> {
+        let env = Self::new(test).await?;
+        env.create_nodes(&[NodeSpec::worker(zone)]).await?;
+        let node = env.node_name(0);
+        Ok((env, node))
+    }
+
     pub fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
     }

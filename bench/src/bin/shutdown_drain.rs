@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Parser;
-use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, logind::Logind, scratch, wait};
+use nodeward_e2e::{PodOptions, TestEnv, logind::Logind, scratch, wait};
 
 #[derive(Parser)]
 struct Args {
@@ -45,9 +45,7 @@ fn peak_rss_mib(pid: u32) -> f64 {
 }
 
 async fn run_once(args: &Args) -> anyhow::Result<(Duration, f64)> {
-    let env = TestEnv::new("bench-shutdown").await?;
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker("a")]).await?;
+    let (env, node) = TestEnv::with_worker("bench-shutdown", "a").await?;
     for group in 0..GROUPS {
         let options = PodOptions {
             priority: Some(i32::try_from(group)? * 100),
