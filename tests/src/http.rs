@@ -6,6 +6,7 @@ use std::{
     collections::HashMap,
     convert::Infallible,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use bytes::Bytes;
@@ -24,7 +25,8 @@ pub struct Received {
 
 #[derive(Default)]
 struct State {
-    replies: HashMap<String, (u16, String)>,
+    /// Per path: the status, the body and how long to hold the answer.
+    replies: HashMap<String, (u16, String, Duration)>,
     received: Vec<Received>,
 }
 
@@ -57,9 +59,15 @@ impl Endpoint {
 
     /// Answers requests for `path` with `status` and `body` from now on (404 until set).
     pub fn reply(&self, path: &str, status: u16, body: &str) {
+        self.reply_after(path, status, body, Duration::ZERO);
+    }
+
+    /// As [`Endpoint::reply`], each answer held for `delay` after the request is recorded (a
+    /// slow server: what a client does while its request is on its way).
+    pub fn reply_after(&self, path: &str, status: u16, body: &str, delay: Duration) {
         self.lock()
             .replies
-            .insert(path.to_owned(), (status, body.to_owned()));
+            .insert(path.to_owned(), (status, body.to_owned(), delay));
     }
 
     /// Every request received so far, oldest first.
@@ -93,18 +101,21 @@ async fn answer(
         Ok(collected) => String::from_utf8_lossy(&collected.to_bytes()).into_owned(),
         Err(_) => String::new(),
     };
-    let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
-    state.received.push(Received {
-        method,
-        path: path.clone(),
-        content_type,
-        body,
-    });
-    let (status, body) = state
-        .replies
-        .get(&path)
-        .cloned()
-        .unwrap_or((404, "not found".to_owned()));
+    let (status, body, delay) = {
+        let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+        state.received.push(Received {
+            method,
+            path: path.clone(),
+            content_type,
+            body,
+        });
+        state
+            .replies
+            .get(&path)
+            .cloned()
+            .unwrap_or((404, "not found".to_owned(), Duration::ZERO))
+    };
+    tokio::time::sleep(delay).await;
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() =
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -628,3 +628,6 @@ pub fn new_report(node: &str) -> NodeReport {
     report.metadata.labels = nodeward_api::labels::naming_node(node);
     report
 }
+
+#[cfg(test)]
+mod tests;
