@@ -48,7 +48,7 @@ fn agent(env: &TestEnv, node: &str, extra_config: &str, label: &str) -> anyhow::
         &format!("shutdownGuard: {{enabled: false}}\n{extra_config}"),
     )?;
     // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
-    let no_bus = "unix:path=/nonexistent/nodeward-e2e-bus";
+    let no_bus = nodeward_e2e::daemon::NO_SYSTEM_BUS;
     nodeward_e2e::daemon::agent(AGENT, env, node, &config, no_bus, label)
 }
 

@@ -1124,8 +1124,7 @@ async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> an
     let (env, node) = TestEnv::with_worker("agent-no-detectors", "zone-a").await?;
     let dir = scratch::dir(&format!("nodeward-no-detectors-{}", env.id))?;
     let config = scratch::agent_config_file(&dir, &[], "shutdownGuard: {enabled: false}\n")?;
-    let no_bus = "unix:path=/nonexistent/nodeward-e2e-bus";
-    let agent = daemon::agent(AGENT, &env, &node, &config, no_bus, "agent")?;
+    let agent = daemon::agent(AGENT, &env, &node, &config, daemon::NO_SYSTEM_BUS, "agent")?;
     agent.wait_ready(TIMEOUT).await?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let report = wait::until(&reports, &node, "the first NodeReport", TIMEOUT, |r| {

@@ -88,6 +88,9 @@ pub fn agent_args(
     ]
 }
 
+/// A system bus address where none listens: an agent given it can ask logind for nothing.
+pub const NO_SYSTEM_BUS: &str = "unix:path=/nonexistent/nodeward-e2e-bus";
+
 /// `nodeward-agent run` (the binary `binary`) for `node` in the test `env`, through the shared
 /// control plane's admin kubeconfig, with the configuration file `config` and `bus` as its
 /// system bus (a private one with logind, or one that does not exist); its log is named for

@@ -41,16 +41,11 @@ fn status_writes(api: &Endpoint) -> Vec<String> {
 }
 
 async fn wait_for_write(api: &Endpoint, count: usize, what: &str) -> String {
-    tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            if let Some(body) = status_writes(api).get(count - 1) {
-                return body.clone();
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+    nodeward_e2e::wait::eventually(what, Duration::from_secs(5), || async {
+        Ok(status_writes(api).get(count - 1).cloned())
     })
     .await
-    .unwrap_or_else(|_| panic!("{what}: {:?}", status_writes(api)))
+    .unwrap_or_else(|e| panic!("{e}: {:?}", status_writes(api)))
 }
 
 /// A change that arrives while a write is on its way is written next, even when the reporter's
