@@ -23,6 +23,7 @@ pub mod reaper;
 pub mod report;
 pub mod runner;
 pub mod shutdown;
+pub mod system_bus;
 pub mod systemd;
 pub mod values;
 

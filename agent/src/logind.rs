@@ -36,9 +36,7 @@ pub trait Manager {
 /// Asks logind to reboot (or else power off); one already under way (asked before this agent
 /// restarted) counts as asked.
 pub async fn act(reboot: bool) -> Result<(), String> {
-    let connection = zbus::Connection::system()
-        .await
-        .map_err(|e| format!("connecting to the system bus: {e}"))?;
+    let connection = crate::system_bus::connect().await?;
     let manager = ManagerProxy::new(&connection)
         .await
         .map_err(|e| format!("logind on the system bus: {e}"))?;

@@ -244,10 +244,12 @@ fn log_rules(monitor: &Monitor) -> Result<Vec<KernelPatternConfig>, String> {
     let mut patterns = Vec::new();
     for (index, rule) in monitor.rules.iter().enumerate() {
         let condition = condition_of(monitor, index, rule)?;
-        let pattern = rule
-            .pattern
-            .as_deref()
-            .ok_or_else(|| format!("rules[{index}].pattern: a log rule needs its pattern"))?;
+        let pattern = required(
+            &rule.pattern,
+            index,
+            "pattern",
+            "a log rule needs its pattern",
+        )?;
         // node-problem-detector matches a pattern against its last `bufferSize` lines joined,
         // ending at the newest; records are matched one at a time here, so a pattern of
         // several lines is matched by its last line (which the newest record must match).
@@ -262,6 +264,18 @@ fn log_rules(monitor: &Monitor) -> Result<Vec<KernelPatternConfig>, String> {
         });
     }
     Ok(patterns)
+}
+
+/// The field `rules[index].field` that a rule of its kind must have.
+fn required<'a>(
+    value: &'a Option<String>,
+    index: usize,
+    field: &str,
+    why: &str,
+) -> Result<&'a str, String> {
+    value
+        .as_deref()
+        .ok_or_else(|| format!("rules[{index}].{field}: {why}"))
 }
 
 fn custom_rules(monitor: &Monitor, config: &NpdConfig, loaded: &mut Loaded) -> Result<(), String> {
@@ -284,10 +298,7 @@ fn custom_rules(monitor: &Monitor, config: &NpdConfig, loaded: &mut Loaded) -> R
     let concurrency = Concurrency::new(plugin.concurrency.unwrap_or(3));
     for (index, rule) in monitor.rules.iter().enumerate() {
         let condition = condition_of(monitor, index, rule)?;
-        let path = rule
-            .path
-            .as_deref()
-            .ok_or_else(|| format!("rules[{index}].path: a custom rule names its plugin"))?;
+        let path = required(&rule.path, index, "path", "a custom rule names its plugin")?;
         let program = if Path::new(path).is_absolute() {
             PathBuf::from(path)
         } else {

@@ -91,12 +91,10 @@ impl UnitState {
     }
 }
 
-/// A fresh connection to the system bus (`DBUS_SYSTEM_BUS_ADDRESS` or the standard socket) and
-/// systemd's manager on it: a restarted bus or systemd is simply picked up next time.
+/// A fresh connection to the system bus and systemd's manager on it: a restarted bus or systemd
+/// is simply picked up next time.
 pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
-    let connection = zbus::Connection::system()
-        .await
-        .map_err(|e| format!("connecting to the system bus: {e}"))?;
+    let connection = crate::system_bus::connect().await?;
     let manager = ManagerProxy::new(&connection)
         .await
         .map_err(|e| format!("systemd on the system bus: {e}"))?;

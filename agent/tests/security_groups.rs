@@ -14,7 +14,7 @@ use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::serv
 use hyper_util::rt::TokioIo;
 use nodeward_agent::{
     config::Config,
-    detect::{Detector, Status, security_groups::SecurityGroupsConfig},
+    detect::{Detector, Finding, Status, security_groups::SecurityGroupsConfig},
 };
 
 /// How the stand-in behaves.
@@ -156,26 +156,20 @@ async fn malformed_error_and_slow_replies_are_unknown_with_a_clear_message() {
     let d = detector(&url, &["default"]);
 
     let malformed = d.observe_bounded().await;
-    assert_eq!(
-        (malformed.status, malformed.reason.as_str()),
-        (Status::Unknown, "MetadataMalformed")
-    );
-    assert!(
-        malformed.message.contains("malformed reply"),
-        "{}",
-        malformed.message
+    assert_finding(
+        &malformed,
+        Status::Unknown,
+        "MetadataMalformed",
+        "malformed reply",
     );
 
     behaviour.lock().expect("lock").status = StatusCode::INTERNAL_SERVER_ERROR;
     let error = d.observe_bounded().await;
-    assert_eq!(
-        (error.status, error.reason.as_str()),
-        (Status::Unknown, "MetadataError")
-    );
-    assert!(
-        error.message.contains("500 Internal Server Error"),
-        "{}",
-        error.message
+    assert_finding(
+        &error,
+        Status::Unknown,
+        "MetadataError",
+        "500 Internal Server Error",
     );
 
     {
@@ -185,11 +179,7 @@ async fn malformed_error_and_slow_replies_are_unknown_with_a_clear_message() {
         b.delay = Duration::from_secs(30);
     }
     let slow = d.observe_bounded().await;
-    assert_eq!(
-        (slow.status, slow.reason.as_str()),
-        (Status::Unknown, "DetectorTimedOut")
-    );
-    assert!(slow.message.contains("2s timeout"), "{}", slow.message);
+    assert_finding(&slow, Status::Unknown, "DetectorTimedOut", "2s timeout");
 }
 
 #[tokio::test]
@@ -202,13 +192,21 @@ async fn an_unreachable_service_is_unknown() {
     let found = detector(&format!("http://127.0.0.1:{port}"), &["default"])
         .observe_bounded()
         .await;
-    assert_eq!(
-        (found.status, found.reason.as_str()),
-        (Status::Unknown, "MetadataUnreachable")
+    assert_finding(
+        &found,
+        Status::Unknown,
+        "MetadataUnreachable",
+        "Connection refused",
     );
+}
+
+/// Asserts the finding's status and reason, and that its message says `part`.
+#[track_caller]
+fn assert_finding(found: &Finding, status: Status, reason: &str, part: &str) {
+    let seen = (found.status, found.reason.as_str());
+    assert_eq!(seen, (status, reason), "{found:?}");
     assert!(
-        found.message.contains("Connection refused"),
-        "{}",
-        found.message
+        found.message.contains(part),
+        "{found:?} does not say {part:?}"
     );
 }

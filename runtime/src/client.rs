@@ -331,70 +331,45 @@ mod tests {
 
     #[test]
     fn requests_are_named_by_verb_and_resource() {
-        let c = |m: Method, path: &str, q: Option<&str>| {
-            let (verb, resource) = classify(&m, path, q);
-            format!("{verb} {resource}")
-        };
-        assert_eq!(
-            c(
-                Method::GET,
-                "/api/v1/nodes",
-                Some("watch=true&resourceVersion=5")
+        let requests = [
+            (
+                "GET /api/v1/nodes?watch=true&resourceVersion=5",
+                "watch nodes",
             ),
-            "watch nodes"
-        );
-        assert_eq!(
-            c(Method::GET, "/api/v1/nodes", Some("limit=500")),
-            "list nodes"
-        );
-        assert_eq!(c(Method::GET, "/api/v1/nodes/n1", None), "get nodes");
-        assert_eq!(
-            c(Method::PATCH, "/api/v1/nodes/n1/status", None),
-            "patch nodes/status"
-        );
-        assert_eq!(
-            c(Method::POST, "/api/v1/namespaces/a/pods/p/eviction", None),
-            "create pods/eviction"
-        );
-        assert_eq!(
-            c(
-                Method::GET,
-                "/api/v1/namespaces/a/pods",
-                Some("fieldSelector=spec.nodeName%3Dn1")
+            ("GET /api/v1/nodes?limit=500", "list nodes"),
+            ("GET /api/v1/nodes/n1", "get nodes"),
+            ("PATCH /api/v1/nodes/n1/status", "patch nodes/status"),
+            (
+                "POST /api/v1/namespaces/a/pods/p/eviction",
+                "create pods/eviction",
             ),
-            "list pods"
-        );
-        assert_eq!(
-            c(
-                Method::PATCH,
-                "/apis/nodeward.io/v1alpha1/nodereports/n1/status",
-                None
+            (
+                "GET /api/v1/namespaces/a/pods?fieldSelector=spec.nodeName%3Dn1",
+                "list pods",
             ),
-            "patch nodereports/status"
-        );
-        assert_eq!(
-            c(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/default/events",
-                None
+            (
+                "PATCH /apis/nodeward.io/v1alpha1/nodereports/n1/status",
+                "patch nodereports/status",
             ),
-            "create events"
-        );
-        assert_eq!(
-            c(Method::GET, "/api/v1/namespaces", None),
-            "list namespaces"
-        );
-        assert_eq!(
-            c(Method::GET, "/api/v1/namespaces/kube-system", None),
-            "get namespaces"
-        );
-        assert_eq!(
-            c(
-                Method::PUT,
-                "/apis/coordination.k8s.io/v1/namespaces/n/leases/l",
-                None
+            (
+                "POST /apis/events.k8s.io/v1/namespaces/default/events",
+                "create events",
             ),
-            "update leases"
-        );
+            ("GET /api/v1/namespaces", "list namespaces"),
+            ("GET /api/v1/namespaces/kube-system", "get namespaces"),
+            (
+                "PUT /apis/coordination.k8s.io/v1/namespaces/n/leases/l",
+                "update leases",
+            ),
+        ];
+        for (request, named) in requests {
+            let (method, uri) = request.split_once(' ').expect("METHOD URI");
+            let method = Method::from_bytes(method.as_bytes()).expect("a method");
+            let (path, query) = uri
+                .split_once('?')
+                .map_or((uri, None), |(p, q)| (p, Some(q)));
+            let (verb, resource) = classify(&method, path, query);
+            assert_eq!(format!("{verb} {resource}"), named, "{request}");
+        }
     }
 }

@@ -8,7 +8,6 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     sync::OnceLock,
     time::{Duration, Instant},
 };
@@ -28,10 +27,7 @@ pub struct ControlPlane {
 /// The control plane shared by every test of this process.
 pub fn shared() -> &'static ControlPlane {
     static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-    match SHARED.get_or_init(|| attach_or_start().map_err(|e| format!("{e:#}"))) {
-        Ok(cp) => cp,
-        Err(e) => panic!("the test control plane is not available: {e}"),
-    }
+    crate::once_per_process(&SHARED, "the test control plane", attach_or_start)
 }
 
 fn attach_or_start() -> anyhow::Result<ControlPlane> {
@@ -43,22 +39,9 @@ fn attach_or_start() -> anyhow::Result<ControlPlane> {
             state_dir,
         });
     }
-    let state_dir = crate::repo_root()
-        .join("target")
-        .join(format!("e2e-controlplane-{}", std::process::id()));
-    fs::create_dir_all(&state_dir).with_context(|| format!("creating {}", state_dir.display()))?;
+    let (state_dir, mut child) =
+        crate::start_script("tests/controlplane/start.sh", "controlplane", &[])?;
     let log_path = state_dir.join("start.log");
-    let log =
-        fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let mut child = Command::new(crate::repo_root().join("tests/controlplane/start.sh"))
-        .arg(&state_dir)
-        .arg("--parent-pid")
-        .arg(std::process::id().to_string())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting tests/controlplane/start.sh")?;
     // A cold machine builds the components first; that can take several minutes.
     wait_ready(&state_dir, Duration::from_secs(20 * 60), || {
         match child.try_wait() {

@@ -32,6 +32,46 @@ pub fn repo_root() -> std::path::PathBuf {
         .unwrap_or_default()
 }
 
+/// What `start` made, once for the whole test process. If it failed, every test that asks fails,
+/// naming `what` and why.
+pub fn once_per_process<T>(
+    cell: &'static std::sync::OnceLock<Result<T, String>>,
+    what: &str,
+    start: impl FnOnce() -> anyhow::Result<T>,
+) -> &'static T {
+    match cell.get_or_init(|| start().map_err(|e| format!("{e:#}"))) {
+        Ok(made) => made,
+        Err(e) => panic!("{what} is not available: {e}"),
+    }
+}
+
+/// Starts `script` (a `start.sh` of this repository, tied to this process by `--parent-pid`) on
+/// the state directory `target/e2e-<name>-<pid>` with `args`, its output in `start.log` there.
+pub fn start_script(
+    script: &str,
+    name: &str,
+    args: &[&std::ffi::OsStr],
+) -> anyhow::Result<(std::path::PathBuf, std::process::Child)> {
+    use anyhow::Context as _;
+    let pid = std::process::id();
+    let dir = repo_root().join("target").join(format!("e2e-{name}-{pid}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let log_path = dir.join("start.log");
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let child = std::process::Command::new(repo_root().join(script))
+        .arg(&dir)
+        .args(args)
+        .arg("--parent-pid")
+        .arg(pid.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {script}"))?;
+    Ok((dir, child))
+}
+
 /// Whether `node` carries nothing of nodeward's: not cordoned, no `nodeward.io/` taint, no
 /// cordon record.
 pub fn node_restored(node: &k8s_openapi::api::core::v1::Node) -> bool {

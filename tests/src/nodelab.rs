@@ -9,7 +9,6 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
     sync::{Arc, Mutex as StdMutex, OnceLock},
     time::{Duration, Instant},
 };
@@ -44,10 +43,7 @@ pub struct NodeLab {
 /// The lab shared by every test of this process (started if none runs).
 pub fn shared() -> &'static NodeLab {
     static SHARED: OnceLock<Result<NodeLab, String>> = OnceLock::new();
-    match SHARED.get_or_init(|| attach_or_start().map_err(|e| format!("{e:#}"))) {
-        Ok(lab) => lab,
-        Err(e) => panic!("the node lab is not available: {e}"),
-    }
+    crate::once_per_process(&SHARED, "the node lab", attach_or_start)
 }
 
 fn attach_or_start() -> anyhow::Result<NodeLab> {
@@ -55,22 +51,9 @@ fn attach_or_start() -> anyhow::Result<NodeLab> {
     let (state_dir, mut child) = match std::env::var(STATE_ENV) {
         Ok(dir) => (PathBuf::from(dir), None),
         Err(_) => {
-            let dir = crate::repo_root()
-                .join("target")
-                .join(format!("e2e-nodelab-{}", std::process::id()));
-            std::fs::create_dir_all(&dir)?;
-            let log = std::fs::File::create(dir.join("start.log"))?;
-            let child = Command::new(crate::repo_root().join("tests/nodelab/start.sh"))
-                .arg(&dir)
-                .arg("--controlplane")
-                .arg(&cp.state_dir)
-                .arg("--parent-pid")
-                .arg(std::process::id().to_string())
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("starting tests/nodelab/start.sh")?;
+            let controlplane = cp.state_dir.as_os_str();
+            let args = [std::ffi::OsStr::new("--controlplane"), controlplane];
+            let (dir, child) = crate::start_script("tests/nodelab/start.sh", "nodelab", &args)?;
             (dir, Some(child))
         }
     };

@@ -142,22 +142,13 @@ mod tests {
 
     #[test]
     fn unregistered_only_after_the_timeout() {
-        let timeout = Duration::from_secs(600);
-        let pending = evaluate_registration(
-            "n1",
-            &Registration::Missing {
-                waited: Duration::from_secs(120),
-                timeout,
-            },
-        );
-        pending.assert_is(Status::Ok, "RegistrationPending");
-        let late = evaluate_registration(
-            "n1",
-            &Registration::Missing {
-                waited: Duration::from_secs(600),
-                timeout,
-            },
-        );
+        let missing_for = |seconds| {
+            let waited = Duration::from_secs(seconds);
+            let timeout = Duration::from_secs(600);
+            evaluate_registration("n1", &Registration::Missing { waited, timeout })
+        };
+        missing_for(120).assert_is(Status::Ok, "RegistrationPending");
+        let late = missing_for(600);
         late.assert_is(Status::Problem, "KubeletUnregistered");
         late.assert_says("no Node object n1 after the 600s");
         assert_eq!(

@@ -6,7 +6,7 @@ use futures::future::join_all;
 use nodeward_api::conditions::node::NETWORK_PROBLEM;
 use serde::Deserialize;
 
-use super::Finding;
+use super::{Finding, Status};
 
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -40,31 +40,26 @@ pub fn evaluate(results: &[(&str, Result<std::net::IpAddr, String>)]) -> Finding
         .iter()
         .filter_map(|(name, r)| r.as_ref().err().map(|e| format!("{name}: {e}")))
         .collect();
-    if failed.is_empty() {
+    let (status, reason, message) = if failed.is_empty() {
         let resolved: Vec<String> = results
             .iter()
             .filter_map(|(name, r)| r.as_ref().ok().map(|ip| format!("{name} -> {ip}")))
             .collect();
-        Finding::ok(
-            DETECTOR,
-            NETWORK_PROBLEM,
-            "DNSResolves",
-            resolved.join(", "),
-        )
+        (Status::Ok, "DNSResolves", resolved.join(", "))
     } else {
-        Finding::problem(
-            DETECTOR,
-            NETWORK_PROBLEM,
+        let failures = failed.join("; ");
+        (
+            Status::Problem,
             "DNSFailure",
-            format!("cannot resolve {}", failed.join("; ")),
+            format!("cannot resolve {failures}"),
         )
-    }
+    };
+    Finding::new(DETECTOR, NETWORK_PROBLEM, status, reason, message)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::Status;
 
     #[tokio::test]
     async fn localhost_resolves_and_an_invalid_name_fails() {

@@ -146,22 +146,19 @@ pub fn evaluate(mounts: &[Mount], paths: &[PathBuf]) -> Finding {
             }
         }
     }
-    if read_only.is_empty() {
-        let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        Finding::ok(
-            DETECTOR,
-            READONLY_FILESYSTEM,
-            "FilesystemWritable",
-            format!("writable: {}", list.join(", ")),
-        )
-    } else {
-        Finding::problem(
+    if !read_only.is_empty() {
+        let mounts = read_only.join("; ");
+        let message = format!("mounted read-only: {mounts}");
+        return Finding::problem(
             DETECTOR,
             READONLY_FILESYSTEM,
             "FilesystemIsReadOnly",
-            format!("mounted read-only: {}", read_only.join("; ")),
-        )
+            message,
+        );
     }
+    let list: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    let message = format!("writable: {}", list.join(", "));
+    Finding::ok(DETECTOR, READONLY_FILESYSTEM, "FilesystemWritable", message)
 }
 
 pub async fn observe(config: &FilesystemConfig) -> Finding {

@@ -151,20 +151,17 @@ pub fn evaluate(
             Ok(routes) => found.push(format!("{family} via {}", describe(&routes[0]))),
         }
     }
-    if missing.is_empty() {
-        Finding::ok(
+    match missing.as_slice() {
+        [] => Finding::ok(
             DETECTOR,
             NETWORK_PROBLEM,
             "DefaultRoutePresent",
             found.join("; "),
-        )
-    } else {
-        Finding::problem(
-            DETECTOR,
-            NETWORK_PROBLEM,
-            "NoDefaultRoute",
-            format!("no {} default route", missing.join(" or ")),
-        )
+        ),
+        families => {
+            let message = format!("no {} default route", families.join(" or "));
+            Finding::problem(DETECTOR, NETWORK_PROBLEM, "NoDefaultRoute", message)
+        }
     }
 }
 

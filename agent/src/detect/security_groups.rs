@@ -7,7 +7,7 @@ use std::{collections::BTreeSet, time::Duration};
 use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
-use super::{AgentContext, Detector, Finding, Section};
+use super::{AgentContext, Detector, Finding, Section, Status};
 use crate::http;
 
 super::section! {
@@ -154,35 +154,31 @@ pub fn evaluate(expected: &[String], url: &str, answer: Answer) -> Finding {
         .map(String::as_str)
         .collect();
     let members: Vec<&str> = groups.iter().map(String::as_str).collect();
-    if missing.is_empty() {
-        Finding::ok(
-            DETECTOR,
-            SECURITY_GROUP_PROBLEM,
+    let members = match members.as_slice() {
+        [] => "none".to_owned(),
+        some => some.join(", "),
+    };
+    let (status, reason, message) = match missing.as_slice() {
+        [] => (
+            Status::Ok,
             "SecurityGroupsPresent",
-            format!("member of {}", members.join(", ")),
-        )
-    } else {
-        Finding::problem(
-            DETECTOR,
-            SECURITY_GROUP_PROBLEM,
+            format!("member of {members}"),
+        ),
+        absent => (
+            Status::Problem,
             "SecurityGroupMissing",
             format!(
-                "not a member of {} (member of: {})",
-                missing.join(", "),
-                if members.is_empty() {
-                    "none".to_owned()
-                } else {
-                    members.join(", ")
-                }
+                "not a member of {} (member of: {members})",
+                absent.join(", ")
             ),
-        )
-    }
+        ),
+    };
+    Finding::new(DETECTOR, SECURITY_GROUP_PROBLEM, status, reason, message)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::Status;
 
     fn reply(status: u16, body: &str) -> Answer {
         Answer::Reply {

@@ -373,6 +373,11 @@ mod tests {
         }
     }
 
+    /// `pods` ordered by the default plan for `purpose`, none of them the agent's own.
+    fn by_default_plan(purpose: Purpose, pods: Vec<PodInfo>) -> Ordered {
+        order(&default_plan(purpose), purpose, pods, None)
+    }
+
     fn names(ordered: &Ordered) -> Vec<Vec<Vec<String>>> {
         ordered
             .stages
@@ -397,12 +402,7 @@ mod tests {
             pod("static", PodType::Static, CRITICAL_PRIORITY + 1000),
             pod("mid", PodType::Default, 0),
         ];
-        let ordered = order(
-            &default_plan(Purpose::MachineDown),
-            Purpose::MachineDown,
-            pods,
-            None,
-        );
+        let ordered = by_default_plan(Purpose::MachineDown, pods);
         assert_eq!(
             names(&ordered),
             vec![
@@ -476,12 +476,7 @@ mod tests {
             pod("ds", PodType::DaemonSet, 0),
             pod("app", PodType::Default, 0),
         ];
-        let ordered = order(
-            &default_plan(Purpose::NodeStays),
-            Purpose::NodeStays,
-            pods,
-            None,
-        );
+        let ordered = by_default_plan(Purpose::NodeStays, pods);
         assert_eq!(ordered.total(), 1);
         assert_eq!(ordered.left[0].1, "DaemonSet pod; the node stays up");
     }

@@ -298,26 +298,27 @@ mod tests {
 
     #[test]
     fn a_reboot_goes_prepare_drain_act_verify_complete() {
-        assert_eq!(step(facts(Pending, Reboot)), Step::Wait);
-        assert_eq!(step(facts(Admitted, Reboot)), Step::Prepare);
-        assert_eq!(step(facts(Draining, Reboot)), Step::Drain);
-        assert_eq!(step(facts(Acting, Reboot)), Step::Act);
-        assert_eq!(
-            step(Facts {
-                rebooted: true,
-                ..facts(Acting, Reboot)
-            }),
-            Step::Verify
-        );
-        assert_eq!(step(facts(Verifying, Reboot)), Step::Wait);
-        assert_eq!(
-            step(Facts {
-                healthy: true,
-                ..facts(Verifying, Reboot)
-            }),
-            Step::Complete
-        );
-        assert_eq!(step(facts(Succeeded, Reboot)), Step::Wait);
+        let rebooted = Facts {
+            rebooted: true,
+            ..facts(Acting, Reboot)
+        };
+        let healthy = Facts {
+            healthy: true,
+            ..facts(Verifying, Reboot)
+        };
+        let course = [
+            (facts(Pending, Reboot), Step::Wait),
+            (facts(Admitted, Reboot), Step::Prepare),
+            (facts(Draining, Reboot), Step::Drain),
+            (facts(Acting, Reboot), Step::Act),
+            (rebooted, Step::Verify),
+            (facts(Verifying, Reboot), Step::Wait),
+            (healthy, Step::Complete),
+            (facts(Succeeded, Reboot), Step::Wait),
+        ];
+        for (at, (facts, next)) in course.into_iter().enumerate() {
+            assert_eq!(step(facts), next, "step {at} of the course");
+        }
     }
 
     #[test]

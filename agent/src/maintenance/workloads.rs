@@ -119,26 +119,16 @@ mod tests {
             Workloads::Waiting,
             "not judged yet"
         );
-        assert_eq!(
-            judged(&maintenance(true, said("False", "Waiting"))),
-            Workloads::Waiting
-        );
-        assert_eq!(
-            judged(&maintenance(true, said("True", "Available"))),
-            Workloads::Available
-        );
-        assert_eq!(
-            judged(&maintenance(true, said("True", "NotChecked"))),
-            Workloads::Available
-        );
-        assert_eq!(
-            judged(&maintenance(true, said("False", "TimedOut"))),
-            Workloads::TimedOut
-        );
-        assert_eq!(
-            judged(&maintenance(true, said("False", "TimedOutFailed"))),
-            Workloads::TimedOutFailed
-        );
+        for (status, reason, verdict) in [
+            ("False", "Waiting", Workloads::Waiting),
+            ("True", "Available", Workloads::Available),
+            ("True", "NotChecked", Workloads::Available),
+            ("False", "TimedOut", Workloads::TimedOut),
+            ("False", "TimedOutFailed", Workloads::TimedOutFailed),
+        ] {
+            let said = maintenance(true, said(status, reason));
+            assert_eq!(judged(&said), verdict, "{status} {reason}");
+        }
         let timed_out = maintenance(true, said("False", "TimedOut"));
         assert!(
             completion(Workloads::TimedOut, &timed_out)

@@ -204,9 +204,7 @@ impl Guard {
         state: &Arc<Mutex<State>>,
         mut admitted: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), String> {
-        let connection = zbus::Connection::system()
-            .await
-            .map_err(|e| format!("connecting to the system bus: {e}"))?;
+        let connection = crate::system_bus::connect().await?;
         let manager = ManagerProxy::builder(&connection)
             .cache_properties(CacheProperties::No)
             .build()
