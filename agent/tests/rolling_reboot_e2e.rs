@@ -315,11 +315,8 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
 }
 
 async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
-    nodeward_e2e::wait::until(api, name, "Succeeded", Duration::from_secs(60), |m| {
-        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
-    })
-    .await?
-    .context("the maintenance disappeared")
+    let within = Duration::from_secs(60);
+    nodeward_e2e::wait::phase(api, name, MaintenancePhase::Succeeded, within).await
 }
 
 #[tokio::test]
@@ -448,16 +445,10 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     .await
     .with_context(|| format!("{}\n{}", machine.output(), coordinator.output()))?;
     machine.reboot().await?;
-    let m = nodeward_e2e::wait::until(
-        &maintenances,
-        &name,
-        "Failed",
-        Duration::from_secs(60),
-        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Failed),
-    )
-    .await
-    .with_context(|| machine.output())?
-    .context("maintenance")?;
+    let within = Duration::from_secs(60);
+    let m = nodeward_e2e::wait::phase(&maintenances, &name, MaintenancePhase::Failed, within)
+        .await
+        .with_context(|| machine.output())?;
     let message = m
         .status
         .as_ref()
@@ -533,16 +524,10 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
         .context("the reboot deadline")?;
     assert_eq!(deadline.phase, MaintenancePhase::Acting);
     assert_eq!(deadline.then, "Failed (NodeDidNotReturn)");
-    let failed = nodeward_e2e::wait::until(
-        &maintenances,
-        &name,
-        "Failed (NodeDidNotReturn)",
-        Duration::from_secs(90),
-        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Failed),
-    )
-    .await
-    .with_context(|| coordinator.output())?
-    .context("maintenance")?;
+    let within = Duration::from_secs(90);
+    let failed = nodeward_e2e::wait::phase(&maintenances, &name, MaintenancePhase::Failed, within)
+        .await
+        .with_context(|| coordinator.output())?;
     let message = failed
         .status
         .as_ref()

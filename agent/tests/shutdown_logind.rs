@@ -50,6 +50,16 @@ async fn nodeward_locks(logind: &Logind) -> anyhow::Result<Vec<(String, String)>
         .collect())
 }
 
+/// Waits until the agent holds its lock again, just after `what` happened to logind.
+async fn locked_again(logind: &Logind, agent: &Daemon, what: &str) -> anyhow::Result<()> {
+    let restarted = Instant::now();
+    wait_locked(logind, Duration::from_secs(15))
+        .await
+        .with_context(|| agent.output())?;
+    eprintln!("lock again {:?} after {what}", restarted.elapsed());
+    Ok(())
+}
+
 async fn wait_locked(logind: &Logind, within: Duration) -> anyhow::Result<()> {
     wait::eventually(
         "the agent's delay lock in ListInhibitors",
@@ -451,24 +461,9 @@ async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::R
 
     logind.kill_logind();
     logind.start_logind().await?;
-    let restarted = Instant::now();
-    wait_locked(&logind, Duration::from_secs(15))
-        .await
-        .with_context(|| agent.output())?;
-    eprintln!(
-        "lock again {:?} after logind restarted",
-        restarted.elapsed()
-    );
-
+    locked_again(&logind, &agent, "logind restarted").await?;
     logind.restart_bus().await?;
-    let restarted = Instant::now();
-    wait_locked(&logind, Duration::from_secs(15))
-        .await
-        .with_context(|| agent.output())?;
-    eprintln!(
-        "lock again {:?} after the bus restarted",
-        restarted.elapsed()
-    );
+    locked_again(&logind, &agent, "the bus restarted").await?;
     drop(agent);
     env.cleanup().await
 }

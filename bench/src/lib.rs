@@ -62,6 +62,14 @@ pub fn footprint(pid: u32) -> anyhow::Result<(f64, f64, u64)> {
     ))
 }
 
+/// The only coordinator of `env`'s run, without leader election.
+pub fn sole_coordinator(
+    binary: &std::path::Path,
+    env: &nodeward_e2e::TestEnv,
+) -> anyhow::Result<nodeward_e2e::daemon::Daemon> {
+    coordinator(binary, env, "coordinator", &["--leader-elect=false"])
+}
+
 /// The coordinator at `binary` for `env` (its Lease and what it publishes in the test's
 /// namespace, the admin's identity), with `extra` arguments.
 pub fn coordinator(

@@ -586,11 +586,7 @@ async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
         .await?;
     wait_admitted(&env, &second, TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let m = wait::until(&maintenances, &first, "Cancelled", TIMEOUT, |m| {
-        m.is_some_and(|m| m.phase() == MaintenancePhase::Cancelled)
-    })
-    .await?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &first, MaintenancePhase::Cancelled, TIMEOUT).await?;
     let message = m.status.and_then(|s| s.message).unwrap_or_default();
     assert!(message.contains("was deleted"), "{message}");
     let p = Api::<DisruptionPolicy>::all(env.client.clone())
@@ -1482,12 +1478,9 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
             &Patch::Merge(json!({"status": {"phase": "Acting"}})),
         )
         .await?;
-    let deleted = wait::until(&maintenances, &first, "Succeeded", TIMEOUT, |m| {
-        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
-    })
-    .await
-    .with_context(|| coordinator.output())?
-    .context("maintenance")?;
+    let deleted = wait::phase(&maintenances, &first, MaintenancePhase::Succeeded, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
     let deleted_at = deleted
         .status
         .and_then(|s| s.finished_at)
@@ -1666,12 +1659,9 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
     env.create_maintenance(&name, &n0, "Remediation", "DeleteNode")
         .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let done = wait::until(&maintenances, &name, "Succeeded", TIMEOUT, |m| {
-        m.is_some_and(|m| m.phase() == MaintenancePhase::Succeeded)
-    })
-    .await
-    .with_context(|| coordinator.output())?
-    .context("maintenance")?;
+    let done = wait::phase(&maintenances, &name, MaintenancePhase::Succeeded, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
     assert!(
         env.nodes().get_opt(&n0).await?.is_none(),
         "the dead node is deleted"

@@ -109,26 +109,8 @@ free_port api_port
 free_port kwok_port
 server="https://127.0.0.1:$api_port"
 
-kubeconfig() { # file, user name, cert name
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nodeward-test
-  cluster:
-    server: $server
-    certificate-authority: $pki/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: $pki/$3.crt
-    client-key: $pki/$3.key
-contexts:
-- name: nodeward-test
-  context: {cluster: nodeward-test, user: $2}
-current-context: nodeward-test
-EOF
-}
+source "$(dirname "${BASH_SOURCE[0]}")/../kubeconfig.sh"
+kubeconfig() { write_kubeconfig "$1" "$server" "$pki/ca.crt" "$2" "$pki/$3"; } # file, user, cert
 kubeconfig "$state/admin.kubeconfig.tmp" admin admin
 kubeconfig "$state/controller-manager.kubeconfig" controller-manager controller-manager
 kubeconfig "$state/scheduler.kubeconfig" scheduler scheduler

@@ -2053,15 +2053,10 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
         .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let asked = std::time::Instant::now();
-    wait::until(
-        &maintenances,
-        &other,
-        "admitted",
-        Duration::from_secs(60),
-        |m| m.is_some_and(|m| m.phase() == MaintenancePhase::Admitted),
-    )
-    .await
-    .with_context(|| webhook.coordinator.output())?;
+    let within = Duration::from_secs(60);
+    wait::phase(&maintenances, &other, MaintenancePhase::Admitted, within)
+        .await
+        .with_context(|| webhook.coordinator.output())?;
     let admitted_in = asked.elapsed();
 
     // The flooding node's agent still evicts its own pods through the webhook.

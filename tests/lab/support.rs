@@ -416,13 +416,7 @@ impl Lab {
             }
             _ => Api::all_with(self.client.clone(), &resource),
         };
-        api.patch(
-            &name,
-            &PatchParams::apply("nodeward-lab").force(),
-            &Patch::Apply(&manifest),
-        )
-        .await
-        .with_context(|| format!("applying {kind} {name}"))?;
+        nodeward_e2e::env::apply(&api, kind, &name, &manifest).await?;
         Ok(())
     }
 

@@ -128,25 +128,10 @@ sign() { # name, subject (a client certificate from the control plane's CA)
     -days 7 -sha256 -extfile "$2.ext" -out "$2.crt"
   rm -f "$2.csr" "$2.ext"
 }
+source "$(dirname "${BASH_SOURCE[0]}")/../kubeconfig.sh"
 kubeconfig() { # file, certificate base name (relative to /etc/kubernetes/pki in the guest)
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nodeward-test
-  cluster:
-    server: https://10.0.2.100:$api_port
-    certificate-authority: /etc/kubernetes/pki/ca.crt
-users:
-- name: node
-  user:
-    client-certificate: /etc/kubernetes/pki/$2.crt
-    client-key: /etc/kubernetes/pki/$2.key
-contexts:
-- name: nodeward-test
-  context: {cluster: nodeward-test, user: node}
-current-context: nodeward-test
-EOF
+  local guest_pki=/etc/kubernetes/pki
+  write_kubeconfig "$1" "https://10.0.2.100:$api_port" "$guest_pki/ca.crt" node "$guest_pki/$2"
 }
 
 for ((i = 1; i <= nodes; i++)); do

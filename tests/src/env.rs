@@ -34,6 +34,23 @@ pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 pub const TEST_LABEL: &str = "e2e.nodeward.io/test";
 const FIELD_MANAGER: &str = "nodeward-e2e";
 
+/// Applies `object`, the `kind` named `name`, server-side through `api`: the tests' field manager
+/// takes every field it sets.
+pub async fn apply<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    object: &(impl serde::Serialize + std::fmt::Debug),
+) -> anyhow::Result<K>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(name, &params, &Patch::Apply(object))
+        .await
+        .with_context(|| format!("applying {kind} {name}"))
+}
+
 /// The role a simulated node plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -338,14 +355,8 @@ impl TestEnv {
             "value": value,
             "globalDefault": false,
         }))?;
-        Api::<PriorityClass>::all(self.client.clone())
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&pc),
-            )
-            .await
-            .with_context(|| format!("applying PriorityClass {name}"))?;
+        let classes = Api::<PriorityClass>::all(self.client.clone());
+        apply(&classes, "PriorityClass", &name, &pc).await?;
         Ok(name)
     }
 
@@ -638,13 +649,7 @@ pub async fn apply_crds(client: &Client) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in nodeward_api::crds::all() {
         let name = crd.name_any();
-        crds.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .with_context(|| format!("applying CRD {name}"))?;
+        apply(&crds, "CRD", &name, &crd).await?;
         wait::until(
             &crds,
             &name,

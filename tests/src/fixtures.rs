@@ -5,10 +5,7 @@ use anyhow::Context;
 use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
 };
-use kube::{
-    Api,
-    api::{Patch, PatchParams, PostParams},
-};
+use kube::{Api, api::PostParams};
 use nodeward_api::{DisruptionPolicy, NodeMaintenance, NodeReport};
 use serde_json::{Value, json};
 
@@ -65,14 +62,7 @@ impl TestEnv {
                 "metadata": {"name": name, "labels": {nodeward_api::fleet::LEASE_LABEL: "true"}},
                 "spec": {"holderIdentity": node, "renewTime": MicroTime(at)},
             }))?;
-            leases
-                .patch(
-                    &name,
-                    &PatchParams::apply("e2e").force(),
-                    &Patch::Apply(&lease),
-                )
-                .await
-                .with_context(|| format!("renewing Lease {name}"))?;
+            crate::env::apply(&leases, "Lease", &name, &lease).await?;
         }
         Ok(())
     }

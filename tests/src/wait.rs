@@ -24,6 +24,20 @@ where
         .with_context(|| format!("watching {name} for {what}"))
 }
 
+/// Waits until the NodeMaintenance `name` is in `phase`, and returns it.
+pub async fn phase(
+    api: &Api<nodeward_api::NodeMaintenance>,
+    name: &str,
+    phase: nodeward_api::MaintenancePhase,
+    timeout: Duration,
+) -> anyhow::Result<nodeward_api::NodeMaintenance> {
+    until(api, name, &format!("{phase:?}"), timeout, |m| {
+        m.is_some_and(|m| m.phase() == phase)
+    })
+    .await?
+    .with_context(|| format!("NodeMaintenance {name} disappeared"))
+}
+
 /// Deletes the object `name` and waits until it is gone. Already gone, or deleted by someone
 /// else between a list and this call, is fine: what is asked for is that it no longer exists.
 pub async fn deleted<K>(api: &Api<K>, name: &str, timeout: Duration) -> anyhow::Result<()>

@@ -1,7 +1,6 @@
 //! The node goes back into service while a reboot waits for the workloads it evicted (see
 //! [`super::workloads`]).
 
-use kube::runtime::events::EventType;
 use nodeward_api::{NodeMaintenance, labels::MAINTENANCE_TAINT};
 use nodeward_runtime::cordon::{self, Applied};
 
@@ -21,9 +20,8 @@ impl Executor {
     ) -> Result<(), crate::Error> {
         cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
         self.set_condition(m, back_in_service_condition(m)).await?;
-        self.event(
+        self.normal_event(
             m,
-            EventType::Normal,
             BACK_IN_SERVICE,
             format!(
                 "healthy after the reboot: back in service; waiting for the evicted workloads ({})",

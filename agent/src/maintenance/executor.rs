@@ -228,9 +228,8 @@ impl Executor {
             last_transition_time: Time(Timestamp::now()),
         };
         self.set_condition(m, condition).await?;
-        self.event(
+        self.normal_event(
             m,
-            EventType::Normal,
             "Restored",
             format!(
                 "{:?} without this agent: the taint and cordon it left are undone",
@@ -256,13 +255,8 @@ impl Executor {
             },
         )
         .await?;
-        self.event(
-            m,
-            EventType::Normal,
-            "DrainStarted",
-            "tainted and cordoned; draining the node".into(),
-        )
-        .await;
+        self.normal_event(m, "DrainStarted", "tainted and cordoned; draining the node")
+            .await;
         self.notify(m, NoticeKind::DrainStarted, "");
         Ok(())
     }
@@ -276,9 +270,8 @@ impl Executor {
             |_, _| {},
         )
         .await?;
-        self.event(
+        self.normal_event(
             m,
-            EventType::Normal,
             "Rebooted",
             format!(
                 "back after the reboot (boot id {}); waiting for the health gate",
@@ -292,11 +285,10 @@ impl Executor {
     /// Deleted after it ended: the node's taint and cordon undone, the finalizer removed.
     async fn release(&self, m: &NodeMaintenance, applied: &Applied) -> Result<(), crate::Error> {
         cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
-        self.event(
+        self.normal_event(
             m,
-            EventType::Normal,
             "Restored",
-            "the maintenance is deleted; taint and cordon undone".into(),
+            "the maintenance is deleted; taint and cordon undone",
         )
         .await;
         self.notify(m, NoticeKind::Restored, "the maintenance is deleted");
@@ -411,8 +403,7 @@ impl Executor {
             *s = std::mem::take(s).condition(current, condition);
         })
         .await?;
-        self.event(m, EventType::Normal, "Drained", message.to_owned())
-            .await;
+        self.normal_event(m, "Drained", message).await;
         Ok(())
     }
 
@@ -670,6 +661,16 @@ impl Executor {
                 )
             })?;
         Ok(())
+    }
+
+    /// A `Normal` Event about `m`: a step of its maintenance taken as planned.
+    pub(super) async fn normal_event(
+        &self,
+        m: &NodeMaintenance,
+        reason: &str,
+        note: impl Into<String>,
+    ) {
+        self.event(m, EventType::Normal, reason, note.into()).await;
     }
 
     pub(super) async fn event(

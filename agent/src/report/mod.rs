@@ -396,11 +396,7 @@ impl Reporter {
             "status": {"conditions": conditions},
         });
         let result = nodes
-            .patch_status(
-                name,
-                &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
+            .patch_status(name, &as_the_agent(), &Patch::Apply(&patch))
             .await;
         self.metrics.api_write("nodes/status", result.is_ok());
         match result {
@@ -469,11 +465,7 @@ impl Reporter {
             },
         });
         let report = reports
-            .patch_status(
-                &name,
-                &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
+            .patch_status(&name, &as_the_agent(), &Patch::Apply(&patch))
             .await
             .map_err(|e| {
                 // Deleted (with its Node, whose dependent it is, or by hand): the retry makes
@@ -590,11 +582,7 @@ impl Reporter {
                     "metadata": {"name": name, "ownerReferences": [owner]},
                 });
                 let applied = reports
-                    .patch(
-                        name,
-                        &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
-                        &Patch::Apply(&patch),
-                    )
+                    .patch(name, &as_the_agent(), &Patch::Apply(&patch))
                     .await;
                 self.metrics.api_write("nodereports", applied.is_ok());
                 applied.map_err(|e| ApiError::new("setting the owner of", object, e))?;
@@ -627,6 +615,11 @@ pub fn new_report(node: &str) -> NodeReport {
     );
     report.metadata.labels = nodeward_api::labels::naming_node(node);
     report
+}
+
+/// Server-side apply as the agent's field manager, taking the fields it sets from any other.
+fn as_the_agent() -> PatchParams {
+    PatchParams::apply(AGENT_FIELD_MANAGER).force()
 }
 
 #[cfg(test)]

@@ -20,8 +20,10 @@ use nodeward_e2e::{TestEnv, chaos};
 
 #[derive(Parser)]
 struct Args {
+    /// Simulated machines, each with its agent.
     #[arg(long, default_value_t = 100)]
     nodes: usize,
+    /// The DisruptionPolicy's maxConcurrent, which no fault may make the coordinator exceed.
     #[arg(long, default_value_t = 10)]
     max_concurrent: usize,
     /// How long faults are injected.

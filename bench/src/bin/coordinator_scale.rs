@@ -74,12 +74,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
 
     let spawned = Instant::now();
-    let coordinator = nodeward_bench::coordinator(
-        &args.coordinator,
-        &env,
-        "coordinator",
-        &["--leader-elect=false"],
-    )?;
+    let coordinator = nodeward_bench::sole_coordinator(&args.coordinator, &env)?;
     coordinator.wait_ready(Duration::from_secs(300)).await?;
     let time_to_ready = spawned.elapsed();
     let pid = coordinator.child.id();

@@ -529,12 +529,7 @@ async fn start_fleet(args: &Args) -> anyhow::Result<Fleet> {
                "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h", "start": "1h", "reboot": "1h"}}),
     )
     .await?;
-    let coordinator = nodeward_bench::coordinator(
-        &args.coordinator,
-        &env,
-        "coordinator",
-        &["--leader-elect=false"],
-    )?;
+    let coordinator = nodeward_bench::sole_coordinator(&args.coordinator, &env)?;
     coordinator.wait_ready(Duration::from_secs(120)).await?;
     let agents = start_agents(args, &env, &names[..args.agents])?;
     for agent in &agents {

@@ -62,35 +62,25 @@ mod tests {
     #[test]
     fn only_the_waits_inside_the_interval_count() {
         let t0 = Instant::now();
+        let (t, ms) = (|offset| at(t0, offset), Duration::from_millis);
         let mut waits = ApiWaits::default();
-        waits.record(at(t0, 0), at(t0, 100));
-        waits.record(at(t0, 150), at(t0, 400));
-        waits.record(at(t0, 500), at(t0, 520));
+        waits.record(t(0), t(100));
+        waits.record(t(150), t(400));
+        waits.record(t(500), t(520));
         // Arrived mid-way through the second wait, admitted during the third.
-        assert_eq!(
-            waits.within(at(t0, 300), at(t0, 510)),
-            Duration::from_millis(100 + 10)
-        );
-        assert_eq!(
-            waits.own_share(at(t0, 300), at(t0, 510)),
-            Duration::from_millis(100)
-        );
+        assert_eq!(waits.within(t(300), t(510)), ms(100 + 10));
+        assert_eq!(waits.own_share(t(300), t(510)), ms(100));
         // Before all of them, none; across all, all.
-        assert_eq!(waits.within(at(t0, 600), at(t0, 700)), Duration::ZERO);
-        assert_eq!(
-            waits.within(at(t0, 0), at(t0, 1000)),
-            Duration::from_millis(370)
-        );
+        assert_eq!(waits.within(t(600), t(700)), Duration::ZERO);
+        assert_eq!(waits.within(t(0), t(1000)), ms(370));
     }
 
     #[test]
     fn an_admission_with_no_wait_is_all_own_share() {
         let t0 = Instant::now();
         let waits = ApiWaits::default();
-        assert_eq!(
-            waits.own_share(at(t0, 10), at(t0, 35)),
-            Duration::from_millis(25)
-        );
+        let own = waits.own_share(at(t0, 10), at(t0, 35));
+        assert_eq!(own, Duration::from_millis(25));
     }
 
     #[test]

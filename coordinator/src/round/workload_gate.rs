@@ -321,26 +321,13 @@ mod tests {
                 .starts_with("still short 600s after the reboot"),
             "{succeed:?}"
         );
-        let fail = verdict(
-            &m,
-            &policy(json!({"onTimeout": "Fail"})),
-            &web_available(2),
-            late,
-        );
+        let late_under =
+            |gate, available| verdict(&m, &policy(gate), &web_available(available), late);
+        let fail = late_under(json!({"onTimeout": "Fail"}), 2);
         assert_eq!(fail.reason, "TimedOutFailed");
-        let longer = verdict(
-            &m,
-            &policy(json!({"timeout": "20m"})),
-            &web_available(2),
-            late,
-        );
+        let longer = late_under(json!({"timeout": "20m"}), 2);
         assert_eq!(longer.reason, "Waiting");
-        let off = verdict(
-            &m,
-            &policy(json!({"waitForEvicted": false})),
-            &web_available(0),
-            late,
-        );
+        let off = late_under(json!({"waitForEvicted": false}), 0);
         assert_eq!((off.status, off.reason), ("True", "NotChecked"));
     }
 

@@ -291,6 +291,17 @@ impl Soak<'_> {
             .max(Duration::from_secs(1))
     }
 
+    /// Schedules `undo` at a random time `millis` (from, to) after `at`; returns how long after.
+    fn undo_later(&mut self, at: Instant, millis: (u64, u64), undo: Undo) -> Duration {
+        let (from, to) = (
+            Duration::from_millis(millis.0),
+            Duration::from_millis(millis.1),
+        );
+        let back = self.random_between(from, to);
+        self.undo.push((at + back, undo));
+        back
+    }
+
     fn random_between(&mut self, from: Duration, to: Duration) -> Duration {
         from + (to - from).mul_f64(self.rng.random_range(0.0..1.0))
     }
@@ -375,21 +386,14 @@ impl Soak<'_> {
                 };
                 if fault == Fault::LeaderKilled {
                     self.replicas[leader].daemon = None; // SIGKILL
-                    let back =
-                        self.random_between(Duration::from_millis(500), Duration::from_secs(5));
-                    self.undo.push((at + back, Undo::Replica(leader)));
-                    self.say(&format!(
-                        "leader {} killed, back in {back:?}",
-                        self.replicas[leader].identity
-                    ));
+                    let back = self.undo_later(at, (500, 5_000), Undo::Replica(leader));
+                    let identity = &self.replicas[leader].identity;
+                    self.say(&format!("leader {identity} killed, back in {back:?}"));
                 } else {
                     self.replicas[leader].proxy.cut();
-                    let back = self.random_between(Duration::from_secs(5), Duration::from_secs(20));
-                    self.undo.push((at + back, Undo::Reconnect(leader)));
-                    self.say(&format!(
-                        "leader {} cut off for {back:?}",
-                        self.replicas[leader].identity
-                    ));
+                    let back = self.undo_later(at, (5_000, 20_000), Undo::Reconnect(leader));
+                    let identity = &self.replicas[leader].identity;
+                    self.say(&format!("leader {identity} cut off for {back:?}"));
                 }
             }
             Fault::AgentKilled => {
@@ -408,11 +412,10 @@ impl Soak<'_> {
                 let (i, open) = candidates[self.rng.random_range(0..candidates.len())].clone();
                 self.machines[i].kill_agent();
                 maintenance = open;
-                let back = self.random_between(Duration::from_secs(5), Duration::from_secs(90));
-                self.undo.push((at + back, Undo::Agent(i)));
+                let back = self.undo_later(at, (5_000, 90_000), Undo::Agent(i));
+                let name = &self.machines[i].name;
                 self.say(&format!(
-                    "agent of {} killed ({maintenance:?}), back in {back:?}",
-                    self.machines[i].name
+                    "agent of {name} killed ({maintenance:?}), back in {back:?}"
                 ));
             }
             Fault::ApiServerRestarted => {
