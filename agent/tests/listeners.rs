@@ -72,9 +72,7 @@ async fn a_thousand_stalled_connections_do_not_exhaust_the_agents_health_and_met
 
 #[tokio::test]
 async fn a_thousand_silent_connections_do_not_exhaust_the_peer_probe_port() -> anyhow::Result<()> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let port = nodeward_e2e::daemon::free_port()?;
     let responding = tokio::spawn(nodeward_agent::detect::peers::respond(None, port).await?);
     let target = SocketAddr::from(([127, 0, 0, 1], port));
     let siege = Siege::start(IpAddr::from(NEIGHBOUR), target, SIEGE, b"").await?;

@@ -362,14 +362,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
     nodeward_e2e::wait::eventually(
         "StartUnit(poweroff.target)",
         Duration::from_secs(30),
-        || async {
-            Ok(power_off
-                .logind
-                .started_units()
-                .iter()
-                .any(|(unit, _)| unit == "poweroff.target")
-                .then_some(()))
-        },
+        || async { Ok(power_off.logind.started("poweroff.target").then_some(())) },
     )
     .await
     .with_context(|| power_off.output())?;

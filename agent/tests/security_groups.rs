@@ -27,6 +27,18 @@ struct Behaviour {
     delay: Duration,
 }
 
+impl Behaviour {
+    /// An IMDSv2 service answering `body` at once.
+    fn imdsv2(body: &'static str) -> Arc<Mutex<Self>> {
+        Arc::new(Mutex::new(Self {
+            require_token: true,
+            status: StatusCode::OK,
+            body,
+            delay: Duration::ZERO,
+        }))
+    }
+}
+
 const TOKEN: &str = "AQAEAtoken-for-tests==";
 
 async fn serve(behaviour: Arc<Mutex<Behaviour>>) -> String {
@@ -105,12 +117,7 @@ fn detector(url: &str, expected: &[&str]) -> Detector {
 
 #[tokio::test]
 async fn imdsv2_missing_group_is_a_problem_naming_it_and_present_groups_pass() {
-    let behaviour = Arc::new(Mutex::new(Behaviour {
-        require_token: true,
-        status: StatusCode::OK,
-        body: "default\nk8s-workers",
-        delay: Duration::ZERO,
-    }));
+    let behaviour = Behaviour::imdsv2("default\nk8s-workers");
     let url = serve(behaviour.clone()).await;
 
     let found = detector(&url, &["k8s-workers", "k8s-nodeports", "default"])
@@ -146,12 +153,7 @@ async fn imdsv1_without_tokens_works_too() {
 
 #[tokio::test]
 async fn malformed_error_and_slow_replies_are_unknown_with_a_clear_message() {
-    let behaviour = Arc::new(Mutex::new(Behaviour {
-        require_token: true,
-        status: StatusCode::OK,
-        body: "<html><head><title>Captive portal</title></head></html>",
-        delay: Duration::ZERO,
-    }));
+    let behaviour = Behaviour::imdsv2("<html><head><title>Captive portal</title></head></html>");
     let url = serve(behaviour.clone()).await;
     let d = detector(&url, &["default"]);
 
@@ -184,11 +186,7 @@ async fn malformed_error_and_slow_replies_are_unknown_with_a_clear_message() {
 
 #[tokio::test]
 async fn an_unreachable_service_is_unknown() {
-    // A port nothing listens on: bind one, then free it.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
+    let port = nodeward_e2e::daemon::free_port().expect("a port nothing listens on");
     let found = detector(&format!("http://127.0.0.1:{port}"), &["default"])
         .observe_bounded()
         .await;

@@ -51,35 +51,29 @@ fn unbounded(schema: &Value, path: &str, found: &mut Vec<String>) {
     }
 }
 
-/// A CEL rule matching the whole string against a bounded pattern.
-fn anchored(object: &serde_json::Map<String, Value>) -> bool {
+/// The CEL rules of the schema `object`.
+fn cel_rules(object: &serde_json::Map<String, Value>) -> impl Iterator<Item = &str> {
     object
         .get("x-kubernetes-validations")
         .and_then(Value::as_array)
-        .is_some_and(|rules| {
-            rules.iter().any(|r| {
-                r.get("rule").and_then(Value::as_str).is_some_and(|rule| {
-                    rule.contains("matches('^")
-                        && rule.contains("$')")
-                        && !rule.contains('*')
-                        && !rule.contains('+')
-                })
-            })
-        })
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("rule").and_then(Value::as_str))
+}
+
+/// A CEL rule matching the whole string against a bounded pattern.
+fn anchored(object: &serde_json::Map<String, Value>) -> bool {
+    cel_rules(object).any(|rule| {
+        rule.contains("matches('^")
+            && rule.contains("$')")
+            && !rule.contains('*')
+            && !rule.contains('+')
+    })
 }
 
 /// A CEL rule on the size of the value bounds it as well as maxLength does.
 fn has_length_rule(object: &serde_json::Map<String, Value>) -> bool {
-    object
-        .get("x-kubernetes-validations")
-        .and_then(Value::as_array)
-        .is_some_and(|rules| {
-            rules.iter().any(|r| {
-                r.get("rule")
-                    .and_then(Value::as_str)
-                    .is_some_and(|rule| rule.contains("size(self) <="))
-            })
-        })
+    cel_rules(object).any(|rule| rule.contains("size(self) <="))
 }
 
 #[test]

@@ -62,6 +62,18 @@ pub fn footprint(pid: u32) -> anyhow::Result<(f64, f64, u64)> {
     ))
 }
 
+// The simulated nodes and the policy's concurrency, for the benches that roll through a fleet
+// (a plain comment: clap would take a doc comment for the benches' own description).
+#[derive(clap::Args, Debug)]
+pub struct Fleet {
+    /// Simulated nodes.
+    #[arg(long, default_value_t = 100)]
+    pub nodes: usize,
+    /// The DisruptionPolicy's maxConcurrent.
+    #[arg(long, default_value_t = 10)]
+    pub max_concurrent: usize,
+}
+
 /// The only coordinator of `env`'s run, without leader election.
 pub fn sole_coordinator(
     binary: &std::path::Path,

@@ -10,12 +10,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::wait;
 
+/// A loopback TCP port nothing listened on a moment ago (bound, then freed).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
 /// A free loopback address for a daemon's `--listen`.
 pub fn free_address() -> anyhow::Result<String> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
-    Ok(format!("127.0.0.1:{port}"))
+    Ok(format!("127.0.0.1:{}", free_port()?))
 }
 
 /// GET `path` from the server at `address`: status code and body.

@@ -195,6 +195,13 @@ impl Logind {
         )
     }
 
+    /// Whether systemd was asked to start `unit`.
+    pub fn started(&self, unit: &str) -> bool {
+        self.started_units()
+            .iter()
+            .any(|(started, _)| started == unit)
+    }
+
     /// `StartUnit` calls the stand-in received so far (name, mode).
     pub fn started_units(&self) -> Vec<(String, String)> {
         self.systemd

@@ -121,10 +121,7 @@ impl Machine {
 
     /// Whether logind asked for `reboot.target` in this boot.
     pub fn reboot_requested(&self) -> bool {
-        self.logind
-            .started_units()
-            .iter()
-            .any(|(unit, _)| unit == "reboot.target")
+        self.logind.started("reboot.target")
     }
 
     /// The machine goes down for its reboot: agent, logind and bus stop.

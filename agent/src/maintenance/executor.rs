@@ -617,22 +617,18 @@ impl Executor {
         }
         // The resourceVersion makes this a compare-and-swap on the finalizer list.
         let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": m.resource_version()}});
-        Api::<NodeMaintenance>::all(self.client.clone())
-            .patch(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+        let name = m.name_any();
+        let maintenances = Api::<NodeMaintenance>::all(self.client.clone());
+        match maintenances
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(|_| ())
-            .map_err(|e| {
-                ApiError::new(
-                    "updating the finalizers of",
-                    format!("NodeMaintenance {}", m.name_any()),
-                    e,
-                )
-                .into()
-            })
+        {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let object = format!("NodeMaintenance {name}");
+                Err(ApiError::new("updating the finalizers of", object, e).into())
+            }
+        }
     }
 
     /// Sets `condition` on `m`'s status, keeping its other conditions. The list is written

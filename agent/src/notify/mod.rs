@@ -486,10 +486,7 @@ mod tests {
     /// A real SMTP server on this machine (aiosmtpd, Debian's python3-aiosmtpd, which
     /// `tests/run` installs), storing what it accepts in a Maildir under `dir`; its port.
     async fn smtp_server(dir: &std::path::Path) -> (tokio::process::Child, u16) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = nodeward_e2e::daemon::free_port().expect("a free port");
         let child = tokio::process::Command::new("/usr/bin/python3")
             .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}")])
             .args(["-c", "aiosmtpd.handlers.Mailbox"])

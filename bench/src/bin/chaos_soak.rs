@@ -20,12 +20,8 @@ use nodeward_e2e::{TestEnv, chaos};
 
 #[derive(Parser)]
 struct Args {
-    /// Simulated machines, each with its agent.
-    #[arg(long, default_value_t = 100)]
-    nodes: usize,
-    /// The DisruptionPolicy's maxConcurrent, which no fault may make the coordinator exceed.
-    #[arg(long, default_value_t = 10)]
-    max_concurrent: usize,
+    #[command(flatten)]
+    fleet: nodeward_bench::Fleet,
     /// How long faults are injected.
     #[arg(long, default_value = "30m", value_parser = humantime::parse_duration)]
     duration: Duration,
@@ -54,8 +50,8 @@ async fn main() -> anyhow::Result<()> {
         .seed
         .unwrap_or_else(|| jiff::Timestamp::now().as_nanosecond().unsigned_abs() as u64);
     let settings = chaos::Settings {
-        nodes: args.nodes,
-        max_concurrent: args.max_concurrent,
+        nodes: args.fleet.nodes,
+        max_concurrent: args.fleet.max_concurrent,
         duration: args.duration,
         mean_fault_interval: args.mean_fault_interval,
         max_dead_nodes: args.max_dead_nodes,

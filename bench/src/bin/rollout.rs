@@ -43,12 +43,8 @@ use serde_json::json;
 
 #[derive(Parser)]
 struct Args {
-    /// Simulated nodes.
-    #[arg(long, default_value_t = 100)]
-    nodes: usize,
-    /// The policy's maxConcurrent.
-    #[arg(long, default_value_t = 10)]
-    max_concurrent: usize,
+    #[command(flatten)]
+    fleet: nodeward_bench::Fleet,
     /// How long a simulated reboot takes (Admitted to Succeeded).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     reboot: Duration,
@@ -134,15 +130,15 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let env = TestEnv::new("bench-rollout").await?;
-    env.create_many_nodes(args.nodes, Duration::from_secs(300))
+    env.create_many_nodes(args.fleet.nodes, Duration::from_secs(300))
         .await?;
     // The simulated agents' heartbeats, written once: the policy trusts them for the run.
-    let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    let names: Vec<String> = (0..args.fleet.nodes).map(|i| env.node_name(i)).collect();
     env.heartbeats(&names).await?;
     let history = history::watch(&env);
     env.create_policy(
         "all",
-        json!({"maxConcurrent": args.max_concurrent, "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h"}}),
+        json!({"maxConcurrent": args.fleet.max_concurrent, "deadlines": {"agentHeartbeat": "24h", "agentLost": "24h"}}),
     )
     .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -167,10 +163,10 @@ async fn main() -> anyhow::Result<()> {
         .clone();
     println!(
         "most maintenances admitted at once: {} (slots {}), budget {}",
-        h.max_active, h.max_slots, args.max_concurrent
+        h.max_active, h.max_slots, args.fleet.max_concurrent
     );
     anyhow::ensure!(
-        h.max_active <= args.max_concurrent && h.max_slots <= args.max_concurrent,
+        h.max_active <= args.fleet.max_concurrent && h.max_slots <= args.fleet.max_concurrent,
         "the budget was exceeded"
     );
     agents.abort();
@@ -184,12 +180,12 @@ async fn pace(
 ) -> anyhow::Result<()> {
     let coordinator = coordinator(args, env, "pace", false)?;
     coordinator.wait_ready(Duration::from_secs(120)).await?;
-    let waves = args.nodes.div_ceil(args.max_concurrent);
+    let waves = args.fleet.nodes.div_ceil(args.fleet.max_concurrent);
     let ideal = args.reboot * u32::try_from(waves)?;
     let mut totals = Vec::new();
     for run in 0..args.runs {
         let started = Instant::now();
-        futures::stream::iter(0..args.nodes)
+        futures::stream::iter(0..args.fleet.nodes)
             .map(|i| {
                 let node = env.node_name(i);
                 let name = format!("{node}-r{run}");
@@ -219,7 +215,7 @@ async fn pace(
                             && m.phase() == MaintenancePhase::Succeeded
                     })
                     .count();
-                Ok((done == args.nodes).then_some(()))
+                Ok((done == args.fleet.nodes).then_some(()))
             },
         )
         .await
@@ -237,8 +233,8 @@ async fn pace(
     let median = totals[totals.len() / 2];
     println!(
         "rollout of {} nodes at maxConcurrent {}, reboot {:?}: median {:.2} s over {} runs (range {:.2}-{:.2} s); ideal {} waves x {:?} = {:.2} s; ratio {:.3}",
-        args.nodes,
-        args.max_concurrent,
+        args.fleet.nodes,
+        args.fleet.max_concurrent,
         args.reboot,
         median.as_secs_f64(),
         args.runs,
@@ -305,7 +301,7 @@ async fn failover(
         replica.wait_ready(Duration::from_secs(120)).await?;
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let names: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    let names: Vec<String> = (0..args.fleet.nodes).map(|i| env.node_name(i)).collect();
     let feeding = tokio::spawn(feed(
         maintenances.clone(),
         env.id.clone(),

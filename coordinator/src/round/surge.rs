@@ -464,14 +464,13 @@ mod tests {
         .expect("maintenance")
     }
 
-    /// A maintenance in `phase` with one surge of `cart` (and the surge finalizer if `finalizer`).
-    fn with_surge(
-        phase: MaintenancePhase,
-        state: SurgeState,
-        replicas: Option<i32>,
-        finalizer: bool,
-    ) -> NodeMaintenance {
-        maintenance(phase, vec![surge(state, replicas)], finalizer)
+    /// A Draining maintenance with one surge of `cart` (and the surge finalizer if `finalizer`).
+    fn draining(state: SurgeState, replicas: Option<i32>, finalizer: bool) -> NodeMaintenance {
+        maintenance(
+            MaintenancePhase::Draining,
+            vec![surge(state, replicas)],
+            finalizer,
+        )
     }
 
     fn surge(state: SurgeState, replicas: Option<i32>) -> Surge {
@@ -504,9 +503,13 @@ mod tests {
 
     #[test]
     fn a_planned_surge_waits_for_the_cordon_then_is_recorded_and_raised_under_the_finalizer() {
-        let m = with_surge(MaintenancePhase::Admitted, SurgeState::Planned, None, false);
+        let m = maintenance(
+            MaintenancePhase::Admitted,
+            vec![surge(SurgeState::Planned, None)],
+            false,
+        );
         assert_eq!(work(&m, true, &seen(1, 1, &["cart-a"])), None);
-        let m = with_surge(MaintenancePhase::Draining, SurgeState::Planned, None, false);
+        let m = draining(SurgeState::Planned, None, false);
         assert_eq!(
             work(&m, false, &seen(1, 1, &["cart-a"])),
             None,
@@ -525,12 +528,7 @@ mod tests {
 
     #[test]
     fn a_surge_is_ready_once_the_new_replica_is_available_and_restored_once_the_old_pod_goes() {
-        let m = with_surge(
-            MaintenancePhase::Draining,
-            SurgeState::Surging,
-            Some(1),
-            true,
-        );
+        let m = draining(SurgeState::Surging, Some(1), true);
         let w = work(&m, true, &seen(2, 1, &["cart-a"])).expect("progress message");
         assert_eq!(
             w.surges[0].state,
@@ -542,7 +540,7 @@ mod tests {
         assert_eq!(w.surges[0].state, SurgeState::Ready);
         assert_eq!(w.finalizer, Finalizer::Keep);
 
-        let m = with_surge(MaintenancePhase::Draining, SurgeState::Ready, Some(1), true);
+        let m = draining(SurgeState::Ready, Some(1), true);
         assert_eq!(
             work(&m, true, &seen(2, 2, &["cart-a"])),
             None,
@@ -555,12 +553,7 @@ mod tests {
 
     #[test]
     fn a_recorded_surge_whose_raise_was_lost_is_raised_again() {
-        let m = with_surge(
-            MaintenancePhase::Draining,
-            SurgeState::Surging,
-            Some(1),
-            true,
-        );
+        let m = draining(SurgeState::Surging, Some(1), true);
         let w = work(&m, true, &seen(1, 1, &["cart-a"])).expect("raise again");
         assert_eq!(w.raise, vec![0]);
         assert_eq!(w.finalizer, Finalizer::Keep);
@@ -598,7 +591,7 @@ mod tests {
 
     #[test]
     fn a_deployment_changed_since_admission_is_not_surged() {
-        let m = with_surge(MaintenancePhase::Draining, SurgeState::Planned, None, false);
+        let m = draining(SurgeState::Planned, None, false);
         let w = work(&m, true, &seen(3, 3, &["cart-a"])).expect("skip");
         assert_eq!(w.surges[0].state, SurgeState::Skipped);
         assert!(w.raise.is_empty());

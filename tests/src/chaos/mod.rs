@@ -475,14 +475,12 @@ impl Soak<'_> {
     /// The unfinished maintenance of machine `i`'s node, if it has one.
     async fn open_maintenance(&self, i: usize) -> anyhow::Result<Option<String>> {
         let node = &self.machines[i].name;
-        Ok(self
-            .maintenances
-            .list(&Default::default())
+        let open = self
+            .ours()
             .await?
-            .items
             .into_iter()
-            .find(|m| &m.spec.node_name == node && !m.phase().is_finished())
-            .map(|m| m.name_any()))
+            .find(|m| &m.spec.node_name == node && !m.phase().is_finished());
+        Ok(open.map(|m| m.name_any()))
     }
 
     /// Every maintenance finished and every running machine done asking: its reboot request
@@ -530,6 +528,7 @@ impl Soak<'_> {
             .sum())
     }
 
+    /// The maintenances of this run's nodes.
     async fn ours(&self) -> anyhow::Result<Vec<NodeMaintenance>> {
         let prefix = format!("{}-", self.env.id);
         Ok(self
