@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::NodeReportStatus};
-use nodeward_e2e::{nodelab::Vm, wait};
+use nodeward_e2e::{fixtures::MaintenanceSpec, nodelab::Vm, wait};
 
 use crate::support::{self, Lab, REBOOT};
 
@@ -114,8 +114,12 @@ pub async fn assert_gate_opens_while_admitted(lab: &Lab, vm: &Vm) -> anyhow::Res
     let node = &vm.name;
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let name = format!("{node}-host-mode-drain");
-    lab.create_maintenance(&name, node, "Manual", "DrainOnly")
-        .await?;
+    let spec = MaintenanceSpec {
+        node,
+        reason: "Manual",
+        action: "DrainOnly",
+    };
+    lab.create_maintenance(&name, spec).await?;
     wait::until(&maintenances, &name, "drained (Acting)", REBOOT, |m| {
         m.and_then(|m| m.status.as_ref())
             .is_some_and(|s| s.phase == MaintenancePhase::Acting)

@@ -9,14 +9,12 @@ use kube::{Api, api::ListParams};
 use nodeward_api::report::KernelLogSource;
 use nodeward_e2e::wait;
 
-use crate::support::{Lab, REBOOT, agent_pod};
+use crate::support::{Lab, Pick, REBOOT, agent_pod};
 
 #[tokio::test]
 async fn the_chart_agent_reads_kernel_messages_from_the_hosts_journal_without_privilege()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes.first().cloned().unwrap_or_default();
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
 
     let pod = agent_pod(&lab.client, &node).await?;
     let container = pod

@@ -5,14 +5,12 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use nodeward_e2e::wait;
 
-use crate::support::{Lab, REBOOT};
+use crate::support::{self, Lab, Pick, REBOOT};
 
 #[tokio::test]
 async fn a_stopped_or_crashing_kubelet_is_a_kubelet_problem_until_it_runs_again()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes.last().cloned().unwrap_or_default();
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::Last).await?;
 
     // Stopped: the unit is inactive and healthz does not answer.
     vm.run("systemctl stop kubelet").await?;
@@ -41,32 +39,16 @@ async fn a_stopped_or_crashing_kubelet_is_a_kubelet_problem_until_it_runs_again(
     .await?;
 
     vm.run("systemctl start kubelet").await?;
-    let healthy = lab
-        .finding(&node, "kubelet", "healthy again", |f| f.status == "False")
-        .await?;
+    let healthy = lab.cleared(&node, "kubelet", "healthy again").await?;
     assert_eq!(healthy.reason, "KubeletHealthy");
 
     // Three crashes (SIGKILL): systemd restarts the unit each time and counts it (NRestarts).
     for crash in 1..=3 {
         vm.run("systemctl kill --signal=KILL kubelet").await?;
-        wait::eventually(
-            &format!("systemd restarting the kubelet after crash {crash}"),
-            REBOOT,
-            || async {
-                let state = vm
-                    .run("systemctl show kubelet --property=NRestarts --property=ActiveState")
-                    .await?;
-                Ok((state.contains(&format!("NRestarts={crash}"))
-                    && state.contains("ActiveState=active"))
-                .then_some(()))
-            },
-        )
-        .await?;
+        support::restarted_by_systemd(&vm, "kubelet", crash).await?;
     }
     let crashing = lab
-        .finding(&node, "kubelet", "FrequentRestarts", |f| {
-            f.reason == "FrequentRestarts"
-        })
+        .with_reason(&node, "kubelet", "FrequentRestarts")
         .await?;
     assert_eq!(crashing.status, "True");
     assert!(
@@ -78,9 +60,7 @@ async fn a_stopped_or_crashing_kubelet_is_a_kubelet_problem_until_it_runs_again(
     // An operator's restart resets systemd's counter, and with it the finding.
     vm.run("systemctl restart kubelet").await?;
     let restarted = lab
-        .finding(&node, "kubelet", "healthy after the restart", |f| {
-            f.status == "False"
-        })
+        .cleared(&node, "kubelet", "healthy after the restart")
         .await?;
     assert_eq!(restarted.reason, "KubeletHealthy");
     vm.wait_node_ready(&lab.client, REBOOT).await

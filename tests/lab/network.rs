@@ -2,14 +2,12 @@
 //! security-group rule would) is found out by its own peer probes over the lab's L2, while
 //! TCP and ICMP still work; its peers, which still reach the other node, blame nobody.
 
-use crate::support::{FIREWALL_TABLE, Lab};
+use crate::support::{FIREWALL_TABLE, Lab, Pick};
 
 #[tokio::test]
 async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_goes()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let blocked = lab.lab.nodes[0].clone();
-    let vm = lab.vm(&blocked);
+    let (lab, blocked, vm) = Lab::with_node(Pick::At(0)).await?;
     for node in &lab.lab.nodes {
         let finding = lab
             .finding(node, "peers", "its peers answer every protocol", |f| {
@@ -28,11 +26,7 @@ async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_go
          nft add rule inet {FIREWALL_TABLE} out udp dport 9471 drop"
     ))
     .await?;
-    let found = lab
-        .finding(&blocked, "peers", "UDPBlocked", |f| {
-            f.reason == "UDPBlocked"
-        })
-        .await?;
+    let found = lab.with_reason(&blocked, "peers", "UDPBlocked").await?;
     assert_eq!(
         (found.type_.as_str(), found.status.as_str()),
         ("PeerConnectivityProblem", "True")
@@ -58,11 +52,7 @@ async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_go
 
     vm.run(&format!("nft delete table inet {FIREWALL_TABLE}"))
         .await?;
-    let cleared = lab
-        .finding(&blocked, "peers", "reachable again", |f| {
-            f.status == "False"
-        })
-        .await?;
+    let cleared = lab.cleared(&blocked, "peers", "reachable again").await?;
     assert_eq!(cleared.reason, "PeersReachable", "{}", cleared.message);
     Ok(())
 }

@@ -16,7 +16,7 @@ use nodeward_e2e::wait;
 use serde_json::json;
 
 use crate::support::{
-    self, HOST_MODE_LABEL, HostCredential, Lab, REBOOT, REGISTRATION_RESTORED, TEST_LABEL,
+    self, HOST_MODE_LABEL, HostCredential, Lab, Pick, REBOOT, REGISTRATION_RESTORED, TEST_LABEL,
 };
 
 /// The kubelet's unit with a drop-in (undone by [`REGISTRATION_RESTORED`]) (in /run: a reboot forgets it) that keeps the host-mode
@@ -38,9 +38,7 @@ fn kubelet_dropin(kubeconfig: &str) -> String {
 #[tokio::test]
 async fn a_kubelet_that_cannot_register_is_unregistered_then_a_node_never_ready_times_out()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes.last().cloned().context("a node")?;
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::Last).await?;
     lab.host_mode(&vm, HostCredential::Certificate).await?;
 
     // The kubelet runs but cannot reach the API server (its kubeconfig names a port nobody

@@ -22,7 +22,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
-use nodeward_e2e::{history, wait};
+use nodeward_e2e::{fixtures::MaintenanceSpec, history, wait};
 
 use crate::{
     host,
@@ -53,8 +53,12 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     }
     let started = Instant::now();
     for (node, name) in lab.lab.nodes.iter().zip(&names) {
-        lab.create_maintenance(name, node, "Reboot", "Reboot")
-            .await?;
+        let spec = MaintenanceSpec {
+            node,
+            reason: "Reboot",
+            action: "Reboot",
+        };
+        lab.create_maintenance(name, spec).await?;
     }
     let per_node_limit = REBOOT * (names.len() as u32);
     let mut finished = Vec::new();

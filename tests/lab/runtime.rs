@@ -8,7 +8,7 @@ use kube::Api;
 use nodeward_e2e::wait;
 use serde_json::Value;
 
-use crate::support::{Lab, REBOOT, install_agent_binary};
+use crate::support::{self, Lab, Pick, REBOOT, install_agent_binary};
 
 /// The `container-runtime` finding of `nodeward-agent check` run on the VM's host.
 async fn checked_on_host(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<Value> {
@@ -28,10 +28,8 @@ async fn checked_on_host(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<Value
 #[ignore = "passed on a settled lab (108 s) but on freshly booted ones ran past 10 minutes, and failed after 18 (2026-11-26); run with --ignored"]
 async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_answers_ready()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
     // The first VM's agent is always the chart's (a test may turn the last one to host mode).
-    let node = lab.lab.nodes.first().cloned().unwrap_or_default();
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
 
     // The real containerd answers the CRI Version and Status calls, RuntimeReady.
     install_agent_binary(&vm).await?;
@@ -43,11 +41,7 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
             && message.ends_with("answers at /run/containerd/containerd.sock: RuntimeReady"),
         "{message}"
     );
-    let pod_view = lab
-        .finding(&node, "container-runtime", "healthy", |f| {
-            f.status == "False"
-        })
-        .await?;
+    let pod_view = lab.cleared(&node, "container-runtime", "healthy").await?;
     assert_eq!(
         pod_view.message, "containerd.service is active (the CRI socket is not visible here)",
         "the chart mounts no CRI socket by default"
@@ -88,10 +82,8 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
         "{}",
         reported.message
     );
-    lab.finding(&node, "container-runtime", "healthy again", |f| {
-        f.status == "False"
-    })
-    .await?;
+    lab.cleared(&node, "container-runtime", "healthy again")
+        .await?;
 
     // Two crashes (SIGKILL of its main process): systemd restarts containerd each time and
     // counts it.
@@ -105,21 +97,7 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
         // container on the node.
         vm.run("kill -KILL \"$(systemctl show containerd --property=MainPID --value)\"")
             .await?;
-        let expected = format!("NRestarts={}", before + crash);
-        wait::eventually(
-            &format!("systemd restarting containerd after crash {crash}"),
-            REBOOT,
-            || async {
-                let state = vm
-                    .run("systemctl show containerd --property=NRestarts --property=ActiveState")
-                    .await?;
-                Ok(
-                    (state.contains(&expected) && state.contains("ActiveState=active"))
-                        .then_some(()),
-                )
-            },
-        )
-        .await?;
+        support::restarted_by_systemd(&vm, "containerd", before + crash).await?;
     }
     let nodes: Api<Node> = Api::all(lab.client.clone());
     wait::until(
@@ -136,9 +114,7 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
     .await?;
     // The restarts leave the window: cleared, so the next test finds a healthy node.
     let calm = lab
-        .finding(&node, "container-runtime-restarts", "cleared", |f| {
-            f.status == "False"
-        })
+        .cleared(&node, "container-runtime-restarts", "cleared")
         .await?;
     assert_eq!(
         calm.reason, "NoFrequentContainerdRestart",

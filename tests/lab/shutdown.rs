@@ -12,7 +12,7 @@ use nodeward_api::labels::SHUTDOWN_TAINT as SHUTDOWN;
 use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
 
-use crate::support::{self, Lab, REBOOT};
+use crate::support::{self, Lab, Pick, REBOOT};
 
 /// The gap between the last of one group's SIGTERMs and the first of the next: each group is
 /// evicted once the one before is gone.
@@ -86,9 +86,7 @@ async fn reboot_typed(lab: &Lab, vm: &Vm) -> anyhow::Result<(Instant, Duration)>
 #[tokio::test]
 async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_reboots()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes[0].clone();
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     priority_classes(&lab).await?;
     let namespace = lab.namespace("lab-shutdown").await?;
     support::clear_term_log(&vm).await?;
@@ -255,9 +253,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
 #[tokio::test]
 async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
-    let node = lab.lab.nodes[1].clone();
-    let vm = lab.vm(&node);
+    let (lab, node, vm) = Lab::with_node(Pick::At(1)).await?;
     vm.run(support::KUBELET_SHUTDOWN_ON).await?;
     vm.wait_node_ready(&lab.client, REBOOT).await?;
     nodeward_e2e::wait::eventually("the kubelet's delay lock", REBOOT, || async {

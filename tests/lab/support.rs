@@ -26,6 +26,7 @@ use nodeward_api::{
 };
 use nodeward_e2e::{
     controlplane,
+    fixtures::MaintenanceSpec,
     helm::{self, run},
     nodelab::{self, NodeLab, Vm},
     wait,
@@ -118,6 +119,13 @@ pub struct Lab {
     _turn: tokio::sync::MutexGuard<'static, ()>,
 }
 
+/// Which of the lab's nodes a test works on.
+#[derive(Clone, Copy, Debug)]
+pub enum Pick {
+    At(usize),
+    Last,
+}
+
 impl Lab {
     /// The lab, this test's turn on it, the chart installed, what an earlier test that failed
     /// may have left undone, every node Ready with a Ready agent, both coordinators Ready, and
@@ -181,6 +189,19 @@ impl Lab {
             self.delete_namespace(&namespace.name_any()).await?;
         }
         Ok(())
+    }
+
+    /// The lab, and the node (with its VM) a test works on.
+    pub async fn with_node(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
+        let lab = Self::get().await?;
+        let nodes = &lab.lab.nodes;
+        let node = match pick {
+            Pick::At(index) => nodes.get(index),
+            Pick::Last => nodes.last(),
+        };
+        let node = node.cloned().context("the lab has too few nodes")?;
+        let vm = lab.vm(&node);
+        Ok((lab, node, vm))
     }
 
     pub fn vm(&self, name: &str) -> Vm {
@@ -323,27 +344,37 @@ impl Lab {
         }
     }
 
-    /// Creates the maintenance `name` of `node` (labelled as a test's, so that the next test's
-    /// reset removes it), as an operator asking for `reason` and `action`.
+    /// Creates the maintenance `name` asking for `spec` (labelled as a test's, so that the next
+    /// test's reset removes it), as an operator would.
     pub async fn create_maintenance(
         &self,
         name: &str,
-        node: &str,
-        reason: &str,
-        action: &str,
+        spec: MaintenanceSpec<'_>,
     ) -> anyhow::Result<()> {
-        let maintenance = nodeward_e2e::fixtures::maintenance(name, node, reason, action, "true")?;
-        Api::<NodeMaintenance>::all(self.client.clone())
-            .create(&PostParams::default(), &maintenance)
-            .await
-            .with_context(|| format!("creating maintenance {name}"))?;
-        Ok(())
+        nodeward_e2e::fixtures::create_maintenance(&self.client, name, spec, "true").await
     }
 
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {
         Ok(Api::<NodeReport>::all(self.client.clone())
             .get(node)
             .await?)
+    }
+
+    /// The finding of `detector` in `node`'s NodeReport once it reports no problem (`what`).
+    pub async fn cleared(&self, node: &str, detector: &str, what: &str) -> anyhow::Result<Finding> {
+        self.finding(node, detector, what, |f| f.status == "False")
+            .await
+    }
+
+    /// The finding of `detector` in `node`'s NodeReport once it gives `reason`.
+    pub async fn with_reason(
+        &self,
+        node: &str,
+        detector: &str,
+        reason: &str,
+    ) -> anyhow::Result<Finding> {
+        self.finding(node, detector, reason, |f| f.reason == reason)
+            .await
     }
 
     /// The finding of `detector` in `node`'s NodeReport once `accept` takes it (the lab's
@@ -849,4 +880,21 @@ pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<()> {
         Ok(()) => Ok(()),
         Err(e) => Err(e.context(drain_story(client, vm).await)),
     }
+}
+
+/// Waits until systemd has restarted `unit` on `vm` `restarts` times in all (its `NRestarts`) and
+/// the unit is active again.
+pub async fn restarted_by_systemd(vm: &Vm, unit: &str, restarts: u32) -> anyhow::Result<()> {
+    let expected = format!("NRestarts={restarts}");
+    let show = format!("systemctl show {unit} --property=NRestarts --property=ActiveState");
+    wait::eventually(
+        &format!("systemd restarting {unit} ({restarts} restarts)"),
+        REBOOT,
+        || async {
+            let state = vm.run(&show).await?;
+            let active = state.contains("ActiveState=active");
+            Ok((state.contains(&expected) && active).then_some(()))
+        },
+    )
+    .await
 }

@@ -76,27 +76,43 @@ impl TestEnv {
         reason: &str,
         action: &str,
     ) -> anyhow::Result<()> {
-        let maintenance = maintenance(name, node, reason, action, &self.id)?;
-        Api::<NodeMaintenance>::all(self.client.clone())
-            .create(&PostParams::default(), &maintenance)
-            .await
-            .with_context(|| format!("creating NodeMaintenance {name}"))?;
-        Ok(())
+        let spec = MaintenanceSpec {
+            node,
+            reason,
+            action,
+        };
+        create_maintenance(&self.client, name, spec, &self.id).await
     }
 }
 
-/// The NodeMaintenance `name` of `node`, asking for `action` for `reason` (`requestedBy:
-/// e2e`), labelled as test `test`'s.
-pub fn maintenance(
+/// What a test asks of a node: `action` on `node` for `reason`.
+pub struct MaintenanceSpec<'a> {
+    pub node: &'a str,
+    pub reason: &'a str,
+    pub action: &'a str,
+}
+
+/// Creates the NodeMaintenance `name` asking for `spec` (`requestedBy: e2e`), labelled as test
+/// `test`'s.
+pub async fn create_maintenance(
+    client: &kube::Client,
     name: &str,
-    node: &str,
-    reason: &str,
-    action: &str,
+    spec: MaintenanceSpec<'_>,
     test: &str,
-) -> anyhow::Result<NodeMaintenance> {
-    Ok(serde_json::from_value(json!({
+) -> anyhow::Result<()> {
+    let MaintenanceSpec {
+        node,
+        reason,
+        action,
+    } = spec;
+    let maintenance: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": name, "labels": {TEST_LABEL: test}},
         "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "e2e"},
-    }))?)
+    }))?;
+    Api::<NodeMaintenance>::all(client.clone())
+        .create(&PostParams::default(), &maintenance)
+        .await
+        .with_context(|| format!("creating NodeMaintenance {name}"))?;
+    Ok(())
 }
