@@ -35,22 +35,21 @@ fn replay(target: &str, run: fn(&[u8])) {
     }
 }
 
-#[test]
-fn the_configuration_parser_survives_its_corpus() {
-    replay("agent_config", nodeward_agent::fuzzing::config);
+/// One test per fuzz target: its corpus replayed through its parser.
+macro_rules! corpus_tests {
+    ($($test:ident: $target:literal => $run:path;)*) => {
+        $(
+            #[test]
+            fn $test() {
+                replay($target, $run);
+            }
+        )*
+    };
 }
 
-#[test]
-fn the_kernel_log_reader_survives_its_corpus() {
-    replay("kernel_log", nodeward_agent::fuzzing::kernel_log);
-}
-
-#[test]
-fn custom_check_output_survives_its_corpus() {
-    replay("check_output", nodeward_agent::fuzzing::check_output);
-}
-
-#[test]
-fn the_probe_responder_survives_its_corpus_and_never_amplifies() {
-    replay("peer_probe", nodeward_agent::fuzzing::probe);
+corpus_tests! {
+    the_configuration_parser_survives_its_corpus: "agent_config" => nodeward_agent::fuzzing::config;
+    the_kernel_log_reader_survives_its_corpus: "kernel_log" => nodeward_agent::fuzzing::kernel_log;
+    custom_check_output_survives_its_corpus: "check_output" => nodeward_agent::fuzzing::check_output;
+    the_probe_responder_survives_its_corpus_and_never_amplifies: "peer_probe" => nodeward_agent::fuzzing::probe;
 }

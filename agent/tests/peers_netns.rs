@@ -180,6 +180,35 @@ async fn wait_all(
     Ok(())
 }
 
+/// Waits until every one of `peers` reports `node` sighted `reachable` (or not).
+async fn sighted_by_all(
+    reports: &Api<NodeReport>,
+    peers: &[String],
+    node: &str,
+    reachable: bool,
+) -> anyhow::Result<()> {
+    let what = format!(
+        "{node} sighted {}",
+        if reachable {
+            "reachable"
+        } else {
+            "unreachable"
+        }
+    );
+    for name in peers {
+        wait::until(reports, name, &what, TIMEOUT, |r| {
+            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
+                let sightings = &s.peer_sightings;
+                sightings
+                    .iter()
+                    .any(|p| p.node == node && p.reachable == reachable)
+            })
+        })
+        .await?;
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> anyhow::Result<()> {
     let env = TestEnv::new("peers").await?;
@@ -316,22 +345,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     wait_all(&nodes, &names[..1], "Isolated", "True", "Isolated").await?;
     // Its peers report that their probes of it go unanswered: what the coordinator asks of
     // them before it treats a node whose agent is silent as dead.
-    for name in &names[1..] {
-        wait::until(
-            &reports,
-            name,
-            "the cut-off node sighted unreachable",
-            TIMEOUT,
-            |r| {
-                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
-                    s.peer_sightings
-                        .iter()
-                        .any(|p| p.node == names[0] && !p.reachable)
-                })
-            },
-        )
-        .await?;
-    }
+    sighted_by_all(&reports, &names[1..], &names[0], false).await?;
     for name in &names[1..] {
         let node = nodes.get(name).await?;
         assert_eq!(
@@ -343,22 +357,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     topology.clear_rules();
     wait_all(&nodes, &names[..1], "isolation to clear", "False", "").await?;
     // Probed again every round while listed, it is marked reachable once it answers.
-    for name in &names[1..] {
-        wait::until(
-            &reports,
-            name,
-            "the cut-off node sighted reachable again",
-            TIMEOUT,
-            |r| {
-                r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
-                    s.peer_sightings
-                        .iter()
-                        .any(|p| p.node == names[0] && p.reachable)
-                })
-            },
-        )
-        .await?;
-    }
+    sighted_by_all(&reports, &names[1..], &names[0], true).await?;
 
     drop(agents);
     drop(coordinator);

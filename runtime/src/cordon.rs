@@ -111,6 +111,22 @@ async fn update<T>(
     update_from(client, None, name, action, change).await
 }
 
+/// [`update`] by `change`, only on the Node with `uid` (not one created again under the name
+/// since); returns whether it changed.
+async fn update_same_node(
+    client: &Client,
+    name: &str,
+    uid: &str,
+    action: &'static str,
+    mut change: impl FnMut(&mut Node) -> bool,
+) -> Result<bool, ApiError> {
+    update(client, name, action, |node| {
+        let changed = node.metadata.uid.as_deref() == Some(uid) && change(node);
+        (changed, changed)
+    })
+    .await
+}
+
 /// [`update`], starting from `known` (the whole Node as a watch last delivered it) instead of
 /// a read: one round trip fewer when it is current. The write is conditional on its
 /// resourceVersion, so a stale copy costs a conflict and a read; a copy that needs no write
@@ -222,14 +238,12 @@ pub async fn set_out_of_service(
     on: bool,
     why: &str,
 ) -> Result<bool, ApiError> {
-    let action = if on {
-        "tainting out of service"
-    } else {
-        "taking the out-of-service taint from"
+    let action = match on {
+        true => "tainting out of service",
+        false => "taking the out-of-service taint from",
     };
-    update(client, name, action, |node| {
-        let changed = node.metadata.uid.as_deref() == Some(uid) && out_of_service(node, on, why);
-        (changed, changed)
+    update_same_node(client, name, uid, action, |node| {
+        out_of_service(node, on, why)
     })
     .await
 }
@@ -265,16 +279,11 @@ pub async fn set_pending(
     uid: &str,
     on: bool,
 ) -> Result<bool, ApiError> {
-    let action = if on {
-        "tainting while its maintenance is pending"
-    } else {
-        "taking the pending taint from"
+    let action = match on {
+        true => "tainting while its maintenance is pending",
+        false => "taking the pending taint from",
     };
-    update(client, name, action, |node| {
-        let changed = node.metadata.uid.as_deref() == Some(uid) && pending(node, on);
-        (changed, changed)
-    })
-    .await
+    update_same_node(client, name, uid, action, |node| pending(node, on)).await
 }
 
 /// Sets (`Some`) or removes (`None`) `labels` and `annotations` of `name`, only on the Node with
@@ -286,10 +295,7 @@ pub async fn relabel(
     labels: &BTreeMap<String, Option<String>>,
     annotations: &BTreeMap<String, Option<String>>,
 ) -> Result<bool, ApiError> {
-    update(client, name, "labelling", |node| {
-        if node.metadata.uid.as_deref() != Some(uid) {
-            return (false, false);
-        }
+    update_same_node(client, name, uid, "labelling", |node| {
         let mut changed = false;
         for (map, edits) in [
             (&mut node.metadata.labels, labels),
@@ -304,7 +310,7 @@ pub async fn relabel(
                 changed |= before.as_ref() != value.as_ref();
             }
         }
-        (changed, changed)
+        changed
     })
     .await
 }

@@ -14,6 +14,11 @@ use serde_json::json;
 
 use crate::support::{self, Lab, Pick, REBOOT};
 
+/// One pod of `group`, of priority class `class`, on `node`, recording its SIGTERM.
+fn one_recorder(namespace: &str, group: &str, node: &str, class: &str) -> serde_json::Value {
+    support::term_recorder(namespace, group, node, 1, Some(class))
+}
+
 /// The gap between the last of one group's SIGTERMs and the first of the next: each group is
 /// evicted once the one before is gone.
 fn after(log: &[(f64, String, String)], earlier: &str, later: &str) -> anyhow::Result<(f64, f64)> {
@@ -93,24 +98,12 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     // One pod per group: under software emulation the kubelet takes tens of seconds to stop a
     // pod, and the default plan's workloads stage has 69 s.
     for (group, class) in [("low", "lab-low"), ("high", "lab-high")] {
-        lab.apply(support::term_recorder(
-            &namespace,
-            group,
-            &node,
-            1,
-            Some(class),
-        ))
-        .await?;
+        lab.apply(one_recorder(&namespace, group, &node, class))
+            .await?;
     }
     // In the high group too, and never evictable: its PodDisruptionBudget allows nothing.
-    lab.apply(support::term_recorder(
-        &namespace,
-        "blocked",
-        &node,
-        1,
-        Some("lab-high"),
-    ))
-    .await?;
+    lab.apply(one_recorder(&namespace, "blocked", &node, "lab-high"))
+        .await?;
     lab.apply(
         json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
         "metadata": {"name": "blocked", "namespace": namespace},
@@ -272,14 +265,8 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
 
     priority_classes(&lab).await?;
     let namespace = lab.namespace("lab-kubelet-shutdown").await?;
-    lab.apply(support::term_recorder(
-        &namespace,
-        "low",
-        &node,
-        1,
-        Some("lab-low"),
-    ))
-    .await?;
+    lab.apply(one_recorder(&namespace, "low", &node, "lab-low"))
+        .await?;
     lab.running(&namespace, "app=low", 1).await?;
     let departures = support::watch_departures(&lab.client, &namespace);
     // (1 s back for the API server's second-precision creation times.)

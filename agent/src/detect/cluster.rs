@@ -50,20 +50,17 @@ pub async fn observe_apiserver(cluster: Option<&ClusterContext>) -> Finding {
     let Some(cluster) = cluster else {
         return skipped(APISERVER_DETECTOR, NETWORK_PROBLEM);
     };
-    match cluster.client.apiserver_version().await {
-        Ok(version) => Finding::ok(
-            APISERVER_DETECTOR,
-            NETWORK_PROBLEM,
-            "APIServerReachable",
-            format!("API server {} answers", version.git_version),
-        ),
-        Err(e) => Finding::problem(
-            APISERVER_DETECTOR,
-            NETWORK_PROBLEM,
-            "APIServerUnreachable",
-            format!("the API server does not answer: {e}"),
-        ),
-    }
+    let (status, reason, message) = match cluster.client.apiserver_version().await {
+        Ok(version) => {
+            let answers = format!("API server {} answers", version.git_version);
+            (Status::Ok, "APIServerReachable", answers)
+        }
+        Err(e) => {
+            let silent = format!("the API server does not answer: {e}");
+            (Status::Problem, "APIServerUnreachable", silent)
+        }
+    };
+    Finding::new(APISERVER_DETECTOR, NETWORK_PROBLEM, status, reason, message)
 }
 
 /// What the registration check saw.

@@ -12,7 +12,7 @@ use std::{
 use nodeward_api::conditions::node::{CONTAINER_RUNTIME_UNHEALTHY, FREQUENT_CONTAINERD_RESTART};
 
 use super::{
-    AgentContext, Detector, Finding, Section, cri,
+    AgentContext, Detector, Finding, Section, Status, cri,
     kubelet::{RestartHistory, RestartLimit},
 };
 use crate::systemd::{self, UnitState};
@@ -214,29 +214,27 @@ async fn observe_restarts(
 pub fn evaluate_restarts(recent: Result<u32, String>, config: &ContainerRuntimeConfig) -> Finding {
     let limit = &config.frequent_restarts;
     let window = humantime::format_duration(limit.window);
-    match recent {
-        Ok(n) if n >= limit.count => Finding::problem(
-            RESTARTS_DETECTOR,
-            FREQUENT_CONTAINERD_RESTART,
-            "FrequentContainerdRestart",
-            format!("{} restarted {n} times in the last {window}", config.unit),
-        ),
-        Ok(n) => Finding::ok(
-            RESTARTS_DETECTOR,
-            FREQUENT_CONTAINERD_RESTART,
-            "NoFrequentContainerdRestart",
-            format!(
-                "{} restarted {n} times in the last {window} (a problem from {})",
-                config.unit, limit.count
-            ),
-        ),
-        Err(e) => Finding::unknown(
-            RESTARTS_DETECTOR,
-            FREQUENT_CONTAINERD_RESTART,
-            "RestartsUnknown",
-            e,
-        ),
-    }
+    let unit = &config.unit;
+    let (status, reason, message) = match recent {
+        Ok(n) if n >= limit.count => {
+            let seen = format!("{unit} restarted {n} times in the last {window}");
+            (Status::Problem, "FrequentContainerdRestart", seen)
+        }
+        Ok(n) => {
+            let from = limit.count;
+            let seen =
+                format!("{unit} restarted {n} times in the last {window} (a problem from {from})");
+            (Status::Ok, "NoFrequentContainerdRestart", seen)
+        }
+        Err(e) => (Status::Unknown, "RestartsUnknown", e),
+    };
+    Finding::new(
+        RESTARTS_DETECTOR,
+        FREQUENT_CONTAINERD_RESTART,
+        status,
+        reason,
+        message,
+    )
 }
 
 #[cfg(test)]

@@ -313,7 +313,9 @@ mod tests {
     fn the_timeout_ends_the_wait_as_the_policy_says_and_a_gate_turned_off_waits_for_nothing() {
         let m = verifying("2026-11-25T12:00:00Z");
         let late = at("2026-11-25T12:10:00Z");
-        let succeed = verdict(&m, &policy(json!({})), &web_available(2), late);
+        let late_under =
+            |gate, available| verdict(&m, &policy(gate), &web_available(available), late);
+        let succeed = late_under(json!({}), 2);
         assert_eq!((succeed.status, succeed.reason), ("False", "TimedOut"));
         assert!(
             succeed
@@ -321,8 +323,6 @@ mod tests {
                 .starts_with("still short 600s after the reboot"),
             "{succeed:?}"
         );
-        let late_under =
-            |gate, available| verdict(&m, &policy(gate), &web_available(available), late);
         let fail = late_under(json!({"onTimeout": "Fail"}), 2);
         assert_eq!(fail.reason, "TimedOutFailed");
         let longer = late_under(json!({"timeout": "20m"}), 2);
