@@ -10,7 +10,7 @@ use std::{
 };
 
 use anyhow::Context;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
@@ -77,34 +77,31 @@ pub async fn make_real(env: &TestEnv, names: &[String], agents: usize) -> anyhow
             })
         })
         .collect();
-    futures::stream::iter(names.iter().enumerate())
-        .map(|(i, name)| {
-            let nodes = nodes.clone();
-            let images = images.clone();
-            async move {
-                let labels =
-                    json!({"metadata": {"labels": {nodeward_api::labels::AGENT_LABEL: "true"}}});
-                nodes
-                    .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
-                    .await
-                    .with_context(|| format!("labelling node {name}"))?;
-                let status = json!({"status": {
-                    "addresses": [
-                        {"type": "InternalIP", "address": agent_address(i, agents)},
-                        {"type": "Hostname", "address": name},
-                    ],
-                    "images": images,
-                }});
-                nodes
-                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await
-                    .with_context(|| format!("dressing node {name}"))?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
+    nodeward_e2e::concurrently(names.iter().enumerate(), 16, |(i, name)| {
+        let nodes = nodes.clone();
+        let images = images.clone();
+        async move {
+            let labels =
+                json!({"metadata": {"labels": {nodeward_api::labels::AGENT_LABEL: "true"}}});
+            nodes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+                .with_context(|| format!("labelling node {name}"))?;
+            let status = json!({"status": {
+                "addresses": [
+                    {"type": "InternalIP", "address": agent_address(i, agents)},
+                    {"type": "Hostname", "address": name},
+                ],
+                "images": images,
+            }});
+            nodes
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .with_context(|| format!("dressing node {name}"))?;
+            anyhow::Ok(())
+        }
+    })
+    .await?;
     Ok(())
 }
 

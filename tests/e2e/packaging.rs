@@ -7,7 +7,7 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use anyhow::Context;
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::api::{
     admissionregistration::v1::ValidatingWebhookConfiguration,
     authentication::v1::TokenRequest,
@@ -2025,26 +2025,23 @@ async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_
 
     let flooding: Api<NodeMaintenance> = Api::all(agent.clone());
     let started = std::time::Instant::now();
-    futures::stream::iter(0..FLOOD)
-        .map(|i| {
-            let flooding = flooding.clone();
-            let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
-                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-                "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {TEST_LABEL: env.id}},
-                "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot"},
-            }))
-            .map_err(Into::into);
-            async move {
-                flooding
-                    .create(&PostParams::default(), &maintenance?)
-                    .await
-                    .context("the flood")?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(32)
-        .try_collect::<Vec<()>>()
-        .await?;
+    nodeward_e2e::concurrently(0..FLOOD, 32, |i| {
+        let flooding = flooding.clone();
+        let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {TEST_LABEL: env.id}},
+            "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot"},
+        }))
+        .map_err(Into::into);
+        async move {
+            flooding
+                .create(&PostParams::default(), &maintenance?)
+                .await
+                .context("the flood")?;
+            anyhow::Ok(())
+        }
+    })
+    .await?;
     let flooded_in = started.elapsed();
 
     // Another node's maintenance is admitted with the flood there.

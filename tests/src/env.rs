@@ -304,24 +304,20 @@ impl TestEnv {
         ready_within: Duration,
         kwok: &str,
     ) -> anyhow::Result<()> {
-        use futures::{StreamExt, TryStreamExt};
-        futures::stream::iter(0..count)
-            .map(|index| async move {
-                let name = self.node_name(index);
-                let node: Node = serde_json::from_value(json!({"metadata": {
-                    "name": name,
-                    "labels": {TEST_LABEL: self.id, "kubernetes.io/hostname": name},
-                    "annotations": {KWOK_NODE_ANNOTATION: kwok},
-                }}))?;
-                self.nodes()
-                    .create(&PostParams::default(), &node)
-                    .await
-                    .with_context(|| format!("creating node {name}"))?;
-                anyhow::Ok(())
-            })
-            .buffer_unordered(16)
-            .try_collect::<Vec<()>>()
-            .await?;
+        crate::concurrently(0..count, 16, |index| async move {
+            let name = self.node_name(index);
+            let node: Node = serde_json::from_value(json!({"metadata": {
+                "name": name,
+                "labels": {TEST_LABEL: self.id, "kubernetes.io/hostname": name},
+                "annotations": {KWOK_NODE_ANNOTATION: kwok},
+            }}))?;
+            self.nodes()
+                .create(&PostParams::default(), &node)
+                .await
+                .with_context(|| format!("creating node {name}"))?;
+            anyhow::Ok(())
+        })
+        .await?;
         // Listing thousands of nodes is not cheap: every 2 s, not every wait::eventually tick.
         let selector = format!("{TEST_LABEL}={}", self.id);
         let deadline = tokio::time::Instant::now() + ready_within;

@@ -72,6 +72,21 @@ pub fn start_script(
     Ok((dir, child))
 }
 
+/// Runs `task` on every item, `at_once` of them at a time, until all are done or one fails.
+pub async fn concurrently<I, F, Fut>(items: I, at_once: usize, task: F) -> anyhow::Result<()>
+where
+    I: IntoIterator,
+    F: FnMut(I::Item) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    use futures::{StreamExt, TryStreamExt};
+    futures::stream::iter(items)
+        .map(task)
+        .buffer_unordered(at_once)
+        .try_collect()
+        .await
+}
+
 /// Whether `node` carries nothing of nodeward's: not cordoned, no `nodeward.io/` taint, no
 /// cordon record.
 pub fn node_restored(node: &k8s_openapi::api::core::v1::Node) -> bool {

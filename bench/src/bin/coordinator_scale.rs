@@ -17,7 +17,7 @@ use std::{
 };
 
 use clap::Parser;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
@@ -153,8 +153,7 @@ async fn seed(env: &TestEnv, reports: &Api<NodeReport>, nodes: usize) -> anyhow:
         nodes,
         started.elapsed().as_secs_f64()
     );
-    futures::stream::iter(0..nodes)
-        .map(|i| {
+    nodeward_e2e::concurrently(0..nodes, 16, |i| {
             let (reports, name) = (reports.clone(), env.node_name(i));
             async move {
                 let report: NodeReport = serde_json::from_value(json!({
@@ -176,10 +175,7 @@ async fn seed(env: &TestEnv, reports: &Api<NodeReport>, nodes: usize) -> anyhow:
                     .await?;
                 anyhow::Ok(())
             }
-        })
-        .buffer_unordered(16)
-        .try_collect::<Vec<()>>()
-        .await?;
+        }).await?;
     Ok(())
 }
 

@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::Context;
 use clap::Parser;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{
     Api, ResourceExt,
@@ -185,18 +185,15 @@ async fn pace(
     let mut totals = Vec::new();
     for run in 0..args.runs {
         let started = Instant::now();
-        futures::stream::iter(0..args.fleet.nodes)
-            .map(|i| {
-                let node = env.node_name(i);
-                let name = format!("{node}-r{run}");
-                async move {
-                    env.create_maintenance(&name, &node, "Reboot", "Reboot")
-                        .await
-                }
-            })
-            .buffer_unordered(16)
-            .try_collect::<Vec<()>>()
-            .await?;
+        nodeward_e2e::concurrently(0..args.fleet.nodes, 16, |i| {
+            let node = env.node_name(i);
+            let name = format!("{node}-r{run}");
+            async move {
+                env.create_maintenance(&name, &node, "Reboot", "Reboot")
+                    .await
+            }
+        })
+        .await?;
         nodeward_e2e::wait::eventually(
             "the rollout",
             ideal * 4 + Duration::from_secs(60),
