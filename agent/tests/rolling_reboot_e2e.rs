@@ -498,23 +498,18 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     // The machine goes down and stays down: nothing of it runs.
     machine.kill_agent();
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let acting = nodeward_e2e::wait::until(
+    let deadline = nodeward_e2e::wait::until_some(
         &maintenances,
         &name,
         "the reboot deadline in the status",
         Duration::from_secs(30),
         |m| {
-            m.and_then(|m| m.status.as_ref()?.deadline.as_ref())
-                .is_some_and(|d| d.phase == MaintenancePhase::Acting)
+            let deadline = m.status.as_ref()?.deadline.clone();
+            deadline.filter(|d| d.phase == MaintenancePhase::Acting)
         },
     )
     .await
-    .with_context(|| coordinator.output())?
-    .context("maintenance")?;
-    let deadline = acting
-        .status
-        .and_then(|s| s.deadline)
-        .context("the reboot deadline")?;
+    .with_context(|| coordinator.output())?;
     assert_eq!(deadline.phase, MaintenancePhase::Acting);
     assert_eq!(deadline.then, "Failed (NodeDidNotReturn)");
     let within = Duration::from_secs(90);

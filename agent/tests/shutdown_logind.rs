@@ -558,17 +558,12 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
     logind.reload()?;
     // Scan the test's drop-in directory (the agent scans its drop-in directory too).
     let agent = agent(&env, &node, &logind, &guard)?;
-    let report = wait::until(&reports, &node, "the override reported", TIMEOUT, |r| {
-        r.and_then(|r| r.status.as_ref()?.inhibitor.as_ref())
-            .is_some_and(|i| !i.overriding_drop_ins.is_empty())
+    let inhibitor = wait::until_some(&reports, &node, "the override reported", TIMEOUT, |r| {
+        let inhibitor = r.status.as_ref()?.inhibitor.clone();
+        inhibitor.filter(|i| !i.overriding_drop_ins.is_empty())
     })
     .await
-    .with_context(|| agent.output())?
-    .context("report")?;
-    let inhibitor = report
-        .status
-        .and_then(|s| s.inhibitor)
-        .context("inhibitor")?;
+    .with_context(|| agent.output())?;
     assert_eq!(
         inhibitor
             .inhibit_delay_max

@@ -24,6 +24,25 @@ where
         .with_context(|| format!("watching {name} for {what}"))
 }
 
+/// Waits, like [`until`], until `extract` finds what is awaited in the object `name`, and
+/// returns what it found.
+pub async fn until_some<K, T>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    extract: impl Fn(&K) -> Option<T>,
+) -> anyhow::Result<T>
+where
+    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+{
+    let found = until(api, name, what, timeout, |k| k.and_then(&extract).is_some()).await?;
+    found
+        .as_ref()
+        .and_then(&extract)
+        .with_context(|| format!("{name}: {what} not found"))
+}
+
 /// Waits until the NodeMaintenance `name` is in `phase`, and returns it.
 pub async fn phase(
     api: &Api<nodeward_api::NodeMaintenance>,

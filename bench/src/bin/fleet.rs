@@ -112,14 +112,10 @@ struct Cost {
 }
 
 impl Cost {
-    /// The difference of two `/metrics` snapshots of one agent, per minute of `over`.
-    fn between(
-        before: &BTreeMap<String, f64>,
-        after: &BTreeMap<String, f64>,
-        over: Duration,
-    ) -> Self {
+    /// One agent's cost from the rates of its `/metrics` series ([`per_minute`]).
+    fn from_rates<'a>(rates: impl Iterator<Item = (&'a String, f64)>) -> Self {
         let mut cost = Cost::default();
-        for (series, delta) in per_minute(before, after, over) {
+        for (series, delta) in rates {
             let into = if series.starts_with("nodeward_watch_events_total{") {
                 label(series, "resource").map(|r| (&mut cost.events, r))
             } else if series.starts_with("nodeward_watch_bookmarks_total{") {
@@ -249,13 +245,10 @@ struct ServerCost {
 }
 
 impl ServerCost {
-    fn between(
-        before: &BTreeMap<String, f64>,
-        after: &BTreeMap<String, f64>,
-        over: Duration,
-    ) -> Self {
+    /// The cluster's cost from the rates of the API server's `/metrics` series ([`per_minute`]).
+    fn from_rates<'a>(rates: impl Iterator<Item = (&'a String, f64)>) -> Self {
         let mut cost = ServerCost::default();
-        for (series, delta) in per_minute(before, after, over) {
+        for (series, delta) in rates {
             let into = if series.starts_with("apiserver_watch_events_total{") {
                 Some(&mut cost.events)
             } else if series.starts_with("apiserver_watch_events_sizes_sum{") {
@@ -566,12 +559,12 @@ async fn measure(
     let costs: Vec<Cost> = before
         .iter()
         .zip(&after)
-        .map(|(b, a)| Cost::between(b, a, elapsed))
+        .map(|(b, a)| Cost::from_rates(per_minute(b, a, elapsed)))
         .collect();
     let max_events = costs.iter().map(Cost::events_total).fold(0.0, f64::max);
     Ok((
         costs,
-        ServerCost::between(&server_before, &server_after, elapsed),
+        ServerCost::from_rates(per_minute(&server_before, &server_after, elapsed)),
         max_events,
         used * 1000.0 / elapsed.as_secs_f64(),
     ))
