@@ -12,7 +12,10 @@ use std::{
 use anyhow::Context;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
 use kube::{Api, api::DeleteParams};
-use nodeward_api::{NodeReport, report::KernelLogSource};
+use nodeward_api::{
+    NodeReport,
+    report::{Finding, KernelLogSource, NodeReportStatus},
+};
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, scratch, wait};
 use serde_json::Value;
 
@@ -219,6 +222,19 @@ fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
         .collect())
 }
 
+/// `node`'s NodeReport once `accept` takes its status (`what` is reported).
+async fn reported(
+    env: &TestEnv,
+    node: &str,
+    what: &str,
+    accept: impl Fn(&NodeReportStatus) -> bool,
+) -> anyhow::Result<NodeReport> {
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until_some(&reports, node, &format!("{what} reported"), TIMEOUT, |r| {
+        r.status.as_ref().is_some_and(&accept).then(|| r.clone())
+    })
+    .await
+}
 #[tokio::test]
 async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() -> anyhow::Result<()>
 {
@@ -283,23 +299,12 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
 
     // The report is written after the Node's conditions and their Events: wait for the one
     // that records the cleared finding.
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    let report = wait::until(
-        &reports,
-        &node,
-        "a NodeReport with a heartbeat and the cleared reboot-required finding",
-        TIMEOUT,
-        |r| {
-            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
-                s.heartbeat_time.is_some()
-                    && s.findings
-                        .iter()
-                        .any(|f| f.detector == "reboot-required" && f.status == "False")
-            })
-        },
-    )
-    .await?
-    .expect("report");
+    let what = "a NodeReport with a heartbeat and the cleared reboot-required finding";
+    let report = reported(&env, &node, what, |s| {
+        let cleared = |f: &Finding| f.detector == "reboot-required" && f.status == "False";
+        s.heartbeat_time.is_some() && s.findings.iter().any(cleared)
+    })
+    .await?;
     let owner = report
         .metadata
         .owner_references
@@ -681,22 +686,14 @@ async fn a_node_problem_detector_monitor_sets_its_permanent_condition_and_its_te
         Some("DNSUnreachable")
     );
     // The temporary rule: in the NodeReport, and a Warning Event, never a Node condition.
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    wait::until(
-        &reports,
-        &node,
-        "the temporary rule's finding in the NodeReport",
-        TIMEOUT,
-        |r| {
-            r.and_then(|r| r.status.as_ref()).is_some_and(|s| {
-                s.findings.iter().any(|f| {
-                    f.type_ == "DNSUnreachable"
-                        && f.status == "True"
-                        && f.message == "DNS lookup to kubernetes.default is not working"
-                })
-            })
-        },
-    )
+    let what = "the temporary rule's finding in the NodeReport";
+    reported(&env, &node, what, |s| {
+        s.findings.iter().any(|f| {
+            f.type_ == "DNSUnreachable"
+                && f.status == "True"
+                && f.message == "DNS lookup to kubernetes.default is not working"
+        })
+    })
     .await?;
     wait::eventually("the temporary rule's Warning Event", TIMEOUT, || async {
         let events = env.events_about(&node, "regarding.kind=NodeReport").await?;
@@ -788,17 +785,9 @@ async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_acr
         Ok((told(&env, &node, &first).await? == 1).then_some(()))
     })
     .await?;
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    wait::until(
-        &reports,
-        &node,
-        "the systemd monitor's position reported",
-        TIMEOUT,
-        |r| {
-            r.and_then(|r| r.status.as_ref())
-                .is_some_and(|s| s.journal_log.iter().any(|p| p.identifier == "systemd"))
-        },
-    )
+    reported(&env, &node, "the systemd monitor's position", |s| {
+        s.journal_log.iter().any(|p| p.identifier == "systemd")
+    })
     .await?;
 
     drop(agent);
@@ -876,22 +865,13 @@ async fn kernel_log_across_a_restart(
     })
     .await?;
     // Its place in the log reaches the NodeReport before the agent goes.
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    let reported = wait::until(
-        &reports,
-        &node,
-        "the kernel log's position reported",
-        TIMEOUT,
-        |r| {
-            r.and_then(|r| r.status.as_ref())
-                .is_some_and(|s| s.kernel_log.is_some())
-        },
-    )
-    .await?;
-    let position = reported
-        .and_then(|r| r.status)
-        .and_then(|s| s.kernel_log)
-        .context("the kernel log's position")?;
+    let position = reported(&env, &node, "the kernel log's position", |s| {
+        s.kernel_log.is_some()
+    })
+    .await?
+    .status
+    .and_then(|s| s.kernel_log)
+    .context("the kernel log's position")?;
     assert_eq!(position.source, recorded, "{position:?}");
 
     // A restarted agent reads the log from the boot's start: the remount (younger than its
