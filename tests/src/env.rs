@@ -646,18 +646,13 @@ pub async fn apply_crds(client: &Client) -> anyhow::Result<()> {
     for crd in nodeward_api::crds::all() {
         let name = crd.name_any();
         apply(&crds, "CRD", &name, &crd).await?;
-        wait::until(
-            &crds,
-            &name,
-            "CRD Established",
-            Duration::from_secs(30),
-            |c| {
-                c.is_some_and(|c| {
-                    wait::condition_status(c, "Established").as_deref() == Some("True")
-                })
-            },
-        )
-        .await?;
+        let established = |c: Option<&CustomResourceDefinition>| {
+            c.and_then(|c| wait::condition_status(c, "Established"))
+                .as_deref()
+                == Some("True")
+        };
+        let within = Duration::from_secs(30);
+        wait::until(&crds, &name, "CRD Established", within, established).await?;
         // Established comes before the storage of a new kind: for a moment its requests
         // answer 429 "storage is (re)initializing", which the test clients do not retry.
         let served = crd.spec.versions.iter().find(|v| v.storage);

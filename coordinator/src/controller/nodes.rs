@@ -50,13 +50,9 @@ impl Controller {
     }
 
     async fn node_edit(&mut self, edit: &round::NodeEdit) {
-        let round::NodeEdit {
-            node,
-            uid,
-            labels,
-            annotations,
-        } = edit;
-        match cordon::relabel(&self.writer.client, node, uid, labels, annotations).await {
+        let (node, labels) = (&edit.node, &edit.labels);
+        let client = &self.writer.client;
+        match cordon::relabel(client, node, &edit.uid, labels, &edit.annotations).await {
             Ok(true) => tracing::info!(%node, ?labels, "node labels around a maintenance"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "node labels not changed"),
