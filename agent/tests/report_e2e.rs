@@ -865,7 +865,7 @@ async fn kernel_log_across_a_restart(
     })
     .await?;
     // Its place in the log reaches the NodeReport before the agent goes.
-    let position = reported(&env, &node, "the kernel log's position", |s| {
+    let position = reported(env, &node, "the kernel log's position", |s| {
         s.kernel_log.is_some()
     })
     .await?
