@@ -100,15 +100,11 @@ pub async fn create_maintenance(
     spec: MaintenanceSpec<'_>,
     test: &str,
 ) -> anyhow::Result<()> {
-    let MaintenanceSpec {
-        node,
-        reason,
-        action,
-    } = spec;
     let maintenance: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": name, "labels": {TEST_LABEL: test}},
-        "spec": {"nodeName": node, "reason": reason, "action": action, "requestedBy": "e2e"},
+        "spec": {"nodeName": spec.node, "reason": spec.reason, "action": spec.action,
+                 "requestedBy": "e2e"},
     }))?;
     Api::<NodeMaintenance>::all(client.clone())
         .create(&PostParams::default(), &maintenance)

@@ -115,7 +115,9 @@ async fn answer(
             .cloned()
             .unwrap_or((404, "not found".to_owned(), Duration::ZERO))
     };
-    tokio::time::sleep(delay).await;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() =
         StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -50,11 +50,10 @@ pub async fn phase(
     phase: nodeward_api::MaintenancePhase,
     timeout: Duration,
 ) -> anyhow::Result<nodeward_api::NodeMaintenance> {
-    until(api, name, &format!("{phase:?}"), timeout, |m| {
-        m.is_some_and(|m| m.phase() == phase)
+    until_some(api, name, &format!("{phase:?}"), timeout, |m| {
+        (m.phase() == phase).then(|| m.clone())
     })
-    .await?
-    .with_context(|| format!("NodeMaintenance {name} disappeared"))
+    .await
 }
 
 /// Deletes the object `name` and waits until it is gone. Already gone, or deleted by someone
