@@ -2,22 +2,27 @@
 //! what it did, one line per object. A verb given several names does what it can for each and
 //! reports the ones it could not do at the end ([`Error::Refused`]).
 
-use std::path::Path;
+use std::{path::Path, sync::Arc};
 
-use k8s_openapi::api::{authentication::v1::SelfSubjectReview, core::v1::Node};
+use k8s_openapi::api::{
+    authentication::v1::SelfSubjectReview, coordination::v1::Lease, core::v1::Node,
+};
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
-use nodeward_api::{DisruptionPolicy, NodeMaintenance, labels::CORDONED_BY_ANNOTATION};
-use nodeward_coordinator::cli_status;
+use nodeward_api::{
+    DisruptionPolicy, NodeMaintenance, fleet::LEASE_LABEL, labels::CORDONED_BY_ANNOTATION,
+};
+use nodeward_decide::round::Objects;
 use nodeward_runtime::ApiError;
+use serde::de::DeserializeOwned;
 
 use crate::{
     Error,
     request::{self, Verb},
-    why,
+    status, why,
 };
 
 /// Who the plugin says it is to the API server.
@@ -179,14 +184,43 @@ pub async fn set_paused(client: &Client, policies: &[String], paused: bool) -> R
 
 /// `status`: the coordinator's report.
 pub async fn status(client: &Client) -> Result<String, Error> {
-    let objects = cli_status::list_all(client).await?;
-    Ok(cli_status::render(&objects, jiff::Timestamp::now()))
+    let objects = watched(client).await?;
+    Ok(status::render(&objects, jiff::Timestamp::now()))
 }
 
 /// `why NODE`.
 pub async fn why(client: &Client, node: &str) -> Result<String, Error> {
-    let objects = cli_status::list_all(client).await?;
+    let objects = watched(client).await?;
     why::explain(node, &objects, jiff::Timestamp::now()).map_err(|e| Error::Refused(vec![e]))
+}
+
+/// Every kind a coordinator's round watches, listed once (the lookups a round makes before it
+/// decides are left empty: `status` and `why` say what the objects alone decide).
+async fn watched(client: &Client) -> Result<Objects, Error> {
+    async fn list<K>(client: &Client) -> Result<Vec<Arc<K>>, Error>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::all(client.clone());
+        let listed = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| ApiError::new("listing", K::plural(&()).into_owned(), e))?;
+        Ok(listed.items.into_iter().map(Arc::new).collect())
+    }
+    let leases: Api<Lease> = Api::all(client.clone());
+    let leases = leases
+        .list(&ListParams::default().labels(LEASE_LABEL))
+        .await
+        .map_err(|e| ApiError::new("listing", "the agents' leases".into(), e))?;
+    Ok(Objects {
+        nodes: list(client).await?,
+        policies: list(client).await?,
+        maintenances: list(client).await?,
+        reports: list(client).await?,
+        leases: leases.items.into_iter().map(Arc::new).collect(),
+        ..Objects::default()
+    })
 }
 
 async fn every_maintenance(api: &Api<NodeMaintenance>) -> Result<Vec<NodeMaintenance>, Error> {

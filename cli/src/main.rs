@@ -4,7 +4,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{CommandFactory, Parser, Subcommand};
-use nodeward_cli::{Error, cluster, request::Verb};
+use nodeward_cli::{Error, cluster, migrate, request::Verb};
 
 /// Operate nodeward: ask for reboots and drains, cancel them, pause policies, and see why a
 /// node is waiting. Reads and writes the same objects as everything else (NodeMaintenance,
@@ -70,12 +70,37 @@ enum Command {
         #[arg(value_name = "NODE")]
         node: String,
     },
+    /// Print the DisruptionPolicy and Helm values that do what a kured or node-problem-detector
+    /// DaemonSet is configured to do, naming what cannot be carried over.
+    Migrate(Migrate),
     /// Print a completion script for SHELL, e.g. `kubectl nodeward completion bash >
     /// /etc/bash_completion.d/kubectl-nodeward`.
     Completion {
         #[arg(value_name = "SHELL")]
         shell: clap_complete::Shell,
     },
+}
+
+#[derive(clap::Args)]
+struct Migrate {
+    /// kured's DaemonSet manifest (YAML), e.g. kured-ds.yaml.
+    #[arg(long, value_name = "FILE", group = "from")]
+    kured: Option<PathBuf>,
+    /// kured's DaemonSet in the cluster, as NAMESPACE/NAME (e.g. kube-system/kured).
+    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
+    kured_daemonset: Option<String>,
+    /// node-problem-detector's DaemonSet and the ConfigMaps it mounts (YAML; repeat the flag
+    /// or give one file with every document).
+    #[arg(long, value_name = "FILE", group = "from")]
+    npd: Vec<PathBuf>,
+    /// node-problem-detector's DaemonSet in the cluster, as NAMESPACE/NAME (e.g.
+    /// kube-system/node-problem-detector); the ConfigMaps it mounts are read with it.
+    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
+    npd_daemonset: Option<String>,
+    /// The name of the DisruptionPolicy printed (default: kured, or node-health from
+    /// node-problem-detector).
+    #[arg(long)]
+    policy_name: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -109,6 +134,10 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Error> {
+    if let Command::Migrate(from) = &cli.verb {
+        print!("{}", migrate(from, &cli).await?);
+        return Ok(());
+    }
     let client = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     match cli.verb {
         Command::Status => print!("{}", cluster::status(&client).await?),
@@ -124,7 +153,52 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Pause { policies } => cluster::set_paused(&client, &policies, true).await?,
         Command::Resume { policies } => cluster::set_paused(&client, &policies, false).await?,
         Command::Why { node } => print!("{}", cluster::why(&client, &node).await?),
-        Command::Completion { .. } => {}
+        Command::Completion { .. } | Command::Migrate(_) => {}
     }
     Ok(())
+}
+
+/// `migrate`: read from files needs no cluster; from a DaemonSet, the client is made then.
+async fn migrate(from: &Migrate, cli: &Cli) -> Result<String, Error> {
+    let place = |flag: &str, value: &str| {
+        value
+            .split_once('/')
+            .map(|(ns, n)| (ns.to_owned(), n.to_owned()))
+            .ok_or_else(|| {
+                Error::Migrate(format!(
+                    "--{flag} {value}: give NAMESPACE/NAME, e.g. kube-system/{}",
+                    flag.trim_end_matches("-daemonset")
+                ))
+            })
+    };
+    let client = || cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref());
+    let name = |default: &str| {
+        from.policy_name
+            .clone()
+            .unwrap_or_else(|| default.to_owned())
+    };
+    let out = if let Some(file) = &from.kured {
+        migrate::from_kured(
+            &migrate::read_file(file).map_err(Error::Migrate)?,
+            &name("kured"),
+        )
+    } else if let Some(value) = &from.kured_daemonset {
+        let (namespace, ds) = place("kured-daemonset", value)?;
+        let daemonset = migrate::read_cluster(client().await?, &namespace, &ds)
+            .await
+            .map_err(Error::Migrate)?;
+        migrate::from_kured(&daemonset, &name("kured"))
+    } else if !from.npd.is_empty() {
+        let (daemonset, configmaps) = migrate::read_npd_files(&from.npd).map_err(Error::Migrate)?;
+        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))
+    } else if let Some(value) = &from.npd_daemonset {
+        let (namespace, ds) = place("npd-daemonset", value)?;
+        let (daemonset, configmaps) = migrate::read_npd_cluster(client().await?, &namespace, &ds)
+            .await
+            .map_err(Error::Migrate)?;
+        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))
+    } else {
+        Err("give --kured FILE, --kured-daemonset NAMESPACE/NAME, --npd FILE or --npd-daemonset NAMESPACE/NAME".to_owned())
+    };
+    out.map_err(Error::Migrate)
 }

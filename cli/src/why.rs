@@ -16,7 +16,7 @@ use nodeward_api::{
     labels::{CORDONED_BY_ANNOTATION, MAINTENANCE_TAINT},
     node::is_ready,
 };
-use nodeward_coordinator::round::{self, Memory, Objects};
+use nodeward_decide::round::{self, Memory, Objects};
 
 /// The explanation for `node`, or why there is none (no such node and nothing of it).
 pub fn explain(node: &str, objects: &Objects, now: Timestamp) -> Result<String, String> {

@@ -1,16 +1,28 @@
 //! `kubectl-nodeward` against the real control plane and the real coordinator: each verb
 //! creates, reads or changes the objects it names, refuses what it cannot do with a reason
-//! and a failing exit status, and `why` shows the coordinator's reason for a waiting node.
+//! and a failing exit status, `why` shows the coordinator's reason for a waiting node, `status`
+//! the budgets in use, and `migrate` turns kured's and node-problem-detector's DaemonSets into
+//! a policy the API server accepts and values the chart renders.
 
 use std::{process::Output, time::Duration};
 
 use anyhow::Context;
+use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
-use nodeward_api::{DisruptionPolicy, MaintenanceAction, MaintenanceReason, NodeMaintenance};
-use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, wait};
+use nodeward_api::{
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+};
+use nodeward_e2e::{
+    NodeSpec, TestEnv, controlplane, daemon,
+    env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
+    wait,
+};
+use serde_json::json;
 
 const CLI: &str = env!("CARGO_BIN_EXE_kubectl-nodeward");
 const TIMEOUT: Duration = Duration::from_secs(60);
+/// The tests that run a coordinator, one at a time: a coordinator acts on the whole cluster.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs the plugin with the test cluster's kubeconfig.
 async fn cli(args: &[&str]) -> anyhow::Result<Output> {
@@ -67,6 +79,7 @@ async fn of_node(env: &TestEnv, node: &str) -> anyhow::Result<Vec<NodeMaintenanc
 #[tokio::test]
 async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason()
 -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
     let env = TestEnv::new("cli").await?;
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("a")])
         .await?;
@@ -212,4 +225,199 @@ async fn completion_scripts_are_printed_for_each_shell() -> anyhow::Result<()> {
         .await?;
     assert!(!out.status.success(), "an unknown shell is refused");
     Ok(())
+}
+
+/// `status` prints what one round of the coordinator sees: the budget in use (a node not yet
+/// Ready counts), each maintenance's phase and the unhealthy nodes.
+#[tokio::test]
+async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::Result<()> {
+    let _serial = SERIAL.lock().await;
+    let env = TestEnv::new("status").await?;
+    env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
+    env.heartbeats(&[env.node_name(0), env.node_name(1)])
+        .await?;
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    let coordinator = daemon::coordinator(&env, &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let first = format!("{}-m", env.node_name(0));
+    env.create_maintenance(&first, &env.node_name(0), "Manual", "DrainOnly")
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    wait::until(&maintenances, &first, "Admitted", TIMEOUT, |m| {
+        m.is_some_and(|m| m.phase() != MaintenancePhase::Pending)
+    })
+    .await?;
+    let sick = env.node_name(5);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": sick, "labels": {TEST_LABEL: env.id}, "annotations": {KWOK_NODE_ANNOTATION: "none"}},
+    }))?;
+    env.nodes().create(&Default::default(), &node).await?;
+
+    let text = ok(&["status"]).await?;
+    let policy_line = text
+        .lines()
+        .find(|l| l.starts_with(&policy))
+        .context(text.clone())?;
+    // The not-yet-Ready third node counts against the budget too: 2 of 1.
+    assert!(policy_line.contains("2/1"), "{policy_line}");
+    let m_line = text
+        .lines()
+        .find(|l| l.starts_with(&first))
+        .context(text.clone())?;
+    assert!(
+        m_line.contains("Admitted") && m_line.contains(&env.node_name(0)),
+        "{m_line}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&sick) && l.contains("not Ready")),
+        "{text}"
+    );
+    env.cleanup().await
+}
+
+/// Creates the DisruptionPolicy `migrate` printed first, labelled as this test's: the API
+/// server's own validation (OpenAPI and CEL) must take it as printed.
+async fn create_printed_policy(env: &TestEnv, printed: &str) -> anyhow::Result<DisruptionPolicy> {
+    let document = serde_yaml::Deserializer::from_str(printed)
+        .next()
+        .context("a document")?;
+    let mut policy: DisruptionPolicy = serde::Deserialize::deserialize(document)?;
+    policy
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(nodeward_e2e::env::TEST_LABEL.to_owned(), env.id.clone());
+    // Printed for every node; created here for this test's nodes only, so that it governs no
+    // other test's nodes on the shared control plane (also if this test fails before its
+    // cleanup).
+    policy.spec.node_selector = Some(serde_json::from_value(
+        serde_json::json!({"matchLabels": {nodeward_e2e::env::TEST_LABEL: env.id}}),
+    )?);
+    Api::<DisruptionPolicy>::all(env.client.clone())
+        .create(&Default::default(), &policy)
+        .await
+        .with_context(|| format!("the migrated policy was refused:\n{printed}"))
+}
+
+#[tokio::test]
+async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_accepts()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let env = TestEnv::new("migrate").await?;
+    // kured's own manifest (with its flags given), in this test's namespace; no node runs it.
+    let mut kured: DaemonSet =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/kured-ds.yaml"))?;
+    kured.metadata.namespace = Some(env.namespace.clone());
+    if let Some(pod) = kured.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
+    }
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &kured)
+        .await?;
+    let name = format!("{}-kured", env.id);
+    let daemonset = format!("{}/kured", env.namespace);
+    let printed = ok(&[
+        "migrate",
+        "--kured-daemonset",
+        &daemonset,
+        "--policy-name",
+        &name,
+    ])
+    .await?;
+    let created = create_printed_policy(&env, &printed).await?;
+    assert_eq!(created.spec.windows.len(), 1);
+    assert_eq!(
+        created.spec.windows[0].time_zone.as_deref(),
+        Some("Europe/Berlin")
+    );
+    assert!(created.spec.taint_while_pending && created.spec.auto_reboot);
+    assert!(
+        printed.contains("--lock-ttl=30m: not carried over"),
+        "{printed}"
+    );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn node_problem_detectors_daemonset_in_the_cluster_migrates_to_values_the_chart_renders_and_a_policy_the_api_server_accepts()
+-> anyhow::Result<()> {
+    use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
+    let env = TestEnv::new("migrate-npd").await?;
+    // node-problem-detector's own DaemonSet and ConfigMap, in this test's namespace; no node
+    // runs it.
+    let mut npd: DaemonSet =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-ds.yaml"))?;
+    npd.metadata.namespace = Some(env.namespace.clone());
+    if let Some(pod) = npd.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
+        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
+    }
+    let mut config: ConfigMap =
+        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-config.yaml"))?;
+    config.metadata.namespace = Some(env.namespace.clone());
+    Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &config)
+        .await?;
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &npd)
+        .await?;
+    let name = format!("{}-npd", env.id);
+    let daemonset = format!("{}/node-problem-detector", env.namespace);
+    let printed = ok(&[
+        "migrate",
+        "--npd-daemonset",
+        &daemonset,
+        "--policy-name",
+        &name,
+    ])
+    .await?;
+
+    let created = create_printed_policy(&env, &printed).await?;
+    let gate = created.spec.health_gate.context("a health gate")?;
+    assert!(gate.problem_types.contains(&"KernelDeadlock".to_owned()));
+
+    // The values (printed as a comment): the chart renders them, loading the monitors as
+    // they are and letting the agent write their conditions.
+    let values: String = printed
+        .lines()
+        .skip_while(|l| !l.starts_with("# Helm values"))
+        .skip(1)
+        .take_while(|l| *l != "#")
+        .map(|l| {
+            format!(
+                "{}\n",
+                l.strip_prefix("# ").unwrap_or(l.trim_start_matches('#'))
+            )
+        })
+        .collect();
+    let file = std::env::temp_dir().join(format!("nodeward-npd-values-{}.yaml", env.id));
+    std::fs::write(&file, &values)?;
+    let rendered = nodeward_e2e::helm::run(
+        std::process::Command::new(nodeward_e2e::helm::binary()?)
+            .args(["template", "nodeward", "--kube-version", "1.34.0", "-f"])
+            .arg(&file)
+            .arg(nodeward_e2e::helm::chart()),
+    );
+    let _ = std::fs::remove_file(&file);
+    let rendered = rendered.with_context(|| format!("the values:\n{values}"))?;
+    // The kmsg monitors and the journald one (NPD's Docker monitor, a program's journal
+    // messages) load as they are; the kernel log is read from the host's journal, without a
+    // privileged pod.
+    for expected in [
+        "npd.kernel-monitor.json: |",
+        "npd.readonly-monitor.json: |",
+        "npd.docker-monitor.json: |",
+        "- /etc/nodeward/npd.kernel-monitor.json",
+        "source: journal",
+        "mountPath: /host/var/log, readOnly: true",
+    ] {
+        assert!(
+            rendered.contains(expected),
+            "{expected} in the rendered chart"
+        );
+    }
+    assert!(!rendered.contains("privileged: true"), "{rendered}");
+    env.cleanup().await
 }

@@ -1,25 +1,18 @@
 //! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits.
-//! Leader election on a Lease ([`election`]); the decisions as pure functions ([`admission`],
-//! [`dead`], [`deadlines`], [`health`], [`pause`], one round of them in [`round`]); the
-//! control loop that watches the cluster and writes the decisions ([`controller`]); the
-//! `status` report ([`cli_status`]).
+//! The decisions are pure functions in [`nodeward_decide`]; this crate is the daemon around
+//! them: leader election on a Lease ([`election`]), the lookups a round needs before it decides
+//! ([`blockers`], [`workloads`]), the control loop that watches the cluster and writes the
+//! decisions ([`controller`]), what the leader publishes for the agents ([`publish`]) and the
+//! eviction webhook ([`webhook`]).
 
-pub mod admission;
 pub mod blockers;
-pub mod cli_status;
 pub mod controller;
-pub mod dead;
-pub mod deadlines;
 pub mod election;
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod health;
 pub mod metrics;
-pub mod migrate;
-pub mod pause;
 pub mod policy_bootstrap;
 pub mod publish;
-pub mod round;
 pub mod webhook;
 pub mod workloads;
 

@@ -2,7 +2,7 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Du
 
 use clap::{Parser, Subcommand};
 use nodeward_coordinator::{
-    Error, cli_status,
+    Error,
     controller::{Changes, Controller, Stores},
     election,
     metrics::Metrics,
@@ -31,38 +31,6 @@ enum Command {
     /// Run the coordinator: elect a leader, admit maintenances, track cluster health. Stops
     /// cleanly (releasing the leader Lease) on SIGTERM or SIGINT.
     Run(Box<Run>),
-    /// Print policies with their budget use, maintenances with their phase, unhealthy nodes.
-    Status {
-        #[command(flatten)]
-        client: ClientArgs,
-    },
-    /// Print the DisruptionPolicy and Helm values that do what a kured DaemonSet is configured
-    /// to do, naming what cannot be carried over.
-    Migrate(Migrate),
-}
-
-#[derive(clap::Args)]
-struct Migrate {
-    /// kured's DaemonSet manifest (YAML), e.g. kured-ds.yaml.
-    #[arg(long, value_name = "FILE", group = "from")]
-    kured: Option<std::path::PathBuf>,
-    /// kured's DaemonSet in the cluster, as NAMESPACE/NAME (e.g. kube-system/kured).
-    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
-    kured_daemonset: Option<String>,
-    /// node-problem-detector's DaemonSet and the ConfigMaps it mounts (YAML; repeat the flag
-    /// or give one file with every document).
-    #[arg(long, value_name = "FILE", group = "from")]
-    npd: Vec<std::path::PathBuf>,
-    /// node-problem-detector's DaemonSet in the cluster, as NAMESPACE/NAME (e.g.
-    /// kube-system/node-problem-detector); the ConfigMaps it mounts are read with it.
-    #[arg(long, value_name = "NAMESPACE/NAME", group = "from")]
-    npd_daemonset: Option<String>,
-    /// The name of the DisruptionPolicy printed (default: kured, or node-health from
-    /// node-problem-detector).
-    #[arg(long)]
-    policy_name: Option<String>,
-    #[command(flatten)]
-    client: ClientArgs,
 }
 
 #[derive(clap::Args)]
@@ -174,20 +142,6 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Status { client } => match runtime.block_on(print_status(client)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("nodeward-coordinator status: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Migrate(migrate) => match runtime.block_on(print_migration(&migrate)) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("nodeward-coordinator migrate: {e}");
-                ExitCode::FAILURE
-            }
-        },
     }
 }
 
@@ -356,62 +310,5 @@ async fn start_webhook(
         .map_err(Error::Webhook)?;
     tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
     tasks.spawn(serving);
-    Ok(())
-}
-
-async fn print_migration(migrate: &Migrate) -> Result<(), String> {
-    use nodeward_coordinator::migrate;
-    let place = |flag: &str, value: &str| {
-        value
-            .split_once('/')
-            .map(|(ns, n)| (ns.to_owned(), n.to_owned()))
-            .ok_or_else(|| {
-                format!(
-                    "--{flag} {value}: give NAMESPACE/NAME, e.g. kube-system/{}",
-                    flag.trim_end_matches("-daemonset")
-                )
-            })
-    };
-    let client = async || {
-        migrate
-            .client
-            .connect(USER_AGENT)
-            .await
-            .map_err(|e| e.to_string())
-    };
-    let name = |default: &str| {
-        migrate
-            .policy_name
-            .clone()
-            .unwrap_or_else(|| default.to_owned())
-    };
-    let out = if let Some(file) = &migrate.kured {
-        migrate::from_kured(&migrate::read_file(file)?, &name("kured"))?
-    } else if let Some(value) = &migrate.kured_daemonset {
-        let (namespace, ds) = place("kured-daemonset", value)?;
-        let daemonset = migrate::read_cluster(client().await?, &namespace, &ds).await?;
-        migrate::from_kured(&daemonset, &name("kured"))?
-    } else if !migrate.npd.is_empty() {
-        let (daemonset, configmaps) = migrate::read_npd_files(&migrate.npd)?;
-        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))?
-    } else if let Some(value) = &migrate.npd_daemonset {
-        let (namespace, ds) = place("npd-daemonset", value)?;
-        let (daemonset, configmaps) =
-            migrate::read_npd_cluster(client().await?, &namespace, &ds).await?;
-        migrate::from_npd(&daemonset, &configmaps, &name("node-health"))?
-    } else {
-        return Err(
-            "give --kured FILE, --kured-daemonset NAMESPACE/NAME, --npd FILE or --npd-daemonset NAMESPACE/NAME"
-                .to_owned(),
-        );
-    };
-    print!("{out}");
-    Ok(())
-}
-
-async fn print_status(client: ClientArgs) -> Result<(), Error> {
-    let client = client.connect(USER_AGENT).await?;
-    let objects = cli_status::list_all(&client).await?;
-    print!("{}", cli_status::render(&objects, jiff::Timestamp::now()));
     Ok(())
 }

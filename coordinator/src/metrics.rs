@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use nodeward_decide::admission::rules::RULES;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -19,8 +20,15 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// An admission rule of [`RULES`] and one of its denial reasons.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DenialLabels {
+    pub rule: &'static str,
+    pub reason: &'static str,
+}
+
 /// `full`: a round over every watched object; `admission`: one that decided only maintenances
-/// created since (see [`crate::round::admit_new`]).
+/// created since (see [`nodeward_decide::round::admit_new`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RoundLabels {
     pub round: &'static str,
@@ -33,7 +41,8 @@ pub struct Metrics {
     registry: Registry,
     pub leader: Gauge,
     pub admissions: Counter,
-    pub denials: Family<ReasonLabels, Counter>,
+    /// By admission rule and reason: every rule of [`RULES`] from the start, at zero.
+    pub denials: Family<DenialLabels, Counter>,
     /// Maintenances moved on by the coordinator because a deadline passed, by reason.
     pub deadlines_passed: Family<ReasonLabels, Counter>,
     pub budget_used: Family<PolicyLabels, Gauge>,
@@ -88,7 +97,7 @@ impl Metrics {
         );
         registry.register(
             "denials",
-            "Admission denials newly recorded on a maintenance, by reason",
+            "Admission denials newly recorded on a maintenance, by admission rule and reason",
             metrics.denials.clone(),
         );
         registry.register(
@@ -136,6 +145,15 @@ impl Metrics {
             "Remediation maintenances created",
             metrics.remediations.clone(),
         );
+        for rule in RULES {
+            for reason in rule.reasons {
+                let labels = DenialLabels {
+                    rule: rule.name,
+                    reason,
+                };
+                drop(metrics.denials.get_or_create(&labels));
+            }
+        }
         Self {
             registry,
             ..metrics
@@ -155,5 +173,32 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metrics count the rules the code checks: each rule, with each of its reasons, is a
+    /// series from the start, and no other rule is.
+    #[test]
+    fn every_admission_rule_is_a_denial_series_from_the_start() {
+        let text = Metrics::new().encode();
+        let series: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("nodeward_coordinator_denials_total{"))
+            .collect();
+        let expected: usize = RULES.iter().map(|r| r.reasons.len()).sum();
+        assert_eq!(series.len(), expected, "{series:#?}");
+        for rule in RULES {
+            for reason in rule.reasons {
+                let line = format!(
+                    "nodeward_coordinator_denials_total{{rule=\"{}\",reason=\"{reason}\"}} 0",
+                    rule.name
+                );
+                assert!(series.contains(&line.as_str()), "{line} in {series:#?}");
+            }
+        }
     }
 }

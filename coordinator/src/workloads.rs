@@ -1,6 +1,6 @@
-//! The lookups behind the workload gates: for admission ([`crate::admission::workload`]),
+//! The lookups behind the workload gates: for admission ([`nodeward_decide::admission::workload`]),
 //! every PodDisruptionBudget and the pods of those that allow no disruption now, made only
-//! while some maintenance is pending; between nodes ([`crate::round::workload_gate`]), the
+//! while some maintenance is pending; between nodes ([`nodeward_decide::round::workload_gate`]), the
 //! controllers a Verifying reboot evicted pods of, read one by one. Each answer is reused for
 //! a moment (rounds can follow each other closely), so an idle cluster costs nothing and a
 //! rollout one list of budgets, one list per exhausted budget and a read per evicted workload
@@ -20,7 +20,7 @@ use k8s_openapi::api::{
 use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
 use nodeward_api::maintenance::WorkloadRef;
 
-use crate::{
+use nodeward_decide::{
     admission::workload,
     round::{
         surge::{self, Observed, Scan},

@@ -6,8 +6,9 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use nodeward_api::labels::{SHUTDOWN_CORDON_BY, SHUTDOWN_TAINT};
+use nodeward_api::node::Applied;
 use nodeward_e2e::{NodeSpec, TestEnv};
-use nodeward_runtime::cordon::{self, Applied};
+use nodeward_runtime::cordon;
 use serde_json::json;
 
 fn tainted(node: &Node) -> bool {

@@ -1131,10 +1131,10 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     }
     // What it is there for: the maintenance's taint and its recorded cordon go.
     let restored = update_node(&coordinator, &node_b, |n| {
-        nodeward_runtime::cordon::revert(
+        nodeward_api::node::revert(
             n,
             "nodeward.io/maintenance",
-            &nodeward_runtime::cordon::left_by(n, "maintenance/lost", true),
+            &nodeward_api::node::left_by(n, "maintenance/lost", true),
         );
     })
     .await?;
@@ -1151,7 +1151,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     assert_eq!(keys, ["dedicated"], "the admin's taint stays");
     // The out-of-service taint with its record, and only that one taken away again.
     let tainted = update_node(&coordinator, &node_a, |n| {
-        nodeward_runtime::cordon::out_of_service(n, true, "dead (e2e)");
+        nodeward_api::node::out_of_service(n, true, "dead (e2e)");
     })
     .await?;
     assert!(
@@ -1163,7 +1163,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
             .any(|t| t.key == "node.kubernetes.io/out-of-service")
     );
     update_node(&coordinator, &node_a, |n| {
-        nodeward_runtime::cordon::out_of_service(n, false, "");
+        nodeward_api::node::out_of_service(n, false, "");
     })
     .await?;
     env.merge_node(&node_a, json!({"spec": {"taints": [

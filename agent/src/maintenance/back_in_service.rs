@@ -1,8 +1,9 @@
 //! The node goes back into service while a reboot waits for the workloads it evicted (see
 //! [`super::workloads`]).
 
+use nodeward_api::node::Applied;
 use nodeward_api::{NodeMaintenance, labels::MAINTENANCE_TAINT};
-use nodeward_runtime::cordon::{self, Applied};
+use nodeward_runtime::cordon;
 
 use super::{
     executor::Executor,

@@ -22,12 +22,9 @@ use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
     conditions::maintenance as maintenance_conditions,
     labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+    node::Applied,
 };
-use nodeward_runtime::{
-    ApiError,
-    cordon::{self, Applied},
-    events::Events,
-};
+use nodeward_runtime::{ApiError, cordon, events::Events};
 use serde_json::json;
 
 use super::{

@@ -25,12 +25,10 @@ use kube::{
 use nodeward_api::{
     NodeReport,
     labels::{SHUTDOWN_CORDON_BY, SHUTDOWN_TAINT},
+    node::Applied,
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
-use nodeward_runtime::{
-    cordon::{self, Applied},
-    events::Events,
-};
+use nodeward_runtime::{cordon, events::Events};
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;

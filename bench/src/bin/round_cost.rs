@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Instant};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Node;
 use nodeward_api::{DisruptionPolicy, NodeMaintenance, NodeReport};
-use nodeward_coordinator::round::{self, Memory, Objects};
+use nodeward_decide::round::{self, Memory, Objects};
 use serde_json::json;
 
 #[derive(Parser)]

@@ -21,10 +21,9 @@ use nodeward_api::{
 };
 
 use super::Controller;
-use crate::{
-    metrics::ReasonLabels,
-    round::{self, Objects},
-};
+use nodeward_decide::round::{self, Objects};
+
+use crate::metrics::DenialLabels;
 
 /// A denial whose reason is unchanged and whose message follows the rollout's progress is
 /// rewritten (new message) at most this often.
@@ -200,8 +199,9 @@ impl Controller {
                 self.writer
                     .metrics
                     .denials
-                    .get_or_create(&ReasonLabels {
-                        reason: denial.reason.to_owned(),
+                    .get_or_create(&DenialLabels {
+                        rule: denial.rule,
+                        reason: denial.reason,
                     })
                     .inc();
                 self.writer.event(
@@ -225,6 +225,7 @@ mod tests {
     fn denial(reason: &'static str, message: &str, gives_back_slots: bool) -> round::Denial {
         round::Denial {
             maintenance: "m".into(),
+            rule: "budget",
             reason,
             message: message.into(),
             gives_back_slots,

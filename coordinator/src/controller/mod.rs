@@ -1,5 +1,5 @@
 //! The coordinator's control loop: watches Nodes, DisruptionPolicies, NodeMaintenances and
-//! NodeReports into reflector stores, and while it leads, runs a round ([`crate::round`]) on
+//! NodeReports into reflector stores, and while it leads, runs a round ([`nodeward_decide::round`]) on
 //! every change (and every `resync`, for windows and durations that pass with time) and
 //! carries the plan out: budget slots first, as conditional writes of each policy's status,
 //! then the maintenances they admit, denials, endings and remediation.
@@ -36,10 +36,14 @@ use watch::Fresh;
 pub use watch::{Changes, Stores};
 use write::Writer;
 
-use crate::{
-    blockers::{self, Lookups},
-    metrics::{Metrics, RoundLabels},
+use nodeward_decide::{
+    blockers,
     round::{self, Gone, Memory, Objects, Plan, Standing},
+};
+
+use crate::{
+    blockers::Lookups,
+    metrics::{Metrics, RoundLabels},
     workloads,
 };
 

@@ -8,7 +8,7 @@ use kube::runtime::events::EventType;
 use nodeward_runtime::cordon;
 
 use super::Controller;
-use crate::round::{self, Plan};
+use nodeward_decide::round::{self, Plan};
 
 impl Controller {
     /// The plan's changes to Nodes: out-of-service taints, pending taints, labels.

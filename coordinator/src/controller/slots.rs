@@ -12,7 +12,7 @@ use nodeward_api::{DisruptionPolicy, DisruptionPolicyStatus};
 use nodeward_runtime::ApiError;
 
 use super::Controller;
-use crate::round::Objects;
+use nodeward_decide::round::Objects;
 
 impl Controller {
     /// Writes each changed policy status with the resourceVersion of the version in

@@ -1,4 +1,4 @@
-//! Carrying out a round's surge work ([`crate::round::surge`]) for one maintenance: the
+//! Carrying out a round's surge work ([`nodeward_decide::round::surge`]) for one maintenance: the
 //! finalizer first when a raise is due, the record before the raise, the scale changes, what
 //! they did, and the finalizer off once nothing stays raised. Each write is a compare-and-swap
 //! on the maintenance, so a step cut short is redone from the record by the next round.
@@ -16,16 +16,15 @@ use nodeward_api::{
 use nodeward_runtime::ApiError;
 
 use super::{Controller, write::Writer};
-use crate::{
-    round::{
-        Objects,
-        surge::{Finalizer, Work},
-    },
-    workloads::{self, Scaled},
+use nodeward_decide::round::{
+    Objects,
+    surge::{Finalizer, Work},
 };
 
+use crate::workloads::{self, Scaled};
+
 impl Controller {
-    /// Carries out one maintenance's surge work ([`crate::round::surge`]).
+    /// Carries out one maintenance's surge work ([`nodeward_decide::round::surge`]).
     pub(super) async fn surge(&mut self, objects: &Objects, work: &Work) {
         if let Some(m) = Self::maintenance(objects, &work.maintenance) {
             self.writer.surge(m, work).await;

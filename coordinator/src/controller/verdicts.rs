@@ -1,4 +1,4 @@
-//! Writing the workload gate's verdicts ([`crate::round::workload_gate`]) on Verifying
+//! Writing the workload gate's verdicts ([`nodeward_decide::round::workload_gate`]) on Verifying
 //! reboots: the `WorkloadsAvailable` condition their agents wait for, and an Event when the
 //! verdict's reason changes.
 
@@ -7,7 +7,7 @@ use kube::runtime::events::EventType;
 use nodeward_api::conditions::{maintenance::WORKLOADS_AVAILABLE, workloads as reasons};
 
 use super::Controller;
-use crate::round::{self, Objects, workload_gate::WorkloadVerdict};
+use nodeward_decide::round::{self, Objects, workload_gate::WorkloadVerdict};
 
 impl Controller {
     /// Writes `verdict` (conditionally on the maintenance's version: a lost race is decided

@@ -28,7 +28,7 @@ use nodeward_api::{
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 
-use crate::round::Objects;
+use nodeward_decide::round::Objects;
 
 /// What changed since the controller last looked: maintenances that appeared pending (an
 /// admission-only round can decide them) or anything else (a full round).

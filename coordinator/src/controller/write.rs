@@ -30,11 +30,12 @@ use super::{
     Controller,
     watch::{Changes, Fresh},
 };
-use crate::{
+use nodeward_decide::{
     deadlines,
-    metrics::{Metrics, PolicyLabels, ReasonLabels},
     round::{self, Objects, Plan},
 };
+
+use crate::metrics::{Metrics, PolicyLabels, ReasonLabels};
 
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);

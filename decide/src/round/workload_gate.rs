@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance,
     conditions::{maintenance::WORKLOADS_AVAILABLE, workloads as reasons},

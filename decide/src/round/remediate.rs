@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{
     MaintenanceAction, MaintenanceReason, NodeMaintenance,
     conditions::node as node_conditions,
@@ -135,7 +135,7 @@ pub(super) fn admit_without_agent(
             deciding.disrupted.insert(node.to_owned());
             Ok(())
         }
-        Decision::Deny { message, .. } => Err(message),
+        Decision::Deny(denied) => Err(denied.message),
     }
 }
 

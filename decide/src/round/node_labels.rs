@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{
     MaintenancePhase, NodeMaintenance,
     labels::{IN_PROGRESS_ANNOTATION, LABELS_BEFORE_ANNOTATION, LAST_MAINTENANCE_ANNOTATION},

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::{Resource, ResourceExt};
+use kube_core::{Resource, ResourceExt};
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, NodeReport,
     fleet::LEASE_PREFIX,

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 
 use crate::admission::decide::NodeState;
 use nodeward_api::{

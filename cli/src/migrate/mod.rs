@@ -1,4 +1,4 @@
-//! `nodeward-coordinator migrate`: what a cluster running kured or node-problem-detector is
+//! `kubectl nodeward migrate`: what a cluster running kured or node-problem-detector is
 //! configured to do, as the DisruptionPolicy and Helm values that do the same with nodeward,
 //! and what cannot be carried over (with what to do instead). The reading is pure ([`kured`],
 //! [`npd`]); this module reads the input (files, or the objects in the cluster) and prints.
@@ -171,7 +171,7 @@ pub fn render(name: &str, migration: &Migration) -> String {
         "spec": migration.policy_spec,
     });
     let mut out =
-        String::from("# nodeward-coordinator migrate: the DisruptionPolicy (kubectl apply -f)\n");
+        String::from("# kubectl nodeward migrate: the DisruptionPolicy (kubectl apply -f)\n");
     out.push_str(&serde_yaml::to_string(&policy).unwrap_or_default());
     out.push_str("---\n# Helm values for the nodeward chart (helm install -f): as a comment, not an object\n");
     for line in serde_yaml::to_string(&migration.values)

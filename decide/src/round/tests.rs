@@ -1,7 +1,7 @@
 //! The round's decisions, from watched objects to plan.
 
 use super::{fixtures::*, *};
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use serde_json::json;
 
 #[test]
@@ -1232,7 +1232,7 @@ fn out_of_service_waits_for_the_budget_and_pause() {
 fn nodewards_out_of_service_taint_goes_once_the_node_is_ready() {
     let mut objects = cluster(1);
     let mut n0 = node("n0").build().as_ref().clone();
-    nodeward_runtime::cordon::out_of_service(&mut n0, true, "dead");
+    nodeward_api::node::out_of_service(&mut n0, true, "dead");
     objects.nodes = vec![Arc::new(n0)];
     let round = plan(&objects, &mut Memory::default(), t(200));
     assert_eq!(round.out_of_service.len(), 1);

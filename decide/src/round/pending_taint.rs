@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{MaintenancePhase, labels::PENDING_TAINT};
 
 use super::{PendingTaint, Plan, view::Index};

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::{Resource, ResourceExt};
+use kube_core::{Resource, ResourceExt};
 use nodeward_api::{
     MaintenanceAction, MaintenancePhase,
     conditions::{maintenance as maintenance_conditions, overdue},

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use kube::{Resource, ResourceExt};
+use kube_core::{Resource, ResourceExt};
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
     policy::{BudgetSlot, ResolvedDeadlines},
@@ -142,7 +142,7 @@ pub(super) fn admit_pending(
                     surges,
                 });
             }
-            Decision::Deny { reason, message } => {
+            Decision::Deny(denied) => {
                 // A half-done admission that no longer fits keeps its slots and its node for
                 // this round. Another coordinator's admission write of it may still be on its
                 // way: only a denial written over the very version decided on fences that
@@ -153,8 +153,9 @@ pub(super) fn admit_pending(
                 }
                 plan.deny.push(Denial {
                     maintenance: name,
-                    reason,
-                    message,
+                    rule: denied.rule,
+                    reason: denied.reason,
+                    message: denied.message,
                     gives_back_slots: holds_slots,
                 });
             }

@@ -203,6 +203,8 @@ pub struct Admission {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Denial {
     pub maintenance: String,
+    /// The admission rule that denied it ([`crate::admission::rules::RULES`]).
+    pub rule: &'static str,
     pub reason: &'static str,
     pub message: String,
     /// A half-done admission (its slots written, the maintenance still Pending) that no longer

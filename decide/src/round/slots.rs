@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, policy::BudgetSlot,
 };

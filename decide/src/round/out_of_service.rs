@@ -4,7 +4,7 @@
 //! stateful pods start elsewhere), decided like any remediation; and it takes its own taint
 //! away once the node is Ready again.
 
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 use nodeward_api::{
     labels::{OUT_OF_SERVICE_ANNOTATION, OUT_OF_SERVICE_TAINT},
     node::is_ready,

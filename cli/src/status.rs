@@ -1,19 +1,11 @@
-//! `nodeward-coordinator status`: policies with their budget use, maintenances with their
-//! phase, and unhealthy nodes, as one round of the coordinator would see them now.
+//! `kubectl nodeward status`: policies with their budget use, maintenances with their phase,
+//! and unhealthy nodes, as one round of the coordinator would see them now.
 
-use std::{collections::BTreeMap, fmt::Write, sync::Arc};
+use std::fmt::Write;
 
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client, Resource, ResourceExt, api::ListParams};
-use nodeward_api::fleet::LEASE_LABEL;
-use nodeward_runtime::ApiError;
-use serde::de::DeserializeOwned;
-
-use crate::{
-    Error,
-    round::{self, Memory, Objects},
-};
+use kube::ResourceExt;
+use nodeward_decide::round::{self, Memory, Objects};
 
 /// Renders the report. `now` is injected for tests.
 pub fn render(objects: &Objects, now: Timestamp) -> String {
@@ -136,36 +128,4 @@ fn table<const N: usize>(out: &mut String, rows: &[[String; N]]) {
         out.push_str(line.trim_end());
         out.push('\n');
     }
-}
-
-/// Lists every watched kind once (for `status`).
-pub async fn list_all(client: &Client) -> Result<Objects, Error> {
-    async fn list<K>(client: &Client) -> Result<Vec<Arc<K>>, Error>
-    where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-    {
-        let api: Api<K> = Api::all(client.clone());
-        let listed = api
-            .list(&Default::default())
-            .await
-            .map_err(|e| ApiError::new("listing", K::plural(&()).into_owned(), e))?;
-        Ok(listed.items.into_iter().map(Arc::new).collect())
-    }
-    let leases: Api<Lease> = Api::all(client.clone());
-    let leases = leases
-        .list(&ListParams::default().labels(LEASE_LABEL))
-        .await
-        .map_err(|e| ApiError::new("listing", "the agents' leases".into(), e))?;
-    Ok(Objects {
-        nodes: list(client).await?,
-        policies: list(client).await?,
-        maintenances: list(client).await?,
-        reports: list(client).await?,
-        leases: leases.items.into_iter().map(Arc::new).collect(),
-        blockers: BTreeMap::new(),
-        workloads: BTreeMap::new(),
-        availability: BTreeMap::new(),
-        scans: BTreeMap::new(),
-        surged: BTreeMap::new(),
-    })
 }

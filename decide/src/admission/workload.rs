@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
-use kube::ResourceExt;
+use kube_core::ResourceExt;
 
 /// Why each node is held back by a budget, for the budgets that allow no disruption now and
 /// the pods each selects (`budgets`: a budget with the pods its selector took in its

@@ -1,0 +1,106 @@
+//! What admission knows of the cluster, as plain data: each node's state, each policy with its
+//! limits resolved to counts, the disrupted nodes, and the maintenance to decide. The rounds in
+//! [`crate::round`] build it from the watched objects; [`super::rules`] judge by it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use nodeward_api::policy::ResolvedDeadlines;
+
+/// What admission needs to know of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeState {
+    /// The Node object's uid.
+    pub uid: String,
+    pub ready: bool,
+    pub control_plane: bool,
+    /// Unhealthy by the remediation rules (NotReady, conditions held too long, stale agent).
+    pub unhealthy: bool,
+    /// Why a disruption of this node is blocked right now (a blocking pod, a firing alert);
+    /// does not hold back remediation.
+    pub blocker: Option<String>,
+    /// Which PodDisruptionBudget allows no disruption of a pod on the node now (see
+    /// [`super::workload`]).
+    pub workload: Option<String>,
+    /// The surges an admission of the node plans (see [`crate::round::surge`]).
+    pub surges: Vec<nodeward_api::maintenance::Surge>,
+    /// Why the node's pods are not known (not looked at yet, or the lookup failed): without
+    /// them an admission could not plan the surges its Deployments ask for.
+    pub unscanned: Option<String>,
+    /// Why no agent can carry a maintenance of this node out (a missing or stale heartbeat).
+    pub agent_unavailable: Option<String>,
+    /// Why the node is dead (NotReady, its agent silent, unreachable from its peers), if it is:
+    /// the coordinator may then act on it without its agent.
+    pub dead: Option<String>,
+}
+
+/// One policy, with its limits already resolved to counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyState {
+    pub name: String,
+    /// The nodes its selector matches.
+    pub matched: BTreeSet<String>,
+    pub max_concurrent: usize,
+    pub max_unhealthy: Option<usize>,
+    pub paused: bool,
+    /// Whether one of its windows is open now (true when it has none).
+    pub window_open: bool,
+    pub allow_sole_control_plane: bool,
+    /// `workloadGate.checkDisruptionBudgets`.
+    pub checks_workloads: bool,
+    /// Why the policy cannot be applied (an invalid selector, limit or window): nothing in
+    /// its scope is admitted until it is fixed.
+    pub invalid: Option<String>,
+    /// Its deadlines, defaults filled in.
+    pub deadlines: ResolvedDeadlines,
+}
+
+/// The cluster as admission sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cluster {
+    pub nodes: BTreeMap<String, NodeState>,
+    pub policies: Vec<PolicyState>,
+    /// Nodes with an admitted, unfinished maintenance.
+    pub disrupted: BTreeSet<String>,
+}
+
+impl Cluster {
+    /// Its NotReady nodes. Readiness stays put while a round decides (only `disrupted` grows),
+    /// so a round takes this once instead of scanning every node for each decision: thousands
+    /// of pending maintenances would cost thousands of scans of thousands of nodes.
+    pub fn not_ready(&self) -> BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, s)| !s.ready)
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The nodes of `policy` that count against its budget: disrupted, or NotReady (of
+    /// `not_ready`, [`Self::not_ready`]) except `except`, the node being decided, whose own
+    /// NotReady is what its maintenance fixes.
+    pub fn in_use<'a>(
+        &'a self,
+        policy: &PolicyState,
+        not_ready: &'a BTreeSet<String>,
+        except: Option<&str>,
+    ) -> BTreeSet<&'a String> {
+        // Disrupted and NotReady nodes are few; a policy can match thousands.
+        self.disrupted
+            .iter()
+            .chain(not_ready.iter().filter(|n| Some(n.as_str()) != except))
+            .filter(|n| policy.matched.contains(*n))
+            .collect()
+    }
+}
+
+/// A maintenance waiting for admission.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub maintenance: String,
+    pub node: String,
+    /// Reason `Remediation` (subject to `maxUnhealthy`).
+    pub remediation: bool,
+    /// Whether the node's agent carries it out (a coordinator action, such as deleting a node
+    /// that never became Ready, needs none).
+    pub needs_agent: bool,
+}

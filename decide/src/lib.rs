@@ -1,0 +1,19 @@
+//! nodeward-decide: every decision the coordinator (and `kubectl nodeward`) makes, as pure
+//! functions over plain data. Nothing here does I/O: the crate depends on no Kubernetes client,
+//! async runtime or socket, so the compiler keeps it that way.
+//!
+//! - [`admission`]: whether a pending maintenance may go now, rule by rule
+//!   ([`admission::rules::RULES`]), with the budget arithmetic and maintenance windows;
+//! - [`round`]: one round of the coordinator as named stages, from the watched objects to a
+//!   [`round::Plan`];
+//! - [`dead`], [`deadlines`], [`health`], [`pause`]: a dead node, each phase's deadline, node
+//!   health and the `maxUnhealthy` gate, when a pause has taken hold;
+//! - [`blockers`]: what to look up before a round and what its answers block.
+
+pub mod admission;
+pub mod blockers;
+pub mod dead;
+pub mod deadlines;
+pub mod health;
+pub mod pause;
+pub mod round;
