@@ -26,8 +26,8 @@ dist_version() {
 dist_inputs() {
   (cd "$dist_root" && git ls-files -co --exclude-standard -- \
     Cargo.toml Cargo.lock rust-toolchain.toml \
-    {api,runtime,agent,coordinator}/Cargo.toml {api,runtime,agent,coordinator}/build.rs \
-    {api,runtime,agent,coordinator}/src \
+    {api,decide,runtime,agent,coordinator}/Cargo.toml {api,decide,runtime,agent,coordinator}/build.rs \
+    {api,decide,runtime,agent,coordinator}/src \
     dist/lib.sh dist/binaries | LC_ALL=C sort)
 }
 
