@@ -107,6 +107,9 @@ pub fn selectors(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The longest message of a condition (metav1.Condition's own bound).
+pub const CONDITION_MESSAGE_LIMIT: usize = 32768;
+
 /// A status's conditions, one per type.
 pub fn conditions(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
@@ -121,7 +124,7 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
                 "type": {"type": "string", "maxLength": 316},
                 "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
                 "reason": {"type": "string", "maxLength": 1024},
-                "message": {"type": "string", "maxLength": 32768},
+                "message": {"type": "string", "maxLength": CONDITION_MESSAGE_LIMIT},
                 "lastTransitionTime": {"type": "string", "format": "date-time"},
                 "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0}
             }

@@ -5,16 +5,23 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 /// Sets `condition` in `conditions` (one per type, sorted by type), keeping the transition
 /// time of the one it replaces while the status stays the same.
-pub fn set(conditions: &mut Vec<Condition>, mut condition: Condition) {
+pub fn set(conditions: &mut Vec<Condition>, condition: Condition) {
+    let condition = carried(conditions, condition);
+    conditions.retain(|c| c.type_ != condition.type_);
+    conditions.push(condition);
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// `condition` as it replaces its type among `conditions`: with the transition time it had
+/// while its status stays the same.
+pub fn carried(conditions: &[Condition], mut condition: Condition) -> Condition {
     if let Some(old) = conditions
         .iter()
         .find(|c| c.type_ == condition.type_ && c.status == condition.status)
     {
         condition.last_transition_time = old.last_transition_time.clone();
     }
-    conditions.retain(|c| c.type_ != condition.type_);
-    conditions.push(condition);
-    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+    condition
 }
 
 /// Node condition types, one per problem the agent detects.

@@ -171,6 +171,13 @@ impl NodeMaintenance {
         self.status.as_ref().map(|s| s.phase).unwrap_or_default()
     }
 
+    /// Its status's conditions (none before a status).
+    pub fn conditions(&self) -> &[Condition] {
+        self.status
+            .as_ref()
+            .map_or(&[], |s| s.conditions.as_slice())
+    }
+
     /// Whether it holds its node disrupted: see [`MaintenancePhase::is_active`].
     pub fn is_active(&self) -> bool {
         self.phase().is_active()

@@ -23,6 +23,7 @@ use nodeward_runtime::ApiError;
 use tokio::sync::watch;
 
 use crate::{Error, metrics::Metrics};
+use nodeward_runtime::write::{self, Outcome};
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -174,11 +175,11 @@ async fn step(
             },
             spec: Some(held_spec(settings, 0)),
         };
-        return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+        return match write::create(api, &lease).await {
+            Outcome::Written(_) => Ok(true),
             // Someone else created it first; follow them next round.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-            Err(e) => Err(ApiError::new("creating lease", settings.name.clone(), e).into()),
+            Outcome::Conflict(_) => Ok(false),
+            Outcome::Gone(e) | Outcome::Failed(e) => Err(e.into()),
         };
     };
     let old = lease.spec.take().unwrap_or_default();
@@ -197,13 +198,10 @@ async fn step(
     lease.spec = Some(spec);
     // The resourceVersion in `lease` makes this a compare-and-swap: of two candidates only one
     // wins, the other gets Conflict and follows.
-    match api
-        .replace(&settings.name, &PostParams::default(), &lease)
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
-        Err(e) => Err(ApiError::new("updating lease", settings.name.clone(), e).into()),
+    match write::replace(api, &lease).await {
+        Outcome::Written(_) => Ok(true),
+        Outcome::Conflict(_) => Ok(false),
+        Outcome::Gone(e) | Outcome::Failed(e) => Err(e.into()),
     }
 }
 

@@ -11,6 +11,7 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube::{Api, Client, api::DeleteParams};
+use nodeward_runtime::write::{self, Outcome};
 use nodeward_runtime::{ApiError, backoff::Backoff};
 
 /// What the chart appends to the policy's name for its copy.
@@ -79,20 +80,19 @@ pub async fn retire_once(client: &Client, policy: &str) -> Result<bool, ApiError
     let copy = copy_of(policy);
     // The binding first: a policy without a binding enforces nothing, a binding without its
     // policy is an error the API server reports on every request it matches.
-    delete_if_present(&bindings, "ValidatingAdmissionPolicyBinding", &copy).await?;
+    delete_if_present(&bindings, &copy).await?;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
-    delete_if_present(&policies, "ValidatingAdmissionPolicy", &copy).await?;
+    delete_if_present(&policies, &copy).await?;
     Ok(true)
 }
 
-async fn delete_if_present<K>(api: &Api<K>, kind: &str, name: &str) -> Result<(), ApiError>
+async fn delete_if_present<K>(api: &Api<K>, name: &str) -> Result<(), ApiError>
 where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(e) => Err(ApiError::new("deleting", format!("{kind} {name}"), e)),
+    match write::delete(api, name, &DeleteParams::default()).await {
+        Outcome::Written(()) | Outcome::Gone(_) => Ok(()),
+        Outcome::Conflict(e) | Outcome::Failed(e) => Err(e),
     }
 }
 

@@ -17,6 +17,10 @@ use k8s_openapi::api::{
     core::v1::{Pod, ReplicationController},
     policy::v1::PodDisruptionBudget,
 };
+use k8s_openapi::{
+    api::autoscaling::v1::{Scale, ScaleSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
 use nodeward_api::maintenance::WorkloadRef;
 
@@ -432,10 +436,15 @@ pub async fn scale(
     if replicas != from {
         return Ok(Scaled::Changed(replicas));
     }
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": current.metadata.resource_version},
-        "spec": {"replicas": to},
-    });
+    // A compare-and-swap: the resourceVersion read, and the replicas to set.
+    let patch = Scale {
+        metadata: ObjectMeta {
+            resource_version: current.metadata.resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: Some(ScaleSpec { replicas: Some(to) }),
+        status: None,
+    };
     let params = kube::api::PatchParams::default();
     match tokio::time::timeout(
         LOOKUP_TIMEOUT,

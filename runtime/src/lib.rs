@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod server;
 pub mod telemetry;
 pub mod watch;
+pub mod write;
 
 /// What `--version` prints: the version, the git revision and the target the binary was built
 /// for, e.g. `0.1.0 (revision 1a2b3c4d5e6f, x86_64-unknown-linux-musl)`.

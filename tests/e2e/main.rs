@@ -6,3 +6,4 @@ mod identity;
 mod images;
 mod packaging;
 mod smoke;
+mod writes;

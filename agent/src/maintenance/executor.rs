@@ -15,17 +15,19 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{Patch, PatchParams},
     runtime::{events::EventType, reflector},
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, StatusPatch,
     conditions::maintenance as maintenance_conditions,
-    labels::{MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
+    labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     node::Applied,
 };
-use nodeward_runtime::{ApiError, cordon, events::Events};
-use serde_json::json;
+use nodeward_runtime::{
+    ApiError, cordon,
+    events::Events,
+    write::{self, Part, Swap},
+};
 
 use super::{
     lifecycle::{self, Facts, Gate, Step},
@@ -541,19 +543,15 @@ impl Executor {
         ))
     }
 
+    /// The drain's progress, applied by the agent alone (it owns these fields): no view of the
+    /// rest of the status is needed.
     async fn progress(&self, m: &NodeMaintenance, p: &Progress) {
-        let patch = StatusPatch::progress(p.total, p.remaining, &p.blocking)
-            .evicted(m, &p.workloads)
-            .to_patch();
+        let patch =
+            StatusPatch::progress(p.total, p.remaining, &p.blocking).evicted(m, &p.workloads);
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        if let Err(e) = api
-            .patch_status(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
+        let name = m.name_any();
+        let applied = write::apply(&api, &name, Part::Status, AGENT_FIELD_MANAGER, &patch);
+        if let Err(e) = applied.await.required() {
             tracing::warn!(maintenance = %m.name_any(), correlation = %uid(m), error = %e, "writing drain progress");
         }
     }
@@ -588,12 +586,10 @@ impl Executor {
         }
         let mut patch = StatusPatch::enter(&current, phase, message, Time(Timestamp::now()));
         extra(&mut patch, &current);
-        let mut body = patch.to_patch();
-        // The resourceVersion read makes the write conditional on nothing having changed since.
-        body["metadata"] = json!({"resourceVersion": current.resource_version()});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        // Conditional on nothing having changed since `current` was read.
+        write::swap(&api, &current, Swap::Status(&patch))
             .await
-            .map_err(context)?;
+            .required()?;
         if let Ok(mut written) = self.written.lock() {
             written.insert(uid(m), phase);
         }
@@ -612,47 +608,27 @@ impl Executor {
         } else {
             finalizers.retain(|f| f != MAINTENANCE_FINALIZER);
         }
-        // The resourceVersion makes this a compare-and-swap on the finalizer list.
-        let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": m.resource_version()}});
-        let name = m.name_any();
+        // A compare-and-swap on the finalizer list.
         let maintenances = Api::<NodeMaintenance>::all(self.client.clone());
-        match maintenances
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        write::swap::<_, ()>(&maintenances, m, Swap::Finalizers(&finalizers))
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let object = format!("NodeMaintenance {name}");
-                Err(ApiError::new("updating the finalizers of", object, e).into())
-            }
-        }
+            .required()?;
+        Ok(())
     }
 
-    /// Sets `condition` on `m`'s status, keeping its other conditions. The list is written
-    /// whole, so the write is conditional on `m`'s resourceVersion: over a stale view it would
-    /// drop a condition the coordinator set since; it fails instead and the next tick, with a
-    /// fresh view, writes it again.
+    /// Sets `condition` on `m`'s status (keeping its transition time while its status stays the
+    /// same), applied as the only owner of that condition type: the coordinator's conditions and
+    /// the agent's others stay, whatever view `m` is.
     pub(super) async fn set_condition(
         &self,
         m: &NodeMaintenance,
         condition: Condition,
     ) -> Result<(), crate::Error> {
-        let mut patch = StatusPatch::default().condition(m, condition).to_patch();
-        patch["metadata"] = json!({"resourceVersion": m.resource_version()});
-        Api::<NodeMaintenance>::all(self.client.clone())
-            .patch_status(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
+        let condition = nodeward_api::conditions::carried(m.conditions(), condition);
+        let api = Api::<NodeMaintenance>::all(self.client.clone());
+        write::apply_condition(&api, &m.name_any(), AGENT_FIELD_MANAGER, &condition)
             .await
-            .map_err(|e| {
-                ApiError::new(
-                    "writing the status of",
-                    format!("NodeMaintenance {}", m.name_any()),
-                    e,
-                )
-            })?;
+            .required()?;
         Ok(())
     }
 

@@ -3,11 +3,12 @@
 //! the agent's `--auto-reboot`), the agent asks for one Reboot NodeMaintenance per boot. The
 //! name derives from the node and the boot id, so asking again is harmless.
 
-use kube::{Api, Client, api::PostParams};
+use kube::{Api, Client};
 use nodeward_api::{
     MaintenanceAction, MaintenanceReason, NodeMaintenance, conditions::node::REBOOT_REQUIRED,
     labels::AGENT_FIELD_MANAGER,
 };
+use nodeward_runtime::write::{self, Outcome};
 use tokio::sync::watch;
 
 use crate::{detect::Status, runner::Snapshot};
@@ -67,19 +68,17 @@ async fn request(client: &Client, node: &str, name: &str) -> bool {
         AGENT_FIELD_MANAGER,
         "the node reports RebootRequired".to_owned(),
     );
-    match Api::<NodeMaintenance>::all(client.clone())
-        .create(&PostParams::default(), &maintenance)
-        .await
-    {
-        Ok(_) => {
+    let api = Api::<NodeMaintenance>::all(client.clone());
+    match write::create(&api, &maintenance).await {
+        Outcome::Written(_) => {
             tracing::info!(maintenance = %name, "reboot required: asked the coordinator for a reboot");
             true
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => {
+        Outcome::Conflict(_) => {
             tracing::info!(maintenance = %name, "reboot required: already asked for in this boot");
             true
         }
-        Err(e) => {
+        Outcome::Gone(e) | Outcome::Failed(e) => {
             tracing::warn!(error = %e, maintenance = %name, "asking for a reboot failed; retrying");
             false
         }

@@ -16,25 +16,24 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::Node,
+    api::core::v1::{Node, NodeCondition as Condition, NodeStatus},
     apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
     jiff::Timestamp,
 };
-use kube::{
-    Api, Client, Resource,
-    api::{GetParams, Patch, PatchParams, PostParams},
-    runtime::events::EventType,
-};
+use kube::{Api, Client, Resource, api::GetParams, runtime::events::EventType};
 use nodeward_api::bounds::{MESSAGE_LIMIT, cut};
 use nodeward_api::{
-    NodeReport,
+    NodeReport, NodeReportStatus,
     labels::AGENT_FIELD_MANAGER,
     report::PauseAcknowledgement,
     report::{AgentMode, Finding as ReportedFinding, KernelLogSource},
 };
-use nodeward_runtime::{ApiError, events::Events};
+use nodeward_runtime::{
+    ApiError,
+    events::Events,
+    write::{self, Part},
+};
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::{mpsc, watch};
 
 use self::{
@@ -350,7 +349,7 @@ impl Reporter {
             return Ok(());
         }
         let now = Timestamp::now();
-        let conditions: Vec<serde_json::Value> = desired
+        let conditions: Vec<Condition> = desired
             .iter()
             .map(|c| {
                 let since = match self.status_since.get(&c.type_) {
@@ -358,14 +357,14 @@ impl Reporter {
                     _ => now,
                 };
                 self.status_since.insert(c.type_.clone(), (c.status, since));
-                json!({
-                    "type": c.type_,
-                    "status": c.status.condition_status(),
-                    "reason": c.reason,
-                    "message": c.message,
-                    "lastTransitionTime": Time(since),
-                    "lastHeartbeatTime": Time(now),
-                })
+                Condition {
+                    type_: c.type_.clone(),
+                    status: c.status.condition_status().to_owned(),
+                    reason: Some(c.reason.clone()),
+                    message: Some(c.message.clone()),
+                    last_transition_time: Some(Time(since)),
+                    last_heartbeat_time: Some(Time(now)),
+                }
             })
             .collect();
         let Some(node) = self.apply_conditions(&nodes, &name, conditions).await? else {
@@ -382,30 +381,21 @@ impl Reporter {
         Ok(())
     }
 
-    /// Applies `conditions` to the Node `name`: the Node as written, `None` if it is gone.
+    /// Applies `conditions` to the Node `name` (the agent owns them; the kubelet's stay): the
+    /// Node as written, `None` if it is gone.
     async fn apply_conditions(
         &self,
         nodes: &Api<Node>,
         name: &str,
-        conditions: Vec<serde_json::Value>,
+        conditions: Vec<Condition>,
     ) -> Result<Option<Node>, Error> {
-        let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": name},
-            "status": {"conditions": conditions},
-        });
-        let result = nodes
-            .patch_status(name, &as_the_agent(), &Patch::Apply(&patch))
-            .await;
-        self.metrics.api_write("nodes/status", result.is_ok());
-        match result {
-            Ok(node) => Ok(Some(node)),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
-            Err(e) => {
-                Err(ApiError::new("applying conditions to", format!("node {name}"), e).into())
-            }
-        }
+        let status = NodeStatus {
+            conditions: Some(conditions),
+            ..NodeStatus::default()
+        };
+        let applied = write::apply(nodes, name, Part::Status, AGENT_FIELD_MANAGER, &status).await;
+        self.metrics.api_write("nodes/status", applied.is_written());
+        Ok(applied.or_gone()?)
     }
 
     /// Publishes Events about `reference`, within the rate limit.
@@ -437,7 +427,6 @@ impl Reporter {
     ) -> Result<(), Error> {
         let reports: Api<NodeReport> = Api::all(self.client.clone());
         let name = self.identity.node_name.clone();
-        let object = format!("NodeReport {name}");
         if !self.report_owned {
             self.report_owned = self.ensure_report(&reports).await?;
         }
@@ -447,34 +436,37 @@ impl Reporter {
             .map(reported)
             .collect();
         let problems = findings.iter().filter(|f| f.status == "True").count();
-        let patch = json!({
-            "apiVersion": NodeReport::api_version(&()),
-            "kind": NodeReport::kind(&()),
-            "metadata": {"name": name},
-            "status": {
-                "agentVersion": env!("CARGO_PKG_VERSION"),
-                "mode": self.identity.mode,
-                "bootId": self.identity.boot_id,
-                "heartbeatTime": Time(Timestamp::now()),
-                "problems": problems,
-                "findings": findings,
-                "pauseAcknowledgements": pauses,
-                "peerSightings": self.sightings.as_ref().map(Sightings::latest).unwrap_or_default(),
-                "kernelLog": self.kernel_position(),
-                "journalLog": self.journal_positions(),
-            },
-        });
-        let report = reports
-            .patch_status(&name, &as_the_agent(), &Patch::Apply(&patch))
-            .await
-            .map_err(|e| {
+        // Only the fields the reporter owns: the shutdown guard owns the inhibitor and the
+        // shutdown under a field manager of its own.
+        let status = NodeReportStatus {
+            agent_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
+            mode: Some(self.identity.mode),
+            boot_id: self.identity.boot_id.clone(),
+            heartbeat_time: Some(Time(Timestamp::now())),
+            problems: i32::try_from(problems).unwrap_or(i32::MAX),
+            findings,
+            pause_acknowledgements: pauses.to_vec(),
+            peer_sightings: self
+                .sightings
+                .as_ref()
+                .map(Sightings::latest)
+                .unwrap_or_default(),
+            kernel_log: self.kernel_position(),
+            journal_log: self.journal_positions(),
+            ..NodeReportStatus::default()
+        };
+        let applied =
+            write::apply(&reports, &name, Part::Status, AGENT_FIELD_MANAGER, &status).await;
+        let report = match applied {
+            write::Outcome::Written(report) => report,
+            write::Outcome::Gone(e) => {
                 // Deleted (with its Node, whose dependent it is, or by hand): the retry makes
                 // it again.
-                if matches!(&e, kube::Error::Api(status) if status.code == 404) {
-                    self.report_owned = false;
-                }
-                ApiError::new("applying the status of", object, e)
-            })?;
+                self.report_owned = false;
+                return Err(e.into());
+            }
+            write::Outcome::Conflict(e) | write::Outcome::Failed(e) => return Err(e.into()),
+        };
         // Report-only findings (an unregistered kubelet, events-only checks) have no Node
         // condition: their Events go on the NodeReport, named as the Node is.
         let report_only = aggregate(
@@ -560,12 +552,12 @@ impl Reporter {
             None => {
                 let mut report = new_report(name);
                 report.metadata.owner_references = owner.clone().map(|o| vec![o]);
-                let created = reports.create(&PostParams::default(), &report).await;
-                self.metrics.api_write("nodereports", created.is_ok());
+                let created = write::create(reports, &report).await;
+                self.metrics.api_write("nodereports", created.is_written());
                 match created {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 409 => return Ok(false),
-                    Err(e) => return Err(ApiError::new("creating", object, e).into()),
+                    write::Outcome::Written(_) => {}
+                    write::Outcome::Conflict(_) => return Ok(false),
+                    write::Outcome::Gone(e) | write::Outcome::Failed(e) => return Err(e.into()),
                 }
             }
             Some(report)
@@ -576,16 +568,12 @@ impl Reporter {
                         .as_ref()
                         .is_none_or(Vec::is_empty) =>
             {
-                let patch = json!({
-                    "apiVersion": NodeReport::api_version(&()),
-                    "kind": NodeReport::kind(&()),
-                    "metadata": {"name": name, "ownerReferences": [owner]},
-                });
-                let applied = reports
-                    .patch(name, &as_the_agent(), &Patch::Apply(&patch))
-                    .await;
-                self.metrics.api_write("nodereports", applied.is_ok());
-                applied.map_err(|e| ApiError::new("setting the owner of", object, e))?;
+                if let Some(owner) = &owner {
+                    let applied =
+                        write::apply_owner(reports, name, AGENT_FIELD_MANAGER, owner).await;
+                    self.metrics.api_write("nodereports", applied.is_written());
+                    applied.required()?;
+                }
             }
             Some(_) => {}
         }
@@ -615,11 +603,6 @@ pub fn new_report(node: &str) -> NodeReport {
     );
     report.metadata.labels = nodeward_api::labels::naming_node(node);
     report
-}
-
-/// Server-side apply as the agent's field manager, taking the fields it sets from any other.
-fn as_the_agent() -> PatchParams {
-    PatchParams::apply(AGENT_FIELD_MANAGER).force()
 }
 
 #[cfg(test)]

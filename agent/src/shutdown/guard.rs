@@ -18,17 +18,20 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{
-    Api, Client, Resource,
-    api::{Patch, PatchParams},
+    Api, Client,
     runtime::{events::EventType, reflector},
 };
 use nodeward_api::{
-    NodeReport,
+    NodeReport, NodeReportStatus,
     labels::{SHUTDOWN_CORDON_BY, SHUTDOWN_TAINT},
     node::Applied,
     report::{InhibitorState, ShutdownPhase, ShutdownProgress},
 };
-use nodeward_runtime::{cordon, events::Events};
+use nodeward_runtime::{
+    cordon,
+    events::Events,
+    write::{self, Outcome, Part},
+};
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
@@ -638,26 +641,23 @@ impl Guard {
             s.written = true;
             s.clone()
         };
-        let patch = serde_json::json!({
-            "apiVersion": NodeReport::api_version(&()),
-            "kind": NodeReport::kind(&()),
-            "metadata": {"name": self.node},
-            "status": {"inhibitor": snapshot.inhibitor, "shutdown": snapshot.shutdown},
-        });
+        // Only what the guard owns: the reporter owns the rest of the status.
+        let status = NodeReportStatus {
+            inhibitor: Some(snapshot.inhibitor),
+            shutdown: snapshot.shutdown,
+            ..NodeReportStatus::default()
+        };
         let reports: Api<NodeReport> = Api::all(self.client.clone());
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let patch = Patch::Apply(&patch);
-        let apply = || reports.patch_status(&self.node, &params, &patch);
+        let apply = || write::apply(&reports, &self.node, Part::Status, FIELD_MANAGER, &status);
         let mut written = apply().await;
-        if let Err(kube::Error::Api(status)) = &written
-            && status.code == 404
-        {
+        if let Outcome::Gone(_) = written {
             // A shutdown can come before the reporter's first round: create the report here
             // (the reporter makes the Node its owner later).
             let report = crate::report::new_report(&self.node);
             let _ = reports.create(&Default::default(), &report).await;
             written = apply().await;
         }
+        let written = written.required();
         if let Err(e) = written {
             tracing::warn!(error = %e, "writing the shutdown state to the NodeReport");
             // Written again with the next change, or the next session.

@@ -20,7 +20,7 @@ use kube::{Api, Client, ResourceExt, runtime::reflector};
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, labels::COORDINATOR_FIELD_MANAGER,
 };
-use nodeward_runtime::{ApiError, events::Events};
+use nodeward_runtime::events::Events;
 use tokio::sync::watch::Receiver;
 
 mod api_waits;
@@ -46,6 +46,7 @@ use crate::{
     metrics::{Metrics, RoundLabels},
     workloads,
 };
+use nodeward_runtime::write::Outcome;
 
 /// The readiness gate the synced watches open: nothing is decided before.
 pub const SYNCED: &str = "the watches have not synced yet";
@@ -244,13 +245,13 @@ impl Controller {
         } in &plan.delete_nodes
         {
             let nodes: Api<Node> = Api::all(self.writer.client.clone());
-            match nodes.delete(node, &write::only(uid)).await {
-                Ok(_) => {
+            match nodeward_runtime::write::delete(&nodes, node, &write::only(uid)).await {
+                Outcome::Written(()) => {
                     tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    tracing::warn!(error = %ApiError::new("deleting", format!("Node {node}"), e), "DeleteNode maintenance")
+                Outcome::Gone(_) => {}
+                Outcome::Conflict(e) | Outcome::Failed(e) => {
+                    tracing::warn!(error = %e, "DeleteNode maintenance")
                 }
             }
         }

@@ -7,12 +7,12 @@ use std::{
     sync::Arc,
 };
 
-use kube::{Api, Resource, ResourceExt, api::PostParams};
+use kube::{Api, Resource, ResourceExt};
 use nodeward_api::{DisruptionPolicy, DisruptionPolicyStatus};
-use nodeward_runtime::ApiError;
 
 use super::Controller;
 use nodeward_decide::round::Objects;
+use nodeward_runtime::write::Outcome;
 
 impl Controller {
     /// Writes each changed policy status with the resourceVersion of the version in
@@ -35,21 +35,18 @@ impl Controller {
                 .writer
                 .changed
                 .writing(&DisruptionPolicy::kind(&()), name);
-            match api
-                .replace_status(name, &PostParams::default(), &updated)
-                .await
-            {
-                Ok(written) => {
+            match nodeward_runtime::write::replace_status(&api, &updated).await {
+                Outcome::Written(written) => {
                     write.done(written.resource_version());
                     self.fresh_policies.record(current, written);
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
+                Outcome::Conflict(_) => {
                     self.writer.metrics.slot_conflicts.inc();
                     tracing::info!(policy = %name, "policy changed since it was read (another writer); deciding again");
                     failed.insert(name.clone());
                 }
-                Err(e) => {
-                    tracing::warn!(error = %ApiError::new("writing the status of", format!("DisruptionPolicy {name}"), e), "budget write failed");
+                Outcome::Gone(e) | Outcome::Failed(e) => {
+                    tracing::warn!(error = %e, "budget write failed");
                     failed.insert(name.clone());
                 }
             }

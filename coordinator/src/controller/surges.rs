@@ -3,17 +3,12 @@
 //! they did, and the finalizer off once nothing stays raised. Each write is a compare-and-swap
 //! on the maintenance, so a step cut short is redone from the record by the next round.
 
-use kube::{
-    Api, ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::events::EventType,
-};
+use kube::{Api, ResourceExt, runtime::events::EventType};
 use nodeward_api::{
     NodeMaintenance,
     labels::SURGE_FINALIZER,
     maintenance::{Surge, SurgeState},
 };
-use nodeward_runtime::ApiError;
 
 use super::{Controller, write::Writer};
 use nodeward_decide::round::{
@@ -22,6 +17,7 @@ use nodeward_decide::round::{
 };
 
 use crate::workloads::{self, Scaled};
+use nodeward_runtime::write::{Outcome, Swap};
 
 impl Controller {
     /// Carries out one maintenance's surge work ([`nodeward_decide::round::surge`]).
@@ -157,22 +153,17 @@ impl Writer {
         if present {
             finalizers.push(SURGE_FINALIZER.to_owned());
         }
-        let patch = serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": m.resource_version()}});
-        let name = m.name_any();
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(patched) => Some(patched),
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => None,
-            Err(e) => {
+        match nodeward_runtime::write::swap::<_, ()>(&api, m, Swap::Finalizers(&finalizers)).await {
+            Outcome::Written(patched) => Some(patched),
+            Outcome::Conflict(_) | Outcome::Gone(_) => None,
+            Outcome::Failed(e) => {
                 let doing = if present {
-                    "adding the surge finalizer to"
+                    "adding the surge finalizer"
                 } else {
-                    "removing the surge finalizer from"
+                    "removing the surge finalizer"
                 };
-                tracing::warn!(error = %ApiError::new(doing, format!("NodeMaintenance {name}"), e), "surge");
+                tracing::warn!(error = %e, doing, "surge");
                 None
             }
         }

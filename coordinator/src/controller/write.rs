@@ -8,10 +8,13 @@ use std::{
 };
 
 use jiff::Timestamp;
-use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeStatus},
+    apimachinery::pkg::apis::meta::v1::Time,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions},
+    api::{DeleteParams, PostParams, Preconditions},
     runtime::events::EventType,
 };
 use nodeward_api::{
@@ -36,6 +39,7 @@ use nodeward_decide::{
 };
 
 use crate::metrics::{Metrics, PolicyLabels, ReasonLabels};
+use nodeward_runtime::write::{Outcome, Part, Swap};
 
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
@@ -212,22 +216,25 @@ impl Controller {
         }
         let mut current = current.as_ref().clone();
         if takeover.unfinalize {
-            let finalizers: Vec<&String> = current
+            let finalizers: Vec<String> = current
                 .finalizers()
                 .iter()
                 .filter(|f| *f != MAINTENANCE_FINALIZER)
+                .cloned()
                 .collect();
-            // The resourceVersion makes this a compare-and-swap on the finalizer list.
-            let patch = serde_json::json!({"metadata": {"finalizers": finalizers, "resourceVersion": current.resource_version()}});
+            // A compare-and-swap on the finalizer list.
             let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
-            match api
-                .patch(maintenance, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+            match nodeward_runtime::write::swap::<_, ()>(
+                &api,
+                &current,
+                Swap::Finalizers(&finalizers),
+            )
+            .await
             {
-                Ok(patched) => current = patched,
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return,
-                Err(e) => {
-                    tracing::warn!(error = %ApiError::new("removing the agent's finalizer from", format!("NodeMaintenance {maintenance}"), e), "taking over from a lost agent");
+                Outcome::Written(patched) => current = patched,
+                Outcome::Conflict(_) | Outcome::Gone(_) => return,
+                Outcome::Failed(e) => {
+                    tracing::warn!(error = %e, "taking over from a lost agent: removing its finalizer");
                     return;
                 }
             }
@@ -301,27 +308,17 @@ impl Controller {
     async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
         let nodes: Api<Node> = Api::all(self.writer.client.clone());
         if !timeout.reported {
-            let condition = serde_json::json!({
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": timeout.node},
-                "status": {"conditions": [{
-                    "type": node_conditions::STARTUP_TIMED_OUT,
-                    "status": "True",
-                    "reason": "NeverBecameReady",
-                    "message": format!("{} (policy {})", timeout.message, timeout.policy),
-                    "lastTransitionTime": Time(Timestamp::now()),
-                    "lastHeartbeatTime": Time(Timestamp::now()),
-                }]},
-            });
-            let applied = nodes
-                .patch_status(
-                    &timeout.node,
-                    &PatchParams::apply(COORDINATOR_FIELD_MANAGER).force(),
-                    &Patch::Apply(&condition),
-                )
-                .await;
-            match applied {
+            let message = format!("{} (policy {})", timeout.message, timeout.policy);
+            let status = startup_condition("True", "NeverBecameReady", &message);
+            let applied = nodeward_runtime::write::apply(
+                &nodes,
+                &timeout.node,
+                Part::Status,
+                COORDINATOR_FIELD_MANAGER,
+                &status,
+            )
+            .await;
+            match applied.required() {
                 Ok(node) => {
                     tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
                     self.writer.event(
@@ -332,19 +329,20 @@ impl Controller {
                     );
                 }
                 Err(e) => {
-                    tracing::warn!(error = %ApiError::new("writing the startup condition of", format!("Node {}", timeout.node), e), "startup timeout not recorded");
+                    tracing::warn!(error = %e, "startup timeout not recorded");
                     return;
                 }
             }
         }
         if timeout.action == StartupAction::DeleteNode {
-            match nodes.delete(&timeout.node, &only(&timeout.uid)).await {
-                Ok(_) => {
+            match nodeward_runtime::write::delete(&nodes, &timeout.node, &only(&timeout.uid)).await
+            {
+                Outcome::Written(()) => {
                     tracing::warn!(node = %timeout.node, policy = %timeout.policy, "deleted a node that never became Ready");
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    tracing::warn!(error = %ApiError::new("deleting", format!("Node {}", timeout.node), e), "startup action failed")
+                Outcome::Gone(_) => {}
+                Outcome::Conflict(e) | Outcome::Failed(e) => {
+                    tracing::warn!(error = %e, "startup action failed")
                 }
             }
         }
@@ -352,28 +350,17 @@ impl Controller {
 
     /// Sets `node`'s `StartupTimedOut` False: it became Ready after its startup timed out.
     async fn started_late(&mut self, node: &str) {
-        let now = Time(Timestamp::now());
-        let condition = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": node},
-            "status": {"conditions": [{
-                "type": node_conditions::STARTUP_TIMED_OUT,
-                "status": "False",
-                "reason": "BecameReady",
-                "message": "Ready after its startup timed out",
-                "lastTransitionTime": now,
-                "lastHeartbeatTime": now,
-            }]},
-        });
-        let applied = Api::<Node>::all(self.writer.client.clone())
-            .patch_status(
-                node,
-                &PatchParams::apply(COORDINATOR_FIELD_MANAGER).force(),
-                &Patch::Apply(&condition),
-            )
-            .await;
-        match applied {
+        let status = startup_condition("False", "BecameReady", "Ready after its startup timed out");
+        let nodes = Api::<Node>::all(self.writer.client.clone());
+        let applied = nodeward_runtime::write::apply(
+            &nodes,
+            node,
+            Part::Status,
+            COORDINATOR_FIELD_MANAGER,
+            &status,
+        )
+        .await;
+        match applied.required() {
             Ok(written) => {
                 tracing::info!(%node, "node Ready after its startup timed out");
                 self.writer.event(
@@ -384,7 +371,7 @@ impl Controller {
                 );
             }
             Err(e) => {
-                tracing::warn!(error = %ApiError::new("clearing the startup condition of", format!("Node {node}"), e), "startup condition left True")
+                tracing::warn!(error = %e, "startup condition left True")
             }
         }
     }
@@ -479,22 +466,22 @@ impl Writer {
             *message = nodeward_api::bounds::cut(message, nodeward_api::bounds::MESSAGE_LIMIT);
         }
         for c in &mut status.conditions {
-            c.message = nodeward_api::bounds::cut(&c.message, 32768);
+            c.message = nodeward_api::bounds::cut(
+                &c.message,
+                nodeward_api::bounds::CONDITION_MESSAGE_LIMIT,
+            );
         }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         let write = self.changed.writing(&NodeMaintenance::kind(&()), &name);
-        match api
-            .replace_status(&name, &PostParams::default(), &updated)
-            .await
-        {
-            Ok(written) => {
+        match nodeward_runtime::write::replace_status(&api, &updated).await {
+            Outcome::Written(written) => {
                 write.done(written.resource_version());
                 self.fresh_maintenances().record(current, written.clone());
                 Some(written)
             }
-            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => None,
-            Err(e) => {
-                tracing::warn!(error = %ApiError::new("writing the status of", format!("NodeMaintenance {name}"), e), "maintenance status write failed");
+            Outcome::Conflict(_) | Outcome::Gone(_) => None,
+            Outcome::Failed(e) => {
+                tracing::warn!(error = %e, "maintenance status write failed");
                 None
             }
         }
@@ -616,5 +603,21 @@ pub(super) fn only(uid: &str) -> DeleteParams {
             resource_version: None,
         }),
         ..DeleteParams::default()
+    }
+}
+
+/// A Node status with the coordinator's one condition, `StartupTimedOut`, as of now.
+fn startup_condition(status: &str, reason: &str, message: &str) -> NodeStatus {
+    let now = Time(Timestamp::now());
+    NodeStatus {
+        conditions: Some(vec![NodeCondition {
+            type_: node_conditions::STARTUP_TIMED_OUT.to_owned(),
+            status: status.to_owned(),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            last_transition_time: Some(now.clone()),
+            last_heartbeat_time: Some(now),
+        }]),
+        ..NodeStatus::default()
     }
 }

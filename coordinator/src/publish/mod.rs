@@ -27,6 +27,7 @@ use nodeward_runtime::{ApiError, server::Readiness};
 use tokio::sync::watch::Receiver;
 
 use crate::controller::{SYNCED, Stores};
+use nodeward_runtime::write::{self, Outcome};
 
 /// An agent silent for this long is no longer a peer: it is gone (uninstalled, its node left
 /// for good), and probing it would only fail. A node that dies is judged dead well before
@@ -136,16 +137,9 @@ impl Publisher {
                     tracing::info!(slice = %slice.name, endpoints = slice.endpoints.len(), "peer directory written");
                 }
                 peers::Change::Delete(name) => {
-                    match api.delete(&name, &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(e)) if e.code == 404 => {}
-                        Err(e) => {
-                            return Err(ApiError::new(
-                                "deleting",
-                                format!("EndpointSlice {name}"),
-                                e,
-                            ));
-                        }
+                    match write::delete(&api, &name, &DeleteParams::default()).await {
+                        Outcome::Written(()) | Outcome::Gone(_) => {}
+                        Outcome::Conflict(e) | Outcome::Failed(e) => return Err(e),
                     }
                 }
             }

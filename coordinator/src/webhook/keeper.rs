@@ -20,7 +20,6 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use nodeward_runtime::{backoff::Backoff, server::Readiness};
-use serde_json::json;
 
 use super::{
     ServingCert,
@@ -254,13 +253,17 @@ impl Keeper {
         }
         // A strategic merge patch: the webhooks list merges by name, so only this entry's
         // caBundle changes, whatever else was changed by others.
-        let patch =
-            json!({"webhooks": [{"name": self.webhook, "clientConfig": {"caBundle": bundle}}]});
+        let patch = CaBundlePatch {
+            webhooks: [WebhookCaBundle {
+                name: &self.webhook,
+                client_config: ClientCaBundle { ca_bundle: &bundle },
+            }],
+        };
         configurations
             .patch(
                 &self.configuration,
                 &PatchParams::default(),
-                &Patch::Strategic(patch),
+                &Patch::Strategic(&patch),
             )
             .await
             .map_err(|e| {
@@ -303,4 +306,22 @@ pub async fn follow_files(
         }
         tokio::time::sleep(every).await;
     }
+}
+/// A strategic merge patch of one webhook's CA bundle.
+#[derive(Debug, serde::Serialize)]
+struct CaBundlePatch<'a> {
+    webhooks: [WebhookCaBundle<'a>; 1],
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct WebhookCaBundle<'a> {
+    name: &'a str,
+    client_config: ClientCaBundle<'a>,
+}
+
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClientCaBundle<'a> {
+    ca_bundle: &'a ByteString,
 }
