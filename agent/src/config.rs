@@ -16,8 +16,9 @@ use serde::Deserialize;
 use crate::{
     Error,
     detect::Detectors,
+    flags::{self, Given, Placed},
     host_stats::HostStatsConfig,
-    maintenance::reboot_method::{RebootConfig, RebootMethod},
+    maintenance::reboot_method::RebootConfig,
     notify::NotificationsConfig,
     npd::{self, NpdConfig},
     report::ReportingConfig,
@@ -43,16 +44,27 @@ impl Config {
     /// Reads `path`, or [`DEFAULT_PATH`] when none is given and it exists; the defaults when
     /// neither.
     pub fn load(path: Option<&Path>) -> Result<Self, Error> {
+        match Self::read(path)? {
+            Some((path, text)) => {
+                Self::parse(&text).map_err(|message| Error::Config { path, message })
+            }
+            None => Ok(Self::default()),
+        }
+    }
+
+    /// The file's path and text: `path`, or [`DEFAULT_PATH`] when none is given and it
+    /// exists; `None` when neither.
+    fn read(path: Option<&Path>) -> Result<Option<(PathBuf, String)>, Error> {
         let path = match path {
             Some(p) => p.to_path_buf(),
             None if Path::new(DEFAULT_PATH).exists() => PathBuf::from(DEFAULT_PATH),
-            None => return Ok(Self::default()),
+            None => return Ok(None),
         };
         let text = std::fs::read_to_string(&path).map_err(|e| Error::Config {
             path: path.clone(),
             message: format!("cannot read it: {e}"),
         })?;
-        Self::parse(&text).map_err(|message| Error::Config { path, message })
+        Ok(Some((path, text)))
     }
 
     /// Parses and validates configuration text; the error names the field and the fix.
@@ -92,92 +104,48 @@ impl Config {
     }
 }
 
-/// Settings given as flags or environment variables; each replaces the file's value.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Overrides {
-    pub reboot_sentinel: Option<PathBuf>,
-    pub reboot_sentinel_command: Option<Vec<String>>,
-    pub heartbeat_interval: Option<String>,
-    pub metadata_url: Option<String>,
-    pub expected_security_groups: Option<Vec<String>>,
-    pub peer_port: Option<u16>,
-    pub registration_timeout: Option<String>,
-    pub kubelet_healthz_url: Option<String>,
-    pub shutdown_guard: Option<bool>,
-    pub shutdown_budget: Option<String>,
-    pub logind_drop_in_dir: Option<PathBuf>,
-    pub notify_url: Option<String>,
-    pub reboot_method: Option<RebootMethod>,
-    pub reboot_command: Option<Vec<String>>,
-    pub reboot_signal: Option<i32>,
-    pub npd_configs: Option<Vec<PathBuf>>,
-}
-
 impl Config {
-    /// Applies flag and environment overrides, then validates the result again. Errors name
-    /// the flag.
-    pub fn with_overrides(mut self, o: &Overrides) -> Result<Self, String> {
-        let d = &mut self.detectors;
-        if let Some(path) = &o.reboot_sentinel {
-            d.reboot_required.sentinel_file = path.clone();
-        }
-        if let Some(command) = &o.reboot_sentinel_command {
-            d.reboot_required.sentinel_command = command.clone();
-        }
-        let parse = |flag: &str, value: &str| {
-            nodeward_api::Duration::parse(value)
-                .and_then(|d| d.to_std())
-                .map_err(|e| format!("--{flag}: {e}"))
-        };
-        if let Some(value) = &o.heartbeat_interval {
-            self.reporting.heartbeat_interval = parse("heartbeat-interval", value)?;
-        }
-        let d = &mut self.detectors;
-        if let Some(url) = &o.metadata_url {
-            d.security_groups.metadata_url = url.clone();
-        }
-        if let Some(groups) = &o.expected_security_groups {
-            d.security_groups.expected = groups.clone();
-        }
-        if let Some(port) = o.peer_port {
-            d.peers.port = port;
-        }
-        if let Some(value) = &o.registration_timeout {
-            d.kubelet.registration_timeout = parse("registration-timeout", value)?;
-        }
-        if let Some(url) = &o.kubelet_healthz_url {
-            d.kubelet.healthz_url = url.clone();
-        }
-        if let Some(enabled) = o.shutdown_guard {
-            self.shutdown_guard.enabled = enabled;
-        }
-        if let Some(value) = &o.shutdown_budget {
-            self.shutdown_guard.budget = parse("shutdown-budget", value)?;
-        }
-        if let Some(dir) = &o.logind_drop_in_dir {
-            self.shutdown_guard.write_drop_in = true;
-            self.shutdown_guard.drop_in_dir = dir.clone();
-        }
-        if let Some(url) = &o.notify_url {
-            self.notifications.url = url.clone();
-        }
-        if let Some(method) = o.reboot_method {
-            self.reboot.method = method;
-        }
-        if let Some(command) = &o.reboot_command {
-            self.reboot.command = command.clone();
-        }
-        if let Some(signal) = o.reboot_signal {
-            self.reboot.signal = signal;
-        }
-        if let Some(files) = &o.npd_configs {
-            self.npd.configs = files.clone();
-        }
-        self.validate()?;
-        Ok(self)
+    /// Every flag the sections declare, at their places: each sets one field, as the file
+    /// would (see [`crate::flags`]).
+    pub fn flags() -> Vec<Placed> {
+        let mut flags = Detectors::flags("detectors");
+        flags.extend(Placed::at("reporting", crate::report::FLAGS));
+        flags.extend(Placed::at("shutdownGuard", crate::shutdown::FLAGS));
+        flags.extend(Placed::at("notifications", crate::notify::FLAGS));
+        flags.extend(Placed::at(
+            "reboot",
+            crate::maintenance::reboot_method::FLAGS,
+        ));
+        flags.extend(Placed::at("npd", npd::FLAGS));
+        flags
     }
 
-    /// Loads the node-problem-detector files of the `npd` section (after the overrides): their
+    /// [`Self::load`], with `given` (flags, `--set`) written into the file's YAML before it
+    /// is parsed and checked; an error about a field a flag set names the flag.
+    pub fn load_with(path: Option<&Path>, given: &[Given]) -> Result<Self, String> {
+        let (path, text) = match Self::read(path).map_err(|e| e.to_string())? {
+            Some((path, text)) => (Some(path), text),
+            None => (None, String::new()),
+        };
+        if given.is_empty() {
+            return Self::parse(&text).map_err(|message| in_file(path.as_deref(), message));
+        }
+        let mut document: serde_yaml::Value = if text.trim().is_empty() {
+            serde_yaml::Value::Null
+        } else {
+            serde_yaml::from_str(&text).map_err(|e| in_file(path.as_deref(), e.to_string()))?
+        };
+        flags::write_into(&mut document, given)?;
+        let text = serde_yaml::to_string(&document).map_err(|e| e.to_string())?;
+        Self::parse(&text).map_err(|message| {
+            match given.iter().rev().find(|g| message.starts_with(&g.path)) {
+                Some(g) => format!("{message} (set by {})", g.from),
+                None => in_file(path.as_deref(), message),
+            }
+        })
+    }
+
+    /// Loads the node-problem-detector files of the `npd` section (after the flags): their
     /// kernel rules replace the default kernel-log patterns, their journald monitors join the
     /// journal monitors and their plugins the custom checks; then validates the whole again.
     pub fn with_npd(mut self) -> Result<Self, String> {
@@ -196,6 +164,18 @@ impl Config {
         self.validate()
             .map_err(|e| format!("with the --npd-config files: {e}"))?;
         Ok(self)
+    }
+}
+
+/// `message` about the file at `path` (none: the defaults), as [`Error::Config`] says it.
+fn in_file(path: Option<&Path>, message: String) -> String {
+    match path {
+        Some(path) => Error::Config {
+            path: path.to_path_buf(),
+            message,
+        }
+        .to_string(),
+        None => message,
     }
 }
 
@@ -427,44 +407,97 @@ detectors:
         );
     }
 
+    /// The flags the sections declare: parsed as the agent's command line parses them,
+    /// written over the file, and checked as the file is.
+    fn with_flags(file: &str, args: &[&str]) -> Result<Config, String> {
+        let flags = Config::flags();
+        let command = flags.iter().fold(
+            clap::Command::new("nodeward-agent").arg(flags::set_arg()),
+            |c, f| c.arg(f.arg()),
+        );
+        let matches = command
+            .try_get_matches_from(std::iter::once("nodeward-agent").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        let given = flags::given(&matches, &flags)?;
+        let dir = std::env::temp_dir().join(format!("nodeward-flags-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let path = dir.join(format!("{}.yaml", file.len()));
+        std::fs::write(&path, file).map_err(|e| e.to_string())?;
+        Config::load_with(Some(&path), &given)
+    }
+
     #[test]
     fn flags_and_environment_override_the_file() {
-        let file = Config::parse("detectors:\n  peers:\n    port: 9000\n").expect("valid");
-        let overrides = Overrides {
-            reboot_sentinel: Some("/run/needs-reboot".into()),
-            heartbeat_interval: Some("2m".into()),
-            expected_security_groups: Some(vec!["k8s-nodes".into()]),
-            peer_port: Some(9999),
-            ..Overrides::default()
-        };
-        let config = file.with_overrides(&overrides).expect("valid overrides");
+        let config = with_flags(
+            "detectors:\n  peers:\n    port: 9000\n    sampleSize: 3\n",
+            &[
+                "--reboot-sentinel=/run/needs-reboot",
+                "--heartbeat-interval=2m",
+                "--expected-security-groups=k8s-nodes,web",
+                "--peer-port=9999",
+                "--logind-drop-in-dir=/run/systemd/logind.conf.d",
+                "--reboot-command=/sbin/reboot now",
+                "--set=detectors.kubelet.healthzURL=http://127.0.0.1:10248/healthz",
+            ],
+        )
+        .expect("valid flags");
+        let d = &config.detectors;
         assert_eq!(
-            config.detectors.reboot_required.sentinel_file,
+            d.reboot_required.sentinel_file,
             PathBuf::from("/run/needs-reboot")
         );
         assert_eq!(
             config.reporting.heartbeat_interval,
             Duration::from_secs(120)
         );
-        assert_eq!(config.detectors.security_groups.expected, vec!["k8s-nodes"]);
-        assert_eq!(config.detectors.peers.port, 9999);
-        let err = Config::default()
-            .with_overrides(&Overrides {
-                heartbeat_interval: Some("soon".into()),
-                ..Overrides::default()
-            })
-            .expect_err("bad duration");
+        assert_eq!(d.security_groups.expected, vec!["k8s-nodes", "web"]);
+        assert_eq!(
+            (d.peers.port, d.peers.sample_size),
+            (9999, 3),
+            "the file's other fields stay"
+        );
+        assert!(config.shutdown_guard.write_drop_in);
+        assert_eq!(config.reboot.command, vec!["/sbin/reboot", "now"]);
+        assert_eq!(d.kubelet.healthz_url, "http://127.0.0.1:10248/healthz");
+
+        let err = with_flags("", &["--heartbeat-interval=soon"]).expect_err("bad duration");
         assert!(
-            err.starts_with("--heartbeat-interval: \"soon\" is not a duration"),
+            err.starts_with("reporting.heartbeatInterval: \"soon\" is not a duration")
+                && err.ends_with("(set by --heartbeat-interval)"),
             "{err}"
         );
-        let err = Config::default()
-            .with_overrides(&Overrides {
-                peer_port: Some(0),
-                ..Overrides::default()
-            })
-            .expect_err("bad port");
-        assert!(err.starts_with("detectors.peers.port"), "{err}");
+        let err = with_flags("", &["--peer-port=0"]).expect_err("bad port");
+        assert!(
+            err.starts_with("detectors.peers.port") && err.contains("--peer-port"),
+            "{err}"
+        );
+        let err = with_flags("", &["--set=detectors.peers.porrt=1"]).expect_err("a typo");
+        assert!(
+            err.contains("porrt") && err.contains("expected one of"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn every_declared_flag_is_one_field_of_the_configuration() {
+        let flags = Config::flags();
+        let mut longs: Vec<&str> = flags.iter().map(|f| f.flag.long).collect();
+        longs.sort_unstable();
+        longs.dedup();
+        assert_eq!(longs.len(), flags.len(), "a flag declared twice");
+        // Each flag's field exists: a value of the wrong type is refused by that field's own
+        // parser, not as an unknown field.
+        for f in &flags {
+            let given = [flags::Given {
+                path: f.path(),
+                value: serde_yaml::Value::Sequence(vec![serde_yaml::Value::Mapping(
+                    Default::default(),
+                )]),
+                from: format!("--{}", f.flag.long),
+            }];
+            let err = Config::load_with(Some(Path::new("/dev/null")), &given).expect_err(&f.path());
+            assert!(!err.contains("unknown field"), "{}: {err}", f.path());
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod check;
 pub mod config;
 pub mod detect;
 pub mod drain;
+pub mod flags;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod host;

@@ -1,19 +1,19 @@
 use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector;
 use nodeward_agent::{
     Error, check,
-    config::{Config, Overrides},
+    config::Config,
     detect::{
         AgentContext,
         cluster::ClusterContext,
         peers::{self, Directory, PeerContext},
     },
+    flags::{Given, Placed},
     liveness::Liveness,
     logs,
-    maintenance::reboot_method::RebootMethod,
     metrics::Metrics,
     policies::Follow,
     report::{Identity, Reporter},
@@ -84,102 +84,41 @@ enum Command {
     },
 }
 
-/// The configuration file and the settings that override it (flags, or their environment
-/// variables).
+/// The configuration file. The settings that override it (a flag for each field a section
+/// declares one for, and `--set PATH=VALUE` for any) are added to the command from the
+/// sections' declarations ([`Config::flags`]).
 #[derive(Args)]
 struct Settings {
     /// Configuration file (default: /etc/nodeward/agent.yaml when it exists).
     #[arg(long, env = "NODEWARD_CONFIG")]
     config: Option<PathBuf>,
-    /// A reboot is required while this file exists (detectors.rebootRequired.sentinelFile).
-    #[arg(long, env = "NODEWARD_REBOOT_SENTINEL")]
-    reboot_sentinel: Option<PathBuf>,
-    /// A reboot is required while this command exits 0; words split on spaces
-    /// (detectors.rebootRequired.sentinelCommand).
-    #[arg(long, env = "NODEWARD_REBOOT_SENTINEL_COMMAND")]
-    reboot_sentinel_command: Option<String>,
-    /// How often the NodeReport heartbeat is written, e.g. 60s (reporting.heartbeatInterval).
-    #[arg(long, env = "NODEWARD_HEARTBEAT_INTERVAL")]
-    heartbeat_interval: Option<String>,
-    /// Instance metadata service base URL (detectors.securityGroups.metadataURL).
-    #[arg(long, env = "NODEWARD_METADATA_URL")]
-    metadata_url: Option<String>,
-    /// Security groups the node must be in, comma-separated (detectors.securityGroups.expected).
-    #[arg(long, env = "NODEWARD_EXPECTED_SECURITY_GROUPS", value_delimiter = ',')]
-    expected_security_groups: Option<Vec<String>>,
-    /// Port for peer probes over TCP and UDP (detectors.peers.port).
-    #[arg(long, env = "NODEWARD_PEER_PORT")]
-    peer_port: Option<u16>,
-    /// How long a Node may be missing before KubeletUnregistered (detectors.kubelet.registrationTimeout).
-    #[arg(long, env = "NODEWARD_REGISTRATION_TIMEOUT")]
-    registration_timeout: Option<String>,
-    /// The kubelet's health endpoint (detectors.kubelet.healthzURL).
-    #[arg(long, env = "NODEWARD_KUBELET_HEALTHZ_URL")]
-    kubelet_healthz_url: Option<String>,
-    /// Hold a logind delay lock and drain before shutdown (shutdownGuard.enabled).
-    #[arg(long, env = "NODEWARD_SHUTDOWN_GUARD", action = clap::ArgAction::Set)]
-    shutdown_guard: Option<bool>,
-    /// How long the drain before a shutdown may take, e.g. 120s (shutdownGuard.budget).
-    #[arg(long, env = "NODEWARD_SHUTDOWN_BUDGET")]
-    shutdown_budget: Option<String>,
-    /// Write the logind.conf.d drop-in raising InhibitDelayMaxSec into this directory
-    /// (shutdownGuard.writeDropIn and dropInDir).
-    #[arg(long, env = "NODEWARD_LOGIND_DROP_IN_DIR")]
-    logind_drop_in_dir: Option<PathBuf>,
-    /// POST a JSON notification here on drain start, reboot and completion
-    /// (notifications.url).
-    #[arg(long, env = "NODEWARD_NOTIFY_URL")]
-    notify_url: Option<String>,
-    /// How a drained node reboots: logind, command or signal (reboot.method).
-    #[arg(long, env = "NODEWARD_REBOOT_METHOD", value_enum)]
-    reboot_method: Option<RebootMethod>,
-    /// The host command of --reboot-method command, words split on spaces (reboot.command).
-    #[arg(long, env = "NODEWARD_REBOOT_COMMAND")]
-    reboot_command: Option<String>,
-    /// The signal sent to the host's PID 1 by --reboot-method signal (reboot.signal).
-    #[arg(long, env = "NODEWARD_REBOOT_SIGNAL")]
-    reboot_signal: Option<i32>,
-    /// node-problem-detector monitor files (kmsg, journald and custom plugin monitors) to load as they
-    /// are; repeat the flag or separate with commas (npd.configs).
-    #[arg(
-        long = "npd-config",
-        env = "NODEWARD_NPD_CONFIG",
-        value_delimiter = ','
-    )]
-    npd_configs: Option<Vec<PathBuf>>,
 }
 
-impl Settings {
-    /// The configuration file with the flags and environment applied; the error names the
-    /// file or the flag and says how to fix it.
-    fn load(&self) -> Result<Config, String> {
-        let config = Config::load(self.config.as_deref()).map_err(|e| e.to_string())?;
-        let overrides = Overrides {
-            reboot_sentinel: self.reboot_sentinel.clone(),
-            reboot_sentinel_command: self
-                .reboot_sentinel_command
-                .as_ref()
-                .map(|c| c.split_whitespace().map(String::from).collect()),
-            heartbeat_interval: self.heartbeat_interval.clone(),
-            metadata_url: self.metadata_url.clone(),
-            expected_security_groups: self.expected_security_groups.clone(),
-            peer_port: self.peer_port,
-            registration_timeout: self.registration_timeout.clone(),
-            kubelet_healthz_url: self.kubelet_healthz_url.clone(),
-            shutdown_guard: self.shutdown_guard,
-            shutdown_budget: self.shutdown_budget.clone(),
-            logind_drop_in_dir: self.logind_drop_in_dir.clone(),
-            notify_url: self.notify_url.clone(),
-            reboot_method: self.reboot_method,
-            reboot_command: self
-                .reboot_command
-                .as_ref()
-                .map(|c| c.split_whitespace().map(String::from).collect()),
-            reboot_signal: self.reboot_signal,
-            npd_configs: self.npd_configs.clone(),
-        };
-        config.with_overrides(&overrides)?.with_npd()
-    }
+/// The command line: the derived arguments, with every section's flags and `--set` added to
+/// `check` and `run`.
+fn command_line() -> (Cli, Vec<Placed>, Vec<Given>) {
+    let flags = Config::flags();
+    let with_flags = |command: clap::Command| {
+        flags
+            .iter()
+            .fold(command.arg(nodeward_agent::flags::set_arg()), |c, f| {
+                c.arg(f.arg())
+            })
+    };
+    let matches = Cli::command()
+        .mut_subcommand("check", with_flags)
+        .mut_subcommand("run", with_flags)
+        .get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let given = match matches.subcommand() {
+        Some((_, sub)) => nodeward_agent::flags::given(sub, &flags),
+        None => Ok(Vec::new()),
+    };
+    let given = given.unwrap_or_else(|e| {
+        eprintln!("nodeward-agent: {e}");
+        std::process::exit(2)
+    });
+    (cli, flags, given)
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -189,10 +128,11 @@ enum Output {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, _, given) = command_line();
     let command = &cli.command;
     let (Command::Check { settings, .. } | Command::Run { settings, .. }) = command;
-    let config = match settings.load() {
+    let loaded = Config::load_with(settings.config.as_deref(), &given).and_then(Config::with_npd);
+    let config = match loaded {
         Ok(c) => c,
         Err(e) => {
             eprintln!("nodeward-agent: {e}");

@@ -34,6 +34,7 @@ use self::{
     kubelet::KubeletConfig, network::NetworkConfig, peers::PeersConfig, reboot::RebootConfig,
     security_groups::SecurityGroupsConfig,
 };
+use crate::flags::{Flag, Placed};
 
 /// The registry: the `detectors` section of the configuration, one field per detector
 /// section (its key as written in the file, its field, its type), in the order the detectors
@@ -77,6 +78,11 @@ pub trait Section {
     /// The detectors this section enables. Without an agent context (`check`) the cluster
     /// detectors are listed too and report that they were skipped.
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector>;
+
+    /// The flags that set its fields from the command line (none by default).
+    fn flags(&self) -> Vec<Flag> {
+        Vec::new()
+    }
 }
 
 impl Detectors {
@@ -85,6 +91,15 @@ impl Detectors {
         self.sections()
             .into_iter()
             .try_for_each(|(key, section)| section.validate(&format!("{place}.{key}")))
+    }
+
+    /// Every detector section's flags, at `place` (`detectors`).
+    pub fn flags(place: &str) -> Vec<Placed> {
+        Self::default()
+            .sections()
+            .into_iter()
+            .flat_map(|(key, section)| Placed::at(&format!("{place}.{key}"), &section.flags()))
+            .collect()
     }
 
     /// Every detector the configuration enables, in a stable order.

@@ -8,6 +8,7 @@ use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
 use super::{AgentContext, Detector, Finding, Section, Status};
+use crate::flags::{Flag, Kind};
 use crate::http;
 
 super::section! {
@@ -34,6 +35,25 @@ impl Default for SecurityGroupsConfig {
 }
 
 impl Section for SecurityGroupsConfig {
+    fn flags(&self) -> Vec<Flag> {
+        vec![
+            Flag::new(
+                "metadata-url",
+                "NODEWARD_METADATA_URL",
+                "metadataURL",
+                Kind::Text,
+                "Instance metadata service base URL",
+            ),
+            Flag::new(
+                "expected-security-groups",
+                "NODEWARD_EXPECTED_SECURITY_GROUPS",
+                "expected",
+                Kind::List,
+                "Security groups the node must be in, comma-separated",
+            ),
+        ]
+    }
+
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         crate::values::http_url(&format!("{place}.metadataURL"), &self.metadata_url)

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::flags::{Flag, Kind};
+
 /// `SIGRTMIN+5`: systemd starts `reboot.target` on it (kured's default `--reboot-signal`).
 pub const SYSTEMD_REBOOT_SIGNAL: i32 = 39;
 
@@ -23,6 +25,31 @@ pub enum RebootMethod {
 }
 
 /// The `reboot` section: how a Reboot maintenance reboots the node once it is drained.
+/// The flags of the `reboot` section (kured's names).
+pub const FLAGS: &[Flag] = &[
+    Flag::new(
+        "reboot-method",
+        "NODEWARD_REBOOT_METHOD",
+        "method",
+        Kind::Text,
+        "How a drained node reboots: logind, command or signal",
+    ),
+    Flag::new(
+        "reboot-command",
+        "NODEWARD_REBOOT_COMMAND",
+        "command",
+        Kind::Words,
+        "The host command of --reboot-method command, words split on spaces",
+    ),
+    Flag::new(
+        "reboot-signal",
+        "NODEWARD_REBOOT_SIGNAL",
+        "signal",
+        Kind::Scalar,
+        "The signal sent to the host's PID 1 by --reboot-method signal",
+    ),
+];
+
 /// A PowerOff maintenance always asks logind.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::backoff::Backoff;
+use crate::{
+    backoff::Backoff,
+    flags::{Flag, Kind},
+};
 
 pub mod email;
 pub mod target;
@@ -37,6 +40,15 @@ pub fn destination(url: &str) -> Result<Destination, String> {
 
 /// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
 /// notification never holds a maintenance up).
+/// The flags of the `notifications` section.
+pub const FLAGS: &[Flag] = &[Flag::new(
+    "notify-url",
+    "NODEWARD_NOTIFY_URL",
+    "url",
+    Kind::Text,
+    "Where notifications go on drain start, reboot and completion (kured's --notify-url)",
+)];
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct NotificationsConfig {

@@ -46,10 +46,20 @@ use crate::{
     detect::Status,
     detect::kernel_log::{LogEvent, LogName, NodeEvent},
     detect::peers::Sightings,
+    flags::{Flag, Kind},
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
     server::Readiness,
 };
+
+/// The flags of the `reporting` section.
+pub const FLAGS: &[Flag] = &[Flag::new(
+    "heartbeat-interval",
+    "NODEWARD_HEARTBEAT_INTERVAL",
+    "heartbeatInterval",
+    Kind::Text,
+    "How often the agent's liveness is written and its report looked at, e.g. 60s",
+)];
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

@@ -4,10 +4,23 @@
 use serde::Deserialize;
 use std::{path::PathBuf, time::Duration};
 
+use crate::flags::{Flag, Kind};
+
 pub mod dropin;
 mod ended;
 pub mod guard;
 pub mod window;
+
+/// The flags of the `shutdownGuard` section.
+pub const FLAGS: &[Flag] = &[
+    Flag::new("shutdown-guard", "NODEWARD_SHUTDOWN_GUARD", "enabled", Kind::Scalar,
+        "Hold a logind delay lock and drain before shutdown: true or false"),
+    Flag::new("shutdown-budget", "NODEWARD_SHUTDOWN_BUDGET", "budget", Kind::Text,
+        "How long the drain before a shutdown may take, e.g. 120s"),
+    Flag::new("logind-drop-in-dir", "NODEWARD_LOGIND_DROP_IN_DIR", "dropInDir", Kind::Text,
+        "Write the logind.conf.d drop-in raising InhibitDelayMaxSec into this directory (and writeDropIn)")
+        .also(&[("writeDropIn", "true")]),
+];
 
 /// The systemd-logind shutdown guard.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -15,6 +15,7 @@ use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
 use super::{AgentContext, Detector, Finding, Section, Status};
+use crate::flags::{Flag, Kind};
 use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::Directory;
 pub use probe::{Protocol, probe};
@@ -58,6 +59,16 @@ impl Default for PeersConfig {
 }
 
 impl Section for PeersConfig {
+    fn flags(&self) -> Vec<Flag> {
+        vec![Flag::new(
+            "peer-port",
+            "NODEWARD_PEER_PORT",
+            "port",
+            Kind::Scalar,
+            "Port for peer probes over TCP and UDP",
+        )]
+    }
+
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         if self.port == 0 {
