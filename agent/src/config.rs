@@ -109,14 +109,14 @@ impl Config {
     /// would (see [`crate::flags`]).
     pub fn flags() -> Vec<Placed> {
         let mut flags = Detectors::flags("detectors");
-        flags.extend(Placed::at("reporting", crate::report::FLAGS));
-        flags.extend(Placed::at("shutdownGuard", crate::shutdown::FLAGS));
-        flags.extend(Placed::at("notifications", crate::notify::FLAGS));
+        flags.extend(Placed::at("reporting", &crate::report::flags()));
+        flags.extend(Placed::at("shutdownGuard", &crate::shutdown::flags()));
+        flags.extend(Placed::at("notifications", &crate::notify::flags()));
         flags.extend(Placed::at(
             "reboot",
-            crate::maintenance::reboot_method::FLAGS,
+            &crate::maintenance::reboot_method::flags(),
         ));
-        flags.extend(Placed::at("npd", npd::FLAGS));
+        flags.extend(Placed::at("npd", &npd::flags()));
         flags
     }
 

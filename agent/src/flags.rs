@@ -36,6 +36,15 @@ pub enum Kind {
     List,
 }
 
+/// Declares a section's flags, one a line: `"long" ("ENV") => "field": Kind, "help"`, with
+/// `also ["field" = "yaml", ...]` for fields it sets with its own.
+macro_rules! declare {
+    ($($long:literal ($env:literal) => $field:literal: $kind:ident, $help:literal $(, also [$($also:literal = $value:literal),*])?;)*) => {
+        vec![$($crate::flags::Flag::new($long, $env, $field, $crate::flags::Kind::$kind, $help)$(.also(&[$(($also, $value)),*]))?),*]
+    };
+}
+pub(crate) use declare;
+
 impl Flag {
     pub const fn new(
         long: &'static str,

@@ -3,6 +3,7 @@
 
 pub use nodeward_runtime::{backoff, http, server};
 
+pub mod background;
 pub mod check;
 pub mod config;
 pub mod detect;
@@ -13,19 +14,15 @@ pub mod fuzzing;
 pub mod host;
 pub mod host_stats;
 pub mod liveness;
-pub mod logind;
 pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
 pub mod npd;
 pub mod policies;
-pub mod reaper;
 pub mod report;
 pub mod runner;
 pub mod shutdown;
-pub mod system_bus;
-pub mod systemd;
 pub mod values;
 
 use std::path::PathBuf;

@@ -15,7 +15,10 @@ use kube::{
     api::{ObjectMeta, PostParams},
 };
 use nodeward_api::fleet::{LEASE_LABEL, lease_name};
-use nodeward_runtime::ApiError;
+use nodeward_runtime::{
+    ApiError,
+    stop::{self, Stopping},
+};
 
 use crate::{Error, backoff::Backoff, metrics::Metrics};
 
@@ -29,9 +32,9 @@ pub struct Liveness {
 
 impl Liveness {
     /// Renews the Lease every `every` (a little sooner or later, so that agents started
-    /// together do not renew together) until dropped; a failed renewal is retried with
-    /// backoff.
-    pub async fn run(self) {
+    /// together do not renew together) until a stop is asked for (between renewals); a failed
+    /// renewal is retried with backoff.
+    pub async fn run(self, mut stopping: Stopping) {
         let Some(name) = lease_name(&self.node) else {
             tracing::error!(node = %self.node, "the node name is longer than 238 characters, too long for the agent's Lease: the coordinator sees this agent's liveness only in its NodeReport");
             return;
@@ -54,7 +57,10 @@ impl Liveness {
                     backoff.next_delay()
                 }
             };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = stop::asked(&mut stopping) => return,
+            }
         }
     }
 

@@ -4,16 +4,10 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector;
 use nodeward_agent::{
-    Error, check,
+    Error, background, check,
     config::Config,
-    detect::{
-        AgentContext,
-        cluster::ClusterContext,
-        peers::{self, Directory, PeerContext},
-    },
     flags::{Given, Placed},
     liveness::Liveness,
-    logs,
     metrics::Metrics,
     policies::Follow,
     report::{Identity, Reporter},
@@ -25,11 +19,12 @@ use nodeward_api::report::{AgentMode, PauseAcknowledgement};
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
     events::Events,
+    stop::Stopping,
 };
-use tokio::{
-    sync::{mpsc, watch},
-    task::JoinSet,
-};
+
+/// How long the tasks that write have to finish what they are writing when the agent stops.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+use tokio::{sync::watch, task::JoinSet};
 
 /// nodeward's node agent.
 #[derive(Parser)]
@@ -220,6 +215,9 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     };
     let readiness = Arc::new(Readiness::new(&[nodeward_agent::report::FIRST_REPORT]));
     let mut tasks = JoinSet::new();
+    // The tasks that write finish a write under way when the agent stops.
+    let mut writers = JoinSet::new();
+    let (stop, stopping) = nodeward_runtime::stop::channel();
     server::spawn(
         running.listen,
         metrics.encoder(),
@@ -227,9 +225,9 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         &mut tasks,
     )
     .await?;
-    if nodeward_agent::reaper::receives_orphans() {
+    if nodeward_agent::host::reaper::receives_orphans() {
         // PID 1 of its container: what checks leave behind is re-parented to the agent.
-        tasks.spawn(nodeward_agent::reaper::reap(
+        tasks.spawn(nodeward_agent::host::reaper::reap(
             std::time::Duration::from_secs(10),
         ));
     }
@@ -240,13 +238,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         ));
     }
     let (own_node, own_node_writer) = reflector::store();
-    let cluster = ClusterContext {
-        client: client.clone(),
-        node_name: node_name.clone(),
-        started: std::time::Instant::now(),
-        own_node,
-    };
-    tasks.spawn(
+    writers.spawn(
         Liveness {
             client: client.clone(),
             namespace: running.namespace.clone(),
@@ -254,50 +246,39 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
             every: config.reporting.heartbeat_interval,
             metrics: metrics.clone(),
         }
-        .run(),
+        .run(stopping.clone()),
     );
-    let peers = peer_context(&config, &client, &running, &metrics, &mut tasks).await?;
-    let (log_events_tx, log_events) = mpsc::channel(64);
-    let this_node = logs::Node {
-        name: &node_name,
+    let on = background::On {
+        client: &client,
+        node_name: &node_name,
+        namespace: &running.namespace,
         boot_id: running.boot_id.as_deref(),
+        metrics: &metrics,
+        own_node,
     };
-    let logs = logs::start(&config, &client, &this_node, &log_events_tx).await;
-    let agent = AgentContext {
-        cluster,
-        peers,
-        kernel_log: logs.kernel,
-        journal_logs: logs.journal,
-    };
-    let detectors = config.detectors.enabled(Some(&agent));
+    let started = background::start(&config, on, &mut tasks).await?;
+    let detectors = config.detectors.enabled(Some(&started.agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
-    let sightings = agent.peers.as_ref().map(|p| p.sightings.clone());
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
-        .with_recheck(config.reporting.heartbeat_interval)
-        .with_sightings(sightings)
-        .with_published(logs.source, logs.published)
-        .with_events_only(
-            config
-                .detectors
-                .custom
-                .iter()
-                .filter(|c| c.events_only)
-                .map(|c| c.condition.clone())
-                .collect(),
-        );
+        .with_recheck(config.reporting.heartbeat_interval);
+    let (reporter, log_events) = started.for_reports.give(reporter);
     let pauses = maintain(
         &config,
         &client,
         &running,
         &snapshots,
         own_node_writer,
-        &mut tasks,
+        &stopping,
+        (&mut tasks, &mut writers),
     );
-    tasks.spawn(reporter.run(snapshots, log_events, pauses));
+    writers.spawn(reporter.run(snapshots, log_events, pauses, stopping));
     tracing::info!(node = %node_name, ?mode, "nodeward-agent running");
     let signal = nodeward_runtime::stop_signal().await?;
     tracing::info!("{signal}: stopping");
-    tasks.abort_all();
+    // The reporter, the executor and the liveness finish a write under way; the rest (watches,
+    // probes, the shutdown guard, whose inhibitor lock goes with it) end then.
+    let aborted = stop.drain(writers, tasks, STOP_GRACE).await;
+    tracing::info!(aborted, "stopped");
     Ok(())
 }
 
@@ -313,34 +294,6 @@ async fn connect(client_args: &ClientArgs, metrics: &Arc<Metrics>) -> Result<kub
     .map_err(Into::into)
 }
 
-/// The peer detector's context: the directory of the others followed and the probe responder
-/// started (in `tasks`).
-async fn peer_context(
-    config: &Config,
-    client: &kube::Client,
-    running: &Running,
-    metrics: &Arc<Metrics>,
-    tasks: &mut JoinSet<()>,
-) -> Result<Option<PeerContext>, Error> {
-    if !config.detectors.peers.enabled {
-        return Ok(None);
-    }
-    let directory = Directory::default();
-    tasks.spawn(
-        directory
-            .clone()
-            .follow(client.clone(), running.namespace.clone()),
-    );
-    let p = &config.detectors.peers;
-    tasks.spawn(peers::respond(p.listen_address, p.port).await?);
-    Ok(Some(PeerContext {
-        directory,
-        node_name: running.node_name.clone(),
-        metrics: metrics.clone(),
-        sightings: peers::Sightings::default(),
-    }))
-}
-
 /// Starts what carries out this node's maintenances and guards its shutdowns: the shutdown
 /// guard (when enabled), the maintenance executor, the policy follower and the reboot
 /// requester (in `tasks`). Returns the pauses this node obeys, for its reports.
@@ -350,7 +303,8 @@ fn maintain(
     running: &Running,
     snapshots: &watch::Receiver<runner::Snapshot>,
     own_node: reflector::store::Writer<Node>,
-    tasks: &mut JoinSet<()>,
+    stopping: &Stopping,
+    (tasks, writers): (&mut JoinSet<()>, &mut JoinSet<()>),
 ) -> watch::Receiver<Vec<PauseAcknowledgement>> {
     let node_name = running.node_name.as_str();
     let boot_id = running.boot_id.as_deref().unwrap_or_default();
@@ -384,7 +338,7 @@ fn maintain(
     if let Some(delivery) = delivery {
         tasks.spawn(delivery);
     }
-    tasks.spawn(
+    writers.spawn(
         nodeward_agent::maintenance::executor::Executor {
             client: client.clone(),
             node: node_name.to_owned(),
@@ -396,7 +350,7 @@ fn maintain(
             reboot: config.reboot.clone(),
             written: Default::default(),
         }
-        .run(maintenances),
+        .run(maintenances, stopping.clone()),
     );
     let (pauses_tx, pauses) = watch::channel(Vec::new());
     let (auto_reboot_tx, auto_reboot) = watch::channel(auto_reboot_flag);

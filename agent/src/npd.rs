@@ -17,16 +17,14 @@ use crate::detect::{
     journal_log::JournalMonitorConfig,
     kernel_log::KernelPatternConfig,
 };
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 
 /// The flags of the `npd` section.
-pub const FLAGS: &[Flag] = &[Flag::new(
-    "npd-config",
-    "NODEWARD_NPD_CONFIG",
-    "configs",
-    Kind::List,
-    "node-problem-detector monitor files (kmsg, journald and custom plugin monitors) to load as they are; repeat the flag or separate with commas",
-)];
+pub fn flags() -> Vec<Flag> {
+    flags::declare! {
+        "npd-config" ("NODEWARD_NPD_CONFIG") => "configs": List, "node-problem-detector monitor files (kmsg, journald and custom plugin monitors) to load as they are; repeat the flag or separate with commas";
+    }
+}
 
 /// The `npd` section: which node-problem-detector files to load and how to run their plugins.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

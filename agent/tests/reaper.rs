@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use nodeward_agent::{detect::command, reaper};
+use nodeward_agent::{detect::command, host::reaper};
 
 /// `pid`'s state letter and parent, while it exists.
 fn state(pid: i32) -> Option<(char, i32)> {

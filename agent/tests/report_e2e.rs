@@ -114,9 +114,14 @@ impl Agent {
             .arg(&config)
             .envs(env)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::from(std::fs::File::create(dir.join("agent.log"))?))
             .spawn()?;
         Ok(Self { child, dir, listen })
+    }
+
+    /// What the agent logged so far.
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
     }
 
     fn sentinel(&self) -> PathBuf {
@@ -152,6 +157,9 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("the agent's log:\n{}", self.output());
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -325,6 +333,10 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
     })
     .await?;
     assert!(exited.success(), "the agent exited with {exited}");
+    // Stopped, not aborted: the reporter, the executor and the Lease's renewal each ended at a
+    // point between writes.
+    let output = agent.output();
+    assert!(daemon::stopped_between_writes(&output), "{output}");
     env.cleanup().await
 }
 

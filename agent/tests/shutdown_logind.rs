@@ -14,7 +14,7 @@ use anyhow::Context;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt, runtime::watcher};
-use nodeward_agent::logind::ManagerProxy;
+use nodeward_agent::host::logind::ManagerProxy;
 use nodeward_api::{NodeReport, report::ShutdownPhase};
 use nodeward_e2e::{
     NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, scratch, wait,

@@ -18,6 +18,9 @@ use tokio::sync::watch;
 
 const USER_AGENT: &str = concat!("nodeward-coordinator/", env!("CARGO_PKG_VERSION"));
 
+/// How long the controller and the election have to finish when the coordinator stops.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// nodeward's coordinator: admits node disruptions under cluster-wide limits.
 #[derive(Parser)]
 #[command(name = "nodeward-coordinator", version = nodeward_runtime::VERSION, about)]
@@ -209,9 +212,11 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     let changed = Arc::new(Changes::default());
     let stores = Stores::watch(&client, &run.lease_namespace, &changed, &mut tasks);
 
-    let (stop_tx, stop) = watch::channel(false);
+    let (stop_all, stop) = nodeward_runtime::stop::channel();
+    // The controller and the election finish what they are writing when the coordinator stops.
+    let mut writers = tokio::task::JoinSet::new();
     let (leader_tx, leader) = watch::channel(false);
-    let election = if run.leader_elect {
+    if run.leader_elect {
         let settings = election::Settings {
             name: run.lease_name.clone(),
             namespace: run.lease_namespace.clone(),
@@ -220,13 +225,13 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
             renew_deadline: run.renew_deadline,
             retry_period: run.retry_period,
         };
-        Some(tokio::spawn(election::run(
+        writers.spawn(election::run(
             client.clone(),
             settings,
             leader_tx,
             metrics.clone(),
             stop.clone(),
-        )))
+        ));
     } else {
         tracing::warn!("leader election is off: this coordinator acts as leader");
         metrics.leader.set(1);
@@ -235,8 +240,7 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         tasks.spawn(async move {
             leader_tx.closed().await;
         });
-        None
-    };
+    }
     // What the agents read instead of watching every Node and policy: published by the leader.
     tasks.spawn(
         Publisher {
@@ -248,17 +252,15 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         .run(leader.clone(), run.resync, stop.clone()),
     );
     let controller = Controller::new(client, identity.clone(), metrics, changed);
-    let controlling = tokio::spawn(controller.run(stores, leader, run.resync, readiness, stop));
+    writers.spawn(controller.run(stores, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
 
     let signal = nodeward_runtime::stop_signal().await?;
     tracing::info!("{signal}: stopping");
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(5), controlling).await;
-    if let Some(election) = election {
-        let _ = tokio::time::timeout(Duration::from_secs(5), election).await;
-    }
-    tasks.abort_all();
+    // The controller finishes the writes of its round, and the election releases the Lease so
+    // that the next leader takes over at once; the rest end then.
+    let aborted = stop_all.drain(writers, tasks, STOP_GRACE).await;
+    tracing::info!(aborted, "stopped");
     Ok(())
 }
 

@@ -21,7 +21,7 @@ use nix::sys::signal::Signal;
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
 use nodeward_e2e::{
     NodeSpec, TestEnv, controlplane,
-    daemon::Daemon,
+    daemon::{self, Daemon},
     env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
     node_restored, wait,
 };
@@ -344,6 +344,9 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
     new_leader.signal(Signal::SIGTERM)?;
     let status = new_leader.wait_exit(Duration::from_secs(10)).await?;
     assert!(status.success(), "clean exit on SIGTERM: {status}");
+    // The controller and the election ended between writes, not aborted.
+    let output = new_leader.output();
+    assert!(daemon::stopped_between_writes(&output), "{output}");
     let released = Instant::now();
     wait::eventually("the restarted coordinator to lead", TIMEOUT, || async {
         Ok((lease_holder(&env).await?.as_deref() == Some(leader.as_str())).then_some(()))

@@ -10,6 +10,7 @@ pub mod http;
 pub mod listener;
 pub mod metrics;
 pub mod server;
+pub mod stop;
 pub mod telemetry;
 pub mod watch;
 pub mod write;

@@ -39,6 +39,14 @@ async fn coordinator_sets(
     Ok(())
 }
 
+/// The agent's way: one condition applied under its own field manager, whatever it read.
+async fn agent_sets(api: &Api<NodeMaintenance>, name: &str, c: Condition) -> anyhow::Result<()> {
+    write::apply_condition(api, name, AGENT_FIELD_MANAGER, &c)
+        .await
+        .required()?;
+    Ok(())
+}
+
 /// The types and reasons of `name`'s conditions, sorted by type.
 async fn conditions(
     api: &Api<NodeMaintenance>,
@@ -74,14 +82,7 @@ async fn the_agents_and_the_coordinators_conditions_survive_each_others_writes()
     let stale = api.get(&name).await?;
 
     coordinator_sets(&api, &name, condition(ADMITTED, "True", "Admitted")).await?;
-    write::apply_condition(
-        &api,
-        &name,
-        AGENT_FIELD_MANAGER,
-        &condition(DRAINED, "True", "Drained"),
-    )
-    .await
-    .required()?;
+    agent_sets(&api, &name, condition(DRAINED, "True", "Drained")).await?;
     assert_eq!(
         conditions(&api, &name).await?,
         pairs(&[(ADMITTED, "Admitted"), (DRAINED, "Drained")]),
@@ -89,14 +90,7 @@ async fn the_agents_and_the_coordinators_conditions_survive_each_others_writes()
     );
 
     coordinator_sets(&api, &name, condition(ADMITTED, "True", "StillAdmitted")).await?;
-    write::apply_condition(
-        &api,
-        &name,
-        AGENT_FIELD_MANAGER,
-        &condition(NODE_RESTORED, "True", "Restored"),
-    )
-    .await
-    .required()?;
+    agent_sets(&api, &name, condition(NODE_RESTORED, "True", "Restored")).await?;
     // The drain's progress, applied by the agent as the owner of those fields alone.
     let progress = StatusPatch::progress(3, 1, &[]).evicted(&stale, &[]);
     write::apply(&api, &name, Part::Status, AGENT_FIELD_MANAGER, &progress)

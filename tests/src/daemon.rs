@@ -273,3 +273,10 @@ impl Drop for Daemon {
         let _ = self.child.wait();
     }
 }
+
+/// Whether a daemon's log says it stopped gracefully: every task that writes ended between
+/// writes, none had to be aborted (`nodeward_runtime::stop`).
+pub fn stopped_between_writes(log: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains("stopped") && l.contains("aborted=0"))
+}

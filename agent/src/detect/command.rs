@@ -1,4 +1,4 @@
-//! Running a configured program for a check (see [`crate::reaper`]: its whole process group
+//! Running a configured program for a check (see [`crate::host::reaper`]: its whole process group
 //! is killed when it ends or when its check times out, so a hung program, or one it started,
 //! never outlives its check).
 
@@ -19,7 +19,7 @@ pub struct Outcome {
 /// Runs `argv` to completion.
 pub async fn run(argv: &[String]) -> Result<Outcome, String> {
     let (program, args) = argv.split_first().ok_or("no program configured")?;
-    let output = crate::reaper::run(program, args, KEEP).await?;
+    let output = crate::host::reaper::run(program, args, KEEP).await?;
     Ok(Outcome {
         code: output.status.code(),
         first_line: first_line(&output.stdout, &output.stderr),
@@ -27,14 +27,14 @@ pub async fn run(argv: &[String]) -> Result<Outcome, String> {
 }
 
 /// Runs `argv` here, or on the host as a transient systemd service (`on_host`; see
-/// [`crate::host`]) within `timeout`.
+/// [`crate::host::commands`]) within `timeout`.
 pub async fn run_where(
     argv: &[String],
     on_host: bool,
     timeout: Duration,
 ) -> Result<Outcome, String> {
     if on_host {
-        let ran = crate::host::run(argv, timeout).await?;
+        let ran = crate::host::commands::run(argv, timeout).await?;
         Ok(Outcome {
             code: ran.code,
             first_line: first_line(&ran.output, &[]),
@@ -103,7 +103,7 @@ mod tests {
     async fn a_flood_of_output_is_read_but_not_kept() {
         // 64 MiB on stdout: read to the end (the program is not blocked), 64 KiB kept.
         let script = argv(&["-c", "echo first; head -c 67108864 /dev/zero; exit 4"]);
-        let ran = crate::reaper::run("/bin/sh", &script, KEEP)
+        let ran = crate::host::reaper::run("/bin/sh", &script, KEEP)
             .await
             .expect("ran");
         assert_eq!(ran.status.code(), Some(4));

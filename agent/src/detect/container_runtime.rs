@@ -15,7 +15,7 @@ use super::{
     AgentContext, Detector, Finding, Section, Status, cri,
     kubelet::{RestartHistory, RestartLimit},
 };
-use crate::systemd::{self, UnitState};
+use crate::host::systemd::{self, UnitState};
 
 super::section! {
     pub struct ContainerRuntimeConfig {

@@ -14,10 +14,10 @@ use nodeward_api::conditions::node::{KUBELET_PROBLEM, KUBELET_UNREGISTERED};
 use serde::Deserialize;
 
 use super::{AgentContext, Detector, Finding, Section, cluster};
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 use crate::{
+    host::systemd::{self, UnitState},
     http,
-    systemd::{self, UnitState},
 };
 
 super::section! {
@@ -69,25 +69,6 @@ impl Default for KubeletConfig {
 }
 
 impl Section for KubeletConfig {
-    fn flags(&self) -> Vec<Flag> {
-        vec![
-            Flag::new(
-                "registration-timeout",
-                "NODEWARD_REGISTRATION_TIMEOUT",
-                "registrationTimeout",
-                Kind::Text,
-                "How long a Node may be missing before KubeletUnregistered, e.g. 10m",
-            ),
-            Flag::new(
-                "kubelet-healthz-url",
-                "NODEWARD_KUBELET_HEALTHZ_URL",
-                "healthzURL",
-                Kind::Text,
-                "The kubelet's health endpoint",
-            ),
-        ]
-    }
-
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         crate::values::http_url(&format!("{place}.healthzURL"), &self.healthz_url)?;
@@ -124,6 +105,13 @@ impl Section for KubeletConfig {
                 },
             ),
         ]
+    }
+
+    fn flags(&self) -> Vec<Flag> {
+        flags::declare! {
+            "registration-timeout" ("NODEWARD_REGISTRATION_TIMEOUT") => "registrationTimeout": Text, "How long a Node may be missing before KubeletUnregistered, e.g. 10m";
+            "kubelet-healthz-url" ("NODEWARD_KUBELET_HEALTHZ_URL") => "healthzURL": Text, "The kubelet's health endpoint";
+        }
     }
 }
 

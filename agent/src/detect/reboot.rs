@@ -9,7 +9,7 @@ use std::{
 use nodeward_api::conditions::node::REBOOT_REQUIRED;
 
 use super::{AgentContext, Detector, Finding, Section, command};
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 
 super::section! {
     pub struct RebootConfig {
@@ -40,25 +40,6 @@ impl Default for RebootConfig {
 }
 
 impl Section for RebootConfig {
-    fn flags(&self) -> Vec<Flag> {
-        vec![
-            Flag::new(
-                "reboot-sentinel",
-                "NODEWARD_REBOOT_SENTINEL",
-                "sentinelFile",
-                Kind::Text,
-                "A reboot is required while this file exists (kured's --reboot-sentinel)",
-            ),
-            Flag::new(
-                "reboot-sentinel-command",
-                "NODEWARD_REBOOT_SENTINEL_COMMAND",
-                "sentinelCommand",
-                Kind::Words,
-                "A reboot is required while this command exits 0; words split on spaces (kured's --reboot-sentinel-command)",
-            ),
-        ]
-    }
-
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         if self.sentinel_command.first().is_some_and(String::is_empty) {
@@ -85,6 +66,13 @@ impl Section for RebootConfig {
             REBOOT_REQUIRED,
             |c| async move { observe(&c).await },
         )
+    }
+
+    fn flags(&self) -> Vec<Flag> {
+        flags::declare! {
+            "reboot-sentinel" ("NODEWARD_REBOOT_SENTINEL") => "sentinelFile": Text, "A reboot is required while this file exists (kured's --reboot-sentinel)";
+            "reboot-sentinel-command" ("NODEWARD_REBOOT_SENTINEL_COMMAND") => "sentinelCommand": Words, "A reboot is required while this command exits 0; words split on spaces (kured's --reboot-sentinel-command)";
+        }
     }
 }
 

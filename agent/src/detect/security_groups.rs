@@ -8,7 +8,7 @@ use hyper::{Method, StatusCode};
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
 use super::{AgentContext, Detector, Finding, Section, Status};
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 use crate::http;
 
 super::section! {
@@ -35,25 +35,6 @@ impl Default for SecurityGroupsConfig {
 }
 
 impl Section for SecurityGroupsConfig {
-    fn flags(&self) -> Vec<Flag> {
-        vec![
-            Flag::new(
-                "metadata-url",
-                "NODEWARD_METADATA_URL",
-                "metadataURL",
-                Kind::Text,
-                "Instance metadata service base URL",
-            ),
-            Flag::new(
-                "expected-security-groups",
-                "NODEWARD_EXPECTED_SECURITY_GROUPS",
-                "expected",
-                Kind::List,
-                "Security groups the node must be in, comma-separated",
-            ),
-        ]
-    }
-
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         crate::values::http_url(&format!("{place}.metadataURL"), &self.metadata_url)
@@ -67,6 +48,13 @@ impl Section for SecurityGroupsConfig {
         self.detector(DETECTOR, SECURITY_GROUP_PROBLEM, |c| async move {
             observe(&c).await
         })
+    }
+
+    fn flags(&self) -> Vec<Flag> {
+        flags::declare! {
+            "metadata-url" ("NODEWARD_METADATA_URL") => "metadataURL": Text, "Instance metadata service base URL";
+            "expected-security-groups" ("NODEWARD_EXPECTED_SECURITY_GROUPS") => "expected": List, "Security groups the node must be in, comma-separated";
+        }
     }
 }
 

@@ -26,6 +26,7 @@ use nodeward_api::{
 use nodeward_runtime::{
     ApiError, cordon,
     events::Events,
+    stop::{self, Stopping},
     write::{self, Part, Swap},
 };
 
@@ -77,14 +78,15 @@ pub struct Executor {
 }
 
 impl Executor {
-    /// Runs until the task is dropped.
-    pub async fn run(self, maintenances: NodeMaintenances) {
+    /// Runs until a stop is asked for: a step under way (its writes) is finished first.
+    pub async fn run(self, maintenances: NodeMaintenances, mut stopping: Stopping) {
         let NodeMaintenances { store, mut changes } = maintenances;
         let mut this_boot = ThisBoot::default();
         loop {
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(RESYNC) => {}
+                () = stop::asked(&mut stopping) => return,
             }
             let mut maintenances = store.state();
             maintenances.sort_by_key(|m| m.metadata.creation_timestamp.clone());
@@ -439,7 +441,7 @@ impl Executor {
         .await;
         let asked = match host_command {
             Some(argv) => self.reboot.run_on_host(&argv).await,
-            None => crate::logind::act(m.spec.action == MaintenanceAction::Reboot).await,
+            None => crate::host::logind::act(m.spec.action == MaintenanceAction::Reboot).await,
         };
         if let Err(e) = asked {
             // The machine stays up: it must not stay cordoned by us.

@@ -1,13 +1,13 @@
 //! How the drained node is rebooted (kured's `--reboot-method`): by asking logind (the
 //! default: shutdown inhibitors are honoured), by a command, or by a signal to the host's
 //! PID 1. The command and the signal run on the host as transient systemd services
-//! ([`crate::host`]), so the agent needs neither the host's PID namespace nor its binaries.
+//! ([`crate::host::commands`]), so the agent needs neither the host's PID namespace nor its binaries.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 
 /// `SIGRTMIN+5`: systemd starts `reboot.target` on it (kured's default `--reboot-signal`).
 pub const SYSTEMD_REBOOT_SIGNAL: i32 = 39;
@@ -26,29 +26,13 @@ pub enum RebootMethod {
 
 /// The `reboot` section: how a Reboot maintenance reboots the node once it is drained.
 /// The flags of the `reboot` section (kured's names).
-pub const FLAGS: &[Flag] = &[
-    Flag::new(
-        "reboot-method",
-        "NODEWARD_REBOOT_METHOD",
-        "method",
-        Kind::Text,
-        "How a drained node reboots: logind, command or signal",
-    ),
-    Flag::new(
-        "reboot-command",
-        "NODEWARD_REBOOT_COMMAND",
-        "command",
-        Kind::Words,
-        "The host command of --reboot-method command, words split on spaces",
-    ),
-    Flag::new(
-        "reboot-signal",
-        "NODEWARD_REBOOT_SIGNAL",
-        "signal",
-        Kind::Scalar,
-        "The signal sent to the host's PID 1 by --reboot-method signal",
-    ),
-];
+pub fn flags() -> Vec<Flag> {
+    flags::declare! {
+        "reboot-method" ("NODEWARD_REBOOT_METHOD") => "method": Text, "How a drained node reboots: logind, command or signal";
+        "reboot-command" ("NODEWARD_REBOOT_COMMAND") => "command": Words, "The host command of --reboot-method command, words split on spaces";
+        "reboot-signal" ("NODEWARD_REBOOT_SIGNAL") => "signal": Scalar, "The signal sent to the host's PID 1 by --reboot-method signal";
+    }
+}
 
 /// A PowerOff maintenance always asks logind.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -128,7 +112,7 @@ impl RebootConfig {
     /// Runs the host command of a command or signal reboot: `Ok` once it exited 0. The
     /// machine may go down before it returns.
     pub async fn run_on_host(&self, argv: &[String]) -> Result<(), String> {
-        let ran = crate::host::run(argv, self.timeout).await?;
+        let ran = crate::host::commands::run(argv, self.timeout).await?;
         match ran.code {
             Some(0) => Ok(()),
             code => {

@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::{
     backoff::Backoff,
-    flags::{Flag, Kind},
+    flags::{self, Flag},
 };
 
 pub mod email;
@@ -41,13 +41,11 @@ pub fn destination(url: &str) -> Result<Destination, String> {
 /// Webhook notifications about this node's maintenances (JSON POST with retries; a failed
 /// notification never holds a maintenance up).
 /// The flags of the `notifications` section.
-pub const FLAGS: &[Flag] = &[Flag::new(
-    "notify-url",
-    "NODEWARD_NOTIFY_URL",
-    "url",
-    Kind::Text,
-    "Where notifications go on drain start, reboot and completion (kured's --notify-url)",
-)];
+pub fn flags() -> Vec<Flag> {
+    flags::declare! {
+        "notify-url" ("NODEWARD_NOTIFY_URL") => "url": Text, "Where notifications go on drain start, reboot and completion (kured's --notify-url)";
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]

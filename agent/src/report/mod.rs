@@ -31,6 +31,7 @@ use nodeward_api::{
 use nodeward_runtime::{
     ApiError,
     events::Events,
+    stop::{self, Stopping},
     write::{self, Part},
 };
 use serde::Deserialize;
@@ -46,20 +47,18 @@ use crate::{
     detect::Status,
     detect::kernel_log::{LogEvent, LogName, NodeEvent},
     detect::peers::Sightings,
-    flags::{Flag, Kind},
+    flags::{self, Flag},
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
     server::Readiness,
 };
 
 /// The flags of the `reporting` section.
-pub const FLAGS: &[Flag] = &[Flag::new(
-    "heartbeat-interval",
-    "NODEWARD_HEARTBEAT_INTERVAL",
-    "heartbeatInterval",
-    Kind::Text,
-    "How often the agent's liveness is written and its report looked at, e.g. 60s",
-)];
+pub fn flags() -> Vec<Flag> {
+    flags::declare! {
+        "heartbeat-interval" ("NODEWARD_HEARTBEAT_INTERVAL") => "heartbeatInterval": Text, "How often the agent's liveness is written and its report looked at, e.g. 60s";
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -208,6 +207,7 @@ impl Reporter {
         mut snapshots: watch::Receiver<Snapshot>,
         mut kernel_events: mpsc::Receiver<LogEvent>,
         mut pauses: watch::Receiver<Vec<PauseAcknowledgement>>,
+        mut stopping: Stopping,
     ) {
         let mut pauses_open = true;
         let mut kernel_open = true;
@@ -221,6 +221,8 @@ impl Reporter {
         recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                // Between writes: a write under way is finished first.
+                () = stop::asked(&mut stopping) => return,
                 changed = snapshots.changed() => {
                     if changed.is_err() {
                         return;
@@ -242,19 +244,7 @@ impl Reporter {
                 event = kernel_events.recv(), if kernel_open => {
                     match event {
                         Some(first) => {
-                            let node = k8s_openapi::api::core::v1::ObjectReference {
-                                api_version: Some("v1".into()),
-                                kind: Some("Node".into()),
-                                name: Some(self.identity.node_name.clone()),
-                                ..Default::default()
-                            };
-                            // Those already queued too, then one report records the last.
-                            let mut next = Some(first);
-                            while let Some(LogEvent { event, log, sequence }) = next {
-                                self.publish(&node, vec![event]).await;
-                                self.published.1.insert(log, sequence);
-                                next = kernel_events.try_recv().ok();
-                            }
+                            self.publish_logged(first, &mut kernel_events).await;
                             report_due = true;
                         }
                         None => kernel_open = false,
@@ -301,6 +291,28 @@ impl Reporter {
             } else {
                 backoff.reset();
             }
+        }
+    }
+
+    /// Publishes `first` of the followed logs' Events and those already queued behind it, and
+    /// records where each log stands (one report then records the last).
+    async fn publish_logged(&mut self, first: LogEvent, queued: &mut mpsc::Receiver<LogEvent>) {
+        let node = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.identity.node_name.clone()),
+            ..Default::default()
+        };
+        let mut next = Some(first);
+        while let Some(LogEvent {
+            event,
+            log,
+            sequence,
+        }) = next
+        {
+            self.publish(&node, vec![event]).await;
+            self.published.1.insert(log, sequence);
+            next = queued.try_recv().ok();
         }
     }
 

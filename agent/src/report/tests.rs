@@ -87,7 +87,8 @@ async fn a_change_during_a_slow_write_is_written_next_whatever_wakes_the_reporte
     let (snapshots, snapshots_rx) = watch::channel(Snapshot::default());
     let (_kernel, kernel_rx) = mpsc::channel(1);
     let (_pauses, pauses_rx) = watch::channel(Vec::new());
-    let running = tokio::spawn(reporter.run(snapshots_rx, kernel_rx, pauses_rx));
+    let (_stop, stopping) = nodeward_runtime::stop::channel();
+    let running = tokio::spawn(reporter.run(snapshots_rx, kernel_rx, pauses_rx, stopping));
 
     snapshots.send_replace(snapshot("change 0"));
     for change in 1..=8 {

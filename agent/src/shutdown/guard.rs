@@ -36,7 +36,7 @@ use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
 use super::{Settings, ended, window::drain_window};
-use crate::logind::ManagerProxy;
+use crate::host::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
     drain::{
@@ -205,7 +205,7 @@ impl Guard {
         state: &Arc<Mutex<State>>,
         mut admitted: tokio::sync::watch::Receiver<bool>,
     ) -> Result<(), String> {
-        let connection = crate::system_bus::connect().await?;
+        let connection = crate::host::bus::connect().await?;
         let manager = ManagerProxy::builder(&connection)
             .cache_properties(CacheProperties::No)
             .build()
@@ -341,7 +341,7 @@ impl Guard {
             match dropin::ensure(dir, dropin::wanted_delay(budget, &found)) {
                 Ok(_) => {
                     if let Err(e) =
-                        crate::systemd::reload_or_restart_unit("systemd-logind.service").await
+                        crate::host::systemd::reload_or_restart_unit("systemd-logind.service").await
                     {
                         tracing::warn!(error = %e, "reloading logind after writing the drop-in");
                     }

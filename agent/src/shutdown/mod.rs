@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use std::{path::PathBuf, time::Duration};
 
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 
 pub mod dropin;
 mod ended;
@@ -12,15 +12,13 @@ pub mod guard;
 pub mod window;
 
 /// The flags of the `shutdownGuard` section.
-pub const FLAGS: &[Flag] = &[
-    Flag::new("shutdown-guard", "NODEWARD_SHUTDOWN_GUARD", "enabled", Kind::Scalar,
-        "Hold a logind delay lock and drain before shutdown: true or false"),
-    Flag::new("shutdown-budget", "NODEWARD_SHUTDOWN_BUDGET", "budget", Kind::Text,
-        "How long the drain before a shutdown may take, e.g. 120s"),
-    Flag::new("logind-drop-in-dir", "NODEWARD_LOGIND_DROP_IN_DIR", "dropInDir", Kind::Text,
-        "Write the logind.conf.d drop-in raising InhibitDelayMaxSec into this directory (and writeDropIn)")
-        .also(&[("writeDropIn", "true")]),
-];
+pub fn flags() -> Vec<Flag> {
+    flags::declare! {
+        "shutdown-guard" ("NODEWARD_SHUTDOWN_GUARD") => "enabled": Scalar, "Hold a logind delay lock and drain before shutdown: true or false";
+        "shutdown-budget" ("NODEWARD_SHUTDOWN_BUDGET") => "budget": Text, "How long the drain before a shutdown may take, e.g. 120s";
+        "logind-drop-in-dir" ("NODEWARD_LOGIND_DROP_IN_DIR") => "dropInDir": Text, "Write the logind.conf.d drop-in raising InhibitDelayMaxSec into this directory (and writeDropIn)", also ["writeDropIn" = "true"];
+    }
+}
 
 /// The systemd-logind shutdown guard.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -15,7 +15,7 @@ use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
 use super::{AgentContext, Detector, Finding, Section, Status};
-use crate::flags::{Flag, Kind};
+use crate::flags::{self, Flag};
 use crate::metrics::{Metrics, ProbeLabels};
 pub use directory::Directory;
 pub use probe::{Protocol, probe};
@@ -59,16 +59,6 @@ impl Default for PeersConfig {
 }
 
 impl Section for PeersConfig {
-    fn flags(&self) -> Vec<Flag> {
-        vec![Flag::new(
-            "peer-port",
-            "NODEWARD_PEER_PORT",
-            "port",
-            Kind::Scalar,
-            "Port for peer probes over TCP and UDP",
-        )]
-    }
-
     fn validate(&self, place: &str) -> Result<(), String> {
         self.schedule().validate(place)?;
         if self.port == 0 {
@@ -104,6 +94,12 @@ impl Section for PeersConfig {
             |(c, context)| async move { observe(&c, context.as_ref()).await },
         )
         .if_enabled(self.enabled)
+    }
+
+    fn flags(&self) -> Vec<Flag> {
+        flags::declare! {
+            "peer-port" ("NODEWARD_PEER_PORT") => "port": Scalar, "Port for peer probes over TCP and UDP";
+        }
     }
 }
 

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 use zbus::zvariant::{Fd, OwnedObjectPath, Value};
 
-use crate::systemd::{ManagerProxy, ServiceProxy};
+use crate::host::systemd::{ManagerProxy, ServiceProxy};
 
 /// `CLD_EXITED`: the main process exited (rather than being killed by a signal).
 const EXITED: i32 = 1;
@@ -33,7 +33,7 @@ pub struct Ran {
 /// Runs `argv` on the host within `timeout` (systemd stops it then).
 pub async fn run(argv: &[String], timeout: Duration) -> Result<Ran, String> {
     let (program, _) = argv.split_first().ok_or("no program configured")?;
-    let (connection, systemd) = crate::systemd::connect()
+    let (connection, systemd) = crate::host::systemd::connect()
         .await
         .map_err(|e| format!("running {program} on the host: {e}"))?;
     // Job signals come only to subscribers, and must be listened for before the job starts.
@@ -125,7 +125,7 @@ async fn exit_code(
 ) -> Result<Option<i32>, String> {
     let read = |e: zbus::Error| format!("reading how {unit} ended: {e}");
     let path = systemd.get_unit(unit).await.map_err(read)?;
-    let service: ServiceProxy = crate::systemd::uncached(connection, path)
+    let service: ServiceProxy = crate::host::systemd::uncached(connection, path)
         .await
         .map_err(read)?;
     let how = service.exec_main_code().await.map_err(read)?;

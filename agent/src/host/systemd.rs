@@ -94,7 +94,7 @@ impl UnitState {
 /// A fresh connection to the system bus and systemd's manager on it: a restarted bus or systemd
 /// is simply picked up next time.
 pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
-    let connection = crate::system_bus::connect().await?;
+    let connection = crate::host::bus::connect().await?;
     let manager = ManagerProxy::new(&connection)
         .await
         .map_err(|e| format!("systemd on the system bus: {e}"))?;

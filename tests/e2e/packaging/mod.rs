@@ -1,0 +1,468 @@
+//! The Helm chart and the systemd unit, by concern: the chart rendered ([`render`]), applied
+//! with each identity kept to what it needs ([`identity`]), the eviction webhook it runs
+//! ([`webhook`]), and installs and upgrades ([`upgrades`]). The helpers they share are here.
+
+mod identity;
+mod render;
+mod upgrades;
+mod webhook;
+
+use std::{path::Path, process::Command, time::Duration};
+
+use anyhow::Context;
+use futures::TryStreamExt;
+use k8s_openapi::api::{
+    admissionregistration::v1::ValidatingWebhookConfiguration,
+    authentication::v1::TokenRequest,
+    coordination::v1::Lease,
+    core::v1::{ConfigMap, Node, Pod, Secret, ServiceAccount},
+    discovery::v1::EndpointSlice,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::{
+    Api, Client, ResourceExt,
+    api::{
+        DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+    },
+    discovery::{self, Scope},
+};
+use nodeward_api::{
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport,
+    labels::{AGENT_GROUP, AGENT_LABEL, AGENT_USER_PREFIX, CORDONED_BY_ANNOTATION},
+};
+use nodeward_e2e::{
+    Identity, NodeSpec, PodOptions, TestEnv,
+    controlplane::{client_as, write_kubeconfig},
+    daemon::sibling_binary,
+    env::TEST_LABEL,
+    helm::{adopt_crds, binary as helm, chart, run},
+    repo_root,
+    siege::Siege,
+    wait,
+};
+use serde_json::{Value, json};
+
+/// The Kubernetes version the chart is rendered for (the test control plane's).
+const KUBE_VERSION: &str = "1.34.4";
+
+/// `helm template` with `values` files: the rendered text.
+fn render_text(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<String> {
+    let mut command = Command::new(helm()?);
+    command.args(["template", release]).arg(chart()).args([
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+    ]);
+    for file in values {
+        command.arg("--values").arg(file);
+    }
+    run(&mut command)
+}
+
+/// The documents of a rendered (or any multi-document) YAML text.
+fn documents(text: &str) -> anyhow::Result<Vec<Value>> {
+    let mut documents = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value: Value = serde::Deserialize::deserialize(document)?;
+        if !value.is_null() {
+            documents.push(value);
+        }
+    }
+    Ok(documents)
+}
+
+/// `helm template` with `values` files: the rendered documents.
+fn render(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<Vec<Value>> {
+    documents(&render_text(release, namespace, values)?)
+}
+
+fn kinds(documents: &[Value]) -> Vec<String> {
+    let mut kinds: Vec<String> = documents
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn find<'a>(documents: &'a [Value], kind: &str) -> anyhow::Result<&'a Value> {
+    documents
+        .iter()
+        .find(|d| d["kind"] == kind)
+        .with_context(|| format!("no {kind} rendered"))
+}
+
+/// Applies every document server-side, as `kubectl apply --server-side` does.
+async fn apply(client: &Client, documents: &[Value]) -> anyhow::Result<()> {
+    let params = PatchParams::apply("nodeward-e2e-chart").force();
+    for document in documents {
+        let (api, name) = dynamic_api(client, document).await?;
+        let patch = Patch::Apply(document);
+        api.patch(&name, &params, &patch)
+            .await
+            .with_context(|| format!("applying {} {name}", document["kind"]))?;
+    }
+    Ok(())
+}
+
+async fn dynamic_api(
+    client: &Client,
+    document: &Value,
+) -> anyhow::Result<(Api<DynamicObject>, String)> {
+    let api_version = document["apiVersion"].as_str().context("apiVersion")?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let kind = document["kind"].as_str().context("kind")?;
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, capabilities) = discovery::pinned_kind(client, &gvk)
+        .await
+        .with_context(|| format!("discovering {api_version} {kind}"))?;
+    let name = document["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_owned();
+    let api = match (
+        capabilities.scope,
+        document["metadata"]["namespace"].as_str(),
+    ) {
+        (Scope::Namespaced, Some(namespace)) => {
+            Api::namespaced_with(client.clone(), namespace, &resource)
+        }
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, name))
+}
+
+async fn token(env: &TestEnv, account: &str, bound_to: Option<&Pod>) -> anyhow::Result<String> {
+    let mut spec =
+        json!({"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600});
+    if let Some(pod) = bound_to {
+        spec["boundObjectRef"] =
+            json!({"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()});
+    }
+    let request: TokenRequest = serde_json::from_value(json!({"spec": spec}))?;
+    let issued: TokenRequest =
+        Api::<ServiceAccount>::namespaced(env.client.clone(), &env.namespace)
+            .create_subresource("token", account, &PostParams::default(), &request)
+            .await?;
+    Ok(issued.status.map(|s| s.token).unwrap_or_default())
+}
+
+/// The API server's refusal message, or why the call was not refused.
+fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.message),
+        other => format!("not refused: {other:?}"),
+    }
+}
+
+/// The chart's coordinator serving the eviction webhook with the certificate it keeps itself,
+/// as the chart's coordinator service account. It never leads (the test holds its Lease for an
+/// hour), so it decides nothing about the cluster. The API server reaches it on loopback by the
+/// name `localhost` (a kwok pod serves nothing), which it adds to its certificate.
+struct EvictionWebhook {
+    coordinator: nodeward_e2e::daemon::Daemon,
+    url: String,
+    release: String,
+}
+
+impl EvictionWebhook {
+    async fn start(
+        env: &TestEnv,
+        release: &str,
+        dir: &Path,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let lease_name = format!("{release}-nodeward-coordinator");
+        let now = jiff::Timestamp::now().to_string();
+        let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
+            "metadata": {"name": lease_name},
+            "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now},
+        }))?;
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            env.client.clone(),
+            &env.namespace,
+        )
+        .create(&PostParams::default(), &lease)
+        .await?;
+        let kubeconfig = dir.join("coordinator.kubeconfig");
+        write_kubeconfig(
+            Identity::Token(token(env, &lease_name, None).await?),
+            &kubeconfig,
+        )?;
+        let address = nodeward_e2e::daemon::free_address()?;
+        let port = address.rsplit(':').next().context("a port")?;
+        let mut args = vec![
+            "--lease-name",
+            &lease_name,
+            "--lease-duration",
+            "1h",
+            "--renew-deadline",
+            "50m",
+            "--retry-period",
+            "1m",
+            "--webhook-listen",
+            &address,
+        ];
+        let secret = format!("--webhook-secret={release}-nodeward-coordinator-webhook-tls");
+        let service = format!("--webhook-service={release}-nodeward-coordinator-webhook");
+        let configuration = format!("--webhook-configuration={release}-nodeward-agent-evictions");
+        args.extend([
+            secret.as_str(),
+            service.as_str(),
+            configuration.as_str(),
+            "--webhook-extra-dns=localhost",
+        ]);
+        args.extend(extra);
+        let coordinator = nodeward_e2e::daemon::coordinator_as(env, &kubeconfig, &args)?;
+        coordinator
+            .wait_ready(Duration::from_secs(60))
+            .await
+            .with_context(|| coordinator.output())?;
+        Ok(Self {
+            coordinator,
+            url: format!("https://localhost:{port}/validate/eviction"),
+            release: release.to_owned(),
+        })
+    }
+
+    /// Started as `env`'s release's coordinator, with the chart's webhook configuration from
+    /// `documents` pointed at it and its CA bundle in place: evictions go through it.
+    async fn serving(
+        env: &TestEnv,
+        dir: &Path,
+        documents: &[Value],
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        let webhook = Self::start(env, &env.id, dir, extra).await?;
+        apply(&env.client, &[webhook.configuration(documents)?]).await?;
+        webhook.wait_ca_bundle(env).await?;
+        Ok(webhook)
+    }
+
+    /// Evicts `pod` through `pods` (with `params`) until the webhook refuses it as another
+    /// node's: the refusal.
+    async fn refusal_of(
+        &self,
+        pods: &Api<Pod>,
+        pod: &Pod,
+        params: &kube::api::EvictParams,
+    ) -> anyhow::Result<String> {
+        wait::eventually(
+            "the webhook to refuse an eviction of another node's pod",
+            Duration::from_secs(30),
+            || async {
+                let said = refusal(pods.evict(&pod.name_any(), params).await);
+                Ok(said.contains("may evict only pods").then_some(said))
+            },
+        )
+        .await
+        .with_context(|| self.coordinator.output())
+    }
+
+    /// The chart's webhook configuration from `documents`, pointed at this coordinator by URL.
+    fn configuration(&self, documents: &[Value]) -> anyhow::Result<Value> {
+        let mut configuration = find(documents, "ValidatingWebhookConfiguration")?.clone();
+        configuration["webhooks"][0]["clientConfig"] = json!({"url": self.url});
+        Ok(configuration)
+    }
+
+    /// The webhook certificate Secret the coordinator keeps.
+    async fn secret(&self, env: &TestEnv) -> anyhow::Result<Option<Secret>> {
+        Ok(
+            Api::<Secret>::namespaced(env.client.clone(), &env.namespace)
+                .get_opt(&format!(
+                    "{}-nodeward-coordinator-webhook-tls",
+                    self.release
+                ))
+                .await?,
+        )
+    }
+
+    /// Waits until the webhook configuration trusts the coordinator's CA bundle; the bundle.
+    async fn wait_ca_bundle(&self, env: &TestEnv) -> anyhow::Result<Vec<u8>> {
+        let configurations: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+        let name = format!("{}-nodeward-agent-evictions", self.release);
+        wait::eventually(
+            "the coordinator to write the caBundle",
+            Duration::from_secs(30),
+            || async {
+                let Some(secret) = self.secret(env).await? else {
+                    return Ok(None);
+                };
+                let bundle = secret
+                    .data
+                    .unwrap_or_default()
+                    .remove("ca.crt")
+                    .map(|b| b.0);
+                let live = configurations
+                    .get(&name)
+                    .await?
+                    .webhooks
+                    .unwrap_or_default();
+                let published = live
+                    .first()
+                    .and_then(|w| w.client_config.ca_bundle.clone())
+                    .map(|b| b.0);
+                Ok((bundle.is_some() && bundle == published)
+                    .then_some(bundle)
+                    .flatten())
+            },
+        )
+        .await
+        .with_context(|| self.coordinator.output())
+    }
+}
+
+/// Two kwok nodes for `env`, and the chart rendered (release = the test's id) to schedule on
+/// them only, with its default policy over them only, applied server-side; the documents.
+async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<Vec<Value>> {
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
+        .await?;
+    std::fs::create_dir_all(dir)?;
+    let values = dir.join("values.yaml");
+    std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(env))?)?;
+    let documents = render(&env.id, &env.namespace, &[&values])?;
+    // The CRDs are every test's (installed once per run); only the upgrade test changes them.
+    // The first-install copy of the agents' policy (a hook) is left out: the release as it
+    // stands once the coordinator has retired it.
+    let documents: Vec<Value> = documents
+        .into_iter()
+        .filter(|d| d["kind"] != "CustomResourceDefinition")
+        .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect();
+    apply(&env.client, &documents).await?;
+    Ok(documents)
+}
+
+/// The group whose host-mode certificates `env`'s release takes for agents.
+fn agent_group(env: &TestEnv) -> String {
+    format!("{AGENT_GROUP}:{}", env.id)
+}
+
+fn own_nodes_values(env: &TestEnv) -> Value {
+    json!({
+        // Host-mode certificates of this test's own group: another test's release (its webhook
+        // perhaps not served any more) never takes them in.
+        "agent": {"nodeSelector": {TEST_LABEL: env.id}, "hostCertificates": {"group": agent_group(env)},
+            "config": {"detectors": {"custom": [
+            {"name": "ntp", "condition": "NTPProblem", "reason": "ClockSkew", "command": ["/bin/true"]}]}}},
+        "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
+        "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
+            "maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}}},
+    })
+}
+
+/// A client acting as the chart's agent on `node`: a token bound to its (kwok) pod there.
+async fn agent_on(env: &TestEnv, node: &str) -> anyhow::Result<Client> {
+    let pod = wait::eventually(
+        "the agent's pod on the node",
+        Duration::from_secs(60),
+        || async {
+            let pods = env
+                .pods()
+                .list(&ListParams::default().labels("app.kubernetes.io/component=agent"))
+                .await?;
+            Ok(pods.items.into_iter().find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                    && p.metadata.uid.is_some()
+            }))
+        },
+    )
+    .await?;
+    let account = format!("{}-nodeward-agent", env.id);
+    client_as(Identity::Token(token(env, &account, Some(&pod)).await?)).await
+}
+
+/// A running pod (of its own ReplicaSet) on node A and one on node B.
+async fn a_pod_on_each(env: &TestEnv, node_a: &str, node_b: &str) -> anyhow::Result<(Pod, Pod)> {
+    env.replicaset("on-a", node_a, 1, &PodOptions::default())
+        .await?;
+    env.replicaset("on-b", node_b, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    Ok((on_a, on_b))
+}
+
+/// `agent` (node A's agent identity) labels its own Node as nodeward's, and the admission policy,
+/// once the API server has loaded it, refuses it node B.
+async fn held_to_its_own_node(agent: &Client, node_a: &str, node_b: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(agent.clone());
+    nodes
+        .patch(
+            node_a,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {AGENT_LABEL: "true"}}})),
+        )
+        .await?;
+    let label = Patch::Merge(json!({"metadata": {"labels": {"e2e-touched": "b"}}}));
+    let message = wait::eventually(
+        "the policy to refuse node B",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(nodes.patch(node_b, &PatchParams::default(), &label).await);
+            Ok(said
+                .contains("may change only its own Node")
+                .then_some(said))
+        },
+    )
+    .await?;
+    anyhow::ensure!(
+        message.starts_with("403")
+            && message.contains(&format!(
+                "nodeward-agent on node {node_a} may change only its own Node, not {node_b}"
+            )),
+        "{message}"
+    );
+    Ok(())
+}
+
+/// The chart's cluster-wide objects go (but the CRDs, which every test shares, as an uninstall
+/// keeps them); the namespace takes the rest.
+async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
+    for document in documents
+        .iter()
+        .filter(|d| d["metadata"]["namespace"].is_null() && d["kind"] != "CustomResourceDefinition")
+    {
+        let (api, name) = dynamic_api(&env.client, document).await?;
+        let params = DeleteParams::default();
+        api.delete(&name, &params)
+            .await
+            .with_context(|| format!("deleting {} {name}", document["kind"]))?;
+    }
+    env.cleanup().await
+}
+
+/// An eviction the API server checks (the webhook included) but does not carry out.
+fn dry_run_eviction() -> kube::api::EvictParams {
+    kube::api::EvictParams {
+        post_options: PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// The chart applied on two nodes of a new test environment, and a client acting as the agent
+/// on the first: the environment, the chart's documents, that node, the client.
+async fn chart_and_agent(prefix: &str) -> anyhow::Result<(TestEnv, Vec<Value>, String, Client)> {
+    let env = TestEnv::new(prefix).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-{prefix}-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let node = env.node_name(0);
+    let agent = agent_on(&env, &node).await?;
+    Ok((env, documents, node, agent))
+}
+
+/// The chart rendered (release nodeward, namespace nodeward-system) with these values.
+fn render_values(test: &str, values: &str) -> anyhow::Result<Vec<Value>> {
+    let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let file = dir.join("values.yaml");
+    std::fs::write(&file, values)?;
+    let rendered = render("nodeward", "nodeward-system", &[&file]);
+    std::fs::remove_dir_all(&dir)?;
+    rendered
+}

@@ -1,0 +1,360 @@
+//! The eviction webhook as the chart runs it: its certificate kept by the coordinator and
+//! rotated without a restart, its listeners under a thousand stalled connections, admission and
+//! the webhook under a flood of maintenances from one node.
+
+use super::*;
+
+#[tokio::test]
+async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_restart()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("webhook-cert").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-webhook-{}", env.id));
+    std::fs::create_dir_all(&dir)?;
+    // Two renders in a row are the same text, and neither holds certificate material: a
+    // GitOps tool re-rendering the chart changes nothing of the webhook's trust.
+    let values = dir.join("values.yaml");
+    std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(&env))?)?;
+    let first = render_text(&env.id, &env.namespace, &[&values])?;
+    let second = render_text(&env.id, &env.namespace, &[&values])?;
+    assert_eq!(first, second, "two renders differ");
+    assert!(
+        !first.contains("BEGIN CERTIFICATE") && !first.contains("caBundle:"),
+        "a render carries certificate material"
+    );
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let agent = agent_on(&env, &node_a).await?;
+
+    // Short lives, to see renewals and a CA handover within the test: a serving certificate
+    // every ~10 s, the CA's successor trusted at 30 s and taking over at 37.5 s.
+    let webhook = EvictionWebhook::start(
+        &env,
+        &env.id,
+        &dir,
+        &["--webhook-cert-validity=15s", "--webhook-ca-validity=45s"],
+    )
+    .await?;
+    let configuration = webhook.configuration(&documents)?;
+    apply(&env.client, std::slice::from_ref(&configuration)).await?;
+    webhook.wait_ca_bundle(&env).await?;
+    let (on_a, on_b) = a_pod_on_each(&env, &node_a, &node_b).await?;
+    let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
+    let dry_run = dry_run_eviction();
+
+    let pid = webhook.coordinator.child.id();
+    let (mut serving, mut issuers, mut bundles) = (
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+        std::collections::BTreeSet::new(),
+    );
+    let started = std::time::Instant::now();
+    let mut checks = 0;
+    let mut reapplied = false;
+    while started.elapsed() < Duration::from_secs(55) {
+        // Every round: the webhook answers through a TLS chain the API server trusts.
+        pods.evict(&on_a.name_any(), &dry_run)
+            .await
+            .with_context(|| {
+                format!(
+                    "allowed eviction at {:?}\n{}",
+                    started.elapsed(),
+                    webhook.coordinator.output()
+                )
+            })?;
+        let said = refusal(pods.evict(&on_b.name_any(), &dry_run).await);
+        assert!(
+            said.contains("may evict only pods on its own node"),
+            "at {:?}: {said}\n{}",
+            started.elapsed(),
+            webhook.coordinator.output()
+        );
+        checks += 2;
+        if let Some(secret) = webhook.secret(&env).await? {
+            let data = secret.data.unwrap_or_default();
+            serving.extend(data.get("tls.crt").map(|b| b.0.clone()));
+            issuers.extend(data.get("issuer.crt").map(|b| b.0.clone()));
+            bundles.extend(data.get("ca.crt").map(|b| b.0.clone()));
+        }
+        // Half-way: the chart applied again as rendered (as Argo CD or Flux would); the
+        // caBundle the coordinator wrote stays.
+        if !reapplied && started.elapsed() > Duration::from_secs(20) {
+            let before = webhook.wait_ca_bundle(&env).await?;
+            let mut again = documents.clone();
+            for document in &mut again {
+                if document["kind"] == "ValidatingWebhookConfiguration" {
+                    *document = configuration.clone();
+                }
+            }
+            apply(&env.client, &again).await?;
+            let live: ValidatingWebhookConfiguration = Api::all(env.client.clone())
+                .get(&format!("{}-nodeward-agent-evictions", env.id))
+                .await?;
+            let after = live.webhooks.unwrap_or_default()[0]
+                .client_config
+                .ca_bundle
+                .clone()
+                .map(|b| b.0);
+            assert_eq!(
+                after.as_deref(),
+                Some(before.as_slice()),
+                "a re-apply kept the caBundle"
+            );
+            reapplied = true;
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert!(
+        webhook.coordinator.child.id() == pid
+            && webhook
+                .coordinator
+                .output()
+                .matches("nodeward-coordinator running")
+                .count()
+                == 1,
+        "the coordinator was not restarted"
+    );
+    println!(
+        "{checks} evictions checked; {} serving certificates, {} CAs, {} trust bundles",
+        serving.len(),
+        issuers.len(),
+        bundles.len()
+    );
+    assert!(
+        serving.len() >= 4,
+        "serving certificates renewed: {}",
+        serving.len()
+    );
+    assert!(
+        issuers.len() >= 2,
+        "the CA was handed over: {}",
+        issuers.len()
+    );
+    drop(webhook);
+    remove_chart(env, &documents).await
+}
+
+/// Connections a neighbour opens and never finishes: per listener, those over the limits on
+/// connections from one address are closed at once, the rest when their deadline passes.
+const SIEGE: usize = 1000;
+/// `Limits::default()`: connections held at once from one address, and the deadline for a
+/// request's headers and for a TLS handshake.
+const HELD_PER_ADDRESS: usize = 64;
+const DEADLINE: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_thousand_stalled_connections_exhaust_neither_the_webhook_nor_the_health_port()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("siege").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-siege-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (node_a, node_b) = (env.node_name(0), env.node_name(1));
+    let agent = agent_on(&env, &node_a).await?;
+    let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;
+    env.replicaset("on-b", &node_b, 1, &PodOptions::default())
+        .await?;
+    let on_b = env.running_pods("on-b", 1).await?.remove(0);
+    let pods: Api<Pod> = Api::namespaced(agent, &env.namespace);
+    let dry_run = dry_run_eviction();
+    // The webhook answers (it refuses the agent on A a pod on B) before the siege.
+    let refused = || async { refusal(pods.evict(&on_b.name_any(), &dry_run).await) };
+    let said = wait::eventually("the webhook to answer", Duration::from_secs(30), || async {
+        let said = refused().await;
+        Ok(said.contains("may evict only pods").then_some(said))
+    })
+    .await
+    .with_context(|| webhook.coordinator.output())?;
+    assert!(said.contains(&node_b), "{said}");
+
+    let pid = webhook.coordinator.child.id();
+    let rss_before = rss_kib(pid)?;
+    let neighbour: std::net::IpAddr = [127, 0, 0, 2].into();
+    let webhook_port: std::net::SocketAddr = webhook
+        .url
+        .trim_start_matches("https://localhost:")
+        .split('/')
+        .next()
+        .map(|port| format!("127.0.0.1:{port}"))
+        .context("the webhook's port")?
+        .parse()?;
+    let health_port: std::net::SocketAddr = webhook.coordinator.listen.parse()?;
+    // Nothing at all on the webhook port (a TLS handshake that never starts); half a request's
+    // headers on the health port.
+    let on_webhook = Siege::start(neighbour, webhook_port, SIEGE, b"").await?;
+    let on_health =
+        Siege::start(neighbour, health_port, SIEGE, b"GET /healthz HTTP/1.1\r\n").await?;
+    for (name, siege) in [("webhook", &on_webhook), ("health", &on_health)] {
+        let held = siege
+            .until_held_at_most(HELD_PER_ADDRESS, Duration::from_secs(5))
+            .await
+            .with_context(|| format!("the {name} port"))?;
+        let early = siege
+            .closed()
+            .into_iter()
+            .filter(|d| *d < DEADLINE / 2)
+            .count();
+        assert!(
+            early >= SIEGE - HELD_PER_ADDRESS,
+            "the {name} port closed only {early} of the {SIEGE} connections over its limits at once"
+        );
+        println!("{name} port: {held} of {SIEGE} stalled connections held, {early} closed at once");
+    }
+    let rss_held = rss_kib(pid)?;
+
+    // While the neighbour holds its share: the API server's call to the webhook and a probe of
+    // /healthz from another address are answered.
+    let said = refused().await;
+    assert!(
+        said.contains("may evict only pods"),
+        "during the siege the webhook said: {said}"
+    );
+    let (status, _) = webhook.coordinator.get("/healthz").await?;
+    assert_eq!(status, 200, "/healthz during the siege");
+
+    // Then the deadlines close what the neighbour held, on both ports.
+    for (name, siege) in [("webhook", &on_webhook), ("health", &on_health)] {
+        siege
+            .until_held_at_most(0, DEADLINE * 3)
+            .await
+            .with_context(|| format!("the {name} port's deadline"))?;
+        let last = siege.closed().into_iter().max().unwrap_or_default();
+        assert!(
+            last >= DEADLINE.mul_f64(0.9),
+            "the {name} port closed its last stalled connection after {last:?}, before its {DEADLINE:?} deadline"
+        );
+    }
+    let grown = rss_held.saturating_sub(rss_before);
+    println!(
+        "coordinator memory: {rss_before} KiB before, {rss_held} KiB holding {} connections (+{grown} KiB)",
+        2 * HELD_PER_ADDRESS
+    );
+    assert!(
+        grown < 32 * 1024,
+        "the coordinator grew {grown} KiB holding the siege"
+    );
+    drop(webhook);
+    remove_chart(env, &documents).await
+}
+
+/// A process's resident memory, from /proc.
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    status_kib(pid, "VmRSS")
+}
+
+/// A memory figure (`VmRSS`, `VmHWM`, ...) of a process, in KiB, from /proc.
+fn status_kib(pid: u32, key: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("{key} of process {pid}"))
+}
+
+/// How many maintenances the flood creates (issue: a few dozen large objects or 100k small
+/// ones from one node used to take both coordinator replicas past their memory limit).
+const FLOOD: usize = 10_000;
+
+/// One node's agent identity creates 10,000 reboot requests (every one the admission policy
+/// lets it: its node, its pinned name pattern, no drain plan). The coordinator decides only
+/// the newest of them and ends the others a few a round; meanwhile another node's maintenance
+/// is admitted, the flooding node's agent still evicts through the webhook, and the
+/// coordinator stays within the chart's memory limit.
+#[tokio::test]
+async fn a_flood_of_maintenances_from_one_node_stalls_neither_admission_nor_the_webhook()
+-> anyhow::Result<()> {
+    let (env, documents, node_a, agent) = chart_and_agent("flood").await?;
+    let node_b = env.node_name(1);
+    // Only B's agent is alive: the flood's newest request waits (AgentUnavailable).
+    env.heartbeats(std::slice::from_ref(&node_b)).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-flood-{}", env.id));
+    let webhook =
+        EvictionWebhook::serving(&env, &dir, &documents, &["--leader-elect=false"]).await?;
+    let pid = webhook.coordinator.child.id();
+    let rss_before = rss_kib(pid)?;
+
+    let flooding: Api<NodeMaintenance> = Api::all(agent.clone());
+    let started = std::time::Instant::now();
+    nodeward_e2e::concurrently(0..FLOOD, 32, |i| {
+        let flooding = flooding.clone();
+        let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {TEST_LABEL: env.id}},
+            "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot"},
+        }))
+        .map_err(Into::into);
+        async move {
+            flooding
+                .create(&PostParams::default(), &maintenance?)
+                .await
+                .context("the flood")?;
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    let flooded_in = started.elapsed();
+
+    // Another node's maintenance is admitted with the flood there.
+    let other = format!("{node_b}-m");
+    env.create_maintenance(&other, &node_b, "Manual", "DrainOnly")
+        .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let asked = std::time::Instant::now();
+    let within = Duration::from_secs(60);
+    wait::phase(&maintenances, &other, MaintenancePhase::Admitted, within)
+        .await
+        .with_context(|| webhook.coordinator.output())?;
+    let admitted_in = asked.elapsed();
+
+    // The flooding node's agent still evicts its own pods through the webhook.
+    env.replicaset("on-a", &node_a, 1, &PodOptions::default())
+        .await?;
+    let on_a = env.running_pods("on-a", 1).await?.remove(0);
+    Api::<Pod>::namespaced(agent, &env.namespace)
+        .evict(&on_a.name_any(), &dry_run_eviction())
+        .await
+        .context("an eviction through the webhook during the flood")?;
+
+    // Older requests are ended a few a round; only the newest waits.
+    let superseded = wait::eventually(
+        "older requests superseded",
+        Duration::from_secs(60),
+        || async {
+            let failed = maintenances
+                .list(&ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)))
+                .await?
+                .items
+                .iter()
+                .filter(|m| {
+                    m.phase() == MaintenancePhase::Failed
+                        && m.status
+                            .as_ref()
+                            .and_then(|s| s.message.as_deref())
+                            .is_some_and(|t| t.starts_with("superseded by"))
+                })
+                .count();
+            Ok((failed >= 200).then_some(failed))
+        },
+    )
+    .await?;
+    let peak = status_kib(pid, "VmHWM")?;
+    println!(
+        "{FLOOD} maintenances from one node's identity in {:.0} s; another node admitted {:.1} s after asking; {superseded} superseded so far; coordinator RSS {} MiB before, peak {} MiB (limit 256 MiB)",
+        flooded_in.as_secs_f64(),
+        admitted_in.as_secs_f64(),
+        rss_before / 1024,
+        peak / 1024
+    );
+    assert!(
+        peak < 256 * 1024,
+        "the coordinator peaked at {} MiB, over the chart's 256 MiB limit",
+        peak / 1024
+    );
+    drop(webhook);
+    maintenances
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{TEST_LABEL}={}", env.id)),
+        )
+        .await?;
+    remove_chart(env, &documents).await
+}
