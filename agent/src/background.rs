@@ -69,23 +69,22 @@ pub async fn start(config: &Config, on: On<'_>, tasks: &mut JoinSet<()>) -> Resu
         started: Instant::now(),
         own_node: on.own_node,
     };
-    let peers = match &config.detectors.peers {
-        p if p.enabled => {
-            let directory = Directory::default();
-            tasks.spawn(
-                directory
-                    .clone()
-                    .follow(on.client.clone(), on.namespace.to_owned()),
-            );
-            tasks.spawn(peers::respond(p.listen_address, p.port).await?);
-            Some(PeerContext {
-                directory,
-                node_name: on.node_name.to_owned(),
-                metrics: on.metrics.clone(),
-                sightings: Sightings::default(),
-            })
-        }
-        _ => None,
+    let p = &config.detectors.peers;
+    let peers = if p.enabled {
+        let directory = Directory::default();
+        let following = directory
+            .clone()
+            .follow(on.client.clone(), on.namespace.to_owned());
+        tasks.spawn(following);
+        tasks.spawn(peers::respond(p.listen_address, p.port).await?);
+        Some(PeerContext {
+            directory,
+            node_name: on.node_name.to_owned(),
+            metrics: on.metrics.clone(),
+            sightings: Sightings::default(),
+        })
+    } else {
+        None
     };
     let (log_events_tx, log_events) = mpsc::channel(64);
     let node = logs::Node {

@@ -208,8 +208,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     .await
     .with_context(|| cluster.agent.output())?;
     slot_freed(&env, &policy).await?;
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -239,8 +238,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
         (true, false),
         "still cordoned (the admin's), no longer tainted (ours)"
     );
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -283,8 +281,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     .with_context(|| cluster.agent.output())?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
     env.wait_event(&name, "", "Cancelled").await?;
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -379,8 +376,7 @@ async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordo
         m.is_none()
     })
     .await?;
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -513,8 +509,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     )
     .await?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -546,8 +541,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     );
     env.wait_event(&name, "", "ActionFailed").await?;
     slot_freed(&env, &policy).await?;
-    drop(cluster);
-    env.cleanup().await
+    env.cleanup_after(cluster).await
 }
 
 #[tokio::test]
@@ -637,6 +631,7 @@ fn surge_of<'a>(
         .find(|s| s.deployment == name)
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is_restored_though_both_daemons_were_killed()
 -> anyhow::Result<()> {
@@ -823,6 +818,5 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
         m.is_none()
     })
     .await?;
-    drop((agent, coordinator, cart, solo));
-    env.cleanup().await
+    env.cleanup_after((agent, coordinator, cart, solo)).await
 }

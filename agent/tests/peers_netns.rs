@@ -209,6 +209,7 @@ async fn sighted_by_all(
     Ok(())
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> anyhow::Result<()> {
     let env = TestEnv::new("peers").await?;

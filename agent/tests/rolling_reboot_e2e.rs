@@ -99,6 +99,7 @@ async fn wait_for_notices(
     Ok(())
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()> {
     let _serial = SERIAL.lock().await;
@@ -310,8 +311,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         total.as_secs_f64(),
     );
     drop(machines);
-    drop(coordinator);
-    env.cleanup().await
+    env.cleanup_after(coordinator).await
 }
 
 async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
@@ -397,8 +397,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         .map(|b| b["event"].as_str().unwrap_or_default().to_owned())
         .collect();
     assert_eq!(events, ["DrainStarted", "PoweringOff"]);
-    drop((power_off, delete, coordinator));
-    env.cleanup().await
+    env.cleanup_after((power_off, delete, coordinator)).await
 }
 
 #[tokio::test]
@@ -471,8 +470,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     );
     env.wait_events(&name, "", &["Rebooted", "HealthGateFailed"])
         .await?;
-    drop((machine, coordinator));
-    env.cleanup().await
+    env.cleanup_after((machine, coordinator)).await
 }
 
 #[tokio::test]
@@ -569,8 +567,7 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     for reason in ["NodeDidNotReturn", "Restored"] {
         env.wait_event(&name, "", reason).await?;
     }
-    drop((machine, coordinator));
-    env.cleanup().await
+    env.cleanup_after((machine, coordinator)).await
 }
 
 /// The `WorkloadsAvailable` condition of `m`: status, reason, message.
@@ -581,6 +578,7 @@ fn workloads_verdict(m: &NodeMaintenance) -> Option<(String, String, String)> {
     })
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_again()
 -> anyhow::Result<()> {
@@ -785,8 +783,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     )
     .await
     .with_context(|| output(&first))?;
-    drop((first, second, coordinator));
-    env.cleanup().await
+    env.cleanup_after((first, second, coordinator)).await
 }
 
 #[tokio::test]
@@ -873,6 +870,5 @@ async fn three_replicas_under_a_budget_of_two_stay_two_ready_while_their_nodes_r
         );
     }
     println!("web replicas Ready over the rollout: {:?}", seen.timeline);
-    drop((machines, coordinator));
-    env.cleanup().await
+    env.cleanup_after((machines, coordinator)).await
 }

@@ -260,8 +260,7 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
         .and_then(|e| e.note.clone())
         .unwrap_or_default();
     assert!(returning.starts_with("5 pods tolerate"), "{returning}");
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 /// A shutdown held by a pod no eviction may take: a node with one PDB-guarded pod, logind
@@ -367,8 +366,7 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
         still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
         "deleted at the stage deadline"
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -412,8 +410,7 @@ async fn a_pod_that_comes_to_the_node_during_the_drain_is_drained_too() -> anyho
         took < Duration::from_secs(21),
         "released at the deadline (23 s), not when drained: {took:?}"
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -446,8 +443,7 @@ async fn a_drain_that_leaves_many_pods_still_reports_its_end_in_an_event() -> an
     assert!(note.len() <= 1024, "{} bytes: {note}", note.len());
     assert!(note.starts_with("stages ran out of time; left: "), "{note}");
     assert!(note.ends_with("cut at the API's limit)"), "{note}");
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -464,8 +460,7 @@ async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::R
     locked_again(&logind, &agent, "logind restarted").await?;
     logind.restart_bus().await?;
     locked_again(&logind, &agent, "the bus restarted").await?;
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -501,8 +496,7 @@ async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow
             .any(|t| t.key == "nodeward.io/shutdown"),
         "untainted"
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -581,8 +575,7 @@ async fn a_short_inhibit_delay_is_raised_with_a_drop_in_and_overrides_are_report
             .unwrap_or_default()
             .contains("below the 40s budget")
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -677,8 +670,7 @@ async fn the_reboot_gate_refuses_uncoordinated_shutdowns_until_one_is_admitted()
     })
     .await
     .with_context(|| agent.output())?;
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -735,8 +727,7 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
     );
     let still = env.pods().get_opt(&pod.name_any()).await?;
     assert!(still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()));
-    drop(second);
-    env.cleanup().await
+    env.cleanup_after(second).await
 }
 
 #[tokio::test]
@@ -802,6 +793,5 @@ async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> a
     .await?;
     env.wait_event(&node, "regarding.kind=Node", "NodeRestored")
         .await?;
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }

@@ -201,8 +201,7 @@ async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason(
             .contains("no maintenance under way")
     );
 
-    drop(coordinator);
-    env.cleanup().await
+    env.cleanup_after(coordinator).await
 }
 
 #[tokio::test]
@@ -278,6 +277,35 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
     env.cleanup().await
 }
 
+/// The DaemonSet `manifest` created in this test's namespace (where no node runs it), what
+/// `migrate --FROM-daemonset` prints for it, and the policy it printed as created (see
+/// [`create_printed_policy`]).
+async fn migrated(
+    env: &TestEnv,
+    from: &str,
+    manifest: &str,
+) -> anyhow::Result<(String, DisruptionPolicy)> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    let mut daemonset: DaemonSet = serde_yaml::from_str(manifest)?;
+    daemonset.metadata.namespace = Some(env.namespace.clone());
+    if let Some(pod) = daemonset
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    {
+        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
+    }
+    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
+        .create(&Default::default(), &daemonset)
+        .await?;
+    let name = format!("{}-{from}", env.id);
+    let flag = format!("--{from}-daemonset");
+    let daemonset = format!("{}/{}", env.namespace, daemonset.name_any());
+    let printed = ok(&["migrate", &flag, &daemonset, "--policy-name", &name]).await?;
+    let created = create_printed_policy(env, &printed).await?;
+    Ok((printed, created))
+}
+
 /// Creates the DisruptionPolicy `migrate` printed first, labelled as this test's: the API
 /// server's own validation (OpenAPI and CEL) must take it as printed.
 async fn create_printed_policy(env: &TestEnv, printed: &str) -> anyhow::Result<DisruptionPolicy> {
@@ -305,29 +333,10 @@ async fn create_printed_policy(env: &TestEnv, printed: &str) -> anyhow::Result<D
 #[tokio::test]
 async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_accepts()
 -> anyhow::Result<()> {
-    use k8s_openapi::api::apps::v1::DaemonSet;
     let env = TestEnv::new("migrate").await?;
     // kured's own manifest (with its flags given), in this test's namespace; no node runs it.
-    let mut kured: DaemonSet =
-        serde_yaml::from_str(include_str!("../src/migrate/testdata/kured-ds.yaml"))?;
-    kured.metadata.namespace = Some(env.namespace.clone());
-    if let Some(pod) = kured.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
-    }
-    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
-        .create(&Default::default(), &kured)
-        .await?;
-    let name = format!("{}-kured", env.id);
-    let daemonset = format!("{}/kured", env.namespace);
-    let printed = ok(&[
-        "migrate",
-        "--kured-daemonset",
-        &daemonset,
-        "--policy-name",
-        &name,
-    ])
-    .await?;
-    let created = create_printed_policy(&env, &printed).await?;
+    let kured = include_str!("../src/migrate/testdata/kured-ds.yaml");
+    let (printed, created) = migrated(&env, "kured", kured).await?;
     assert_eq!(created.spec.windows.len(), 1);
     assert_eq!(
         created.spec.windows[0].time_zone.as_deref(),
@@ -344,37 +353,18 @@ async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_acc
 #[tokio::test]
 async fn node_problem_detectors_daemonset_in_the_cluster_migrates_to_values_the_chart_renders_and_a_policy_the_api_server_accepts()
 -> anyhow::Result<()> {
-    use k8s_openapi::api::{apps::v1::DaemonSet, core::v1::ConfigMap};
+    use k8s_openapi::api::core::v1::ConfigMap;
     let env = TestEnv::new("migrate-npd").await?;
     // node-problem-detector's own DaemonSet and ConfigMap, in this test's namespace; no node
     // runs it.
-    let mut npd: DaemonSet =
-        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-ds.yaml"))?;
-    npd.metadata.namespace = Some(env.namespace.clone());
-    if let Some(pod) = npd.spec.as_mut().and_then(|s| s.template.spec.as_mut()) {
-        pod.node_selector = Some([("e2e.nodeward.io/none".to_owned(), "none".to_owned())].into());
-    }
     let mut config: ConfigMap =
         serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-config.yaml"))?;
     config.metadata.namespace = Some(env.namespace.clone());
     Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
         .create(&Default::default(), &config)
         .await?;
-    Api::<DaemonSet>::namespaced(env.client.clone(), &env.namespace)
-        .create(&Default::default(), &npd)
-        .await?;
-    let name = format!("{}-npd", env.id);
-    let daemonset = format!("{}/node-problem-detector", env.namespace);
-    let printed = ok(&[
-        "migrate",
-        "--npd-daemonset",
-        &daemonset,
-        "--policy-name",
-        &name,
-    ])
-    .await?;
-
-    let created = create_printed_policy(&env, &printed).await?;
+    let npd = include_str!("../src/migrate/testdata/npd-ds.yaml");
+    let (printed, created) = migrated(&env, "npd", npd).await?;
     let gate = created.spec.health_gate.context("a health gate")?;
     assert!(gate.problem_types.contains(&"KernelDeadlock".to_owned()));
 

@@ -29,6 +29,7 @@ use crate::{
     support::{HostCredential, Lab, REBOOT},
 };
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_only_when_admitted()
 -> anyhow::Result<()> {

@@ -568,6 +568,13 @@ impl TestEnv {
         }
     }
 
+    /// Stops `daemons` (dropped: killed), then [`Self::cleanup`]: a daemon still running
+    /// would act on what the cleanup deletes.
+    pub async fn cleanup_after<T>(self, daemons: T) -> anyhow::Result<()> {
+        drop(daemons);
+        self.cleanup().await
+    }
+
     /// Deletes what this test created: its namespace (and so its workloads), its nodes, its
     /// DisruptionPolicies (labelled with the test) and the NodeMaintenances of its nodes.
     pub async fn cleanup(self) -> anyhow::Result<()> {

@@ -4,11 +4,10 @@
 
 use super::*;
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Result<()> {
-    let env = TestEnv::new("chart").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (env, dir, documents) = own_chart("chart").await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
 
     let coordinator_account = format!("{}-nodeward-coordinator", env.id);
@@ -275,9 +274,7 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
 #[tokio::test]
 async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() -> anyhow::Result<()>
 {
-    let env = TestEnv::new("hostcert").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-hostcert-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (env, dir, documents) = own_chart("hostcert").await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
     let unregistered = env.node_name(7);
     let agent_of = |node: String| {
@@ -401,12 +398,11 @@ async fn update_node(
     }
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_node()
 -> anyhow::Result<()> {
-    let env = TestEnv::new("coord-node").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-coord-node-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (env, _, documents) = own_chart("coord-node").await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
     let account = format!("{}-nodeward-coordinator", env.id);
     let coordinator: Api<Node> =
@@ -592,6 +588,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     remove_chart(env, &documents).await
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 /// Attacks by one node's agent identity (a token read from the agent's pod on that node) on its
 /// own Node, and the writes the agent itself makes, through the chart's admission policy.
 #[tokio::test]

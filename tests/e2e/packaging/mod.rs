@@ -448,12 +448,19 @@ fn dry_run_eviction() -> kube::api::EvictParams {
 /// The chart applied on two nodes of a new test environment, and a client acting as the agent
 /// on the first: the environment, the chart's documents, that node, the client.
 async fn chart_and_agent(prefix: &str) -> anyhow::Result<(TestEnv, Vec<Value>, String, Client)> {
-    let env = TestEnv::new(prefix).await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-{prefix}-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (env, _, documents) = own_chart(prefix).await?;
     let node = env.node_name(0);
     let agent = agent_on(&env, &node).await?;
     Ok((env, documents, node, agent))
+}
+
+/// A test's environment, its scratch directory, and the chart applied on its own two nodes
+/// ([`apply_chart_on_own_nodes`]).
+async fn own_chart(test: &str) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
+    let env = TestEnv::new(test).await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    Ok((env, dir, documents))
 }
 
 /// The chart rendered (release nodeward, namespace nodeward-system) with these values.

@@ -4,6 +4,7 @@
 
 use super::*;
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow::Result<()> {
     let all_on = chart().join("ci/all-on-values.yaml");

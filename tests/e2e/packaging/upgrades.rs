@@ -138,6 +138,7 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
     env.cleanup().await
 }
 
+// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 /// A first `helm install`: Helm creates admission policies after every kind it knows, the
 /// agent DaemonSet among them, so the chart installs a copy of the agents' policy as a
 /// pre-install hook. The copy exists before the DaemonSet does, refuses an agent's escalation

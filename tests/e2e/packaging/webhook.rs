@@ -144,9 +144,7 @@ const DEADLINE: Duration = Duration::from_secs(10);
 #[tokio::test]
 async fn a_thousand_stalled_connections_exhaust_neither_the_webhook_nor_the_health_port()
 -> anyhow::Result<()> {
-    let env = TestEnv::new("siege").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-siege-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let (env, dir, documents) = own_chart("siege").await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
     let agent = agent_on(&env, &node_a).await?;
     let webhook = EvictionWebhook::serving(&env, &dir, &documents, &[]).await?;

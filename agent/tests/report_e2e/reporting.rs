@@ -1,248 +1,9 @@
-//! `nodeward-agent run` against the real control plane: it writes its node's conditions with
-//! server-side apply (leaving the kubelet's own conditions alone), clears them when the check
-//! passes again, publishes Events, keeps a NodeReport owned by the Node, serves health and
-//! metrics, writes nothing but its Lease while nothing changes, and stops cleanly on SIGTERM.
+//! Reporting: Node conditions, Events and the NodeReport written on change, the Lease alone
+//! while quiet, one connection for every watch, an unregistered node, the kubelet's unit, an
+//! API outage, pause acknowledgements, and a clean stop on SIGTERM.
 
-use std::{
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::{Duration, Instant},
-};
+use super::*;
 
-use anyhow::Context;
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
-use kube::{Api, api::DeleteParams};
-use nodeward_api::{
-    NodeReport,
-    report::{Finding, KernelLogSource, NodeReportStatus},
-};
-use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, scratch, wait};
-use serde_json::Value;
-
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
-const TIMEOUT: Duration = Duration::from_secs(30);
-const USER_AGENT_PREFIX: &str = "nodeward-agent/";
-
-/// An agent process for one node, killed if the test ends early.
-struct Agent {
-    child: Child,
-    dir: PathBuf,
-    listen: String,
-}
-
-/// What an agent under test runs: the reboot-required detector always (reading the sentinel in
-/// the agent's own directory), the kubelet and kernel-log detectors as given.
-struct Options<'a> {
-    /// Kubeconfig to use instead of the admin one (e.g. through a proxy).
-    kubeconfig: Option<PathBuf>,
-    interval: &'a str,
-    heartbeat: &'a str,
-    kubelet: &'a str,
-    kernel_log: &'a str,
-    journal: &'a str,
-    env: Vec<(&'a str, String)>,
-}
-
-impl Default for Options<'_> {
-    fn default() -> Self {
-        Self {
-            kubeconfig: None,
-            interval: "500ms",
-            heartbeat: "2s",
-            kubelet: "{enabled: false}",
-            kernel_log: "{enabled: false}",
-            journal: "{}",
-            env: Vec::new(),
-        }
-    }
-}
-
-impl Agent {
-    fn start(node: &str, env: &TestEnv, interval: &str, heartbeat: &str) -> anyhow::Result<Self> {
-        Self::start_with(
-            node,
-            env,
-            Options {
-                interval,
-                heartbeat,
-                ..Options::default()
-            },
-        )
-    }
-
-    fn start_with(node: &str, test: &TestEnv, options: Options<'_>) -> anyhow::Result<Self> {
-        let Options {
-            kubeconfig,
-            interval,
-            heartbeat,
-            kubelet,
-            kernel_log,
-            journal,
-            env,
-        } = options;
-        let dir = scratch::dir(&format!("nodeward-agent-{}", test.id))?;
-        let config = scratch::agent_config_file(
-            &dir,
-            &[
-                &format!("kernelLog: {kernel_log}"),
-                &format!("journal: {journal}"),
-                &format!("kubelet: {kubelet}"),
-                &format!(
-                    "rebootRequired: {{interval: {interval}, timeout: {interval}, sentinelFile: {}}}",
-                    dir.join("reboot-required").display()
-                ),
-            ],
-            // No logind here; the shutdown guard has its own tests.
-            &format!(
-                "reporting:\n  heartbeatInterval: {heartbeat}\nshutdownGuard: {{enabled: false}}\n"
-            ),
-        )?;
-        let listen = daemon::free_address()?;
-        let child = Command::new(AGENT)
-            .args([
-                "run",
-                "--node-name",
-                node,
-                "--listen",
-                &listen,
-                "--namespace",
-                &test.namespace,
-                "--kubeconfig",
-            ])
-            .arg(kubeconfig.unwrap_or_else(|| controlplane::shared().kubeconfig.clone()))
-            .arg("--config")
-            .arg(&config)
-            .envs(env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(dir.join("agent.log"))?))
-            .spawn()?;
-        Ok(Self { child, dir, listen })
-    }
-
-    /// What the agent logged so far.
-    fn output(&self) -> String {
-        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
-    }
-
-    fn sentinel(&self) -> PathBuf {
-        self.dir.join("reboot-required")
-    }
-
-    /// GET one of the agent's endpoints: status code and body.
-    async fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
-        daemon::get(&self.listen, path).await
-    }
-
-    /// The value of a series in the agent's /metrics.
-    async fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        daemon::metric(&self.listen, series).await
-    }
-
-    /// Waits until `/readyz` answers 200.
-    async fn wait_ready(&self) -> anyhow::Result<()> {
-        wait::eventually("the agent to be ready", TIMEOUT, || async {
-            Ok((self.get("/readyz").await?.0 == 200).then_some(()))
-        })
-        .await
-    }
-
-    fn terminate(&mut self) -> anyhow::Result<()> {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id())?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)?;
-        Ok(())
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("the agent's log:\n{}", self.output());
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn condition(node: Option<&Node>, type_: &str) -> Option<(String, String)> {
-    wait::node_condition(node, type_)
-}
-
-fn has(type_: &'static str, status: &'static str) -> impl Fn(Option<&Node>) -> bool {
-    move |n| condition(n, type_).is_some_and(|(s, _)| s == status)
-}
-
-/// Waits until `node` carries condition `type_` with `status`; returns the Node then.
-/// A test's environment with one worker Node in `zone` and an agent for it that checks every
-/// `interval` and renews its Lease every `heartbeat`.
-async fn one_node_with_agent(
-    test: &str,
-    zone: &str,
-    interval: &str,
-    heartbeat: &str,
-) -> anyhow::Result<(TestEnv, String, Agent)> {
-    let (env, node) = TestEnv::with_worker(test, zone).await?;
-    let agent = Agent::start(&node, &env, interval, heartbeat)?;
-    Ok((env, node, agent))
-}
-
-async fn wait_condition(
-    nodes: &Api<Node>,
-    node: &str,
-    type_: &'static str,
-    status: &'static str,
-) -> anyhow::Result<Node> {
-    let what = format!("{type_}={status}");
-    wait::until(nodes, node, &what, TIMEOUT, has(type_, status))
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("node {node} disappeared"))
-}
-
-/// The reason of condition `type_` on `node`.
-fn reason_of(node: &Node, type_: &str) -> Option<String> {
-    condition(Some(node), type_).map(|(_, reason)| reason)
-}
-
-/// The agent's audited writes about `node`: (resource/subresource, verb).
-fn agent_writes(node: &str) -> anyhow::Result<Vec<(String, String)>> {
-    let field = |e: &Value, path: &str| {
-        e.pointer(path)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_owned()
-    };
-    Ok(controlplane::audited_writes()?
-        .iter()
-        .filter(|e| field(e, "/userAgent").starts_with(USER_AGENT_PREFIX))
-        .filter(|e| {
-            let name = field(e, "/objectRef/name");
-            name == node
-                || name.starts_with(&format!("{node}."))
-                || Some(name) == nodeward_api::fleet::lease_name(node)
-        })
-        .map(|e| {
-            let resource = match field(e, "/objectRef/subresource").as_str() {
-                "" => field(e, "/objectRef/resource"),
-                sub => format!("{}/{sub}", field(e, "/objectRef/resource")),
-            };
-            (resource, field(e, "/verb"))
-        })
-        .collect())
-}
-
-/// `node`'s NodeReport once `accept` takes its status (`what` is reported).
-async fn reported(
-    env: &TestEnv,
-    node: &str,
-    what: &str,
-    accept: impl Fn(&NodeReportStatus) -> bool,
-) -> anyhow::Result<NodeReport> {
-    let reports: Api<NodeReport> = Api::all(env.client.clone());
-    wait::until_some(&reports, node, &format!("{what} reported"), TIMEOUT, |r| {
-        r.status.as_ref().is_some_and(&accept).then(|| r.clone())
-    })
-    .await
-}
 #[tokio::test]
 async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() -> anyhow::Result<()>
 {
@@ -414,8 +175,7 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
         Some(("Node", node.as_str())),
         "the Lease goes with its Node"
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 /// A NodeReport deleted while nothing changes (by hand, or with a Node registered again faster
@@ -450,8 +210,7 @@ async fn a_deleted_node_report_is_written_again_within_a_heartbeat() -> anyhow::
         .into_iter()
         .find(|f| f.detector == "reboot-required");
     assert!(finding.is_some(), "with the current findings");
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 /// The established TCP connections process `pid` holds to `port` on the loopback address,
@@ -526,8 +285,7 @@ async fn an_agent_holds_one_connection_to_the_api_server_for_all_its_watches() -
         connections, 1,
         "{opened} watches opened, the Lease renewed: one connection to the API server"
     );
-    drop(agent);
-    env.cleanup().await
+    env.cleanup_after(agent).await
 }
 
 #[tokio::test]
@@ -605,10 +363,7 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
             .map(|o| o[0].uid.clone()),
         node_object.metadata.uid
     );
-    let conditions = node_object
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default();
+    let conditions = nodeward_api::node::conditions(&node_object);
     assert!(
         !conditions.iter().any(|c| c.type_ == "KubeletUnregistered"),
         "report-only, never a Node condition"
@@ -653,278 +408,6 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     )
     .await?;
     env.cleanup().await
-}
-
-/// node-problem-detector's custom plugin monitor with one plugin (its shipped DNS check, which
-/// fails here: no cluster DNS) behind a temporary and a permanent rule.
-fn dns_monitor(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/npd/testdata/plugin/dns_problem.sh");
-    let monitor = serde_json::json!({
-        "plugin": "custom",
-        "pluginConfig": {"invoke_interval": "1s", "timeout": "1s", "max_output_length": 80, "concurrency": 1},
-        "source": "dns-custom-plugin-monitor",
-        "conditions": [{"type": "DNSProblem", "reason": "DNSIsUp", "message": "DNS is up"}],
-        "rules": [
-            {"type": "temporary", "reason": "DNSUnreachable", "path": script},
-            {"type": "permanent", "condition": "DNSProblem", "reason": "DNSUnreachable", "path": script},
-        ],
-    });
-    let file = dir.join("dns-monitor.json");
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(&file, serde_json::to_vec_pretty(&monitor)?)?;
-    Ok(file)
-}
-
-#[tokio::test]
-async fn a_node_problem_detector_monitor_sets_its_permanent_condition_and_its_temporary_rule_only_raises_events()
--> anyhow::Result<()> {
-    let (env, node) = TestEnv::with_worker("agent-npd", "zone-a").await?;
-    let monitor = dns_monitor(&std::env::temp_dir().join(format!("nodeward-npd-{}", env.id)))?;
-    let _agent = Agent::start_with(
-        &node,
-        &env,
-        Options {
-            env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
-            ..Options::default()
-        },
-    )?;
-
-    // The permanent rule: a Node condition with the rule's reason.
-    let nodes: Api<Node> = env.nodes();
-    let flagged = wait_condition(&nodes, &node, "DNSProblem", "True").await?;
-    assert_eq!(
-        reason_of(&flagged, "DNSProblem").as_deref(),
-        Some("DNSUnreachable")
-    );
-    // The temporary rule: in the NodeReport, and a Warning Event, never a Node condition.
-    let what = "the temporary rule's finding in the NodeReport";
-    reported(&env, &node, what, |s| {
-        s.findings.iter().any(|f| {
-            f.type_ == "DNSUnreachable"
-                && f.status == "True"
-                && f.message == "DNS lookup to kubernetes.default is not working"
-        })
-    })
-    .await?;
-    wait::eventually("the temporary rule's Warning Event", TIMEOUT, || async {
-        let events = env.events_about(&node, "regarding.kind=NodeReport").await?;
-        Ok(events
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("DNSUnreachable")
-                    && e.type_.as_deref() == Some("Warning")
-            })
-            .then_some(()))
-    })
-    .await?;
-    let conditions = nodes
-        .get(&node)
-        .await?
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default();
-    assert!(
-        !conditions.iter().any(|c| c.type_ == "DNSUnreachable"),
-        "a temporary rule sets no Node condition: {conditions:?}"
-    );
-    env.cleanup().await
-}
-
-/// How many times the Events about `node` tell of `text` (an Event's series counts its repeats).
-async fn told(env: &TestEnv, node: &str, text: &str) -> anyhow::Result<i32> {
-    Ok(env
-        .events_about(node, "")
-        .await?
-        .iter()
-        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
-        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-        .sum())
-}
-
-#[tokio::test]
-async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_restart()
--> anyhow::Result<()> {
-    let env = TestEnv::new("agent-kmsg").await?;
-    kernel_log_across_a_restart(&env, "zone-d", "source: kmsg", KernelLogSource::Kmsg).await?;
-    env.cleanup().await
-}
-
-/// The same through the journal: a real journald reads /dev/kmsg into its files, and the agent
-/// reads those files (as an unprivileged DaemonSet pod does from the host's, mounted read-only).
-#[tokio::test]
-async fn kernel_messages_read_from_the_journal_files_raise_events_once_across_a_restart()
--> anyhow::Result<()> {
-    use nodeward_e2e::journald::Journald;
-    let env = TestEnv::new("agent-journal").await?;
-    let journald = Journald::start(&env.id).await?;
-    let source = format!(
-        "source: journal, journalDirectories: ['{}']",
-        journald.dir.display()
-    );
-    kernel_log_across_a_restart(&env, "zone-d", &source, KernelLogSource::Journal).await?;
-    env.cleanup().await
-}
-
-/// node-problem-detector's shipped systemd monitor (a journald monitor), loaded as it is:
-/// systemd's "Started …kubelet" in the journal of a real journald becomes a KubeletStart Event,
-/// once, also across an agent restart.
-#[tokio::test]
-async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_across_a_restart()
--> anyhow::Result<()> {
-    use nodeward_e2e::journald::Journald;
-    let (env, node) = TestEnv::with_worker("agent-journald", "zone-d").await?;
-    let journald = Journald::start(&env.id).await?;
-    let monitor = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/npd/testdata/systemd-monitor.json");
-    let journal = format!(
-        "{{interval: 500ms, timeout: 500ms, directories: ['{}']}}",
-        journald.dir.display()
-    );
-    let options = || Options {
-        journal: &journal,
-        env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
-        ..Options::default()
-    };
-    let tag = env.id.replace('-', "");
-    let first = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-1");
-    journald.send("systemd", &first)?;
-    // Another program's line, the same words: not systemd's, so no Event.
-    let other = format!("Started Kubernetes kubelet. {tag}-other");
-    journald.send("not-systemd", &other)?;
-    let agent = Agent::start_with(&node, &env, options())?;
-    wait::eventually("the KubeletStart Event", TIMEOUT, || async {
-        Ok((told(&env, &node, &first).await? == 1).then_some(()))
-    })
-    .await?;
-    reported(&env, &node, "the systemd monitor's position", |s| {
-        s.journal_log.iter().any(|p| p.identifier == "systemd")
-    })
-    .await?;
-
-    drop(agent);
-    let agent = Agent::start_with(&node, &env, options())?;
-    agent.wait_ready().await?;
-    let second = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-2");
-    journald.send("systemd", &second)?;
-    wait::eventually("the second KubeletStart Event", TIMEOUT, || async {
-        Ok((told(&env, &node, &second).await? == 1).then_some(()))
-    })
-    .await?;
-    assert_eq!(
-        told(&env, &node, &first).await?,
-        1,
-        "published once, not again after the restart"
-    );
-    assert_eq!(
-        told(&env, &node, &other).await?,
-        0,
-        "another program's message"
-    );
-    let events = env.events_about(&node, "").await?;
-    let event = events
-        .iter()
-        .find(|e| e.note.as_deref().is_some_and(|n| n.contains(&second)))
-        .context("the second Event")?;
-    assert_eq!(event.reason.as_deref(), Some("KubeletStart"));
-    drop(agent);
-    env.cleanup().await
-}
-
-/// Kernel messages from the real kernel log (written to /dev/kmsg), read from `source`: an OOM
-/// kill is published once, also across an agent restart, and a read-only remount sets a
-/// condition that a restarted agent reads back and that clears after `clearAfter`.
-async fn kernel_log_across_a_restart(
-    env: &TestEnv,
-    zone: &str,
-    source: &str,
-    recorded: KernelLogSource,
-) -> anyhow::Result<()> {
-    let node = env.node_name(0);
-    env.create_nodes(&[NodeSpec::worker(zone)]).await?;
-    // Patterns unique to this test, so that no other agent on this machine reacts to them.
-    let tag = env.id.replace('-', "");
-    let kernel_log = format!(
-        "{{{source}, interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 20s}}]}}"
-    );
-    let options = || Options {
-        interval: "1s",
-        heartbeat: "30s",
-        kernel_log: &kernel_log,
-        ..Options::default()
-    };
-    let agent = Agent::start_with(&node, env, options())?;
-    let nodes: Api<Node> = env.nodes();
-    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
-
-    // The real kernel log: root may write records to /dev/kmsg.
-    std::fs::write(
-        "/dev/kmsg",
-        format!("<3>EXT4-fs (t{tag}): Remounting filesystem read-only\n"),
-    )?;
-    std::fs::write(
-        "/dev/kmsg",
-        format!("<3>Out of memory: Killed process 4242 (t{tag}) total-vm:1kB\n"),
-    )?;
-    let flagged = wait_condition(&nodes, &node, "ReadonlyFilesystem", "True").await?;
-    assert_eq!(
-        reason_of(&flagged, "ReadonlyFilesystem").as_deref(),
-        Some("FilesystemIsReadOnly")
-    );
-    let first = format!("Killed process 4242 (t{tag})");
-    wait::eventually("the OOMKilling event", TIMEOUT, || async {
-        Ok((told(env, &node, &first).await? == 1).then_some(()))
-    })
-    .await?;
-    // Its place in the log reaches the NodeReport before the agent goes.
-    let position = reported(env, &node, "the kernel log's position", |s| {
-        s.kernel_log.is_some()
-    })
-    .await?
-    .status
-    .and_then(|s| s.kernel_log)
-    .context("the kernel log's position")?;
-    assert_eq!(position.source, recorded, "{position:?}");
-
-    // A restarted agent reads the log from the boot's start: the remount (younger than its
-    // clearAfter) still counts, and the OOM kill already published is not published again;
-    // a new one is.
-    drop(agent);
-    let agent = Agent::start_with(&node, env, options())?;
-    agent.wait_ready().await?;
-    // The restarted agent's own verdict (the Node still carries the first one's): a reader
-    // from the current end would never see the remount.
-    wait::eventually(
-        "the restarted agent to read the remount back",
-        TIMEOUT,
-        || async {
-            let problem = agent
-                .metric("nodeward_finding{type=\"ReadonlyFilesystem\"}")
-                .await
-                .unwrap_or(0.0);
-            Ok((problem == 1.0).then_some(()))
-        },
-    )
-    .await?;
-    std::fs::write(
-        "/dev/kmsg",
-        format!("<3>Out of memory: Killed process 4343 (t{tag}) total-vm:1kB\n"),
-    )?;
-    let second = format!("Killed process 4343 (t{tag})");
-    wait::eventually("the new OOMKilling event", TIMEOUT, || async {
-        Ok((told(env, &node, &second).await? == 1).then_some(()))
-    })
-    .await?;
-    assert_eq!(
-        told(env, &node, &first).await?,
-        1,
-        "published once, not again after the restart"
-    );
-
-    // Nothing new for clearAfter: the condition clears.
-    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
-    drop(agent);
-    Ok(())
 }
 
 #[tokio::test]
@@ -1105,8 +588,7 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     )
     .await?;
     drop(agent);
-    drop(coordinator);
-    env.cleanup().await
+    env.cleanup_after(coordinator).await
 }
 
 /// An agent run for maintenances alone, every detector off: with nothing to wait for it reports
@@ -1139,6 +621,5 @@ async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> an
     })
     .await
     .with_context(|| format!("{}\n{}", agent.output(), coordinator.output()))?;
-    drop((agent, coordinator));
-    env.cleanup().await
+    env.cleanup_after((agent, coordinator)).await
 }

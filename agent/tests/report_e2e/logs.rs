@@ -1,0 +1,271 @@
+//! Followed logs: node-problem-detector's monitors, the kernel log (from /dev/kmsg or the
+//! journal's files) and programs' journal messages, each Event once across a restart.
+
+use super::*;
+
+/// node-problem-detector's custom plugin monitor with one plugin (its shipped DNS check, which
+/// fails here: no cluster DNS) behind a temporary and a permanent rule.
+fn dns_monitor(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/npd/testdata/plugin/dns_problem.sh");
+    let monitor = serde_json::json!({
+        "plugin": "custom",
+        "pluginConfig": {"invoke_interval": "1s", "timeout": "1s", "max_output_length": 80, "concurrency": 1},
+        "source": "dns-custom-plugin-monitor",
+        "conditions": [{"type": "DNSProblem", "reason": "DNSIsUp", "message": "DNS is up"}],
+        "rules": [
+            {"type": "temporary", "reason": "DNSUnreachable", "path": script},
+            {"type": "permanent", "condition": "DNSProblem", "reason": "DNSUnreachable", "path": script},
+        ],
+    });
+    let file = dir.join("dns-monitor.json");
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&file, serde_json::to_vec_pretty(&monitor)?)?;
+    Ok(file)
+}
+
+#[tokio::test]
+async fn a_node_problem_detector_monitor_sets_its_permanent_condition_and_its_temporary_rule_only_raises_events()
+-> anyhow::Result<()> {
+    let (env, node) = TestEnv::with_worker("agent-npd", "zone-a").await?;
+    let monitor = dns_monitor(&std::env::temp_dir().join(format!("nodeward-npd-{}", env.id)))?;
+    let _agent = Agent::start_with(
+        &node,
+        &env,
+        Options {
+            env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
+            ..Options::default()
+        },
+    )?;
+
+    // The permanent rule: a Node condition with the rule's reason.
+    let nodes: Api<Node> = env.nodes();
+    let flagged = wait_condition(&nodes, &node, "DNSProblem", "True").await?;
+    assert_eq!(
+        reason_of(&flagged, "DNSProblem").as_deref(),
+        Some("DNSUnreachable")
+    );
+    // The temporary rule: in the NodeReport, and a Warning Event, never a Node condition.
+    let what = "the temporary rule's finding in the NodeReport";
+    reported(&env, &node, what, |s| {
+        s.findings.iter().any(|f| {
+            f.type_ == "DNSUnreachable"
+                && f.status == "True"
+                && f.message == "DNS lookup to kubernetes.default is not working"
+        })
+    })
+    .await?;
+    wait::eventually("the temporary rule's Warning Event", TIMEOUT, || async {
+        let events = env.events_about(&node, "regarding.kind=NodeReport").await?;
+        Ok(events
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("DNSUnreachable")
+                    && e.type_.as_deref() == Some("Warning")
+            })
+            .then_some(()))
+    })
+    .await?;
+    let node_object = nodes.get(&node).await?;
+    let conditions = nodeward_api::node::conditions(&node_object);
+    assert!(
+        !conditions.iter().any(|c| c.type_ == "DNSUnreachable"),
+        "a temporary rule sets no Node condition: {conditions:?}"
+    );
+    env.cleanup().await
+}
+
+/// How many times the Events about `node` tell of `text` (an Event's series counts its repeats).
+async fn told(env: &TestEnv, node: &str, text: &str) -> anyhow::Result<i32> {
+    Ok(env
+        .events_about(node, "")
+        .await?
+        .iter()
+        .filter(|e| e.note.as_deref().is_some_and(|n| n.contains(text)))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum())
+}
+
+#[tokio::test]
+async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_restart()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("agent-kmsg").await?;
+    kernel_log_across_a_restart(&env, "zone-d", "source: kmsg", KernelLogSource::Kmsg).await?;
+    env.cleanup().await
+}
+
+/// The same through the journal: a real journald reads /dev/kmsg into its files, and the agent
+/// reads those files (as an unprivileged DaemonSet pod does from the host's, mounted read-only).
+#[tokio::test]
+async fn kernel_messages_read_from_the_journal_files_raise_events_once_across_a_restart()
+-> anyhow::Result<()> {
+    use nodeward_e2e::journald::Journald;
+    let env = TestEnv::new("agent-journal").await?;
+    let journald = Journald::start(&env.id).await?;
+    let source = format!(
+        "source: journal, journalDirectories: ['{}']",
+        journald.dir.display()
+    );
+    kernel_log_across_a_restart(&env, "zone-d", &source, KernelLogSource::Journal).await?;
+    env.cleanup().await
+}
+
+/// node-problem-detector's shipped systemd monitor (a journald monitor), loaded as it is:
+/// systemd's "Started …kubelet" in the journal of a real journald becomes a KubeletStart Event,
+/// once, also across an agent restart.
+#[tokio::test]
+async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_across_a_restart()
+-> anyhow::Result<()> {
+    use nodeward_e2e::journald::Journald;
+    let (env, node) = TestEnv::with_worker("agent-journald", "zone-d").await?;
+    let journald = Journald::start(&env.id).await?;
+    let monitor = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src/npd/testdata/systemd-monitor.json");
+    let journal = format!(
+        "{{interval: 500ms, timeout: 500ms, directories: ['{}']}}",
+        journald.dir.display()
+    );
+    let options = || Options {
+        journal: &journal,
+        env: vec![("NODEWARD_NPD_CONFIG", monitor.display().to_string())],
+        ..Options::default()
+    };
+    let tag = env.id.replace('-', "");
+    let first = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-1");
+    journald.send("systemd", &first)?;
+    // Another program's line, the same words: not systemd's, so no Event.
+    let other = format!("Started Kubernetes kubelet. {tag}-other");
+    journald.send("not-systemd", &other)?;
+    let agent = Agent::start_with(&node, &env, options())?;
+    wait::eventually("the KubeletStart Event", TIMEOUT, || async {
+        Ok((told(&env, &node, &first).await? == 1).then_some(()))
+    })
+    .await?;
+    reported(&env, &node, "the systemd monitor's position", |s| {
+        s.journal_log.iter().any(|p| p.identifier == "systemd")
+    })
+    .await?;
+
+    drop(agent);
+    let agent = Agent::start_with(&node, &env, options())?;
+    agent.wait_ready().await?;
+    let second = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-2");
+    journald.send("systemd", &second)?;
+    wait::eventually("the second KubeletStart Event", TIMEOUT, || async {
+        Ok((told(&env, &node, &second).await? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        told(&env, &node, &first).await?,
+        1,
+        "published once, not again after the restart"
+    );
+    assert_eq!(
+        told(&env, &node, &other).await?,
+        0,
+        "another program's message"
+    );
+    let events = env.events_about(&node, "").await?;
+    let event = events
+        .iter()
+        .find(|e| e.note.as_deref().is_some_and(|n| n.contains(&second)))
+        .context("the second Event")?;
+    assert_eq!(event.reason.as_deref(), Some("KubeletStart"));
+    env.cleanup_after(agent).await
+}
+
+/// Kernel messages from the real kernel log (written to /dev/kmsg), read from `source`: an OOM
+/// kill is published once, also across an agent restart, and a read-only remount sets a
+/// condition that a restarted agent reads back and that clears after `clearAfter`.
+async fn kernel_log_across_a_restart(
+    env: &TestEnv,
+    zone: &str,
+    source: &str,
+    recorded: KernelLogSource,
+) -> anyhow::Result<()> {
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker(zone)]).await?;
+    // Patterns unique to this test, so that no other agent on this machine reacts to them.
+    let tag = env.id.replace('-', "");
+    let kernel_log = format!(
+        "{{{source}, interval: 500ms, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}\\)'}}, {{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem, clearAfter: 20s}}]}}"
+    );
+    let options = || Options {
+        interval: "1s",
+        heartbeat: "30s",
+        kernel_log: &kernel_log,
+        ..Options::default()
+    };
+    let agent = Agent::start_with(&node, env, options())?;
+    let nodes: Api<Node> = env.nodes();
+    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
+
+    // The real kernel log: root may write records to /dev/kmsg.
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>EXT4-fs (t{tag}): Remounting filesystem read-only\n"),
+    )?;
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>Out of memory: Killed process 4242 (t{tag}) total-vm:1kB\n"),
+    )?;
+    let flagged = wait_condition(&nodes, &node, "ReadonlyFilesystem", "True").await?;
+    assert_eq!(
+        reason_of(&flagged, "ReadonlyFilesystem").as_deref(),
+        Some("FilesystemIsReadOnly")
+    );
+    let first = format!("Killed process 4242 (t{tag})");
+    wait::eventually("the OOMKilling event", TIMEOUT, || async {
+        Ok((told(env, &node, &first).await? == 1).then_some(()))
+    })
+    .await?;
+    // Its place in the log reaches the NodeReport before the agent goes.
+    let position = reported(env, &node, "the kernel log's position", |s| {
+        s.kernel_log.is_some()
+    })
+    .await?
+    .status
+    .and_then(|s| s.kernel_log)
+    .context("the kernel log's position")?;
+    assert_eq!(position.source, recorded, "{position:?}");
+
+    // A restarted agent reads the log from the boot's start: the remount (younger than its
+    // clearAfter) still counts, and the OOM kill already published is not published again;
+    // a new one is.
+    drop(agent);
+    let agent = Agent::start_with(&node, env, options())?;
+    agent.wait_ready().await?;
+    // The restarted agent's own verdict (the Node still carries the first one's): a reader
+    // from the current end would never see the remount.
+    wait::eventually(
+        "the restarted agent to read the remount back",
+        TIMEOUT,
+        || async {
+            let problem = agent
+                .metric("nodeward_finding{type=\"ReadonlyFilesystem\"}")
+                .await
+                .unwrap_or(0.0);
+            Ok((problem == 1.0).then_some(()))
+        },
+    )
+    .await?;
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>Out of memory: Killed process 4343 (t{tag}) total-vm:1kB\n"),
+    )?;
+    let second = format!("Killed process 4343 (t{tag})");
+    wait::eventually("the new OOMKilling event", TIMEOUT, || async {
+        Ok((told(env, &node, &second).await? == 1).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        told(env, &node, &first).await?,
+        1,
+        "published once, not again after the restart"
+    );
+
+    // Nothing new for clearAfter: the condition clears.
+    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
+    drop(agent);
+    Ok(())
+}

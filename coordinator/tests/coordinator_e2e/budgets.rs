@@ -1,0 +1,224 @@
+//! Budgets and leaders: maxConcurrent kept through many admissions and two coordinators that
+//! both believe they lead, a killed leader replaced, control-plane quorum.
+
+use super::*;
+
+#[tokio::test]
+async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyhow::Result<()> {
+    let (_serial, env) = scenario("admit-fifty", &vec![NodeSpec::worker("a"); 50]).await?;
+    let history = nodeward_e2e::history::watch(&env);
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 3}))
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let mut names = Vec::new();
+    for i in 0..50 {
+        names.push(create_maintenance(&env, &env.node_name(i)).await?);
+    }
+    // Some are denied while the budget is used.
+    let denied = wait_denied(&env, &names[49], "BudgetExhausted").await?;
+    assert!(denied.contains("allows 3"), "the denial says why: {denied}");
+    finish_admitted(
+        &env,
+        &names,
+        Duration::from_millis(200),
+        Duration::from_secs(120),
+    )
+    .await?;
+
+    let h = history.lock().expect("history").clone();
+    assert_eq!(h.admitted.len(), 50, "every maintenance was admitted once");
+    assert!(
+        h.max_active <= 3,
+        "at most 3 admitted at once, saw {}",
+        h.max_active
+    );
+    assert_eq!(h.max_active, 3, "the budget was used in full");
+    assert!(
+        h.max_slots <= 3,
+        "policy {policy} held {} slots",
+        h.max_slots
+    );
+    let admissions = coordinator
+        .metric("nodeward_coordinator_admissions_total")
+        .await?;
+    assert!(admissions >= 50.0, "admissions metric {admissions}");
+    // The burst was decided by admission-only rounds (the budget above held with them).
+    let admission_rounds = coordinator
+        .metric("nodeward_coordinator_decision_duration_seconds_count{round=\"admission\"}")
+        .await?;
+    assert!(
+        admission_rounds >= 1.0,
+        "admission rounds {admission_rounds}"
+    );
+    // The first was admitted as soon as it arrived: its own share is measured. (The next two
+    // may arrive while a round is under way, on a busy machine, and then share the next one.)
+    let measured = coordinator
+        .metric("nodeward_coordinator_admission_coordinator_seconds_count")
+        .await?;
+    assert!(measured >= 1.0, "admissions measured {measured}");
+    let p = Api::<DisruptionPolicy>::all(env.client.clone())
+        .get(&policy)
+        .await?;
+    wait::eventually("the slots to be freed", TIMEOUT, || async {
+        let p = Api::<DisruptionPolicy>::all(env.client.clone())
+            .get(&policy)
+            .await?;
+        Ok(p.status.is_some_and(|s| s.slots.is_empty()).then_some(()))
+    })
+    .await?;
+    assert_eq!(p.status.map(|s| s.matched), Some(50));
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Result<()> {
+    let (_serial, env) = scenario("two-leaders", &vec![NodeSpec::worker("a"); 20]).await?;
+    let history = nodeward_e2e::history::watch(&env);
+    env.create_policy("pool", json!({"maxConcurrent": 2}))
+        .await?;
+    let a = start(&env, "a", &["--leader-elect=false"])?;
+    let b = start(&env, "b", &["--leader-elect=false"])?;
+    a.wait_ready(TIMEOUT).await?;
+    b.wait_ready(TIMEOUT).await?;
+
+    let mut names = Vec::new();
+    for i in 0..20 {
+        names.push(create_maintenance(&env, &env.node_name(i)).await?);
+    }
+    finish_admitted(
+        &env,
+        &names,
+        Duration::from_millis(100),
+        Duration::from_secs(120),
+    )
+    .await?;
+    let h = history.lock().expect("history").clone();
+    assert_eq!(h.admitted.len(), 20);
+    assert!(
+        h.max_active <= 2,
+        "at most 2 admitted at once, saw {}",
+        h.max_active
+    );
+    assert!(h.max_slots <= 2, "at most 2 slots, saw {}", h.max_slots);
+    let by: BTreeSet<String> = h.admitted.values().cloned().collect();
+    let conflicts = a
+        .metric("nodeward_coordinator_slot_conflicts_total")
+        .await?
+        + b.metric("nodeward_coordinator_slot_conflicts_total")
+            .await?;
+    eprintln!("two leaders: admissions by {by:?}, {conflicts} conditional writes refused");
+    assert!(a.metric("nodeward_coordinator_leader").await? == 1.0);
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Result<()> {
+    let (_serial, env) = scenario("failover", &vec![NodeSpec::worker("a"); 3]).await?;
+    let history = nodeward_e2e::history::watch(&env);
+    env.create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    let mut coordinators: BTreeMap<String, Daemon> = BTreeMap::new();
+    for identity in ["a", "b"] {
+        coordinators.insert(identity.to_owned(), start(&env, identity, &[])?);
+    }
+    let leader = wait::eventually("a leader", TIMEOUT, || lease_holder(&env)).await?;
+    let follower = if leader == "a" { "b" } else { "a" };
+    let metric = coordinators[follower]
+        .metric("nodeward_coordinator_leader")
+        .await?;
+    assert_eq!(metric, 0.0, "the follower does not lead");
+
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    let m = wait_admitted(&env, &first, TIMEOUT).await?;
+    let by = m.status.and_then(|s| s.admission).map(|a| a.admitted_by);
+    assert_eq!(by.as_deref(), Some(leader.as_str()));
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    wait_denied(&env, &second, "BudgetExhausted").await?;
+
+    // Kill the leader without letting it release the Lease; free the slot it gave.
+    let killed = coordinators.get(&leader).context("leader process")?;
+    killed.signal(Signal::SIGKILL)?;
+    let started = Instant::now();
+    finish(&env, &first).await?;
+    let m = wait_admitted(&env, &second, LEASE + Duration::from_secs(10)).await?;
+    let took = started.elapsed();
+    let by = m.status.and_then(|s| s.admission).map(|a| a.admitted_by);
+    assert_eq!(by.as_deref(), Some(follower), "the follower took over");
+    assert!(
+        took <= LEASE + Duration::from_secs(5),
+        "took over after {took:?}, lease {LEASE:?}"
+    );
+    eprintln!("failover: next admission {took:?} after the leader was killed (lease {LEASE:?})");
+    let h = history.lock().expect("history").clone();
+    assert!(
+        h.max_active <= 1,
+        "no double admission: saw {}",
+        h.max_active
+    );
+
+    // A leader stopped with SIGTERM releases the Lease: the other takes over at once.
+    let mut new_leader = coordinators.remove(follower).context("follower process")?;
+    let restarted = start(&env, &leader, &[])?;
+    restarted.wait_ready(TIMEOUT).await?;
+    new_leader.signal(Signal::SIGTERM)?;
+    let status = new_leader.wait_exit(Duration::from_secs(10)).await?;
+    assert!(status.success(), "clean exit on SIGTERM: {status}");
+    // The controller and the election ended between writes, not aborted.
+    let output = new_leader.output();
+    assert!(daemon::stopped_between_writes(&output), "{output}");
+    let released = Instant::now();
+    wait::eventually("the restarted coordinator to lead", TIMEOUT, || async {
+        Ok((lease_holder(&env).await?.as_deref() == Some(leader.as_str())).then_some(()))
+    })
+    .await?;
+    assert!(
+        released.elapsed() < LEASE,
+        "a released Lease is taken at once, took {:?}",
+        released.elapsed()
+    );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> anyhow::Result<()> {
+    let (_serial, env) = scenario(
+        "quorum",
+        &[
+            NodeSpec::control_plane("a"),
+            NodeSpec::control_plane("b"),
+            NodeSpec::worker("a"),
+            NodeSpec::worker("b"),
+        ],
+    )
+    .await?;
+    // A third control-plane node that never becomes Ready (no kwok to run it).
+    let not_ready = env.node_name(9);
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": not_ready, "labels": {
+            TEST_LABEL: env.id, "node-role.kubernetes.io/control-plane": "",
+        }},
+    }))?;
+    env.nodes().create(&PostParams::default(), &node).await?;
+    env.create_policy("all", json!({"maxConcurrent": 3}))
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let cp = create_maintenance(&env, &env.node_name(0)).await?;
+    let worker = create_maintenance(&env, &env.node_name(2)).await?;
+    let message = wait_denied(&env, &cp, "QuorumProtected").await?;
+    // Names a NotReady control-plane node (this test's, or one a failed earlier run left).
+    assert!(message.contains("is NotReady"), "{message}");
+    let _ = &not_ready;
+    wait_admitted(&env, &worker, TIMEOUT).await?;
+    let m = Api::<NodeMaintenance>::all(env.client.clone())
+        .get(&cp)
+        .await?;
+    assert_eq!(m.phase(), MaintenancePhase::Pending);
+    // An Event tells why.
+    env.wait_event(&cp, "", "QuorumProtected").await?;
+    env.cleanup().await
+}

@@ -1,0 +1,306 @@
+//! Pause acknowledged by every agent in scope, and reboot blockers (pods, Prometheus alerts).
+
+use super::*;
+
+#[tokio::test]
+async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow::Result<()> {
+    let (_serial, env) = scenario("pause", &vec![NodeSpec::worker("a"); 2]).await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 2, "paused": true}))
+        .await?;
+    report_ack(&env, &n0, &policy, None).await?;
+    report_ack(&env, &n1, &policy, None).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let generation = policies
+        .get(&policy)
+        .await?
+        .metadata
+        .generation
+        .context("generation")?;
+
+    let pending = create_maintenance(&env, &n0).await?;
+    wait_denied(&env, &pending, "Paused").await?;
+    let paused = |status: &'static str, mentions: Option<String>| {
+        let policies = policies.clone();
+        let policy = policy.clone();
+        async move {
+            wait::until(
+                &policies,
+                &policy,
+                &format!("Paused={status}"),
+                TIMEOUT,
+                |p| {
+                    p.and_then(|p| policy_condition(p, "Paused"))
+                        .is_some_and(|c| {
+                            c.0 == status
+                                && mentions.as_ref().is_none_or(|m| c.2.contains(m.as_str()))
+                        })
+                },
+            )
+            .await
+        }
+    };
+    paused("False", Some(n0.clone())).await?;
+
+    // Once n0 acknowledged, only n1 is waited for (the wait fails if n0 stays named).
+    report_ack(&env, &n0, &policy, Some(generation)).await?;
+    wait::until(
+        &policies,
+        &policy,
+        "Paused=False waiting for n1 only",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| policy_condition(p, "Paused"))
+                .is_some_and(|c| c.0 == "False" && c.2.contains(&n1) && !c.2.contains(&n0))
+        },
+    )
+    .await?;
+
+    report_ack(&env, &n1, &policy, Some(generation)).await?;
+    paused("True", None).await?;
+
+    // Unpausing clears it and admission resumes.
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await?;
+    paused("False", None).await?;
+    wait_admitted(&env, &pending, TIMEOUT).await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    for node in [&n0, &n1] {
+        reports.delete(node, &DeleteParams::default()).await?;
+    }
+    env.cleanup().await
+}
+
+/// Reboot blockers, against a stand-in for the Prometheus HTTP API (`GET /api/v1/alerts`,
+/// Prometheus itself does not run here): a firing alert blocks the policy's scope, an
+/// ignored or pending one does not, an unreachable Prometheus blocks; a pod matching a
+/// blocking selector holds its node back until it is gone.
+/// A tenant who may create pods cannot hold reboots by labelling one like a blocker: blockers
+/// scoped to trusted namespaces ignore pods elsewhere.
+#[tokio::test]
+async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyhow::Result<()> {
+    let (_serial, env) =
+        scenario("tenant", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
+    let trusted = format!("{}-trusted", env.id);
+    let policy = env
+        .create_policy(
+            "tenant",
+            json!({"maxConcurrent": 2, "rebootBlockers": {
+                "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+                "namespaceSelector": {"matchLabels": {"e2e.nodeward.io/trusted": trusted}},
+            }}),
+        )
+        .await?;
+    let labels = BTreeMap::from([("e2e-blocks-reboot".to_owned(), "true".to_owned())]);
+    let options = nodeward_e2e::PodOptions {
+        labels,
+        ..Default::default()
+    };
+    // The tenant's pod (the test namespace is not trusted) on the first node.
+    env.replicaset("tenant", &env.node_name(0), 1, &options)
+        .await?;
+    env.running_pods("tenant", 1).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    wait_admitted(&env, &first, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+
+    // The same pod in a trusted namespace blocks the second node, and is named.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    namespaces
+        .patch(
+            &env.namespace,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"e2e.nodeward.io/trusted": trusted}}})),
+        )
+        .await?;
+    env.replicaset("batch", &env.node_name(1), 1, &options)
+        .await?;
+    let pod = env.running_pods("batch", 1).await?.remove(0);
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    let message = wait_denied(&env, &second, "Blocked").await?;
+    assert!(
+        message.contains(&format!(
+            "pod {}/{} matches rebootBlockers.podSelectors[0] of policy {policy}",
+            env.namespace,
+            pod.name_any()
+        )),
+        "{message}"
+    );
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
+    let (_serial, env) =
+        scenario("blockers", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
+    let prometheus = nodeward_e2e::http::Endpoint::start().await?;
+    prometheus.reply(
+        "/api/v1/alerts",
+        200,
+        &alerts(&[
+            ("KernelUpgradeInProgress", "firing"),
+            ("Watchdog", "firing"),
+        ]),
+    );
+    let policy = env
+        .create_policy(
+            "blockers",
+            json!({"maxConcurrent": 2, "rebootBlockers": {
+                "podSelectors": [{"matchLabels": {"e2e-blocks-reboot": "true"}}],
+                "prometheus": {"url": prometheus.url, "ignoreAlerts": "^Watchdog$"},
+            }}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    let first = create_maintenance(&env, &env.node_name(0)).await?;
+    let message = wait_denied(&env, &first, "Blocked").await?;
+    assert!(
+        message
+            .contains("firing alerts KernelUpgradeInProgress (rebootBlockers.prometheus of policy")
+            && message.contains(&policy)
+            && !message.contains("Watchdog"),
+        "{message}"
+    );
+    assert!(
+        prometheus
+            .received()
+            .iter()
+            .any(|r| r.method == "GET" && r.path == "/api/v1/alerts"),
+        "the coordinator asked Prometheus"
+    );
+
+    // A pod matching the selector on the second node: named, before any alert.
+    let labels = BTreeMap::from([("e2e-blocks-reboot".to_owned(), "true".to_owned())]);
+    env.replicaset(
+        "batch",
+        &env.node_name(1),
+        1,
+        &nodeward_e2e::PodOptions {
+            labels,
+            ..Default::default()
+        },
+    )
+    .await?;
+    let pod = env.running_pods("batch", 1).await?.remove(0);
+    let second = create_maintenance(&env, &env.node_name(1)).await?;
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let wanted = format!(
+        "pod {}/{} matches rebootBlockers.podSelectors[0] of policy {policy}",
+        env.namespace,
+        pod.name_any()
+    );
+    wait::until(&api, &second, "blocked by the pod", TIMEOUT, |m| {
+        m.and_then(admitted_condition)
+            .is_some_and(|(_, reason, message)| reason == "Blocked" && message.contains(&wanted))
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+
+    // Prometheus failing blocks too, and says so.
+    prometheus.reply("/api/v1/alerts", 503, "service unavailable");
+    wait::until(&api, &first, "blocked by the failed check", TIMEOUT, |m| {
+        m.and_then(admitted_condition)
+            .is_some_and(|(_, reason, message)| {
+                reason == "Blocked"
+                    && message.contains("cannot check rebootBlockers.prometheus")
+                    && message.contains("503")
+            })
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+
+    // Only ignored and pending alerts left: the first goes; the second waits for its pod.
+    prometheus.reply(
+        "/api/v1/alerts",
+        200,
+        &alerts(&[
+            ("Watchdog", "firing"),
+            ("KernelUpgradeInProgress", "pending"),
+        ]),
+    );
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    assert_eq!(api.get(&second).await?.phase(), MaintenancePhase::Pending);
+    Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(env.client.clone(), &env.namespace)
+        .delete("batch", &DeleteParams::foreground())
+        .await?;
+    wait_admitted(&env, &second, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    // An Event tells why.
+    env.wait_event(&second, "", "Blocked").await?;
+    env.cleanup().await
+}
+
+#[tokio::test]
+async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_still_drain()
+-> anyhow::Result<()> {
+    let (_serial, env) = scenario("pause-admitted", &[NodeSpec::worker("a")]).await?;
+    let n0 = env.node_name(0);
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    report_ack(&env, &n0, &policy, None).await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let admitted = create_maintenance(&env, &n0).await?;
+    wait_admitted(&env, &admitted, TIMEOUT).await?;
+
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let generation = policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": true}})),
+        )
+        .await?
+        .metadata
+        .generation
+        .context("generation")?;
+    report_ack(&env, &n0, &policy, Some(generation)).await?;
+    // Every agent acknowledged, but the admitted maintenance's agent starts it regardless.
+    wait::until(
+        &policies,
+        &policy,
+        "Paused=False for the admitted maintenance",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| policy_condition(p, "Paused"))
+                .is_some_and(|c| {
+                    c.0 == "False"
+                        && c.2.contains("waiting for 0 agent(s)")
+                        && c.2
+                            .contains("1 maintenance(s) admitted, draining or acting")
+                })
+        },
+    )
+    .await
+    .with_context(|| coordinator.output())?;
+    // It ends (as its agent would end it): now nothing in scope is disrupted.
+    Api::<NodeMaintenance>::all(env.client.clone())
+        .patch_status(
+            &admitted,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
+        )
+        .await?;
+    wait::until(&policies, &policy, "Paused=True", TIMEOUT, |p| {
+        p.and_then(|p| policy_condition(p, "Paused"))
+            .is_some_and(|c| c.0 == "True")
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
+}

@@ -1,0 +1,135 @@
+//! Dead nodes: the out-of-service taint under budgets and pause, and taken away once Ready.
+
+use super::*;
+
+/// Three nodes: n0 NotReady since long before `t(0)` with its agent silent, n1 and n2 alive;
+/// `n0_answers` is what n1's last probe of n0 (at `t(100)`) got.
+fn one_dead_looking_node(spec: serde_json::Value, n0_answers: bool) -> Objects {
+    let mut objects = cluster(3);
+    objects.policies = vec![policy(spec).build()];
+    objects.nodes[0] = node("n0").not_ready().build();
+    objects.reports = vec![
+        report("n0", -1000),
+        report_seeing("n1", 150, &[("n0", n0_answers, 100), ("n2", true, 100)]),
+        report("n2", 150),
+    ];
+    objects
+}
+
+#[test]
+fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
+    let spec =
+        json!({"maxConcurrent": 1, "remediation": {"enabled": true, "outOfServiceTaint": true}});
+    let dead = plan(
+        &one_dead_looking_node(spec.clone(), false),
+        &mut Memory::default(),
+        t(200),
+    );
+    assert_eq!(dead.out_of_service.len(), 1, "{:?}", dead.out_of_service);
+    let oos = &dead.out_of_service[0];
+    assert_eq!(
+        (oos.node.as_str(), oos.on, oos.uid.as_str()),
+        ("n0", true, "uid-n0")
+    );
+    assert!(
+        oos.message.contains("unreachable from 1 peer(s): n1"),
+        "{}",
+        oos.message
+    );
+
+    let cut_off = plan(
+        &one_dead_looking_node(spec.clone(), true),
+        &mut Memory::default(),
+        t(200),
+    );
+    assert!(
+        cut_off.out_of_service.is_empty(),
+        "a peer still reaches it: {cut_off:?}"
+    );
+
+    let without = json!({"maxConcurrent": 1, "remediation": {"enabled": true}});
+    let off = plan(
+        &one_dead_looking_node(without, false),
+        &mut Memory::default(),
+        t(200),
+    );
+    assert!(
+        off.out_of_service.is_empty(),
+        "only where a policy asks for it"
+    );
+}
+
+#[test]
+fn out_of_service_waits_for_the_budget_and_pause() {
+    let spec =
+        json!({"maxConcurrent": 1, "remediation": {"enabled": true, "outOfServiceTaint": true}});
+    let mut objects = one_dead_looking_node(spec, false);
+    // Another node is NotReady too: the budget of 1 is taken.
+    objects.nodes[2] = node("n2").not_ready().build();
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert!(round.out_of_service.is_empty(), "{round:?}");
+    assert!(
+        round
+            .out_of_service_waits
+            .iter()
+            .any(|(n, why)| n == "n0"
+                && why.contains("allows 1 disrupted nodes at once and has 1 (n2)")),
+        "{:?}",
+        round.out_of_service_waits
+    );
+    let paused = json!({"maxConcurrent": 3, "paused": true, "remediation": {"enabled": true, "outOfServiceTaint": true}});
+    let round = plan(
+        &one_dead_looking_node(paused, false),
+        &mut Memory::default(),
+        t(200),
+    );
+    assert!(round.out_of_service.is_empty());
+    assert!(round.out_of_service_waits[0].1.contains("paused"));
+}
+
+#[test]
+fn nodewards_out_of_service_taint_goes_once_the_node_is_ready() {
+    let mut objects = cluster(1);
+    let mut n0 = node("n0").build().as_ref().clone();
+    nodeward_api::node::out_of_service(&mut n0, true, "dead");
+    objects.nodes = vec![Arc::new(n0)];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(round.out_of_service.len(), 1);
+    assert!(!round.out_of_service[0].on);
+}
+
+#[test]
+fn a_delete_node_of_a_dead_node_needs_no_agent_and_goes_straight_to_acting() {
+    let spec = json!({"maxConcurrent": 1});
+    let mut objects = one_dead_looking_node(spec, false);
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .action(MaintenanceAction::DeleteNode)
+            .remediation()
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(
+        round.admit.len(),
+        1,
+        "admitted without its agent: {round:?}"
+    );
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .action(MaintenanceAction::DeleteNode)
+            .remediation()
+            .admitted_by(&["pool"])
+            .entered(MaintenancePhase::Admitted, 200)
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(201));
+    assert_eq!(round.overdue.len(), 1, "{round:?}");
+    assert_eq!(
+        (round.overdue[0].to, round.overdue[0].reason),
+        (MaintenancePhase::Acting, "NodeDead")
+    );
+    // A Reboot of it still needs its agent.
+    objects.maintenances = vec![maintenance("m0", "n0").remediation().build()];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(round.deny[0].reason, "AgentUnavailable");
+}
