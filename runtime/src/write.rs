@@ -6,12 +6,14 @@
 //!   field manager of its own, so writing one never drops another, whoever wrote it).
 //! - [`swap`]: compare-and-swap, a merge patch carrying the resourceVersion that was read, for
 //!   what must not be written over a stale view (phases, finalizers); [`Outcome::Conflict`]
-//!   when anything changed since.
+//!   when anything changed since. [`replace`] and [`replace_status`] swap a whole object or
+//!   status read before (budget slots, the leader Lease).
 //! - the Node update ([`crate::cordon`]): read, change, replace with the resourceVersion,
 //!   retried on conflict, for nodeward's part of a Node's spec, labels and annotations.
 //!
-//! The outcome says what the caller needs to decide on: written, lost a race (read again and
-//! decide anew), gone (nothing left to do), or failed (with what was being done, to what).
+//! [`create`] and [`delete`] answer with the same outcome. It says what the caller needs to
+//! decide on: written, lost a race (read again and decide anew), gone (nothing left to do), or
+//! failed (with what was being done, to what).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kube::{
@@ -66,14 +68,6 @@ impl<K> Outcome<K> {
         }
     }
 
-    /// The object written, if it was.
-    pub fn written(self) -> Option<K> {
-        match self {
-            Self::Written(k) => Some(k),
-            _ => None,
-        }
-    }
-
     /// Whether it was written.
     pub fn is_written(&self) -> bool {
         matches!(self, Self::Written(_))
@@ -86,16 +80,6 @@ impl<K> Outcome<K> {
             Self::Written(k) => Ok(Some(k)),
             Self::Gone(_) => Ok(None),
             Self::Conflict(e) | Self::Failed(e) => Err(e),
-        }
-    }
-
-    /// The object written (`Some`), or `None` for a lost race or a gone object; a failure is an
-    /// error.
-    pub fn or_failed(self) -> Result<Option<K>, ApiError> {
-        match self {
-            Self::Written(k) => Ok(Some(k)),
-            Self::Conflict(_) | Self::Gone(_) => Ok(None),
-            Self::Failed(e) => Err(e),
         }
     }
 }
