@@ -326,11 +326,6 @@ impl StatusPatch {
         self.conditions = Some(conditions);
         self
     }
-
-    /// The body of the merge patch.
-    pub fn to_patch(&self) -> serde_json::Value {
-        serde_json::json!({ "status": self })
-    }
 }
 
 /// Observed state of a NodeMaintenance.
@@ -589,8 +584,9 @@ mod tests {
         let mut status = NodeMaintenanceStatus::default();
         status.enter(MaintenancePhase::Admitted, at(1));
         m.status = Some(status);
-        let patch =
-            StatusPatch::enter(&m, MaintenancePhase::Draining, "draining", at(2)).to_patch();
+        let patch = serde_json::json!({
+            "status": StatusPatch::enter(&m, MaintenancePhase::Draining, "draining", at(2))
+        });
         assert_eq!(
             patch,
             serde_json::json!({"status": {

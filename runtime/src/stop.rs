@@ -25,14 +25,6 @@ pub async fn asked(stopping: &mut Stopping) {
     let _ = stopping.wait_for(|asked| *asked).await;
 }
 
-/// `task` until a stop is asked for: for tasks with nothing to finish (servers, watches).
-pub async fn until<F: std::future::Future<Output = ()>>(mut stopping: Stopping, task: F) {
-    tokio::select! {
-        () = task => {}
-        () = asked(&mut stopping) => {}
-    }
-}
-
 impl Stop {
     /// Asks every task to stop and waits up to `grace` for the `writers` (the tasks that watch
     /// [`Stopping`] and finish a write first) to end; then aborts what is left of them and
@@ -89,7 +81,6 @@ mod tests {
         writers.spawn(std::future::pending());
         let mut rest = JoinSet::new();
         rest.spawn(std::future::pending());
-        rest.spawn(until(stopping, std::future::pending()));
         let aborted = stop.drain(writers, rest, Duration::from_millis(500)).await;
         assert!(
             finished.load(Ordering::SeqCst),

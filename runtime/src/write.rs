@@ -4,7 +4,8 @@
 //!   For what one writer owns alone: a Node's conditions of the agent, a maintenance's drain
 //!   progress, one condition of a maintenance ([`apply_condition`]: each condition type under a
 //!   field manager of its own, so writing one never drops another, whoever wrote it).
-//! - [`swap`]: compare-and-swap, a merge patch carrying the resourceVersion that was read, for
+//! - [`swap_status`], [`swap_finalizers`]: compare-and-swap, a merge patch carrying the
+//!   resourceVersion that was read, for
 //!   what must not be written over a stale view (phases, finalizers); [`Outcome::Conflict`]
 //!   when anything changed since. [`replace`] and [`replace_status`] swap a whole object or
 //!   status read before (budget slots, the leader Lease).
@@ -219,53 +220,57 @@ struct Precondition<'a> {
     finalizers: Option<&'a [String]>,
 }
 
-/// What a compare-and-swap writes.
-pub enum Swap<'a, S> {
-    /// These status fields (a merge patch of the status subresource).
-    Status(&'a S),
-    /// The whole finalizer list.
-    Finalizers(&'a [String]),
-}
-
-/// Compare-and-swap on `current`: writes `change` only if the object is still at the
-/// resourceVersion `current` was read at.
-pub async fn swap<K, S>(api: &Api<K>, current: &K, change: Swap<'_, S>) -> Outcome<K>
+/// Compare-and-swap of `status` fields (a merge patch of the status subresource): written
+/// only if the object is still at the resourceVersion `current` was read at.
+pub async fn swap_status<K, S>(api: &Api<K>, current: &K, status: &S) -> Outcome<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
     S: Serialize + std::fmt::Debug,
 {
+    let (name, body) = swapped(current, None, Some(status));
+    let result = api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await;
+    Outcome::of(result, "writing the status of", || {
+        format!("{} {name}", K::kind(&()))
+    })
+}
+
+/// Compare-and-swap of the whole finalizer list, as [`swap_status`].
+pub async fn swap_finalizers<K>(api: &Api<K>, current: &K, finalizers: &[String]) -> Outcome<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let (name, body) = swapped::<K, ()>(current, Some(finalizers), None);
+    let result = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await;
+    Outcome::of(result, "updating the finalizers of", || {
+        format!("{} {name}", K::kind(&()))
+    })
+}
+
+/// `current`'s name, and the merge patch of `finalizers` and `status` carrying its
+/// resourceVersion.
+fn swapped<'a, K: Resource, S>(
+    current: &'a K,
+    finalizers: Option<&'a [String]>,
+    status: Option<&'a S>,
+) -> (String, Swapped<'a, S>) {
     let name = current.meta().name.clone().unwrap_or_default();
     let resource_version = current
         .meta()
         .resource_version
         .as_deref()
         .unwrap_or_default();
-    let params = PatchParams::default();
-    let object = || format!("{} {name}", K::kind(&()));
-    match change {
-        Swap::Status(status) => {
-            let body = Swapped {
-                metadata: Precondition {
-                    resource_version,
-                    finalizers: None,
-                },
-                status: Some(status),
-            };
-            let result = api.patch_status(&name, &params, &Patch::Merge(&body)).await;
-            Outcome::of(result, "writing the status of", object)
-        }
-        Swap::Finalizers(finalizers) => {
-            let body: Swapped<'_, S> = Swapped {
-                metadata: Precondition {
-                    resource_version,
-                    finalizers: Some(finalizers),
-                },
-                status: None,
-            };
-            let result = api.patch(&name, &params, &Patch::Merge(&body)).await;
-            Outcome::of(result, "updating the finalizers of", object)
-        }
-    }
+    let body = Swapped {
+        metadata: Precondition {
+            resource_version,
+            finalizers,
+        },
+        status,
+    };
+    (name, body)
 }
 
 /// Compare-and-swap of a whole status: `updated` carries the resourceVersion it was read at,

@@ -13,7 +13,7 @@ use nodeward_api::{
     labels::AGENT_FIELD_MANAGER,
 };
 use nodeward_e2e::TestEnv;
-use nodeward_runtime::write::{self, Outcome, Part, Swap};
+use nodeward_runtime::write::{self, Outcome, Part};
 
 fn condition(type_: &str, status: &str, reason: &str) -> Condition {
     Condition {
@@ -119,7 +119,7 @@ async fn the_agents_and_the_coordinators_conditions_survive_each_others_writes()
         "stale",
         Time(Timestamp::now()),
     );
-    let swapped = write::swap(&api, &stale, Swap::Status(&moved)).await;
+    let swapped = write::swap_status(&api, &stale, &moved).await;
     assert!(matches!(swapped, Outcome::Conflict(_)), "{swapped:?}");
     assert_eq!(api.get(&name).await?.phase(), written.phase());
     assert_eq!(

@@ -27,7 +27,7 @@ use nodeward_runtime::{
     ApiError, cordon,
     events::Events,
     stop::{self, Stopping},
-    write::{self, Part, Swap},
+    write::{self, Part},
 };
 
 use super::{
@@ -589,7 +589,7 @@ impl Executor {
         let mut patch = StatusPatch::enter(&current, phase, message, Time(Timestamp::now()));
         extra(&mut patch, &current);
         // Conditional on nothing having changed since `current` was read.
-        write::swap(&api, &current, Swap::Status(&patch))
+        write::swap_status(&api, &current, &patch)
             .await
             .required()?;
         if let Ok(mut written) = self.written.lock() {
@@ -612,7 +612,7 @@ impl Executor {
         }
         // A compare-and-swap on the finalizer list.
         let maintenances = Api::<NodeMaintenance>::all(self.client.clone());
-        write::swap::<_, ()>(&maintenances, m, Swap::Finalizers(&finalizers))
+        write::swap_finalizers(&maintenances, m, &finalizers)
             .await
             .required()?;
         Ok(())

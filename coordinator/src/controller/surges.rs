@@ -17,7 +17,7 @@ use nodeward_decide::round::{
 };
 
 use crate::workloads::{self, Scaled};
-use nodeward_runtime::write::{Outcome, Swap};
+use nodeward_runtime::write::Outcome;
 
 impl Controller {
     /// Carries out one maintenance's surge work ([`nodeward_decide::round::surge`]).
@@ -154,7 +154,7 @@ impl Writer {
             finalizers.push(SURGE_FINALIZER.to_owned());
         }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
-        match nodeward_runtime::write::swap::<_, ()>(&api, m, Swap::Finalizers(&finalizers)).await {
+        match nodeward_runtime::write::swap_finalizers(&api, m, &finalizers).await {
             Outcome::Written(patched) => Some(patched),
             Outcome::Conflict(_) | Outcome::Gone(_) => None,
             Outcome::Failed(e) => {

@@ -39,7 +39,7 @@ use nodeward_decide::{
 };
 
 use crate::metrics::{Metrics, PolicyLabels, ReasonLabels};
-use nodeward_runtime::write::{Outcome, Part, Swap};
+use nodeward_runtime::write::{Outcome, Part};
 
 /// A remediation just requested is not requested again for this long (the watch shows it).
 const REMEDIATION_DEBOUNCE: Duration = Duration::from_secs(60);
@@ -224,13 +224,7 @@ impl Controller {
                 .collect();
             // A compare-and-swap on the finalizer list.
             let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
-            match nodeward_runtime::write::swap::<_, ()>(
-                &api,
-                &current,
-                Swap::Finalizers(&finalizers),
-            )
-            .await
-            {
+            match nodeward_runtime::write::swap_finalizers(&api, &current, &finalizers).await {
                 Outcome::Written(patched) => current = patched,
                 Outcome::Conflict(_) | Outcome::Gone(_) => return,
                 Outcome::Failed(e) => {
