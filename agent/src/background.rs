@@ -1,114 +1,78 @@
-//! What the detectors of a running agent start before their first run, and hand on: the
-//! cluster context (this node's Node as a watch holds it), the peer directory followed and the
-//! probe responder (`detectors.peers`), and the followed logs (`detectors.kernelLog`,
-//! `detectors.journal`); what the reporter publishes from them (sightings, the logs' places,
-//! their Events, the events-only checks). `check` starts none of it.
+//! What the detectors of a running agent start before their first run: each section's
+//! [`Section::start`](crate::detect::Section::start) (the peer directory and probe responder,
+//! the followed logs), handed on to the detectors through the [`AgentContext`] and to the
+//! reporter as what it publishes of them. This module names no detector; `check` starts none
+//! of it.
 
-use std::{collections::BTreeSet, sync::Arc, time::Instant};
+use std::{sync::Arc, time::Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector;
-use tokio::{sync::mpsc, task::JoinSet};
+use tokio::{
+    sync::{OnceCell, mpsc},
+    task::JoinSet,
+};
 
 use crate::{
     Error,
     config::Config,
     detect::{
-        AgentContext,
-        cluster::ClusterContext,
+        AgentContext, ForReports, LOG_EVENTS_WAITING, On, cluster::ClusterContext,
         kernel_log::LogEvent,
-        peers::{self, Directory, PeerContext, Sightings},
     },
-    logs,
     metrics::Metrics,
-    report::Reporter,
 };
 
-/// Where the detectors run.
-pub struct On<'a> {
+/// This agent, for the sections' start.
+pub struct Agent<'a> {
     pub client: &'a kube::Client,
     pub node_name: &'a str,
-    /// nodeward's namespace, where the coordinator publishes the peer directory.
     pub namespace: &'a str,
     pub boot_id: Option<&'a str>,
     pub metrics: &'a Arc<Metrics>,
     pub own_node: reflector::Store<Node>,
 }
 
-/// What was started: the detectors' context, and what the reporter publishes of it.
+/// What was started: the detectors' context, what the reporter publishes of it, and the
+/// followed logs' Events it publishes.
 pub struct Started {
     pub agent: AgentContext,
     pub for_reports: ForReports,
-}
-
-/// What the detectors give the reporter.
-pub struct ForReports {
-    sightings: Option<Sightings>,
-    followed: logs::Followed,
-    log_events: mpsc::Receiver<LogEvent>,
-    events_only: BTreeSet<String>,
-}
-
-impl ForReports {
-    /// `reporter`, publishing what the detectors give it, and the followed logs' Events to
-    /// run it with.
-    pub fn give(self, reporter: Reporter) -> (Reporter, mpsc::Receiver<LogEvent>) {
-        let reporter = reporter
-            .with_sightings(self.sightings)
-            .with_published(self.followed.source, self.followed.published)
-            .with_events_only(self.events_only);
-        (reporter, self.log_events)
-    }
+    pub log_events: mpsc::Receiver<LogEvent>,
 }
 
 /// Starts, in `tasks`, what the enabled detectors need running.
-pub async fn start(config: &Config, on: On<'_>, tasks: &mut JoinSet<()>) -> Result<Started, Error> {
-    let cluster = ClusterContext {
-        client: on.client.clone(),
-        node_name: on.node_name.to_owned(),
+pub async fn start(
+    config: &Config,
+    agent: Agent<'_>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Started, Error> {
+    let (log_events_tx, log_events) = mpsc::channel(LOG_EVENTS_WAITING);
+    let on = On {
+        client: agent.client,
+        node_name: agent.node_name,
+        namespace: agent.namespace,
+        boot_id: agent.boot_id,
+        metrics: agent.metrics,
+        log_events: log_events_tx,
+        last_report: OnceCell::new(),
+    };
+    let mut context = AgentContext::new(ClusterContext {
+        client: agent.client.clone(),
+        node_name: agent.node_name.to_owned(),
         started: Instant::now(),
-        own_node: on.own_node,
-    };
-    let p = &config.detectors.peers;
-    let peers = if p.enabled {
-        let directory = Directory::default();
-        let following = directory
-            .clone()
-            .follow(on.client.clone(), on.namespace.to_owned());
-        tasks.spawn(following);
-        tasks.spawn(peers::respond(p.listen_address, p.port).await?);
-        Some(PeerContext {
-            directory,
-            node_name: on.node_name.to_owned(),
-            metrics: on.metrics.clone(),
-            sightings: Sightings::default(),
-        })
-    } else {
-        None
-    };
-    let (log_events_tx, log_events) = mpsc::channel(64);
-    let node = logs::Node {
-        name: on.node_name,
-        boot_id: on.boot_id,
-    };
-    let mut followed = logs::start(config, on.client, &node, &log_events_tx).await;
-    let agent = AgentContext {
-        cluster,
-        kernel_log: followed.kernel.take(),
-        journal_logs: std::mem::take(&mut followed.journal),
-        peers,
-    };
-    let for_reports = ForReports {
-        sightings: agent.peers.as_ref().map(|p| p.sightings.clone()),
-        followed,
+        own_node: agent.own_node,
+    });
+    let mut for_reports = ForReports::default();
+    for started in config.detectors.start(&on, tasks).await? {
+        if let Some(c) = started.context {
+            context = context.with_started(c);
+        }
+        for_reports.add(started.for_reports);
+    }
+    Ok(Started {
+        agent: context,
+        for_reports,
         log_events,
-        events_only: config
-            .detectors
-            .custom
-            .iter()
-            .filter(|c| c.events_only)
-            .map(|c| c.condition.clone())
-            .collect(),
-    };
-    Ok(Started { agent, for_reports })
+    })
 }

@@ -14,7 +14,6 @@ pub mod fuzzing;
 pub mod host;
 pub mod host_stats;
 pub mod liveness;
-pub mod logs;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;

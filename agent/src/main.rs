@@ -248,7 +248,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         }
         .run(stopping.clone()),
     );
-    let on = background::On {
+    let agent = background::Agent {
         client: &client,
         node_name: &node_name,
         namespace: &running.namespace,
@@ -256,12 +256,13 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         metrics: &metrics,
         own_node,
     };
-    let started = background::start(&config, on, &mut tasks).await?;
+    let started = background::start(&config, agent, &mut tasks).await?;
     let detectors = config.detectors.enabled(Some(&started.agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_recheck(config.reporting.heartbeat_interval);
-    let (reporter, log_events) = started.for_reports.give(reporter);
+    let reporter = reporter.publishing(started.for_reports);
+    let log_events = started.log_events;
     let pauses = maintain(
         &config,
         &client,

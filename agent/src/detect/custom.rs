@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{AgentContext, Detector, Finding, Schedule, Section, Status, command};
+use super::{
+    AgentContext, Background, Detector, Finding, ForReports, On, Schedule, Section, Starting,
+    Status, command,
+};
 use crate::values;
 
 /// A check in node-problem-detector's plugin protocol: exit 0 ok, 1 problem, anything else
@@ -192,6 +195,22 @@ impl Section for Vec<CustomCheckConfig> {
                 )
             })
             .collect()
+    }
+
+    /// Starts nothing; the NodeReport is told which checks are events-only.
+    fn start<'a>(&'a self, _: &'a On<'a>, _: &'a mut tokio::task::JoinSet<()>) -> Starting<'a> {
+        let events_only = self
+            .iter()
+            .filter(|c| c.events_only)
+            .map(|c| c.condition.clone())
+            .collect();
+        Box::pin(std::future::ready(Ok(Background {
+            context: None,
+            for_reports: ForReports {
+                events_only,
+                ..ForReports::default()
+            },
+        })))
     }
 }
 

@@ -6,12 +6,15 @@
 
 use std::{collections::BTreeSet, path::PathBuf, time::Duration};
 
-use nodeward_api::report::JOURNAL_MONITORS_LIMIT;
+use nodeward_api::report::{JOURNAL_MONITORS_LIMIT, KernelLogSource};
 use serde::Deserialize;
 
 use super::{
-    AgentContext, Detector, Section,
-    kernel_log::{self, KernelPatternConfig, Labels},
+    AgentContext, Background, Detector, ForReports, On, Section, Starting,
+    kernel_log::{
+        self, KernelPatternConfig, Labels, LogName, follow,
+        journal::{self, Records},
+    },
 };
 
 /// The detector names' first part: `journal/<identifier>/<condition>`.
@@ -126,15 +129,62 @@ impl Section for JournalLogConfig {
     /// (the journal is followed from the agent's start).
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
         agent
-            .map(|a| {
-                a.journal_logs
+            .and_then(AgentContext::started::<FollowedJournal>)
+            .map(|logs| {
+                logs.0
                     .iter()
                     .flat_map(|log| log.detectors(self.schedule()))
                     .collect()
             })
             .unwrap_or_default()
     }
+
+    /// Follows each monitor's program in the journal from where the NodeReport says its
+    /// Events stand; the NodeReport carries those places.
+    fn start<'a>(&'a self, on: &'a On<'a>, _: &'a mut tokio::task::JoinSet<()>) -> Starting<'a> {
+        Box::pin(async move {
+            let mut for_reports = ForReports::default();
+            let mut followed = Vec::new();
+            for monitor in self.monitors.iter().filter(|_| self.enabled) {
+                let name = LogName::Journal(monitor.identifier.clone());
+                // A journal place does not depend on the kernel log's source.
+                let published = follow::published(on, &name, KernelLogSource::Journal).await;
+                for_reports
+                    .published
+                    .extend(published.map(|p| (name.clone(), p)));
+                let place = format!(
+                    "detectors.journal.monitors[{}].patterns",
+                    monitor.identifier
+                );
+                let follow = follow::Follow {
+                    name,
+                    labels: monitor.labels(),
+                    patterns: kernel_log::compile_patterns(&place, &monitor.patterns),
+                    lookback: monitor.lookback,
+                    published,
+                    what: format!("the journal of {}", monitor.identifier),
+                };
+                let records = Records::Identifier(monitor.identifier.clone());
+                followed.extend(follow.start(on, |reader| {
+                    follow::this_boot(on)
+                        .and_then(|boot| journal::follow(&self.directories, boot, records, reader))
+                }));
+            }
+            let background = Background {
+                context: None,
+                for_reports,
+            };
+            Ok(if followed.is_empty() {
+                background
+            } else {
+                background.with_context(FollowedJournal(followed))
+            })
+        })
+    }
 }
+
+/// The journal monitors followed: what their detectors read.
+pub struct FollowedJournal(pub Vec<kernel_log::MatchedLog>);
 
 #[cfg(test)]
 mod tests {

@@ -16,13 +16,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use nodeward_api::report::KernelLogSource;
 use regex::Regex;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use super::{AgentContext, Detector, Finding, Section, Status};
+use super::{
+    AgentContext, Background, Detector, Finding, ForReports, On, Section, Starting, Status,
+};
 use crate::values;
 
+pub mod follow;
 pub mod journal;
 
 super::section! {
@@ -176,11 +180,64 @@ impl Section for KernelLogConfig {
     /// log is followed from the agent's start).
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
         agent
-            .and_then(|a| a.kernel_log.as_ref())
-            .map(|log| log.detectors(self.schedule()))
+            .and_then(AgentContext::started::<FollowedKernelLog>)
+            .map(|log| log.0.detectors(self.schedule()))
             .unwrap_or_default()
     }
+
+    /// Follows the kernel log from where the NodeReport says its Events stand; the
+    /// NodeReport carries where it is read and that place.
+    fn start<'a>(&'a self, on: &'a On<'a>, _: &'a mut tokio::task::JoinSet<()>) -> Starting<'a> {
+        Box::pin(async move {
+            let source = journal::source(self);
+            let mut for_reports = ForReports {
+                log_source: Some(source),
+                ..ForReports::default()
+            };
+            if !self.enabled {
+                return Ok(Background {
+                    context: None,
+                    for_reports,
+                });
+            }
+            let published = follow::published(on, &LogName::Kernel, source).await;
+            for_reports
+                .published
+                .extend(published.map(|p| (LogName::Kernel, p)));
+            let kernel_log = follow::Follow {
+                name: LogName::Kernel,
+                labels: Labels::KERNEL,
+                patterns: compile(self),
+                lookback: self.lookback,
+                published,
+                what: format!("the kernel log ({source:?})"),
+            };
+            let log = kernel_log.start(on, |reader| match source {
+                KernelLogSource::Kmsg => follow(self.device.clone(), reader)
+                    .map_err(|e| format!("reading {}: {e}", self.device.display())),
+                KernelLogSource::Journal => follow::this_boot(on).and_then(|boot| {
+                    journal::follow(
+                        &self.journal_directories,
+                        boot,
+                        journal::Records::Kernel,
+                        reader,
+                    )
+                }),
+            });
+            let background = Background {
+                context: None,
+                for_reports,
+            };
+            Ok(match log {
+                Some(log) => background.with_context(FollowedKernelLog(log)),
+                None => background,
+            })
+        })
+    }
 }
+
+/// The kernel log as followed: what its detectors read.
+pub struct FollowedKernelLog(pub MatchedLog);
 
 /// An Event to publish on the Node.
 #[derive(Clone, Debug, PartialEq, Eq)]

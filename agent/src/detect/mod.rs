@@ -23,18 +23,43 @@ pub mod reboot;
 pub mod routes;
 pub mod security_groups;
 
-use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    any::{Any, TypeId},
+    collections::{BTreeMap, BTreeSet},
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::Duration,
+};
 
+use nodeward_api::report::{KernelLogSource, NodeReport, NodeReportStatus};
 use serde::Deserialize;
+use tokio::{
+    sync::{OnceCell, mpsc},
+    task::JoinSet,
+};
 
 pub use self::finding::{Finding, Name, Status};
 use self::{
-    cluster::ClusterContext, container_runtime::ContainerRuntimeConfig, custom::CustomCheckConfig,
-    filesystem::FilesystemConfig, journal_log::JournalLogConfig, kernel_log::KernelLogConfig,
-    kubelet::KubeletConfig, network::NetworkConfig, peers::PeersConfig, reboot::RebootConfig,
+    cluster::ClusterContext,
+    container_runtime::ContainerRuntimeConfig,
+    custom::CustomCheckConfig,
+    filesystem::FilesystemConfig,
+    journal_log::JournalLogConfig,
+    kernel_log::KernelLogConfig,
+    kernel_log::{LogEvent, LogName},
+    kubelet::KubeletConfig,
+    network::NetworkConfig,
+    peers::PeersConfig,
+    peers::Sightings,
+    reboot::RebootConfig,
     security_groups::SecurityGroupsConfig,
 };
-use crate::flags::{Flag, Placed};
+use crate::{
+    Error,
+    flags::{Flag, Placed},
+    metrics::Metrics,
+};
 
 /// The registry: the `detectors` section of the configuration, one field per detector
 /// section (its key as written in the file, its field, its type), in the order the detectors
@@ -70,7 +95,7 @@ registry! {
 }
 
 /// One section of `detectors`, owned by its detector module.
-pub trait Section {
+pub trait Section: Sync {
     /// Checks the section's fields (its schedule among them); `place` names the section
     /// (`detectors.peers`) and each error names the field and the fix.
     fn validate(&self, place: &str) -> Result<(), String>;
@@ -83,7 +108,17 @@ pub trait Section {
     fn flags(&self) -> Vec<Flag> {
         Vec::new()
     }
+
+    /// Starts, in a running agent, what its detectors need beside their checks (a followed
+    /// log, a responder) in `tasks`; returns their context and what the reporter publishes of
+    /// it. Nothing by default.
+    fn start<'a>(&'a self, _on: &'a On<'a>, _tasks: &'a mut JoinSet<()>) -> Starting<'a> {
+        Box::pin(std::future::ready(Ok(Background::default())))
+    }
 }
+
+/// A section's start under way.
+pub type Starting<'a> = Pin<Box<dyn Future<Output = Result<Background, Error>> + Send + 'a>>;
 
 impl Detectors {
     /// Checks every section; `place` is this section's (`detectors`).
@@ -102,6 +137,19 @@ impl Detectors {
             .collect()
     }
 
+    /// Starts every section's background, in the registry's order.
+    pub async fn start(
+        &self,
+        on: &On<'_>,
+        tasks: &mut JoinSet<()>,
+    ) -> Result<Vec<Background>, Error> {
+        let mut started = Vec::new();
+        for (_, section) in self.sections() {
+            started.push(section.start(on, tasks).await?);
+        }
+        Ok(started)
+    }
+
     /// Every detector the configuration enables, in a stable order.
     pub fn enabled(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
         self.sections()
@@ -111,14 +159,121 @@ impl Detectors {
     }
 }
 
-/// What the detectors of a running agent have that `check` does not.
-#[derive(Clone, Debug)]
+/// How many followed-log Events may wait for the reporter.
+pub(crate) const LOG_EVENTS_WAITING: usize = 64;
+
+/// Where the detectors run, as a section's start sees it.
+pub struct On<'a> {
+    pub client: &'a kube::Client,
+    pub node_name: &'a str,
+    /// nodeward's namespace, where the coordinator publishes the peer directory.
+    pub namespace: &'a str,
+    pub boot_id: Option<&'a str>,
+    pub metrics: &'a Arc<Metrics>,
+    /// Where a followed log sends its Events; the reporter publishes them.
+    pub log_events: mpsc::Sender<LogEvent>,
+    pub(crate) last_report: OnceCell<Option<NodeReportStatus>>,
+}
+
+impl On<'_> {
+    /// This node's NodeReport as the agent before this one left it, read once, when a section
+    /// first asks. None when there is none or it cannot be read (said in the log).
+    pub async fn last_report(&self) -> Option<&NodeReportStatus> {
+        self.last_report
+            .get_or_init(|| async {
+                let reports: kube::Api<NodeReport> = kube::Api::all(self.client.clone());
+                match reports.get_opt(self.node_name).await {
+                    Ok(report) => report.and_then(|r| r.status),
+                    Err(e) => {
+                        tracing::warn!(error = %e, node = self.node_name, "cannot read this node's NodeReport for what the last agent published; Events within the lookback may repeat");
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
+    }
+
+    /// Whether `boot_id` is this boot's.
+    pub fn this_boot(&self, boot_id: &str) -> bool {
+        Some(boot_id) == self.boot_id
+    }
+}
+
+/// What a section started: what its detectors read, and what the reporter publishes of it.
+#[derive(Default)]
+pub struct Background {
+    /// Its detectors' context, found again by its type (`AgentContext::started`).
+    pub context: Option<Arc<dyn Any + Send + Sync>>,
+    pub for_reports: ForReports,
+}
+
+impl Background {
+    /// Its detectors read `context`.
+    pub fn with_context<T: Any + Send + Sync>(mut self, context: T) -> Self {
+        self.context = Some(Arc::new(context));
+        self
+    }
+}
+
+/// What the detectors give the reporter to publish.
+#[derive(Default)]
+pub struct ForReports {
+    /// The peers' sightings, for the NodeReport.
+    pub sightings: Option<Sightings>,
+    /// Where the kernel log is read, for the NodeReport.
+    pub log_source: Option<KernelLogSource>,
+    /// Per followed log, the place of the last record published as an Event on this boot.
+    pub published: BTreeMap<LogName, u64>,
+    /// Finding types that stay in the NodeReport and Events, never on the Node.
+    pub events_only: BTreeSet<String>,
+}
+
+impl ForReports {
+    pub(crate) fn add(&mut self, other: Self) {
+        self.sightings = self.sightings.take().or(other.sightings);
+        self.log_source = self.log_source.take().or(other.log_source);
+        self.published.extend(other.published);
+        self.events_only.extend(other.events_only);
+    }
+}
+
+/// What the detectors of a running agent have that `check` does not: the cluster, and what
+/// their sections started (each found by its type).
+#[derive(Clone)]
 pub struct AgentContext {
     pub cluster: ClusterContext,
-    pub peers: Option<peers::PeerContext>,
-    pub kernel_log: Option<kernel_log::MatchedLog>,
-    /// The journal monitors followed.
-    pub journal_logs: Vec<kernel_log::MatchedLog>,
+    started: BTreeMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl AgentContext {
+    pub fn new(cluster: ClusterContext) -> Self {
+        Self {
+            cluster,
+            started: BTreeMap::new(),
+        }
+    }
+
+    /// With what a section started.
+    pub fn with_started(mut self, started: Arc<dyn Any + Send + Sync>) -> Self {
+        self.started.insert((*started).type_id(), started);
+        self
+    }
+
+    /// What a section started, of type `T`, if it did.
+    pub fn started<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
+        let started = self.started.get(&TypeId::of::<T>())?;
+        Arc::downcast(started.clone()).ok()
+    }
+}
+
+impl std::fmt::Debug for AgentContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentContext")
+            .field("cluster", &self.cluster)
+            .field("started", &self.started.len())
+            .finish()
+    }
 }
 
 /// When and how long a detector runs, and how long a verdict must hold.

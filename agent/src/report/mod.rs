@@ -44,9 +44,9 @@ use self::{
 use crate::{
     Error,
     backoff::Backoff,
-    detect::Status,
     detect::kernel_log::{LogEvent, LogName, NodeEvent},
     detect::peers::Sightings,
+    detect::{ForReports, Status},
     flags::{self, Flag},
     metrics::{Metrics, TypeLabels},
     runner::{Current, Snapshot},
@@ -172,32 +172,22 @@ impl Reporter {
         self
     }
 
-    /// The finding types of events-only checks (node-problem-detector's temporary rules).
-    pub fn with_events_only(mut self, types: BTreeSet<String>) -> Self {
-        self.events_only = types;
+    /// Publishes what the detectors' sections started: the peers' sightings, the followed
+    /// logs' places (read from the NodeReport at start, kept until newer ones), and which
+    /// findings are events-only (node-problem-detector's temporary rules).
+    pub fn publishing(mut self, started: ForReports) -> Self {
+        self.sightings = started.sightings;
+        self.published = (
+            started.log_source.unwrap_or(KernelLogSource::Kmsg),
+            started.published,
+        );
+        self.events_only = started.events_only;
         self
     }
 
     /// Whether findings of this type become a Node condition.
     fn on_node(&self, type_: &str) -> bool {
         is_node_condition(type_) && !self.events_only.contains(type_)
-    }
-
-    /// Continues from the last records of the logs published as Events on this boot (read
-    /// from the NodeReport at start), so that the report keeps them until newer ones.
-    pub fn with_published(
-        mut self,
-        source: KernelLogSource,
-        places: BTreeMap<LogName, u64>,
-    ) -> Self {
-        self.published = (source, places);
-        self
-    }
-
-    /// Publishes the peer detector's `sightings` in the NodeReport.
-    pub fn with_sightings(mut self, sightings: Option<Sightings>) -> Self {
-        self.sightings = sightings;
-        self
     }
 
     /// Writes what the snapshots say, and publishes the kernel-log Events, until the snapshot

@@ -14,9 +14,13 @@ use futures::future::join_all;
 use nodeward_api::conditions::node::PEER_CONNECTIVITY_PROBLEM;
 use rand::seq::IndexedRandom;
 
-use super::{AgentContext, Detector, Finding, Section, Status};
-use crate::flags::{self, Flag};
-use crate::metrics::{Metrics, ProbeLabels};
+use super::{
+    AgentContext, Background, Detector, Finding, ForReports, On, Section, Starting, Status,
+};
+use crate::{
+    flags::{self, Flag},
+    metrics::{Metrics, ProbeLabels},
+};
 pub use directory::Directory;
 pub use probe::{Protocol, probe};
 pub use respond::{answer, respond};
@@ -85,15 +89,53 @@ impl Section for PeersConfig {
     }
 
     fn detectors(&self, agent: Option<&AgentContext>) -> Vec<Detector> {
-        let input = (self.clone(), agent.and_then(|a| a.peers.clone()));
+        let input = (
+            self.clone(),
+            agent.and_then(AgentContext::started::<PeerContext>),
+        );
         Detector::new(
             DETECTOR,
             PEER_CONNECTIVITY_PROBLEM,
             self.schedule(),
             input,
-            |(c, context)| async move { observe(&c, context.as_ref()).await },
+            |(c, context)| async move { observe(&c, context.as_deref()).await },
         )
         .if_enabled(self.enabled)
+    }
+
+    /// Follows the peer directory and answers other agents' probes; the NodeReport carries
+    /// the sightings.
+    fn start<'a>(
+        &'a self,
+        on: &'a On<'a>,
+        tasks: &'a mut tokio::task::JoinSet<()>,
+    ) -> Starting<'a> {
+        Box::pin(async move {
+            if !self.enabled {
+                return Ok(Background::default());
+            }
+            let directory = Directory::default();
+            tasks.spawn(
+                directory
+                    .clone()
+                    .follow(on.client.clone(), on.namespace.to_owned()),
+            );
+            tasks.spawn(respond(self.listen_address, self.port).await?);
+            let sightings = Sightings::default();
+            let background = Background {
+                context: None,
+                for_reports: ForReports {
+                    sightings: Some(sightings.clone()),
+                    ..ForReports::default()
+                },
+            };
+            Ok(background.with_context(PeerContext {
+                directory,
+                node_name: on.node_name.to_owned(),
+                metrics: on.metrics.clone(),
+                sightings,
+            }))
+        })
     }
 
     fn flags(&self) -> Vec<Flag> {
