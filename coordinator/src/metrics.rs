@@ -1,9 +1,10 @@
-//! The coordinator's Prometheus metrics. Labels carry policy names and denial reasons (small
-//! sets chosen by the operator), never node or maintenance names.
+//! The coordinator's Prometheus metrics. Labels carry policy names, denial reasons and the
+//! kinds of a round's writes (small sets), never node or maintenance names.
 
 use std::sync::Arc;
 
-use nodeward_decide::admission::rules::RULES;
+use nodeward_decide::{admission::rules::RULES, round::EFFECTS};
+use nodeward_runtime::write::Outcome;
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -27,6 +28,67 @@ pub struct DenialLabels {
     pub reason: &'static str,
 }
 
+/// One kind of a round's writes ([`EFFECTS`]) and what became of it ([`Applied`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EffectLabels {
+    pub effect: &'static str,
+    /// [`Applied::name`].
+    pub outcome: &'static str,
+}
+
+/// What became of one effect of a round's plan. Of a batch (the slots and admissions, the
+/// denials, a release), the worst of its writes.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Applied {
+    /// Nothing needed writing (already so, or debounced).
+    Unchanged,
+    Written,
+    /// Its object is gone (404).
+    Gone,
+    /// Its object changed since the round read it (409): the next round decides again.
+    Conflict,
+    Failed,
+}
+
+impl Applied {
+    pub const ALL: [Applied; 5] = [
+        Self::Unchanged,
+        Self::Written,
+        Self::Gone,
+        Self::Conflict,
+        Self::Failed,
+    ];
+
+    pub fn of<K>(outcome: &Outcome<K>) -> Self {
+        match outcome {
+            Outcome::Written(_) => Self::Written,
+            Outcome::Gone(_) => Self::Gone,
+            Outcome::Conflict(_) => Self::Conflict,
+            Outcome::Failed(_) => Self::Failed,
+        }
+    }
+
+    /// Of several writes, the worst; of none, `Unchanged`.
+    pub fn worst(all: impl IntoIterator<Item = Self>) -> Self {
+        all.into_iter().max().unwrap_or(Self::Unchanged)
+    }
+
+    /// Its label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unchanged => "unchanged",
+            Self::Written => "written",
+            Self::Gone => "gone",
+            Self::Conflict => "conflict",
+            Self::Failed => "failed",
+        }
+    }
+
+    pub fn is_written(self) -> bool {
+        self == Self::Written
+    }
+}
+
 /// `full`: a round over every watched object; `admission`: one that decided only maintenances
 /// created since (see [`nodeward_decide::round::admit_new`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -43,6 +105,8 @@ pub struct Metrics {
     pub admissions: Counter,
     /// By admission rule and reason: every rule of [`RULES`] from the start, at zero.
     pub denials: Family<DenialLabels, Counter>,
+    /// A round's writes by effect and outcome: every pair from the start, at zero.
+    pub effects: Family<EffectLabels, Counter>,
     /// Maintenances moved on by the coordinator because a deadline passed, by reason.
     pub deadlines_passed: Family<ReasonLabels, Counter>,
     pub budget_used: Family<PolicyLabels, Gauge>,
@@ -68,6 +132,7 @@ impl Metrics {
             leader: Gauge::default(),
             admissions: Counter::default(),
             denials: Family::default(),
+            effects: Family::default(),
             deadlines_passed: Family::default(),
             budget_used: Family::default(),
             budget_max: Family::default(),
@@ -99,6 +164,11 @@ impl Metrics {
             "denials",
             "Admission denials newly recorded on a maintenance, by admission rule and reason",
             metrics.denials.clone(),
+        );
+        registry.register(
+            "effects",
+            "What a round's plan wrote, by effect (in the order written) and outcome",
+            metrics.effects.clone(),
         );
         registry.register(
             "deadlines_passed",
@@ -145,18 +215,33 @@ impl Metrics {
             "Remediation maintenances created",
             metrics.remediations.clone(),
         );
+        metrics.zeroed();
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// Every admission rule with each of its reasons, and every effect with each outcome, as
+    /// a series from the start, at zero: a dashboard sees what can happen before it does.
+    fn zeroed(&self) {
         for rule in RULES {
             for reason in rule.reasons {
                 let labels = DenialLabels {
                     rule: rule.name,
                     reason,
                 };
-                drop(metrics.denials.get_or_create(&labels));
+                drop(self.denials.get_or_create(&labels));
             }
         }
-        Self {
-            registry,
-            ..metrics
+        for effect in EFFECTS {
+            for outcome in Applied::ALL {
+                let outcome = outcome.name();
+                drop(
+                    self.effects
+                        .get_or_create(&EffectLabels { effect, outcome }),
+                );
+            }
         }
     }
 
@@ -198,6 +283,19 @@ mod tests {
                     rule.name
                 );
                 assert!(series.contains(&line.as_str()), "{line} in {series:#?}");
+            }
+        }
+    }
+
+    #[test]
+    fn every_effect_and_outcome_is_a_series_from_the_start() {
+        let text = Metrics::new().encode();
+        for effect in EFFECTS {
+            for outcome in ["unchanged", "written", "gone", "conflict", "failed"] {
+                let line = format!(
+                    "nodeward_coordinator_effects_total{{effect=\"{effect}\",outcome=\"{outcome}\"}} 0"
+                );
+                assert!(text.contains(&line), "{line} in {text}");
             }
         }
     }

@@ -55,6 +55,14 @@ impl ApiError {
             source,
         }
     }
+
+    /// The API server's status code (404, 409, ...), when it answered.
+    pub fn code(&self) -> Option<u16> {
+        match &self.source {
+            kube::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT.

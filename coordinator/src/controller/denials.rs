@@ -23,7 +23,7 @@ use nodeward_api::{
 use super::Controller;
 use nodeward_decide::round::{self, Objects};
 
-use crate::metrics::DenialLabels;
+use crate::metrics::{Applied, DenialLabels};
 
 /// A denial whose reason is unchanged and whose message follows the rollout's progress is
 /// rewritten (new message) at most this often.
@@ -115,13 +115,15 @@ fn admitted_condition(m: &NodeMaintenance) -> Option<&Condition> {
 }
 
 impl Controller {
-    /// Writes the denials this round should (see the module); returns the uids of the
-    /// half-done admissions whose denial was written, so that their slots can be freed.
+    /// Writes the denials this round should (see the module); adds to `fenced` the uids of
+    /// the half-done admissions whose denial was written, so that their slots can be freed.
+    /// Returns the worst of the writes.
     pub(super) async fn deny_all(
         &mut self,
         objects: &Objects,
         denials: &[round::Denial],
-    ) -> BTreeSet<String> {
+        fenced: &mut BTreeSet<String>,
+    ) -> Applied {
         self.denied_at.retain(|_, t| t.elapsed() < REFRESH);
         let by_name: HashMap<String, &Arc<NodeMaintenance>> = objects
             .maintenances
@@ -145,11 +147,13 @@ impl Controller {
             })
             .collect();
         let (taken, left) = chosen(&wanted, WRITES_PER_ROUND);
-        let mut fenced = BTreeSet::new();
         let mut written = 0;
+        let mut applied = Vec::new();
         for index in taken {
             let (denial, current) = found[index];
-            if self.deny(current, denial).await {
+            let outcome = self.deny(current, denial).await;
+            applied.push(outcome);
+            if outcome.is_written() {
                 written += 1;
                 if denial.gives_back_slots {
                     fenced.extend(current.uid());
@@ -166,11 +170,11 @@ impl Controller {
             );
             self.writer.changed.anything();
         }
-        fenced
+        Applied::worst(applied)
     }
 
-    /// Writes one denial; returns whether it was written.
-    async fn deny(&mut self, current: &Arc<NodeMaintenance>, denial: &round::Denial) -> bool {
+    /// Writes one denial.
+    async fn deny(&mut self, current: &Arc<NodeMaintenance>, denial: &round::Denial) -> Applied {
         let new_reason = !same_reason(admitted_condition(current), denial);
         let now = Timestamp::now();
         let generation = current.metadata.generation;
@@ -192,7 +196,7 @@ impl Controller {
                 );
             })
             .await;
-        if written {
+        if written.is_written() {
             self.denied_at
                 .insert(denial.maintenance.clone(), Instant::now());
             if new_reason {

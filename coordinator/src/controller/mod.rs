@@ -25,6 +25,7 @@ use tokio::sync::watch::Receiver;
 
 mod api_waits;
 mod denials;
+mod effects;
 mod nodes;
 mod slots;
 mod surges;
@@ -43,10 +44,9 @@ use nodeward_decide::{
 
 use crate::{
     blockers::Lookups,
-    metrics::{Metrics, RoundLabels},
+    metrics::{Applied, Metrics, RoundLabels},
     workloads,
 };
-use nodeward_runtime::write::Outcome;
 
 /// The readiness gate the synced watches open: nothing is decided before.
 pub const SYNCED: &str = "the watches have not synced yet";
@@ -191,75 +191,17 @@ impl Controller {
         if !self.decided("full", started, &plan, leader) {
             return BTreeSet::new();
         }
-        if self.admit_all(&objects, &plan).await {
-            self.standing = Some(std::mem::take(&mut plan.standing));
-        }
-        // From here on the round writes what it decided.
-        let writing = Instant::now();
+        let standing = std::mem::take(&mut plan.standing);
         self.report_risks(&objects, &plan);
-        let mut fenced = self.deny_all(&objects, &plan.deny).await;
-        for work in &plan.surges {
-            self.surge(&objects, work).await;
-        }
-        for verdict in &plan.workload_verdicts {
-            self.write_verdict(&objects, verdict).await;
-        }
-        for ending in &plan.end {
-            self.end(&objects, &ending.maintenance, ending.phase, &ending.message)
-                .await;
-        }
-        for s in &plan.superseded {
-            let message = format!(
-                "superseded by {}: a node's agent asks for one reboot at a time",
-                s.by
-            );
-            self.end(&objects, &s.maintenance, MaintenancePhase::Failed, &message)
-                .await;
+        for (node, why) in &plan.out_of_service_waits {
+            tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");
         }
         if plan.superseded.len() == round::SUPERSEDED_PER_ROUND {
             // More may wait: the next round ends the next ones.
             self.writer.changed.anything();
         }
-        for overdue in &plan.overdue {
-            if self.overdue(&objects, overdue).await && overdue.to == MaintenancePhase::Pending {
-                fenced.extend(
-                    Self::maintenance(&objects, &overdue.maintenance).and_then(|m| m.uid()),
-                );
-            }
-        }
-        self.release(&objects, &fenced).await;
-        for record in &plan.deadlines {
-            self.record_deadline(&objects, record).await;
-        }
-        for taking in &plan.take_over {
-            self.take_over(&objects, taking).await;
-        }
-        self.change_nodes(&plan).await;
-        for (node, why) in &plan.out_of_service_waits {
-            tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");
-        }
-        for round::NodeDeletion {
-            maintenance,
-            node,
-            uid,
-        } in &plan.delete_nodes
-        {
-            let nodes: Api<Node> = Api::all(self.writer.client.clone());
-            match nodeward_runtime::write::delete(&nodes, node, &write::only(uid)).await {
-                Outcome::Written(()) => {
-                    tracing::warn!(%maintenance, %node, "deleted the Node of a drained DeleteNode maintenance")
-                }
-                Outcome::Gone(_) => {}
-                Outcome::Conflict(e) | Outcome::Failed(e) => {
-                    tracing::warn!(error = %e, "DeleteNode maintenance")
-                }
-            }
-        }
-        self.startups(&plan).await;
-        for request in &plan.remediate {
-            self.remediate(&objects, request).await;
-        }
-        self.api_waits.since(writing);
+        // From here on the round writes what it decided.
+        self.carry_out(&objects, &plan, standing).await;
         plan.confirm_gone
     }
 
@@ -378,13 +320,7 @@ impl Controller {
         if !self.decided("admission", started, &plan, leader) {
             return true;
         }
-        if self.admit_all(&objects, &plan).await {
-            self.standing = Some(standing);
-        }
-        let writing = Instant::now();
-        let fenced = self.deny_all(&objects, &plan.deny).await;
-        self.release(&objects, &fenced).await;
-        self.api_waits.since(writing);
+        self.carry_out(&objects, &plan, standing).await;
         true
     }
 
@@ -446,10 +382,10 @@ impl Controller {
     /// loop goes on meanwhile; a failed admission write wakes a full round). Returns whether
     /// every slot stood and every admission is being written: what the plan left standing is
     /// then what the cluster holds, or more (a failed admission write keeps its slot until
-    /// a full round looks), never less.
-    async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> bool {
+    /// a full round looks), never less. Returns too what became of the slots' writes.
+    async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> (Applied, bool) {
         let started = Instant::now();
-        let failed = self
+        let (failed, applied) = self
             .write_policies(&objects.policies, &plan.policy_status)
             .await;
         self.api_waits.since(started);
@@ -499,7 +435,7 @@ impl Controller {
                 all
             });
         }
-        complete
+        (applied, complete)
     }
 
     /// Collects admission writes that finished; a failed one ends the standing.

@@ -8,30 +8,22 @@ use kube::runtime::events::EventType;
 use nodeward_runtime::cordon;
 
 use super::Controller;
-use nodeward_decide::round::{self, Plan};
+use crate::metrics::Applied;
+use nodeward_decide::round;
 
 impl Controller {
-    /// The plan's changes to Nodes: out-of-service taints, pending taints, labels.
-    pub(super) async fn change_nodes(&mut self, plan: &Plan) {
-        for change in &plan.out_of_service {
-            self.out_of_service(change).await;
-        }
-        for change in &plan.pending_taints {
-            self.pending_taint(change).await;
-        }
-        for edit in &plan.node_edits {
-            self.node_edit(edit).await;
-        }
-    }
-
-    async fn out_of_service(&mut self, change: &round::OutOfService) {
+    /// Puts the out-of-service taint on a dead node, or takes nodeward's from one Ready again.
+    pub(super) async fn out_of_service(&mut self, change: &round::OutOfService) -> Applied {
         let round::OutOfService {
             node,
             uid,
             on,
             message,
         } = change;
-        match cordon::set_out_of_service(&self.writer.client, node, uid, *on, message).await {
+        let changed =
+            cordon::set_out_of_service(&self.writer.client, node, uid, *on, message).await;
+        let applied = changed_node(&changed);
+        match changed {
             Ok(true) => {
                 tracing::warn!(%node, on, %message, "out-of-service taint");
                 let (type_, reason) = if *on {
@@ -47,24 +39,47 @@ impl Controller {
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "out-of-service taint not changed"),
         }
+        applied
     }
 
-    async fn node_edit(&mut self, edit: &round::NodeEdit) {
+    /// Sets or removes the labels and annotations nodeward keeps on a node around its
+    /// maintenance.
+    pub(super) async fn node_edit(&mut self, edit: &round::NodeEdit) -> Applied {
         let (node, labels) = (&edit.node, &edit.labels);
         let client = &self.writer.client;
-        match cordon::relabel(client, node, &edit.uid, labels, &edit.annotations).await {
+        let changed = cordon::relabel(client, node, &edit.uid, labels, &edit.annotations).await;
+        let applied = changed_node(&changed);
+        match changed {
             Ok(true) => tracing::info!(%node, ?labels, "node labels around a maintenance"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "node labels not changed"),
         }
+        applied
     }
 
-    async fn pending_taint(&mut self, change: &round::PendingTaint) {
+    /// Puts nodeward's pending taint on a node, or takes it away.
+    pub(super) async fn pending_taint(&mut self, change: &round::PendingTaint) -> Applied {
         let round::PendingTaint { node, uid, on } = change;
-        match cordon::set_pending(&self.writer.client, node, uid, *on).await {
+        let changed = cordon::set_pending(&self.writer.client, node, uid, *on).await;
+        let applied = changed_node(&changed);
+        match changed {
             Ok(true) => tracing::info!(%node, on, "pending taint"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "pending taint not changed"),
         }
+        applied
+    }
+}
+
+/// What became of a Node change that reports whether it changed anything.
+fn changed_node(changed: &Result<bool, nodeward_runtime::ApiError>) -> Applied {
+    match changed {
+        Ok(true) => Applied::Written,
+        Ok(false) => Applied::Unchanged,
+        Err(e) => match e.code() {
+            Some(404) => Applied::Gone,
+            Some(409) => Applied::Conflict,
+            _ => Applied::Failed,
+        },
     }
 }

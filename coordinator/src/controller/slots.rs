@@ -11,20 +11,22 @@ use kube::{Api, Resource, ResourceExt};
 use nodeward_api::{DisruptionPolicy, DisruptionPolicyStatus};
 
 use super::Controller;
+use crate::metrics::Applied;
 use nodeward_decide::round::Objects;
 use nodeward_runtime::write::Outcome;
 
 impl Controller {
     /// Writes each changed policy status with the resourceVersion of the version in
     /// `policies` (the one it was decided on). Returns the policies whose write failed (their
-    /// new slots do not exist).
+    /// new slots do not exist), and the worst of the writes.
     pub(super) async fn write_policies(
         &mut self,
         policies: &[Arc<DisruptionPolicy>],
         statuses: &BTreeMap<String, DisruptionPolicyStatus>,
-    ) -> BTreeSet<String> {
+    ) -> (BTreeSet<String>, Applied) {
         let api: Api<DisruptionPolicy> = Api::all(self.writer.client.clone());
         let mut failed = BTreeSet::new();
+        let mut applied = Vec::new();
         for (name, status) in statuses {
             let Some(current) = policies.iter().find(|p| p.name_any() == *name) else {
                 continue;
@@ -35,7 +37,9 @@ impl Controller {
                 .writer
                 .changed
                 .writing(&DisruptionPolicy::kind(&()), name);
-            match nodeward_runtime::write::replace_status(&api, &updated).await {
+            let outcome = nodeward_runtime::write::replace_status(&api, &updated).await;
+            applied.push(Applied::of(&outcome));
+            match outcome {
                 Outcome::Written(written) => {
                     write.done(written.resource_version());
                     self.fresh_policies.record(current, written);
@@ -51,7 +55,7 @@ impl Controller {
                 }
             }
         }
-        failed
+        (failed, Applied::worst(applied))
     }
 
     /// Frees the budget slots of the maintenances (by uid) in `fenced`: half-done admissions
@@ -60,9 +64,13 @@ impl Controller {
     /// maintenance still on its way from another coordinator (or decided on an older view)
     /// now fails with a conflict, so the slot can go without the maintenance ever running
     /// without one. A slot whose write fails stays; the next full round decides it again.
-    pub(super) async fn release(&mut self, objects: &Objects, fenced: &BTreeSet<String>) {
+    pub(super) async fn release(
+        &mut self,
+        objects: &Objects,
+        fenced: &BTreeSet<String>,
+    ) -> Applied {
         if fenced.is_empty() {
-            return;
+            return Applied::Unchanged;
         }
         let mut policies = objects.policies.clone();
         self.fresh_policies.apply(&mut policies, false);
@@ -77,10 +85,11 @@ impl Controller {
                 statuses.insert(p.name_any(), status);
             }
         }
-        let failed = self.write_policies(&policies, &statuses).await;
+        let (failed, applied) = self.write_policies(&policies, &statuses).await;
         tracing::info!(maintenances = ?fenced, ?failed, "slots of withdrawn admissions freed");
         // What was decided on no longer stands; a waiting maintenance may take the slot.
         self.standing = None;
         self.writer.changed.anything();
+        applied
     }
 }

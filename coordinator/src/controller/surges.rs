@@ -16,26 +16,31 @@ use nodeward_decide::round::{
     surge::{Finalizer, Work},
 };
 
+use crate::metrics::Applied;
 use crate::workloads::{self, Scaled};
 use nodeward_runtime::write::Outcome;
 
 impl Controller {
     /// Carries out one maintenance's surge work ([`nodeward_decide::round::surge`]).
-    pub(super) async fn surge(&mut self, objects: &Objects, work: &Work) {
-        if let Some(m) = Self::maintenance(objects, &work.maintenance) {
-            self.writer.surge(m, work).await;
+    pub(super) async fn surge(&mut self, objects: &Objects, work: &Work) -> Applied {
+        match Self::maintenance(objects, &work.maintenance) {
+            Some(m) => self.writer.surge(m, work).await,
+            None => Applied::Gone,
         }
     }
 }
 
 impl Writer {
-    pub(super) async fn surge(&self, current: &NodeMaintenance, work: &Work) {
+    /// The steps of `work` up to the first that fails (the next round goes on from the record).
+    pub(super) async fn surge(&self, current: &NodeMaintenance, work: &Work) -> Applied {
         let mut current = current.clone();
+        let mut applied = Applied::Unchanged;
         if work.finalizer == Finalizer::Add {
             match self.surge_finalizer(&current, true).await {
-                Some(updated) => current = updated,
-                None => return,
+                Ok(updated) => current = updated,
+                Err(refused) => return refused,
             }
+            applied = Applied::Written;
         }
         let recorded = current.status.as_ref().map(|s| &s.surges);
         if recorded != Some(&work.surges) {
@@ -43,9 +48,10 @@ impl Writer {
                 .written_maintenance(&current, |s| s.surges = work.surges.clone())
                 .await
             {
-                Some(written) => current = written,
-                None => return,
+                Ok(written) => current = written,
+                Err(refused) => return refused,
             }
+            applied = Applied::Written;
         }
         let mut surges = work.surges.clone();
         for &index in &work.raise {
@@ -63,15 +69,20 @@ impl Writer {
                 .written_maintenance(&current, |s| s.surges = surges.clone())
                 .await
             {
-                Some(written) => current = written,
-                None => return,
+                Ok(written) => current = written,
+                Err(refused) => return refused,
             }
+            applied = Applied::Written;
         }
         let raised = surges.iter().any(|s| s.state.raised());
         let has = current.finalizers().iter().any(|f| f == SURGE_FINALIZER);
         if has && !raised {
-            self.surge_finalizer(&current, false).await;
+            if let Err(refused) = self.surge_finalizer(&current, false).await {
+                return refused;
+            }
+            applied = Applied::Written;
         }
+        applied
     }
 
     /// Raises the Deployment of `surge` to its recorded count plus one.
@@ -143,7 +154,11 @@ impl Writer {
 
     /// Adds or removes the surge finalizer (a compare-and-swap on the finalizer list);
     /// returns the object as patched.
-    async fn surge_finalizer(&self, m: &NodeMaintenance, present: bool) -> Option<NodeMaintenance> {
+    async fn surge_finalizer(
+        &self,
+        m: &NodeMaintenance,
+        present: bool,
+    ) -> Result<NodeMaintenance, Applied> {
         let mut finalizers: Vec<String> = m
             .finalizers()
             .iter()
@@ -155,8 +170,8 @@ impl Writer {
         }
         let api: Api<NodeMaintenance> = Api::all(self.client.clone());
         match nodeward_runtime::write::swap_finalizers(&api, m, &finalizers).await {
-            Outcome::Written(patched) => Some(patched),
-            Outcome::Conflict(_) | Outcome::Gone(_) => None,
+            Outcome::Written(patched) => Ok(patched),
+            refused @ (Outcome::Conflict(_) | Outcome::Gone(_)) => Err(Applied::of(&refused)),
             Outcome::Failed(e) => {
                 let doing = if present {
                     "adding the surge finalizer"
@@ -164,7 +179,7 @@ impl Writer {
                     "removing the surge finalizer"
                 };
                 tracing::warn!(error = %e, doing, "surge");
-                None
+                Err(Applied::Failed)
             }
         }
     }

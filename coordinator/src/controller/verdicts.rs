@@ -7,14 +7,19 @@ use kube::runtime::events::EventType;
 use nodeward_api::conditions::{maintenance::WORKLOADS_AVAILABLE, workloads as reasons};
 
 use super::Controller;
+use crate::metrics::Applied;
 use nodeward_decide::round::{self, Objects, workload_gate::WorkloadVerdict};
 
 impl Controller {
     /// Writes `verdict` (conditionally on the maintenance's version: a lost race is decided
     /// again in the next round).
-    pub(super) async fn write_verdict(&self, objects: &Objects, verdict: &WorkloadVerdict) {
+    pub(super) async fn write_verdict(
+        &self,
+        objects: &Objects,
+        verdict: &WorkloadVerdict,
+    ) -> Applied {
         let Some(current) = Self::maintenance(objects, &verdict.maintenance) else {
-            return;
+            return Applied::Gone;
         };
         let before = current.status.as_ref().and_then(|s| {
             s.conditions
@@ -37,7 +42,7 @@ impl Controller {
                 );
             })
             .await;
-        if written && before.as_deref() != Some(verdict.reason) {
+        if written.is_written() && before.as_deref() != Some(verdict.reason) {
             let type_ = match verdict.reason {
                 reasons::TIMED_OUT | reasons::TIMED_OUT_FAILED => EventType::Warning,
                 _ => EventType::Normal,
@@ -46,5 +51,6 @@ impl Controller {
             self.writer
                 .event(current.as_ref(), type_, &reason, verdict.message.clone());
         }
+        written
     }
 }

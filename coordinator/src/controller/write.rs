@@ -14,7 +14,7 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{DeleteParams, PostParams, Preconditions},
+    api::{DeleteParams, Preconditions},
     runtime::events::EventType,
 };
 use nodeward_api::{
@@ -27,7 +27,7 @@ use nodeward_api::{
     maintenance::{AdmissionRecord, PhaseDeadline, PhaseTransition},
     policy::StartupAction,
 };
-use nodeward_runtime::{ApiError, cordon, events::Events};
+use nodeward_runtime::{cordon, events::Events};
 
 use super::{
     Controller,
@@ -38,7 +38,7 @@ use nodeward_decide::{
     round::{self, Objects, Plan},
 };
 
-use crate::metrics::{Metrics, PolicyLabels, ReasonLabels};
+use crate::metrics::{Applied, Metrics, PolicyLabels, ReasonLabels};
 use nodeward_runtime::write::{Outcome, Part};
 
 /// A remediation just requested is not requested again for this long (the watch shows it).
@@ -99,9 +99,9 @@ impl Controller {
         maintenance: &str,
         phase: MaintenancePhase,
         message: &str,
-    ) {
+    ) -> Applied {
         let Some(current) = Self::maintenance(objects, maintenance) else {
-            return;
+            return Applied::Gone;
         };
         let now = Timestamp::now();
         let written = self
@@ -112,7 +112,7 @@ impl Controller {
                 status.message = Some(message.to_owned());
             })
             .await;
-        if written {
+        if written.is_written() {
             tracing::info!(%maintenance, ?phase, %message, "maintenance ended");
             let kind = if phase == MaintenancePhase::Succeeded {
                 EventType::Normal
@@ -126,16 +126,16 @@ impl Controller {
                 message.to_owned(),
             );
         }
+        written
     }
 
     /// Moves a maintenance on without its agent: back to Pending (its admission undone, so that
     /// its slots are freed) or Failed when a deadline passed, or on to Acting (a DeleteNode of a
     /// dead node). A node sent back or failed may still carry the maintenance's taint and
     /// cordon: `NodeRestored=False` asks the agent to undo them.
-    /// Returns whether the move was written.
-    pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) -> bool {
+    pub(super) async fn overdue(&mut self, objects: &Objects, overdue: &round::Overdue) -> Applied {
         let Some(current) = Self::maintenance(objects, &overdue.maintenance) else {
-            return false;
+            return Applied::Gone;
         };
         let now = Timestamp::now();
         let generation = current.metadata.generation;
@@ -176,7 +176,7 @@ impl Controller {
                 );
             })
             .await;
-        if written {
+        if written.is_written() {
             tracing::warn!(maintenance = %overdue.maintenance, to = ?overdue.to, reason = overdue.reason, message = %overdue.message, "deadline passed");
             self.writer
                 .deadline_passed(current.as_ref(), overdue.reason, &overdue.message);
@@ -187,9 +187,13 @@ impl Controller {
     /// Finishes a maintenance in place of its lost agent: undoes what it left on the node,
     /// removes the agent's finalizer, then records how it ended. Each step is retried by the
     /// next round if it fails.
-    pub(super) async fn take_over(&mut self, objects: &Objects, taking: &round::TakeOver) {
+    pub(super) async fn take_over(
+        &mut self,
+        objects: &Objects,
+        taking: &round::TakeOver,
+    ) -> Applied {
         let Some(current) = Self::maintenance(objects, &taking.maintenance) else {
-            return;
+            return Applied::Gone;
         };
         let round::TakeOver {
             maintenance,
@@ -211,7 +215,7 @@ impl Controller {
             .await;
             if let Err(e) = undone {
                 tracing::warn!(error = %e, %maintenance, "restoring the node of a lost agent");
-                return;
+                return Applied::Failed;
             }
         }
         let mut current = current.as_ref().clone();
@@ -226,19 +230,25 @@ impl Controller {
             let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
             match nodeward_runtime::write::swap_finalizers(&api, &current, &finalizers).await {
                 Outcome::Written(patched) => current = patched,
-                Outcome::Conflict(_) | Outcome::Gone(_) => return,
+                refused @ (Outcome::Conflict(_) | Outcome::Gone(_)) => {
+                    return Applied::of(&refused);
+                }
                 Outcome::Failed(e) => {
                     tracing::warn!(error = %e, "taking over from a lost agent: removing its finalizer");
-                    return;
+                    return Applied::Failed;
                 }
             }
             if current.metadata.deletion_timestamp.is_some() {
                 tracing::warn!(%maintenance, %message, "released in place of a lost agent");
-                return;
+                return Applied::Written;
             }
         }
         if takeover.end_in.is_none() && !takeover.restore {
-            return;
+            return if takeover.unfinalize {
+                Applied::Written
+            } else {
+                Applied::Unchanged
+            };
         }
         let now = Timestamp::now();
         let generation = current.metadata.generation;
@@ -264,13 +274,14 @@ impl Controller {
                 }
             })
             .await;
-        if written {
+        if written.is_written() {
             tracing::warn!(%maintenance, end_in = ?takeover.end_in, restored = takeover.restore, %message, "took over from a lost agent");
             if takeover.end_in.is_some() {
                 self.writer
                     .deadline_passed(&current, overdue::AGENT_LOST, message);
             }
         }
+        written
     }
 
     /// Puts the out-of-service taint on a dead node, or takes nodeward's from one Ready again.
@@ -279,32 +290,26 @@ impl Controller {
         &mut self,
         objects: &Objects,
         record: &round::DeadlineRecord,
-    ) {
-        if let Some(current) = Self::maintenance(objects, &record.maintenance) {
-            self.writer
-                .write_maintenance(current, |status| {
-                    status.deadline = Some(record.deadline.clone());
-                })
-                .await;
-        }
+    ) -> Applied {
+        let Some(current) = Self::maintenance(objects, &record.maintenance) else {
+            return Applied::Gone;
+        };
+        self.writer
+            .write_maintenance(current, |status| {
+                status.deadline = Some(record.deadline.clone());
+            })
+            .await
     }
 
-    /// The round's startup timeouts, and the nodes Ready after theirs.
-    pub(super) async fn startups(&mut self, plan: &round::Plan) {
-        for timeout in &plan.startup_timeouts {
-            self.startup_timeout(timeout).await;
-        }
-        for node in &plan.started_late {
-            self.started_late(node).await;
-        }
-    }
-
-    async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) {
+    /// Records that a node never became Ready within a policy's `nodeStartupTimeout` (once),
+    /// and deletes it when the policy says so.
+    pub(super) async fn startup_timeout(&mut self, timeout: &round::StartupTimeout) -> Applied {
+        let mut applied = Applied::Unchanged;
         let nodes: Api<Node> = Api::all(self.writer.client.clone());
         if !timeout.reported {
             let message = format!("{} (policy {})", timeout.message, timeout.policy);
             let status = startup_condition("True", "NeverBecameReady", &message);
-            let applied = nodeward_runtime::write::apply(
+            let written = nodeward_runtime::write::apply(
                 &nodes,
                 &timeout.node,
                 Part::Status,
@@ -312,8 +317,10 @@ impl Controller {
                 &status,
             )
             .await;
-            match applied.required() {
+            let recorded = Applied::of(&written);
+            match written.required() {
                 Ok(node) => {
+                    applied = recorded;
                     tracing::warn!(node = %timeout.node, message = %timeout.message, "node startup timeout");
                     self.writer.event(
                         &node,
@@ -324,13 +331,15 @@ impl Controller {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "startup timeout not recorded");
-                    return;
+                    return recorded;
                 }
             }
         }
         if timeout.action == StartupAction::DeleteNode {
-            match nodeward_runtime::write::delete(&nodes, &timeout.node, &only(&timeout.uid)).await
-            {
+            let deleted =
+                nodeward_runtime::write::delete(&nodes, &timeout.node, &only(&timeout.uid)).await;
+            applied = Applied::of(&deleted);
+            match deleted {
                 Outcome::Written(()) => {
                     tracing::warn!(node = %timeout.node, policy = %timeout.policy, "deleted a node that never became Ready");
                 }
@@ -340,10 +349,11 @@ impl Controller {
                 }
             }
         }
+        applied
     }
 
     /// Sets `node`'s `StartupTimedOut` False: it became Ready after its startup timed out.
-    async fn started_late(&mut self, node: &str) {
+    pub(super) async fn started_late(&mut self, node: &str) -> Applied {
         let status = startup_condition("False", "BecameReady", "Ready after its startup timed out");
         let nodes = Api::<Node>::all(self.writer.client.clone());
         let applied = nodeward_runtime::write::apply(
@@ -354,6 +364,7 @@ impl Controller {
             &status,
         )
         .await;
+        let outcome = Applied::of(&applied);
         match applied.required() {
             Ok(written) => {
                 tracing::info!(%node, "node Ready after its startup timed out");
@@ -368,17 +379,18 @@ impl Controller {
                 tracing::warn!(error = %e, "startup condition left True")
             }
         }
+        outcome
     }
 
     pub(super) async fn remediate(
         &mut self,
         objects: &Objects,
         request: &round::RemediationRequest,
-    ) {
+    ) -> Applied {
         self.remediated_at
             .retain(|_, t| t.elapsed() < REMEDIATION_DEBOUNCE);
         if self.remediated_at.contains_key(&request.node) {
-            return;
+            return Applied::Unchanged;
         }
         if let Some(replaced) = &request.replaces
             && Self::maintenance(objects, replaced).is_some()
@@ -403,7 +415,9 @@ impl Controller {
         maintenance.metadata.generate_name =
             Some(format!("remediation-{}-", truncate(&request.node, 40)));
         let api: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
-        match api.create(&PostParams::default(), &maintenance).await {
+        let created = nodeward_runtime::write::create(&api, &maintenance).await;
+        let applied = Applied::of(&created);
+        match created.required() {
             Ok(created) => {
                 self.remediated_at
                     .insert(request.node.clone(), Instant::now());
@@ -417,9 +431,10 @@ impl Controller {
                 );
             }
             Err(e) => {
-                tracing::warn!(error = %ApiError::new("creating a remediation NodeMaintenance for", format!("Node {}", request.node), e), "remediation not requested")
+                tracing::warn!(error = %e, node = %request.node, "remediation not requested")
             }
         }
+        applied
     }
 }
 
@@ -430,8 +445,11 @@ impl Writer {
         &self,
         current: &NodeMaintenance,
         change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
-    ) -> bool {
-        self.written_maintenance(current, change).await.is_some()
+    ) -> Applied {
+        match self.written_maintenance(current, change).await {
+            Ok(_) => Applied::Written,
+            Err(refused) => refused,
+        }
     }
 
     /// [`Self::write_maintenance`], returning the object as written.
@@ -439,7 +457,7 @@ impl Writer {
         &self,
         current: &NodeMaintenance,
         change: impl FnOnce(&mut nodeward_api::NodeMaintenanceStatus),
-    ) -> Option<NodeMaintenance> {
+    ) -> Result<NodeMaintenance, Applied> {
         let name = current.name_any();
         let mut updated = current.clone();
         let status = updated.status.get_or_insert_with(Default::default);
@@ -471,12 +489,12 @@ impl Writer {
             Outcome::Written(written) => {
                 write.done(written.resource_version());
                 self.fresh_maintenances().record(current, written.clone());
-                Some(written)
+                Ok(written)
             }
-            Outcome::Conflict(_) | Outcome::Gone(_) => None,
+            refused @ (Outcome::Conflict(_) | Outcome::Gone(_)) => Err(Applied::of(&refused)),
             Outcome::Failed(e) => {
                 tracing::warn!(error = %e, "maintenance status write failed");
-                None
+                Err(Applied::Failed)
             }
         }
     }
@@ -547,7 +565,7 @@ impl Writer {
                 );
             })
             .await;
-        if written {
+        if written.is_written() {
             self.metrics.admissions.inc();
             if let Some(created) = current.metadata.creation_timestamp.as_ref() {
                 let latency = now.duration_since(created.0).as_secs_f64().max(0.0);
@@ -556,7 +574,7 @@ impl Writer {
             tracing::info!(maintenance = %admission.maintenance, node = %current.spec.node_name, policies = ?admission.policies, "admitted");
             self.event(current, EventType::Normal, "Admitted", note);
         }
-        written
+        written.is_written()
     }
 
     /// Counts a maintenance moved on because its agent missed a deadline, with an Event.

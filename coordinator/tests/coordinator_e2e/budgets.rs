@@ -59,6 +59,16 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
         .metric("nodeward_coordinator_admission_coordinator_seconds_count")
         .await?;
     assert!(measured >= 1.0, "admissions measured {measured}");
+    // Each round's plan is written effect by effect, and counted so: the slots and
+    // admissions, and the denials of those that waited.
+    for effect in ["admit", "deny"] {
+        let written = coordinator
+            .metric(&format!(
+                "nodeward_coordinator_effects_total{{effect=\"{effect}\",outcome=\"written\"}}"
+            ))
+            .await?;
+        assert!(written >= 1.0, "{effect} effects written: {written}");
+    }
     let p = Api::<DisruptionPolicy>::all(env.client.clone())
         .get(&policy)
         .await?;
@@ -110,6 +120,22 @@ async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Res
         + b.metric("nodeward_coordinator_slot_conflicts_total")
             .await?;
     eprintln!("two leaders: admissions by {by:?}, {conflicts} conditional writes refused");
+    // A refused slot write is what became of its effect: counted as a conflict there too.
+    let mut effect_conflicts = 0.0;
+    for c in [&a, &b] {
+        for effect in ["admit", "release"] {
+            effect_conflicts += c
+                .metric(&format!(
+                    "nodeward_coordinator_effects_total{{effect=\"{effect}\",outcome=\"conflict\"}}"
+                ))
+                .await?;
+        }
+    }
+    assert_eq!(
+        conflicts > 0.0,
+        effect_conflicts > 0.0,
+        "{conflicts} slot writes refused, {effect_conflicts} slot effects counted as conflicts"
+    );
     assert!(a.metric("nodeward_coordinator_leader").await? == 1.0);
     env.cleanup().await
 }

@@ -31,6 +31,7 @@ use crate::{admission::decide::Cluster, health::RemediationGate};
 
 mod admit;
 mod dead_nodes;
+mod effects;
 #[cfg(test)]
 mod fixtures;
 mod node_labels;
@@ -47,6 +48,7 @@ mod view;
 pub mod workload_gate;
 
 pub use admit::{Superseded, admit_new};
+pub use effects::{EFFECTS, Effect};
 
 /// The most superseded requests a round ends: the rest wait for the next rounds, so that a
 /// flood of them never holds up a round's other writes.
