@@ -7,7 +7,7 @@ pub mod background;
 pub mod check;
 pub mod config;
 pub mod detect;
-pub mod drain;
+mod drain;
 pub mod flags;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -17,12 +17,12 @@ pub mod liveness;
 pub mod maintenance;
 pub mod metrics;
 pub mod notify;
-pub mod npd;
+mod npd;
 pub mod policies;
 pub mod report;
 pub mod runner;
 pub mod shutdown;
-pub mod values;
+mod values;
 
 use std::path::PathBuf;
 

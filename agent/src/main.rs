@@ -6,6 +6,7 @@ use kube::runtime::reflector;
 use nodeward_agent::{
     Error, background, check,
     config::Config,
+    detect,
     flags::{Given, Placed},
     liveness::Liveness,
     metrics::Metrics,
@@ -248,21 +249,21 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         }
         .run(stopping.clone()),
     );
-    let agent = background::Agent {
-        client: &client,
-        node_name: &node_name,
-        namespace: &running.namespace,
-        boot_id: running.boot_id.as_deref(),
-        metrics: &metrics,
-        own_node,
-    };
-    let started = background::start(&config, agent, &mut tasks).await?;
+    let (log_events_tx, log_events) = tokio::sync::mpsc::channel(detect::LOG_EVENTS_WAITING);
+    let on = detect::On::new(
+        &client,
+        &node_name,
+        &running.namespace,
+        running.boot_id.as_deref(),
+        &metrics,
+        log_events_tx,
+    );
+    let started = background::start(&config, on, own_node, &mut tasks).await?;
     let detectors = config.detectors.enabled(Some(&started.agent));
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_recheck(config.reporting.heartbeat_interval);
     let reporter = reporter.publishing(started.for_reports);
-    let log_events = started.log_events;
     let pauses = maintain(
         &config,
         &client,

@@ -29,7 +29,6 @@ use crate::{
     support::{HostCredential, Lab, REBOOT},
 };
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_only_when_admitted()
 -> anyhow::Result<()> {
@@ -148,41 +147,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
         per_node.push(succeeded.duration_since(admitted).as_secs_f64());
     }
 
-    let report = lab
-        .report(&host_mode.name)
-        .await?
-        .status
-        .unwrap_or_default();
-    assert_eq!(
-        report.mode,
-        Some(AgentMode::Host),
-        "{} was rebooted by its host-mode agent",
-        host_mode.name
-    );
-
-    // Each rebooted the way its agent was configured to: the chart's DaemonSet by command, the
-    // host-mode agent by signal.
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(lab.client.clone(), "default");
-    for (vm, name) in lab.lab.vms().iter().zip(&names) {
-        let acting = events
-            .list(&ListParams::default().fields(&format!("regarding.name={name}")))
-            .await?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("Acting"))
-            .with_context(|| format!("{name}: an Acting Event"))?;
-        let note = acting.note.unwrap_or_default();
-        let expected = if vm.name == host_mode.name {
-            "Reboot by signal 39 to the host's PID 1"
-        } else {
-            "Reboot by running \"/bin/systemctl reboot\" on the host"
-        };
-        assert!(
-            note.starts_with(expected),
-            "{name}: how it rebooted: {note:?}, expected {expected:?}"
-        );
-    }
+    rebooted_by_its_own_method(&lab, &names, &host_mode.name).await?;
 
     // The host-mode agent closed its gate again on the new boot.
     host::assert_gate_refuses(&host_mode).await?;
@@ -238,4 +203,43 @@ fn ready_transitions(client: &kube::Client) -> Arc<Mutex<BTreeMap<String, BTreeS
             }),
     );
     seen
+}
+
+/// Each VM rebooted the way its agent was configured to: the chart's DaemonSet by command, the
+/// host-mode agent (on `host_mode`, its report says so) by signal.
+async fn rebooted_by_its_own_method(
+    lab: &Lab,
+    names: &[String],
+    host_mode: &str,
+) -> anyhow::Result<()> {
+    let report = lab.report(host_mode).await?.status.unwrap_or_default();
+    assert_eq!(
+        report.mode,
+        Some(AgentMode::Host),
+        "{host_mode} was rebooted by its host-mode agent"
+    );
+
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(lab.client.clone(), "default");
+    for (vm, name) in lab.lab.vms().iter().zip(names) {
+        let acting = events
+            .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Acting"))
+            .with_context(|| format!("{name}: an Acting Event"))?;
+        let note = acting.note.unwrap_or_default();
+        let expected = if vm.name == host_mode {
+            "Reboot by signal 39 to the host's PID 1"
+        } else {
+            "Reboot by running \"/bin/systemctl reboot\" on the host"
+        };
+        assert!(
+            note.starts_with(expected),
+            "{name}: how it rebooted: {note:?}, expected {expected:?}"
+        );
+    }
+
+    Ok(())
 }

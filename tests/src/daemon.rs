@@ -71,6 +71,29 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     Ok(path.display().to_string())
 }
 
+/// The workspace's `nodeward-agent`, built beside the test binary ([`sibling_binary`]).
+pub fn agent_binary() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    built(&PATH, "nodeward-agent")
+}
+
+/// The workspace's `nodeward-coordinator` ([`sibling_binary`]).
+pub fn coordinator_binary() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    built(&PATH, "nodeward-coordinator")
+}
+
+/// The workspace's `kubectl-nodeward` ([`sibling_binary`]).
+pub fn cli_binary() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    built(&PATH, "kubectl-nodeward")
+}
+
+/// `name`'s path, found once; a test without it cannot run, and says how to build it.
+fn built(path: &'static std::sync::OnceLock<String>, name: &str) -> &'static str {
+    path.get_or_init(|| sibling_binary(name).unwrap_or_else(|e| panic!("{e}")))
+}
+
 /// `nodeward-agent run` for `node`, with the Leases and what the coordinator publishes in
 /// `namespace`, the configuration in `config`, through `kubeconfig`.
 pub fn agent_args(

@@ -123,19 +123,21 @@ pub struct TestEnv {
     pub namespace: String,
     /// Short unique id of this test, used in every name it creates.
     pub id: String,
-    /// Held for the test's life: shared, or alone for a test that changes the CRDs.
-    _crds: CrdTurn,
+    /// Held for the test's life: shared, or alone for a test that acts on the whole cluster.
+    _turn: Turn,
 }
 
-/// For a moment after a CRD changes, every request for its kind is answered 429 "storage is
-/// (re)initializing", which the test clients do not retry. So a test that changes the CRDs
-/// runs while no other test of the process does, and other tests overlap freely.
-fn crd_turns() -> Arc<tokio::sync::RwLock<()>> {
+/// Some tests act on the whole cluster: a coordinator decides over every node and maintenance
+/// (a policy of one test may select another's nodes, its remediation and taints reach them),
+/// and for a moment after a CRD changes every request for its kind is answered 429 "storage is
+/// (re)initializing", which the test clients do not retry. Such a test runs while no other
+/// test of the process does; the others overlap freely.
+fn turns() -> Arc<tokio::sync::RwLock<()>> {
     static TURNS: LazyLock<Arc<tokio::sync::RwLock<()>>> = LazyLock::new(Default::default);
     TURNS.clone()
 }
 
-enum CrdTurn {
+enum Turn {
     Shared {
         _held: tokio::sync::OwnedRwLockReadGuard<()>,
     },
@@ -148,22 +150,23 @@ impl TestEnv {
     /// Attaches to (or starts) the shared control plane, installs the CRDs and creates this
     /// test's namespace. `test` is a short name for the test, used in object names.
     pub async fn new(test: &str) -> anyhow::Result<Self> {
-        let turn = CrdTurn::Shared {
-            _held: crd_turns().read_owned().await,
+        let turn = Turn::Shared {
+            _held: turns().read_owned().await,
         };
         Self::with_turn(test, turn).await
     }
 
-    /// As `new`, for a test that changes the CRDs: it waits until no other test of this
-    /// process holds an environment, and others wait until it has ended.
+    /// As `new`, for a test that acts on the whole cluster (runs a coordinator, changes the
+    /// CRDs): it waits until no other test of this process holds an environment, and others
+    /// wait until it has ended.
     pub async fn alone(test: &str) -> anyhow::Result<Self> {
-        let turn = CrdTurn::Alone {
-            _held: crd_turns().write_owned().await,
+        let turn = Turn::Alone {
+            _held: turns().write_owned().await,
         };
         Self::with_turn(test, turn).await
     }
 
-    async fn with_turn(test: &str, turn: CrdTurn) -> anyhow::Result<Self> {
+    async fn with_turn(test: &str, turn: Turn) -> anyhow::Result<Self> {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let client = controlplane::admin_client().await?;
         let id = format!(
@@ -176,7 +179,7 @@ impl TestEnv {
             namespace: format!("e2e-{id}"),
             client,
             id,
-            _crds: turn,
+            _turn: turn,
         };
         install_crds(&env.client).await?;
         let ns: Namespace = serde_json::from_value(json!({
@@ -212,7 +215,15 @@ impl TestEnv {
     /// A test's environment ([`TestEnv::new`]) with one Ready kwok worker in `zone`, named
     /// `node_name(0)`; the environment and the node's name.
     pub async fn with_worker(test: &str, zone: &str) -> anyhow::Result<(Self, String)> {
-        let env = Self::new(test).await?;
+        Self::with_worker_on(Self::new(test).await?, zone).await
+    }
+
+    /// As [`Self::with_worker`], alone ([`Self::alone`]): for a test that runs a coordinator.
+    pub async fn alone_with_worker(test: &str, zone: &str) -> anyhow::Result<(Self, String)> {
+        Self::with_worker_on(Self::alone(test).await?, zone).await
+    }
+
+    async fn with_worker_on(env: Self, zone: &str) -> anyhow::Result<(Self, String)> {
         env.create_nodes(&[NodeSpec::worker(zone)]).await?;
         let node = env.node_name(0);
         Ok((env, node))

@@ -15,6 +15,7 @@ pub mod logind;
 pub mod machine;
 pub mod nodelab;
 pub mod proxy;
+pub mod scenario;
 pub mod scratch;
 pub mod siege;
 pub mod systemd;
@@ -23,6 +24,7 @@ pub mod workload;
 
 pub use controlplane::Identity;
 pub use env::{NodeSpec, PodOptions, Role, TestEnv};
+pub use scenario::{Scenario, Scene};
 
 /// The repository this test library was built from.
 pub fn repo_root() -> std::path::PathBuf {

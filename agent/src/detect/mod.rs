@@ -160,7 +160,7 @@ impl Detectors {
 }
 
 /// How many followed-log Events may wait for the reporter.
-pub(crate) const LOG_EVENTS_WAITING: usize = 64;
+pub const LOG_EVENTS_WAITING: usize = 64;
 
 /// Where the detectors run, as a section's start sees it.
 pub struct On<'a> {
@@ -172,10 +172,31 @@ pub struct On<'a> {
     pub metrics: &'a Arc<Metrics>,
     /// Where a followed log sends its Events; the reporter publishes them.
     pub log_events: mpsc::Sender<LogEvent>,
-    pub(crate) last_report: OnceCell<Option<NodeReportStatus>>,
+    last_report: OnceCell<Option<NodeReportStatus>>,
 }
 
-impl On<'_> {
+impl<'a> On<'a> {
+    /// This node's agent: its client, node, nodeward's namespace, boot and metrics; its
+    /// followed logs send their Events to `log_events`.
+    pub fn new(
+        client: &'a kube::Client,
+        node_name: &'a str,
+        namespace: &'a str,
+        boot_id: Option<&'a str>,
+        metrics: &'a Arc<Metrics>,
+        log_events: mpsc::Sender<LogEvent>,
+    ) -> Self {
+        Self {
+            client,
+            node_name,
+            namespace,
+            boot_id,
+            metrics,
+            log_events,
+            last_report: OnceCell::new(),
+        }
+    }
+
     /// This node's NodeReport as the agent before this one left it, read once, when a section
     /// first asks. None when there is none or it cannot be read (said in the log).
     pub async fn last_report(&self) -> Option<&NodeReportStatus> {

@@ -4,7 +4,6 @@
 
 use super::*;
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Result<()> {
     let (env, dir, documents) = own_chart("chart").await?;
@@ -29,199 +28,10 @@ async fn the_applied_chart_keeps_each_identity_to_what_it_needs() -> anyhow::Res
         "{said}"
     );
 
-    // Its liveness: its own Lease, held by its node; not another node's, not another Lease.
-    let leases: Api<Lease> = Api::namespaced(agent.clone(), &env.namespace);
-    let lease = |name: &str, holder: &str| -> anyhow::Result<Lease> {
-        Ok(serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {"nodeward.io/agent-lease": "true"}},
-            "spec": {"holderIdentity": holder, "renewTime": "2026-11-25T00:00:00.000000Z"},
-        }))?)
-    };
-    let own_lease = format!("nodeward-agent-{node_a}");
-    let mut written = leases
-        .create(&PostParams::default(), &lease(&own_lease, &node_a)?)
-        .await?;
-    for (name, holder) in [
-        (format!("nodeward-agent-{node_b}"), node_b.as_str()),
-        (format!("nodeward-agent-{node_a}-x"), node_a.as_str()),
-        ("nodeward-coordinator".to_owned(), node_a.as_str()),
-    ] {
-        let said = refusal(
-            leases
-                .create(&PostParams::default(), &lease(&name, holder)?)
-                .await,
-        );
-        assert!(
-            said.contains(&format!(
-                "may write only the Lease nodeward-agent-{node_a}, held by its node; not {name}"
-            )),
-            "{name}: {said}"
-        );
-    }
-    if let Some(spec) = written.spec.as_mut() {
-        spec.holder_identity = Some(node_b.clone());
-    }
-    let said = refusal(
-        leases
-            .replace(&own_lease, &PostParams::default(), &written)
-            .await,
-    );
-    assert!(said.contains("held by its node"), "{said}");
-    // What it reads: the peer directory and the policies the coordinator publishes, not the
-    // DisruptionPolicies (their status changes with every admission) nor other ConfigMaps.
-    Api::<EndpointSlice>::namespaced(agent.clone(), &env.namespace)
-        .list(&ListParams::default())
-        .await?;
-    let configmaps: Api<ConfigMap> = Api::namespaced(agent.clone(), &env.namespace);
-    assert!(
-        refusal(configmaps.get("nodeward-agent-policies").await).starts_with("404"),
-        "the published policies may be read (there are none here)"
-    );
-    assert!(refusal(configmaps.get("kube-root-ca.crt").await).starts_with("403"));
-    assert!(
-        refusal(
-            Api::<DisruptionPolicy>::all(agent.clone())
-                .list(&ListParams::default())
-                .await
-        )
-        .starts_with("403")
-    );
+    lease_only_its_own(&agent, &env, &node_a, &node_b).await?;
+    reads_only_what_it_needs(&agent, &env).await?;
 
-    // Maintenances: only Reboot ones of its own node may be asked for.
-    let maintenances: Api<NodeMaintenance> = Api::all(agent.clone());
-    let maintenance = |name: &str, node: &str, action: &str| -> anyhow::Result<NodeMaintenance> {
-        Ok(serde_json::from_value(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-            "spec": {"nodeName": node, "reason": "Reboot", "action": action},
-        }))?)
-    };
-    let own = format!("{node_a}-reboot-e2e00001");
-    maintenances
-        .create(
-            &PostParams::default(),
-            &maintenance(&own, &node_a, "Reboot")?,
-        )
-        .await?;
-    for (node, action) in [(&node_b, "Reboot"), (&node_a, "DeleteNode")] {
-        let said = refusal(
-            maintenances
-                .create(
-                    &PostParams::default(),
-                    &maintenance(&format!("{node}-{}", action.to_lowercase()), node, action)?,
-                )
-                .await,
-        );
-        assert!(
-            said.contains("may ask only for Reboot maintenances of its own node"),
-            "{action} on {node}: {said}"
-        );
-    }
-
-    // Admitted by "the coordinator" (the admin here); the agent may move it on, not rewrite
-    // the admission or take it back to Admitted.
-    Api::<NodeMaintenance>::all(env.client.clone())
-        .patch_status(
-            &own,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {
-                "phase": "Admitted",
-                "admission": {"policies": [format!("{}-default", env.id)], "admittedAt": "2026-11-21T10:00:00Z", "admittedBy": "coordinator-0"},
-                "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted", "message": "fits", "lastTransitionTime": "2026-11-21T10:00:00Z"}],
-            }})),
-        )
-        .await?;
-    maintenances
-        .patch_status(
-            &own,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Draining", "podsTotal": 1}})),
-        )
-        .await?;
-    for (status, expected) in [
-        (
-            json!({"admission": {"admittedBy": "agent"}}),
-            "written by the nodeward coordinator only",
-        ),
-        (
-            json!({"conditions": []}),
-            "written by the nodeward coordinator only",
-        ),
-        (
-            json!({"admissionsWithdrawn": 7}),
-            "written by the nodeward coordinator only",
-        ),
-        (
-            json!({"deadline": {"phase": "Draining", "time": "2030-01-01T00:00:00Z", "then": "never"}}),
-            "written by the nodeward coordinator only",
-        ),
-        // Forging the workload gate's verdict, keeping the admission as it is.
-        (
-            json!({"conditions": [
-                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "fits", "lastTransitionTime": "2026-11-21T10:00:00Z"},
-                {"type": "WorkloadsAvailable", "status": "True", "reason": "Available", "message": "forged", "lastTransitionTime": "2026-11-21T10:00:00Z"},
-            ]}),
-            "written by the nodeward coordinator only",
-        ),
-        // A surge record the coordinator would "restore": another namespace's Deployment to 0.
-        (
-            json!({"surges": [{"namespace": "kube-system", "deployment": "coredns", "pods": [], "state": "Surging", "replicas": 0}]}),
-            "written by the nodeward coordinator only",
-        ),
-        (
-            json!({"phase": "Admitted"}),
-            "from Draining to Admitted: only the coordinator admits",
-        ),
-        (json!({"phase": "Succeeded"}), "from Draining to Succeeded"),
-    ] {
-        let said = refusal(
-            maintenances
-                .patch_status(
-                    &own,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await,
-        );
-        assert!(said.contains(expected), "{status}: {said}");
-    }
-
-    // Nor may it add (or take away) the finalizer that keeps a surge's record.
-    let said = refusal(
-        maintenances
-            .patch(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/surge"]}})),
-            )
-            .await,
-    );
-    assert!(
-        said.contains("the nodeward.io/surge finalizer is the nodeward coordinator's"),
-        "{said}"
-    );
-
-    // Then on along the lifecycle, and no way back out of a finished phase.
-    for phase in ["Acting", "Verifying", "Succeeded"] {
-        maintenances
-            .patch_status(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": phase}})),
-            )
-            .await
-            .with_context(|| format!("moving {own} to {phase}"))?;
-    }
-    let said = refusal(
-        maintenances
-            .patch_status(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": "Failed"}})),
-            )
-            .await,
-    );
-    assert!(said.contains("from Succeeded to Failed"), "{said}");
+    maintenances_of_its_own_node(&agent, &env, &node_a, &node_b).await?;
 
     // Evictions: the chart's webhook, served by the chart's coordinator with the certificate it
     // keeps itself.
@@ -398,7 +208,6 @@ async fn update_node(
     }
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_node()
 -> anyhow::Result<()> {
@@ -440,80 +249,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         }),
     )
     .await?;
-    // Each attack: what, on which node (a or b), the change, what the refusal says.
-    type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
-    let attacks: [Attack; 6] = [
-        (
-            "relabel",
-            "b",
-            |n| {
-                n.metadata
-                    .labels
-                    .get_or_insert_with(Default::default)
-                    .insert(
-                        "node-role.kubernetes.io/control-plane".into(),
-                        String::new(),
-                    );
-            },
-            "may only remove the nodeward.io/cordoned-by annotation",
-        ),
-        (
-            "drop the admin's taint",
-            "b",
-            |n| {
-                if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
-                    taints.retain(|t| t.key != "dedicated");
-                }
-            },
-            "may only remove nodeward.io/ taints",
-        ),
-        (
-            "uncordon keeping the record",
-            "b",
-            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(false),
-            "may uncordon it only where nodeward.io/cordoned-by says",
-        ),
-        (
-            "cordon",
-            "a",
-            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(true),
-            "may not cordon",
-        ),
-        (
-            "add a taint",
-            "a",
-            |n| {
-                n.spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: "nodeward.io/maintenance".into(),
-                        effect: "NoExecute".into(),
-                        ..Default::default()
-                    });
-            },
-            "may only remove nodeward.io/ taints",
-        ),
-        (
-            "taint out of service without the record",
-            "a",
-            |n| {
-                n.spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: "node.kubernetes.io/out-of-service".into(),
-                        value: Some("nodeshutdown".into()),
-                        effect: "NoExecute".into(),
-                        ..Default::default()
-                    });
-            },
-            "only with its record nodeward.io/out-of-service",
-        ),
-    ];
-    for (attack, which, change, expected) in attacks {
+    for (attack, which, change, expected) in attacks_on_nodes() {
         let node = if which == "a" { &node_a } else { &node_b };
         let said = refusal(update_node(&coordinator, node, change).await);
         assert!(
@@ -541,40 +277,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         .filter(|k| !k.starts_with("node.kubernetes.io/"))
         .collect();
     assert_eq!(keys, ["dedicated"], "the admin's taint stays");
-    // The out-of-service taint with its record, and only that one taken away again.
-    let tainted = update_node(&coordinator, &node_a, |n| {
-        nodeward_api::node::out_of_service(n, true, "dead (e2e)");
-    })
-    .await?;
-    assert!(
-        tainted
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key == "node.kubernetes.io/out-of-service")
-    );
-    update_node(&coordinator, &node_a, |n| {
-        nodeward_api::node::out_of_service(n, false, "");
-    })
-    .await?;
-    env.merge_node(&node_a, json!({"spec": {"taints": [
-                {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
-            ]}})).await?;
-    let said = refusal(
-        update_node(&coordinator, &node_a, |n| {
-            if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
-                taints.retain(|t| t.key != "node.kubernetes.io/out-of-service");
-            }
-        })
-        .await,
-    );
-    assert!(
-        said.contains("take away only the one it recorded"),
-        "an admin's out-of-service taint stays: {said}"
-    );
-    env.merge_node(&node_a, json!({"spec": {"taints": null}}))
-        .await?;
+    out_of_service_only_with_its_record(&env, &coordinator, &node_a).await?;
     // An admin's cordon (no record) is not the coordinator's to lift.
     env.merge_node(&node_a, json!({"spec": {"unschedulable": true}}))
         .await?;
@@ -588,7 +291,6 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
     remove_chart(env, &documents).await
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 /// Attacks by one node's agent identity (a token read from the agent's pod on that node) on its
 /// own Node, and the writes the agent itself makes, through the chart's admission policy.
 #[tokio::test]
@@ -674,41 +376,7 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
         );
     }
 
-    // What the agent does: cordon with its record and a nodeward taint, then undo both.
-    as_agent
-        .patch(
-            &node,
-            &params,
-            &merge(json!({
-                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/x"}},
-                "spec": {"unschedulable": true,
-                         "taints": [{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]},
-            })),
-        )
-        .await
-        .context("cordoning with the record")?;
-    // Undone as the agent does (read, change, replace at that resourceVersion): its own taint
-    // only; the node controller's node.kubernetes.io/unschedulable is not the agent's.
-    let mut attempts = 0;
-    loop {
-        let mut current = as_agent.get(&node).await?;
-        if let Some(annotations) = current.metadata.annotations.as_mut() {
-            annotations.remove(CORDONED_BY_ANNOTATION);
-        }
-        let spec = current.spec.get_or_insert_with(Default::default);
-        spec.unschedulable = None;
-        if let Some(taints) = spec.taints.as_mut() {
-            taints.retain(|t| t.key != "nodeward.io/maintenance");
-        }
-        match as_agent
-            .replace(&node, &PostParams::default(), &current)
-            .await
-        {
-            Ok(_) => break,
-            Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
-            Err(e) => return Err(anyhow::Error::from(e).context("undoing its cordon")),
-        }
-    }
+    cordons_and_undoes_its_own(&as_agent, &node).await?;
 
     // An admin's cordon and dedicated taint are not the agent's to lift, in one step or two.
     as_admin
@@ -753,51 +421,7 @@ async fn an_agent_changes_only_nodewards_part_of_its_own_node() -> anyhow::Resul
         "the dedicated taint stays"
     );
 
-    // Status: its own condition types (the detectors' and the configured custom check's), never
-    // the kubelet's Ready nor anything else there.
-    let condition = |type_: &str, status: &str| {
-        json!({"type": type_, "status": status, "reason": "E2E", "message": "e2e",
-               "lastHeartbeatTime": "2026-11-23T10:00:00Z", "lastTransitionTime": "2026-11-23T10:00:00Z"})
-    };
-    let apply = PatchParams::apply("nodeward-agent").force();
-    for type_ in ["KubeletProblem", "NTPProblem"] {
-        as_agent
-            .patch_status(
-                &node,
-                &apply,
-                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
-                    "status": {"conditions": [condition(type_, "False")]}})),
-            )
-            .await
-            .with_context(|| format!("writing its own condition {type_}"))?;
-    }
-    for (attack, status) in [
-        (
-            "the kubelet's Ready",
-            json!({"conditions": [condition("Ready", "False")]}),
-        ),
-        (
-            "another component's condition",
-            json!({"conditions": [condition("CorruptDockerOverlay2", "True")]}),
-        ),
-        ("its capacity", json!({"capacity": {"pods": "1000"}})),
-    ] {
-        let said = refusal(
-            as_agent
-                .patch_status(
-                    &node,
-                    &apply,
-                    &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": status})),
-                )
-                .await,
-        );
-        assert!(
-            said.starts_with("403")
-                && said.contains("may change only the conditions it writes (NetworkProblem,")
-                && said.contains("NTPProblem)"),
-            "{attack}: {said}"
-        );
-    }
+    writes_only_its_own_conditions(&as_agent, &node).await?;
     as_admin
         .patch(
             &node,
@@ -887,4 +511,435 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
         );
     }
     remove_chart(env, &documents).await
+}
+
+/// The agent's liveness: its own Lease, held by its node; not another node's, not another
+/// Lease, and never handed to another holder.
+async fn lease_only_its_own(
+    agent: &Client,
+    env: &TestEnv,
+    node_a: &str,
+    node_b: &str,
+) -> anyhow::Result<()> {
+    let leases: Api<Lease> = Api::namespaced(agent.clone(), &env.namespace);
+    let lease = |name: &str, holder: &str| -> anyhow::Result<Lease> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"nodeward.io/agent-lease": "true"}},
+            "spec": {"holderIdentity": holder, "renewTime": "2026-11-25T00:00:00.000000Z"},
+        }))?)
+    };
+    let own_lease = format!("nodeward-agent-{node_a}");
+    let mut written = leases
+        .create(&PostParams::default(), &lease(&own_lease, node_a)?)
+        .await?;
+    for (name, holder) in [
+        (format!("nodeward-agent-{node_b}"), node_b),
+        (format!("nodeward-agent-{node_a}-x"), node_a),
+        ("nodeward-coordinator".to_owned(), node_a),
+    ] {
+        let said = refusal(
+            leases
+                .create(&PostParams::default(), &lease(&name, holder)?)
+                .await,
+        );
+        assert!(
+            said.contains(&format!(
+                "may write only the Lease nodeward-agent-{node_a}, held by its node; not {name}"
+            )),
+            "{name}: {said}"
+        );
+    }
+    if let Some(spec) = written.spec.as_mut() {
+        spec.holder_identity = Some(node_b.to_owned());
+    }
+    let said = refusal(
+        leases
+            .replace(&own_lease, &PostParams::default(), &written)
+            .await,
+    );
+    assert!(said.contains("held by its node"), "{said}");
+    Ok(())
+}
+
+/// What the agent reads: the peer directory and the policies the coordinator publishes, not
+/// the DisruptionPolicies (their status changes with every admission) nor other ConfigMaps.
+async fn reads_only_what_it_needs(agent: &Client, env: &TestEnv) -> anyhow::Result<()> {
+    Api::<EndpointSlice>::namespaced(agent.clone(), &env.namespace)
+        .list(&ListParams::default())
+        .await?;
+    let configmaps: Api<ConfigMap> = Api::namespaced(agent.clone(), &env.namespace);
+    assert!(
+        refusal(configmaps.get("nodeward-agent-policies").await).starts_with("404"),
+        "the published policies may be read (there are none here)"
+    );
+    assert!(refusal(configmaps.get("kube-root-ca.crt").await).starts_with("403"));
+    assert!(
+        refusal(
+            Api::<DisruptionPolicy>::all(agent.clone())
+                .list(&ListParams::default())
+                .await
+        )
+        .starts_with("403")
+    );
+
+    Ok(())
+}
+
+/// Maintenances: the agent asks only for Reboot ones of its own node, moves them on along the
+/// lifecycle, and writes none of what the coordinator decides.
+async fn maintenances_of_its_own_node(
+    agent: &Client,
+    env: &TestEnv,
+    node_a: &str,
+    node_b: &str,
+) -> anyhow::Result<()> {
+    let maintenances: Api<NodeMaintenance> = Api::all(agent.clone());
+    let maintenance = |name: &str, node: &str, action: &str| -> anyhow::Result<NodeMaintenance> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": action},
+        }))?)
+    };
+    let own = format!("{node_a}-reboot-e2e00001");
+    maintenances
+        .create(
+            &PostParams::default(),
+            &maintenance(&own, node_a, "Reboot")?,
+        )
+        .await?;
+    for (node, action) in [(node_b, "Reboot"), (node_a, "DeleteNode")] {
+        let said = refusal(
+            maintenances
+                .create(
+                    &PostParams::default(),
+                    &maintenance(&format!("{node}-{}", action.to_lowercase()), node, action)?,
+                )
+                .await,
+        );
+        assert!(
+            said.contains("may ask only for Reboot maintenances of its own node"),
+            "{action} on {node}: {said}"
+        );
+    }
+
+    // Admitted by "the coordinator" (the admin here); the agent may move it on, not rewrite
+    // the admission or take it back to Admitted.
+    Api::<NodeMaintenance>::all(env.client.clone())
+        .patch_status(
+            &own,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Admitted",
+                "admission": {"policies": [format!("{}-default", env.id)], "admittedAt": "2026-11-21T10:00:00Z", "admittedBy": "coordinator-0"},
+                "conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted", "message": "fits", "lastTransitionTime": "2026-11-21T10:00:00Z"}],
+            }})),
+        )
+        .await?;
+    maintenances
+        .patch_status(
+            &own,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Draining", "podsTotal": 1}})),
+        )
+        .await?;
+    for (status, expected) in [
+        (
+            json!({"admission": {"admittedBy": "agent"}}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"conditions": []}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"admissionsWithdrawn": 7}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"deadline": {"phase": "Draining", "time": "2030-01-01T00:00:00Z", "then": "never"}}),
+            "written by the nodeward coordinator only",
+        ),
+        // Forging the workload gate's verdict, keeping the admission as it is.
+        (
+            json!({"conditions": [
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "fits", "lastTransitionTime": "2026-11-21T10:00:00Z"},
+                {"type": "WorkloadsAvailable", "status": "True", "reason": "Available", "message": "forged", "lastTransitionTime": "2026-11-21T10:00:00Z"},
+            ]}),
+            "written by the nodeward coordinator only",
+        ),
+        // A surge record the coordinator would "restore": another namespace's Deployment to 0.
+        (
+            json!({"surges": [{"namespace": "kube-system", "deployment": "coredns", "pods": [], "state": "Surging", "replicas": 0}]}),
+            "written by the nodeward coordinator only",
+        ),
+        (
+            json!({"phase": "Admitted"}),
+            "from Draining to Admitted: only the coordinator admits",
+        ),
+        (json!({"phase": "Succeeded"}), "from Draining to Succeeded"),
+    ] {
+        let said = refusal(
+            maintenances
+                .patch_status(
+                    &own,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await,
+        );
+        assert!(said.contains(expected), "{status}: {said}");
+    }
+
+    // Nor may it add (or take away) the finalizer that keeps a surge's record.
+    let said = refusal(
+        maintenances
+            .patch(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/surge"]}})),
+            )
+            .await,
+    );
+    assert!(
+        said.contains("the nodeward.io/surge finalizer is the nodeward coordinator's"),
+        "{said}"
+    );
+
+    // Then on along the lifecycle, and no way back out of a finished phase.
+    for phase in ["Acting", "Verifying", "Succeeded"] {
+        maintenances
+            .patch_status(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": phase}})),
+            )
+            .await
+            .with_context(|| format!("moving {own} to {phase}"))?;
+    }
+    let said = refusal(
+        maintenances
+            .patch_status(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+            )
+            .await,
+    );
+    assert!(said.contains("from Succeeded to Failed"), "{said}");
+
+    Ok(())
+}
+
+/// An attack by the coordinator's identity on a Node: what, on which node (a or b), the
+/// change, what the refusal says.
+type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
+
+/// What the coordinator may not do to a Node, whatever a maintenance left on it.
+fn attacks_on_nodes() -> [Attack; 6] {
+    [
+        (
+            "relabel",
+            "b",
+            |n| {
+                n.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        "node-role.kubernetes.io/control-plane".into(),
+                        String::new(),
+                    );
+            },
+            "may only remove the nodeward.io/cordoned-by annotation",
+        ),
+        (
+            "drop the admin's taint",
+            "b",
+            |n| {
+                if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                    taints.retain(|t| t.key != "dedicated");
+                }
+            },
+            "may only remove nodeward.io/ taints",
+        ),
+        (
+            "uncordon keeping the record",
+            "b",
+            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(false),
+            "may uncordon it only where nodeward.io/cordoned-by says",
+        ),
+        (
+            "cordon",
+            "a",
+            |n| n.spec.get_or_insert_with(Default::default).unschedulable = Some(true),
+            "may not cordon",
+        ),
+        (
+            "add a taint",
+            "a",
+            |n| {
+                n.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: "nodeward.io/maintenance".into(),
+                        effect: "NoExecute".into(),
+                        ..Default::default()
+                    });
+            },
+            "may only remove nodeward.io/ taints",
+        ),
+        (
+            "taint out of service without the record",
+            "a",
+            |n| {
+                n.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: "node.kubernetes.io/out-of-service".into(),
+                        value: Some("nodeshutdown".into()),
+                        effect: "NoExecute".into(),
+                        ..Default::default()
+                    });
+            },
+            "only with its record nodeward.io/out-of-service",
+        ),
+    ]
+}
+
+/// The coordinator puts the out-of-service taint on with its record and takes only that one
+/// away again; an admin's stays.
+async fn out_of_service_only_with_its_record(
+    env: &TestEnv,
+    coordinator: &Api<Node>,
+    node_a: &str,
+) -> anyhow::Result<()> {
+    let tainted = update_node(coordinator, node_a, |n| {
+        nodeward_api::node::out_of_service(n, true, "dead (e2e)");
+    })
+    .await?;
+    assert!(
+        tainted
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service")
+    );
+    update_node(coordinator, node_a, |n| {
+        nodeward_api::node::out_of_service(n, false, "");
+    })
+    .await?;
+    env.merge_node(node_a, json!({"spec": {"taints": [
+                {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"},
+            ]}})).await?;
+    let said = refusal(
+        update_node(coordinator, node_a, |n| {
+            if let Some(taints) = n.spec.as_mut().and_then(|s| s.taints.as_mut()) {
+                taints.retain(|t| t.key != "node.kubernetes.io/out-of-service");
+            }
+        })
+        .await,
+    );
+    assert!(
+        said.contains("take away only the one it recorded"),
+        "an admin's out-of-service taint stays: {said}"
+    );
+    env.merge_node(node_a, json!({"spec": {"taints": null}}))
+        .await?;
+    Ok(())
+}
+
+/// What the agent does to its own Node: cordon with its record and a nodeward taint, then
+/// undo both as it does (read, change, replace at that resourceVersion): its own taint only;
+/// the node controller's node.kubernetes.io/unschedulable is not the agent's.
+async fn cordons_and_undoes_its_own(as_agent: &Api<Node>, node: &str) -> anyhow::Result<()> {
+    let merge = |patch: Value| Patch::Merge(patch);
+    let params = PatchParams::default();
+    as_agent
+        .patch(
+            node,
+            &params,
+            &merge(json!({
+                "metadata": {"annotations": {CORDONED_BY_ANNOTATION: "maintenance/x"}},
+                "spec": {"unschedulable": true,
+                         "taints": [{"key": "nodeward.io/maintenance", "effect": "NoSchedule"}]},
+            })),
+        )
+        .await
+        .context("cordoning with the record")?;
+    let mut attempts = 0;
+    loop {
+        let mut current = as_agent.get(node).await?;
+        if let Some(annotations) = current.metadata.annotations.as_mut() {
+            annotations.remove(CORDONED_BY_ANNOTATION);
+        }
+        let spec = current.spec.get_or_insert_with(Default::default);
+        spec.unschedulable = None;
+        if let Some(taints) = spec.taints.as_mut() {
+            taints.retain(|t| t.key != "nodeward.io/maintenance");
+        }
+        match as_agent
+            .replace(node, &PostParams::default(), &current)
+            .await
+        {
+            Ok(_) => break,
+            Err(kube::Error::Api(status)) if status.code == 409 && attempts < 10 => attempts += 1,
+            Err(e) => return Err(anyhow::Error::from(e).context("undoing its cordon")),
+        }
+    }
+
+    Ok(())
+}
+
+/// Status: the agent writes its own condition types (the detectors' and the configured custom
+/// check's), never the kubelet's Ready nor anything else there.
+async fn writes_only_its_own_conditions(as_agent: &Api<Node>, node: &str) -> anyhow::Result<()> {
+    let condition = |type_: &str, status: &str| {
+        json!({"type": type_, "status": status, "reason": "E2E", "message": "e2e",
+               "lastHeartbeatTime": "2026-11-23T10:00:00Z", "lastTransitionTime": "2026-11-23T10:00:00Z"})
+    };
+    let apply = PatchParams::apply("nodeward-agent").force();
+    for type_ in ["KubeletProblem", "NTPProblem"] {
+        as_agent
+            .patch_status(
+                node,
+                &apply,
+                &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node",
+                    "status": {"conditions": [condition(type_, "False")]}})),
+            )
+            .await
+            .with_context(|| format!("writing its own condition {type_}"))?;
+    }
+    for (attack, status) in [
+        (
+            "the kubelet's Ready",
+            json!({"conditions": [condition("Ready", "False")]}),
+        ),
+        (
+            "another component's condition",
+            json!({"conditions": [condition("CorruptDockerOverlay2", "True")]}),
+        ),
+        ("its capacity", json!({"capacity": {"pods": "1000"}})),
+    ] {
+        let said = refusal(
+            as_agent
+                .patch_status(
+                    node,
+                    &apply,
+                    &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "status": status})),
+                )
+                .await,
+        );
+        assert!(
+            said.starts_with("403")
+                && said.contains("may change only the conditions it writes (NetworkProblem,")
+                && said.contains("NTPProblem)"),
+            "{attack}: {said}"
+        );
+    }
+    Ok(())
 }

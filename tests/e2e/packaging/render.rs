@@ -4,7 +4,6 @@
 
 use super::*;
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow::Result<()> {
     let all_on = chart().join("ci/all-on-values.yaml");
@@ -127,42 +126,8 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
     let without_pod = &find(&without, "DaemonSet")?["spec"]["template"]["spec"];
     assert_eq!(logind_conf_read_only(without_pod), Some(true));
 
-    // The coordinator: two replicas on different nodes, non-root, read-only root.
-    let deployment = find(&defaults, "Deployment")?;
-    assert_eq!(deployment["spec"]["replicas"], 2);
-    let spec = &deployment["spec"]["template"]["spec"];
-    assert_eq!(
-        spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
-        "kubernetes.io/hostname"
-    );
-    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
-    assert_eq!(
-        spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
-        true
-    );
-    assert_eq!(
-        spec["containers"][0]["securityContext"]["capabilities"],
-        json!({"drop": ["ALL"]})
-    );
-
-    // The agent accepts the configuration the chart renders for it (exit 2 = invalid).
-    for (name, documents) in [("default", &defaults), ("all-on", &all)] {
-        let config = find(documents, "ConfigMap")?["data"]["agent.yaml"]
-            .as_str()
-            .context("agent.yaml")?;
-        let file = dir.join(format!("{name}.yaml"));
-        std::fs::write(&file, config)?;
-        let output = Command::new(sibling_binary("nodeward-agent")?)
-            .args(["check", "--output", "json", "--config"])
-            .arg(&file)
-            .output()?;
-        assert_ne!(
-            output.status.code(),
-            Some(2),
-            "the agent refused the {name} configuration:\n{config}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    coordinator_spread_and_hardened(&defaults)?;
+    agent_accepts_what_is_rendered(&dir, &[("default", &defaults), ("all-on", &all)])?;
     Ok(())
 }
 
@@ -273,4 +238,52 @@ fn whole_numbers_as_integers(value: Value) -> Value {
         ),
         other => other,
     }
+}
+
+/// The coordinator: two replicas on different nodes, non-root, read-only root.
+fn coordinator_spread_and_hardened(rendered: &[Value]) -> anyhow::Result<()> {
+    let deployment = find(rendered, "Deployment")?;
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let spec = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]["topologyKey"],
+        "kubernetes.io/hostname"
+    );
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        spec["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+        true
+    );
+    assert_eq!(
+        spec["containers"][0]["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"]})
+    );
+
+    Ok(())
+}
+
+/// The agent accepts the configuration each rendering gives it (`check` exits 2 on an
+/// invalid one); the files go in `dir`.
+fn agent_accepts_what_is_rendered(
+    dir: &std::path::Path,
+    renderings: &[(&str, &Vec<Value>)],
+) -> anyhow::Result<()> {
+    for (name, documents) in renderings {
+        let config = find(documents, "ConfigMap")?["data"]["agent.yaml"]
+            .as_str()
+            .context("agent.yaml")?;
+        let file = dir.join(format!("{name}.yaml"));
+        std::fs::write(&file, config)?;
+        let output = Command::new(sibling_binary("nodeward-agent")?)
+            .args(["check", "--output", "json", "--config"])
+            .arg(&file)
+            .output()?;
+        assert_ne!(
+            output.status.code(),
+            Some(2),
+            "the agent refused the {name} configuration:\n{config}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(())
 }

@@ -1,6 +1,10 @@
 //! Installing and upgrading with Helm: the CRDs upgrade with the release and their objects
 //! survive, and a first install puts the agent's admission policy in force before its DaemonSet.
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+
 use super::*;
 
 #[tokio::test]
@@ -138,7 +142,6 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
     env.cleanup().await
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 /// A first `helm install`: Helm creates admission policies after every kind it knows, the
 /// agent DaemonSet among them, so the chart installs a copy of the agents' policy as a
 /// pre-install hook. The copy exists before the DaemonSet does, refuses an agent's escalation
@@ -147,11 +150,6 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
 #[tokio::test]
 async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_daemonset()
 -> anyhow::Result<()> {
-    use k8s_openapi::api::{
-        admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding},
-        apps::v1::DaemonSet,
-    };
-    use kube::api::{WatchEvent, WatchParams};
     let (env, node) = TestEnv::with_worker("firstinstall", "a").await?;
     let dir = std::env::temp_dir().join(format!("nodeward-firstinstall-{}", env.id));
     std::fs::create_dir_all(&dir)?;
@@ -176,26 +174,7 @@ async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_da
     };
 
     // When the DaemonSet is created, from before the install on.
-    let daemonsets: Api<DaemonSet> = Api::namespaced(env.client.clone(), &env.namespace);
-    let from = daemonsets
-        .list(&ListParams::default())
-        .await?
-        .metadata
-        .resource_version
-        .unwrap_or_default();
-    let watching = daemonsets.clone();
-    let created = tokio::spawn(async move {
-        let events = watching
-            .watch(&WatchParams::default().timeout(120), &from)
-            .await?;
-        futures::pin_mut!(events);
-        while let Some(event) = events.try_next().await? {
-            if let WatchEvent::Added(daemonset) = event {
-                return Ok(daemonset.resource_version());
-            }
-        }
-        anyhow::Ok(None)
-    });
+    let created = first_added(Api::namespaced(env.client.clone(), &env.namespace)).await?;
     adopt_crds(&env.client, &env.id, &env.namespace).await?;
     helm_in(&[
         "install",
@@ -213,22 +192,7 @@ async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_da
     let copy = format!("{own}-bootstrap");
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(env.client.clone());
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(env.client.clone());
-    // Never changed since it was created, so its resource version is its creation's (one etcd:
-    // the versions of all objects are one sequence).
-    let version = |rv: Option<String>, of: &str| -> anyhow::Result<u64> {
-        Ok(rv
-            .with_context(|| format!("{of}'s resource version"))?
-            .parse()?)
-    };
-    let copy_created = version(bindings.get(&copy).await?.resource_version(), "the copy")?;
-    let policy_created = version(
-        policies.get(&copy).await?.resource_version(),
-        "the copy's policy",
-    )?;
-    assert!(
-        policy_created < daemonset_created && copy_created < daemonset_created,
-        "the copy (policy {policy_created}, binding {copy_created}) before the DaemonSet ({daemonset_created})"
-    );
+    copy_created_before(&bindings, &policies, &copy, daemonset_created).await?;
 
     // Without the release's own binding (as in the moment before Helm creates it), the copy
     // alone refuses an escalation by the agent's identity.
@@ -301,4 +265,58 @@ async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_da
 
     helm_in(&["uninstall", &env.id])?;
     env.cleanup().await
+}
+
+/// Watches for the first DaemonSet added in `daemonsets` from now on; its resource version.
+async fn first_added(
+    daemonsets: Api<k8s_openapi::api::apps::v1::DaemonSet>,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<Option<String>>>> {
+    use kube::api::{WatchEvent, WatchParams};
+    let from = daemonsets
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let watching = daemonsets;
+    Ok(tokio::spawn(async move {
+        let events = watching
+            .watch(&WatchParams::default().timeout(120), &from)
+            .await?;
+        futures::pin_mut!(events);
+        while let Some(event) = events.try_next().await? {
+            if let WatchEvent::Added(daemonset) = event {
+                return Ok(daemonset.resource_version());
+            }
+        }
+        anyhow::Ok(None)
+    }))
+}
+
+/// The first-install copy of the agent's policy and its binding were created before the
+/// DaemonSet (created at resource version `daemonset_created`).
+async fn copy_created_before(
+    bindings: &Api<ValidatingAdmissionPolicyBinding>,
+    policies: &Api<ValidatingAdmissionPolicy>,
+    copy: &str,
+    daemonset_created: u64,
+) -> anyhow::Result<()> {
+    // Never changed since it was created, so its resource version is its creation's (one etcd:
+    // the versions of all objects are one sequence).
+    let version = |rv: Option<String>, of: &str| -> anyhow::Result<u64> {
+        Ok(rv
+            .with_context(|| format!("{of}'s resource version"))?
+            .parse()?)
+    };
+    let copy_created = version(bindings.get(copy).await?.resource_version(), "the copy")?;
+    let policy_created = version(
+        policies.get(copy).await?.resource_version(),
+        "the copy's policy",
+    )?;
+    assert!(
+        policy_created < daemonset_created && copy_created < daemonset_created,
+        "the copy (policy {policy_created}, binding {copy_created}) before the DaemonSet ({daemonset_created})"
+    );
+
+    Ok(())
 }

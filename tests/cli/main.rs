@@ -4,6 +4,7 @@
 //! the budgets in use, and `migrate` turns kured's and node-problem-detector's DaemonSets into
 //! a policy the API server accepts and values the chart renders.
 
+use nodeward_e2e::daemon::cli_binary;
 use std::{process::Output, time::Duration};
 
 use anyhow::Context;
@@ -19,15 +20,11 @@ use nodeward_e2e::{
 };
 use serde_json::json;
 
-const CLI: &str = env!("CARGO_BIN_EXE_kubectl-nodeward");
 const TIMEOUT: Duration = Duration::from_secs(60);
-/// The tests that run a coordinator, one at a time: a coordinator acts on the whole cluster.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// Runs the plugin with the test cluster's kubeconfig.
 async fn cli(args: &[&str]) -> anyhow::Result<Output> {
     let kubeconfig = controlplane::shared().kubeconfig.display().to_string();
-    let output = tokio::process::Command::new(CLI)
+    let output = tokio::process::Command::new(cli_binary())
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .args(args)
@@ -79,8 +76,7 @@ async fn of_node(env: &TestEnv, node: &str) -> anyhow::Result<Vec<NodeMaintenanc
 #[tokio::test]
 async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("cli").await?;
+    let env = TestEnv::alone("cli").await?;
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("a")])
         .await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
@@ -207,7 +203,7 @@ async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason(
 #[tokio::test]
 async fn completion_scripts_are_printed_for_each_shell() -> anyhow::Result<()> {
     for shell in ["bash", "zsh", "fish"] {
-        let out = tokio::process::Command::new(CLI)
+        let out = tokio::process::Command::new(cli_binary())
             .args(["completion", shell])
             .output()
             .await?;
@@ -218,7 +214,7 @@ async fn completion_scripts_are_printed_for_each_shell() -> anyhow::Result<()> {
             "{shell}: {script}"
         );
     }
-    let out = tokio::process::Command::new(CLI)
+    let out = tokio::process::Command::new(cli_binary())
         .args(["completion", "tcsh"])
         .output()
         .await?;
@@ -230,8 +226,7 @@ async fn completion_scripts_are_printed_for_each_shell() -> anyhow::Result<()> {
 /// Ready counts), each maintenance's phase and the unhealthy nodes.
 #[tokio::test]
 async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("status").await?;
+    let env = TestEnv::alone("status").await?;
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
     env.heartbeats(&[env.node_name(0), env.node_name(1)])
         .await?;
@@ -335,7 +330,7 @@ async fn kureds_daemonset_in_the_cluster_migrates_to_a_policy_the_api_server_acc
 -> anyhow::Result<()> {
     let env = TestEnv::new("migrate").await?;
     // kured's own manifest (with its flags given), in this test's namespace; no node runs it.
-    let kured = include_str!("../src/migrate/testdata/kured-ds.yaml");
+    let kured = include_str!("../../cli/src/migrate/testdata/kured-ds.yaml");
     let (printed, created) = migrated(&env, "kured", kured).await?;
     assert_eq!(created.spec.windows.len(), 1);
     assert_eq!(
@@ -357,13 +352,14 @@ async fn node_problem_detectors_daemonset_in_the_cluster_migrates_to_values_the_
     let env = TestEnv::new("migrate-npd").await?;
     // node-problem-detector's own DaemonSet and ConfigMap, in this test's namespace; no node
     // runs it.
-    let mut config: ConfigMap =
-        serde_yaml::from_str(include_str!("../src/migrate/testdata/npd-config.yaml"))?;
+    let mut config: ConfigMap = serde_yaml::from_str(include_str!(
+        "../../cli/src/migrate/testdata/npd-config.yaml"
+    ))?;
     config.metadata.namespace = Some(env.namespace.clone());
     Api::<ConfigMap>::namespaced(env.client.clone(), &env.namespace)
         .create(&Default::default(), &config)
         .await?;
-    let npd = include_str!("../src/migrate/testdata/npd-ds.yaml");
+    let npd = include_str!("../../cli/src/migrate/testdata/npd-ds.yaml");
     let (printed, created) = migrated(&env, "npd", npd).await?;
     let gate = created.spec.health_gate.context("a health gate")?;
     assert!(gate.problem_types.contains(&"KernelDeadlock".to_owned()));

@@ -2,11 +2,10 @@
 //! the namespace lacks, and exit 1 for a problem, 0 when healthy, 2 for a bad configuration.
 //! Needs root (to create namespaces), as `./tests/run` has.
 
+use nodeward_e2e::daemon::agent_binary;
 use std::process::{Command, Output};
 
 use nodeward_e2e::scratch;
-
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 
 /// A network namespace deleted again when the test ends, however it ends.
 struct Netns(String);
@@ -45,7 +44,14 @@ impl Netns {
         )
         .expect("writing the test configuration");
         let out = Command::new("ip")
-            .args(["netns", "exec", &self.0, AGENT, "check", "--config"])
+            .args([
+                "netns",
+                "exec",
+                &self.0,
+                agent_binary(),
+                "check",
+                "--config",
+            ])
             .arg(&config)
             .args(extra)
             .output()
@@ -125,7 +131,7 @@ fn check_exits_2_naming_the_bad_field_of_the_configuration() {
         "detectors:\n  network:\n    defaultRoute:\n      ipv6: sometimes\n",
     )
     .expect("write config");
-    let out = Command::new(AGENT)
+    let out = Command::new(agent_binary())
         .args(["check", "--config"])
         .arg(&path)
         .output()

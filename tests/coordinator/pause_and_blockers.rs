@@ -4,7 +4,7 @@ use super::*;
 
 #[tokio::test]
 async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("pause", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("pause", &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 2, "paused": true}))
@@ -87,8 +87,7 @@ async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow
 /// scoped to trusted namespaces ignore pods elsewhere.
 #[tokio::test]
 async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyhow::Result<()> {
-    let (_serial, env) =
-        scenario("tenant", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
+    let env = scenario("tenant", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
     let trusted = format!("{}-trusted", env.id);
     let policy = env
         .create_policy(
@@ -142,8 +141,7 @@ async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyh
 
 #[tokio::test]
 async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
-    let (_serial, env) =
-        scenario("blockers", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
+    let env = scenario("blockers", &[NodeSpec::worker("a"), NodeSpec::worker("b")]).await?;
     let prometheus = nodeward_e2e::http::Endpoint::start().await?;
     prometheus.reply(
         "/api/v1/alerts",
@@ -247,7 +245,7 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_still_drain()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("pause-admitted", &[NodeSpec::worker("a")]).await?;
+    let env = scenario("pause-admitted", &[NodeSpec::worker("a")]).await?;
     let n0 = env.node_name(0);
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))

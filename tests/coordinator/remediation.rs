@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("max-unhealthy", &vec![NodeSpec::worker("a"); 4]).await?;
+    let env = scenario("max-unhealthy", &vec![NodeSpec::worker("a"); 4]).await?;
     let policy = env
         .create_policy(
             "pool",
@@ -76,8 +76,7 @@ async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("startup-timeout").await?;
+    let env = TestEnv::alone("startup-timeout").await?;
     env.create_policy("pool",
         json!({"remediation": {"enabled": false, "nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
     )
@@ -111,7 +110,7 @@ async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::R
 
 #[tokio::test]
 async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("node-deleted", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("node-deleted", &vec![NodeSpec::worker("a"); 2]).await?;
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
@@ -144,7 +143,7 @@ async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("forged-delete", &[NodeSpec::worker("a")]).await?;
+    let env = scenario("forged-delete", &[NodeSpec::worker("a")]).await?;
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     let node = env.node_name(0);
@@ -180,8 +179,7 @@ async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
 
 #[tokio::test]
 async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("startup-paused").await?;
+    let env = TestEnv::alone("startup-paused").await?;
     let policy = env
         .create_policy(
             "pool",
@@ -225,7 +223,7 @@ async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result
 #[tokio::test]
 async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("recreated", &[NodeSpec::worker("a")]).await?;
+    let env = scenario("recreated", &[NodeSpec::worker("a")]).await?;
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     let node = env.node_name(0);
@@ -280,7 +278,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
 
 #[tokio::test]
 async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("replacement", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("replacement", &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     env.create_policy(
         "pool",
@@ -336,7 +334,7 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
 #[tokio::test]
 async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_when_it_returns()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("dead-node", &vec![NodeSpec::worker("a"); 3]).await?;
+    let env = scenario("dead-node", &vec![NodeSpec::worker("a"); 3]).await?;
     let (n0, n1, n2) = (env.node_name(0), env.node_name(1), env.node_name(2));
     env.create_policy(
         "pool",
@@ -440,7 +438,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
 #[tokio::test]
 async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() -> anyhow::Result<()>
 {
-    let (_serial, env) = scenario("dead-delete", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("dead-delete", &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;

@@ -525,7 +525,9 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     use nodeward_api::DisruptionPolicy;
     use nodeward_e2e::env::TEST_LABEL;
 
-    let (env, node, agent) = one_node_with_agent("agent-pause", "zone-a", "500ms", "30s").await?;
+    // A coordinator decides over the whole cluster: the test runs alone.
+    let (env, node) = TestEnv::alone_with_worker("agent-pause", "zone-a").await?;
+    let agent = Agent::start(&node, &env, "500ms", "30s")?;
     agent.wait_ready().await?;
     // The agent learns of policies from what the coordinator publishes for agents.
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
@@ -595,10 +597,18 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
 /// at once (so it gets ready) and keeps reporting (a pause is acknowledged after that).
 #[tokio::test]
 async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> anyhow::Result<()> {
-    let (env, node) = TestEnv::with_worker("agent-no-detectors", "zone-a").await?;
+    // It starts a coordinator, which decides over the whole cluster: the test runs alone.
+    let (env, node) = TestEnv::alone_with_worker("agent-no-detectors", "zone-a").await?;
     let dir = scratch::dir(&format!("nodeward-no-detectors-{}", env.id))?;
     let config = scratch::agent_config_file(&dir, &[], "shutdownGuard: {enabled: false}\n")?;
-    let agent = daemon::agent(AGENT, &env, &node, &config, daemon::NO_SYSTEM_BUS, "agent")?;
+    let agent = daemon::agent(
+        agent_binary(),
+        &env,
+        &node,
+        &config,
+        daemon::NO_SYSTEM_BUS,
+        "agent",
+    )?;
     agent.wait_ready(TIMEOUT).await?;
     let reports: Api<NodeReport> = Api::all(env.client.clone());
     let report = wait::until(&reports, &node, "the first NodeReport", TIMEOUT, |r| {

@@ -2,14 +2,13 @@
 //! a systemd stand-in speaking the real protocol): a failed unit is a problem named with its
 //! state; without systemd the check falls back to healthz and the process.
 
+use nodeward_e2e::daemon::agent_binary;
 use std::process::Command;
 
 use nodeward_e2e::{
     scratch,
     systemd::{PrivateBus, Systemd, Unit},
 };
-
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 
 fn kubelet_finding(bus: Option<&str>) -> serde_json::Value {
     let dir = scratch::dir(&format!("nodeward-kubelet-{}", std::process::id())).expect("dir");
@@ -20,7 +19,7 @@ fn kubelet_finding(bus: Option<&str>) -> serde_json::Value {
         "",
     )
     .expect("config");
-    let mut command = Command::new(AGENT);
+    let mut command = Command::new(agent_binary());
     command
         .args(["check", "-o", "json", "--config"])
         .arg(&config);

@@ -16,11 +16,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::{Api, ResourceExt, runtime::watcher};
 use nodeward_agent::host::logind::ManagerProxy;
 use nodeward_api::{NodeReport, report::ShutdownPhase};
+use nodeward_e2e::daemon::agent_binary;
 use nodeward_e2e::{
     NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, logind::Logind, scratch, wait,
 };
 
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Starts an agent for `node` whose only job here is the shutdown guard.
@@ -35,7 +35,14 @@ fn agent(env: &TestEnv, node: &str, logind: &Logind, guard: &str) -> anyhow::Res
         &format!("shutdownGuard:\n{guard}"),
     )?;
     // The private bus is the agent's system bus.
-    nodeward_e2e::daemon::agent(AGENT, env, node, &config, &logind.bus.address, "agent")
+    nodeward_e2e::daemon::agent(
+        agent_binary(),
+        env,
+        node,
+        &config,
+        &logind.bus.address,
+        "agent",
+    )
 }
 
 async fn nodeward_locks(logind: &Logind) -> anyhow::Result<Vec<(String, String)>> {

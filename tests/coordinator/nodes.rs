@@ -6,7 +6,7 @@ use super::*;
 #[tokio::test]
 async fn a_node_waiting_for_its_turn_is_tainted_prefer_no_schedule_until_admitted()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario(
+    let env = scenario(
         "pending-taint",
         &[NodeSpec::worker("a"), NodeSpec::worker("a")],
     )
@@ -54,7 +54,7 @@ async fn a_node_waiting_for_its_turn_is_tainted_prefer_no_schedule_until_admitte
 #[tokio::test]
 async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_on_cancel()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("node-labels", &[NodeSpec::worker("a")]).await?;
+    let env = scenario("node-labels", &[NodeSpec::worker("a")]).await?;
     let node = env.node_name(0);
     let lb = "node.kubernetes.io/exclude-from-external-load-balancers";
     env.merge_node(&node, json!({"metadata": {"labels": {lb: "false"}}}))

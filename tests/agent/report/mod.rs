@@ -19,10 +19,10 @@ use nodeward_api::{
     NodeReport,
     report::{Finding, KernelLogSource, NodeReportStatus},
 };
+use nodeward_e2e::daemon::agent_binary;
 use nodeward_e2e::{NodeSpec, TestEnv, controlplane, daemon, scratch, wait};
 use serde_json::Value;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const TIMEOUT: Duration = Duration::from_secs(30);
 const USER_AGENT_PREFIX: &str = "nodeward-agent/";
 
@@ -102,7 +102,7 @@ impl Agent {
         )?;
         let listen = daemon::free_address()?;
         let log = std::fs::File::create(dir.join("agent.log"))?;
-        let child = Command::new(AGENT)
+        let child = Command::new(agent_binary())
             .args([
                 "run",
                 "--node-name",

@@ -5,8 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("agentless").await?;
+    let env = TestEnv::alone("agentless").await?;
     // n0 without a NodeReport: as if no agent ever ran there (a Windows node, a virtual
     // kubelet); n1's agent last renewed its Lease 15 minutes ago (crash-looping since).
     env.create_nodes(&vec![NodeSpec::worker("a"); 2]).await?;
@@ -48,7 +47,7 @@ async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyh
 #[tokio::test]
 async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_its_slot()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("not-started", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("not-started", &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     let history = nodeward_e2e::history::watch(&env);
     let policy = env
@@ -139,7 +138,7 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
 #[tokio::test]
 async fn a_half_done_admission_given_back_cannot_be_admitted_by_a_late_write() -> anyhow::Result<()>
 {
-    let (_serial, env) = scenario("fence", &[NodeSpec::worker("a")]).await?;
+    let env = scenario("fence", &[NodeSpec::worker("a")]).await?;
     let n0 = env.node_name(0);
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1, "paused": true}))
@@ -203,7 +202,7 @@ async fn a_half_done_admission_given_back_cannot_be_admitted_by_a_late_write() -
 #[tokio::test]
 async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_coordinator()
 -> anyhow::Result<()> {
-    let (_serial, env) = scenario("agent-lost", &vec![NodeSpec::worker("a"); 2]).await?;
+    let env = scenario("agent-lost", &vec![NodeSpec::worker("a"); 2]).await?;
     let (n0, n1) = (env.node_name(0), env.node_name(1));
     let policy = env
         .create_policy(

@@ -2,6 +2,7 @@
 //! kwok node of the real control plane. DrainOnly keeps the node drained until the object is
 //! deleted; an admin's cordon survives; a maintenance deleted mid-drain restores the node.
 
+use nodeward_e2e::daemon::agent_binary;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,11 +15,7 @@ use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{NodeSpec, PodOptions, TestEnv, controlplane, daemon::Daemon, scratch, wait};
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Coordinators watch the whole cluster: one test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 struct Cluster {
     _coordinator: Daemon,
@@ -49,7 +46,7 @@ fn agent(env: &TestEnv, node: &str, extra_config: &str, label: &str) -> anyhow::
     )?;
     // No system bus here (logind has its own tests): a reboot or power-off cannot be asked for.
     let no_bus = nodeward_e2e::daemon::NO_SYSTEM_BUS;
-    nodeward_e2e::daemon::agent(AGENT, env, node, &config, no_bus, label)
+    nodeward_e2e::daemon::agent(agent_binary(), env, node, &config, no_bus, label)
 }
 
 /// A policy's `workloadGate` for tests whose drain is to meet a PodDisruptionBudget that
@@ -101,8 +98,7 @@ fn node_state(node: &Node) -> (bool, bool) {
 
 #[tokio::test]
 async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-drain", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-drain", "a").await?;
     env.replicaset("app", &node, 2, &PodOptions::default())
         .await?;
     let pods = env.running_pods("app", 2).await?;
@@ -213,8 +209,7 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
 
 #[tokio::test]
 async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-admin", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-admin", "a").await?;
     env.merge_node(&node, json!({"spec": {"unschedulable": true}}))
         .await?;
     policy(&env, json!({})).await?;
@@ -243,8 +238,7 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-cancel", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-cancel", "a").await?;
     env.guarded_pod("guarded", &node).await?;
     // The drain is to meet the PDB: admission does not look ahead at it.
     policy(&env, json!({"workloadGate": no_look_ahead()})).await?;
@@ -287,8 +281,7 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
 #[tokio::test]
 async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordoned_until_it_does()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-workload", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-workload", "a").await?;
     let guarded = env.guarded_pod("guarded", &node).await?;
     let policy = policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
@@ -382,8 +375,7 @@ async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordo
 #[tokio::test]
 async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_policy_forces()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-timeout", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-timeout", "a").await?;
     let guarded = env.guarded_pod("guarded", &node).await?;
     let policy = policy(
         &env,
@@ -514,8 +506,7 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
 
 #[tokio::test]
 async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-actfail", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-actfail", "a").await?;
     let policy = policy(&env, json!({})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = format!("{node}-reboot");
@@ -546,8 +537,7 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
 
 #[tokio::test]
 async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("maint-autoreboot", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("maint-autoreboot", "a").await?;
     env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
         .await?;
     // It publishes the policy for the agent (paused: it admits nothing).
@@ -581,7 +571,11 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
         )
     };
     for restart in 0..2 {
-        let agent = Daemon::start(AGENT, &format!("{}-agent-{restart}", env.id), &args)?;
+        let agent = Daemon::start(
+            agent_binary(),
+            &format!("{}-agent-{restart}", env.id),
+            &args,
+        )?;
         wait::eventually("a Reboot maintenance", TIMEOUT, || async {
             Ok(Some(mine().await?).filter(|m| !m.is_empty()))
         })
@@ -631,86 +625,25 @@ fn surge_of<'a>(
         .find(|s| s.deployment == name)
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is_restored_though_both_daemons_were_killed()
 -> anyhow::Result<()> {
-    use k8s_openapi::api::{apps::v1::Deployment, core::v1::Event};
     use nix::sys::signal::Signal;
     use nodeward_api::{labels::SURGE_FINALIZER, maintenance::SurgeState};
-    use nodeward_e2e::workload;
 
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("maint-surge").await?;
+    let env = TestEnv::alone("maint-surge").await?;
     let (node, spare) = (env.node_name(0), env.node_name(1));
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("a")])
         .await?;
-    // Both single-replica Deployments start on `node`: the spare one is cordoned until then.
-    let cordon = |on: bool| Patch::Merge(json!({"spec": {"unschedulable": on}}));
-    env.nodes()
-        .patch(&spare, &PatchParams::default(), &cordon(true))
-        .await?;
-    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
-    workload::spread_deployment(&env, "cart", 1, "4s").await?;
-    deployments
-        .patch(
-            "cart",
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"metadata": {"annotations": {"nodeward.io/surge-before-evict": "true"}}}),
-            ),
-        )
-        .await?;
-    workload::spread_deployment(&env, "solo", 1, "1s").await?;
-    let cart = workload::ReadyWatch::start(&env, "cart");
-    let solo = workload::ReadyWatch::start(&env, "solo");
-    wait::eventually("both single replicas Ready", TIMEOUT, || async {
-        Ok((cart.readiness().ready.len() == 1 && solo.readiness().ready.len() == 1).then_some(()))
-    })
-    .await?;
-    env.nodes()
-        .patch(&spare, &PatchParams::default(), &cordon(false))
-        .await?;
-    cart.arm();
-
+    // Both single-replica Deployments run on `node`; only cart asked to surge.
+    let (deployments, cart, solo) = cart_and_solo_on(&env, &spare).await?;
     // Before the rollout (paused, the maintenance pending): the policy lists the
     // single-replica Deployment that did not ask to surge as a risk, with an Event.
     let policy = policy(&env, json!({"paused": true})).await?;
     let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    let listed = wait::until(&policies, &policy, "a rollout risk listed", TIMEOUT, |p| {
-        p.and_then(|p| p.status.as_ref())
-            .is_some_and(|s| !s.rollout_risks.is_empty())
-    })
-    .await?
-    .and_then(|p| p.status)
-    .context("policy status")?;
-    let risks: Vec<(String, String)> = listed
-        .rollout_risks
-        .iter()
-        .map(|r| (r.deployment.clone(), r.node_name.clone()))
-        .collect();
-    assert_eq!(
-        risks,
-        vec![("solo".to_owned(), node.clone())],
-        "cart asked to surge: no risk"
-    );
-    let events: Api<Event> = Api::all(env.client.clone());
-    wait::eventually("a RolloutRisk Event on the policy", TIMEOUT, || async {
-        let list = events
-            .list(
-                &kube::api::ListParams::default()
-                    .fields(&format!("involvedObject.name={policy},reason=RolloutRisk")),
-            )
-            .await?;
-        Ok(list
-            .items
-            .iter()
-            .any(|e| e.message.as_deref().is_some_and(|m| m.contains("solo")))
-            .then_some(()))
-    })
-    .await?;
+    solo_listed_as_a_risk(&env, &policies, &policy, &node).await?;
 
     // The rollout: the surge is planned at admission, raised once the node is cordoned.
     policies
@@ -801,6 +734,106 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
         "two Ready while surged: {:?}",
         seen.timeline
     );
+    no_cart_pod_on(&env, &node).await?;
+
+    maintenances.delete(&name, &DeleteParams::default()).await?;
+    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
+        m.is_none()
+    })
+    .await?;
+    env.cleanup_after((agent, coordinator, cart, solo)).await
+}
+
+/// Two single-replica Deployments whose pods run on the node that is not `spare` (cordoned
+/// until they do): `cart`, which asks to surge before its pod is evicted, and `solo`, which does not;
+/// with a watch of each one's Ready replicas (cart's armed).
+async fn cart_and_solo_on(
+    env: &TestEnv,
+    spare: &str,
+) -> anyhow::Result<(
+    Api<k8s_openapi::api::apps::v1::Deployment>,
+    nodeward_e2e::workload::ReadyWatch,
+    nodeward_e2e::workload::ReadyWatch,
+)> {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use nodeward_e2e::workload;
+    let cordon = |on: bool| Patch::Merge(json!({"spec": {"unschedulable": on}}));
+    env.nodes()
+        .patch(spare, &PatchParams::default(), &cordon(true))
+        .await?;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), &env.namespace);
+    workload::spread_deployment(env, "cart", 1, "4s").await?;
+    deployments
+        .patch(
+            "cart",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {"nodeward.io/surge-before-evict": "true"}}}),
+            ),
+        )
+        .await?;
+    workload::spread_deployment(env, "solo", 1, "1s").await?;
+    let cart = workload::ReadyWatch::start(env, "cart");
+    let solo = workload::ReadyWatch::start(env, "solo");
+    wait::eventually("both single replicas Ready", TIMEOUT, || async {
+        Ok((cart.readiness().ready.len() == 1 && solo.readiness().ready.len() == 1).then_some(()))
+    })
+    .await?;
+    env.nodes()
+        .patch(spare, &PatchParams::default(), &cordon(false))
+        .await?;
+    cart.arm();
+
+    Ok((deployments, cart, solo))
+}
+
+/// Before the rollout, the paused policy lists `solo` on `node` as a rollout risk (cart asked
+/// to surge), with a RolloutRisk Event.
+async fn solo_listed_as_a_risk(
+    env: &TestEnv,
+    policies: &Api<DisruptionPolicy>,
+    policy: &str,
+    node: &str,
+) -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::Event;
+    let listed = wait::until(policies, policy, "a rollout risk listed", TIMEOUT, |p| {
+        p.and_then(|p| p.status.as_ref())
+            .is_some_and(|s| !s.rollout_risks.is_empty())
+    })
+    .await?
+    .and_then(|p| p.status)
+    .context("policy status")?;
+    let risks: Vec<(String, String)> = listed
+        .rollout_risks
+        .iter()
+        .map(|r| (r.deployment.clone(), r.node_name.clone()))
+        .collect();
+    assert_eq!(
+        risks,
+        vec![("solo".to_owned(), node.to_owned())],
+        "cart asked to surge: no risk"
+    );
+    let events: Api<Event> = Api::all(env.client.clone());
+    wait::eventually("a RolloutRisk Event on the policy", TIMEOUT, || async {
+        let list = events
+            .list(
+                &kube::api::ListParams::default()
+                    .fields(&format!("involvedObject.name={policy},reason=RolloutRisk")),
+            )
+            .await?;
+        Ok(list
+            .items
+            .iter()
+            .any(|e| e.message.as_deref().is_some_and(|m| m.contains("solo")))
+            .then_some(()))
+    })
+    .await?;
+
+    Ok(())
+}
+
+/// No cart pod (not being deleted) is left on the drained `node`.
+async fn no_cart_pod_on(env: &TestEnv, node: &str) -> anyhow::Result<()> {
     let pods = env
         .pods()
         .list(&kube::api::ListParams::default().labels(&format!("app=cart-{}", env.id)))
@@ -809,14 +842,9 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
         pods.items
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str())),
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node)),
         "no cart pod left on the drained node"
     );
 
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await?;
-    env.cleanup_after((agent, coordinator, cart, solo)).await
+    Ok(())
 }

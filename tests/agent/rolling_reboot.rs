@@ -17,20 +17,17 @@ use std::{
 use anyhow::Context;
 use kube::{Api, ResourceExt, api::DeleteParams};
 use nodeward_api::{MaintenancePhase, NodeMaintenance};
+use nodeward_e2e::daemon::agent_binary;
 use nodeward_e2e::{
-    NodeSpec, PodOptions, TestEnv, env::TEST_LABEL, history, machine::Machine, workload,
+    NodeSpec, PodOptions, Scenario, TestEnv, env::TEST_LABEL, history, machine::Machine, workload,
 };
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const NODES: usize = 6;
 const MAX_CONCURRENT: usize = 2;
 /// The node whose blocking pod holds it back.
 const BLOCKED: usize = 5;
 const BLOCKER_LABEL: &str = "e2e-blocks-reboot";
-
-/// Coordinators watch the whole cluster: one test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A machine for node `index` whose agent sends its notifications to `hook`.
 async fn machine(
@@ -40,7 +37,7 @@ async fn machine(
     reboot_required: bool,
 ) -> anyhow::Result<Machine> {
     let notify = format!("notifications: {{url: {hook}}}\n");
-    Machine::start(env, AGENT, index, &notify, reboot_required).await
+    Machine::start(env, agent_binary(), index, &notify, reboot_required).await
 }
 
 fn denial(m: &NodeMaintenance) -> Option<(String, String)> {
@@ -99,18 +96,28 @@ async fn wait_for_notices(
     Ok(())
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("rolling").await?;
-    let specs: Vec<NodeSpec> = (0..NODES)
+    let pools: Vec<NodeSpec> = (0..NODES)
         .map(|i| {
             let pool = if i < NODES / 2 { "a" } else { "b" };
             NodeSpec::worker(pool).label("pool", pool)
         })
         .collect();
-    env.create_nodes(&specs).await?;
+    let policy = json!({
+        "maxConcurrent": MAX_CONCURRENT,
+        "autoReboot": true,
+        "healthGate": {"for": "1s"},
+        "rebootBlockers": {"podSelectors": [{"matchLabels": {BLOCKER_LABEL: "true"}}]},
+    });
+    let mut scene = Scenario::new("rolling")
+        .nodes(&pools)
+        .policy("rolling", policy)
+        .coordinator(&[])
+        .start()
+        .await?;
+    let coordinator = scene.coordinator.take().context("the coordinator")?;
+    let env = scene.env;
     for i in 0..NODES {
         env.replicaset(
             &format!("app-{i}"),
@@ -132,18 +139,6 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
     .await?;
     env.running_pods("batch", 1).await?;
     let history = history::watch(&env);
-    env.create_policy(
-        "rolling",
-        json!({
-            "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
-            "maxConcurrent": MAX_CONCURRENT,
-            "autoReboot": true,
-            "healthGate": {"for": "1s"},
-            "rebootBlockers": {"podSelectors": [{"matchLabels": {BLOCKER_LABEL: "true"}}]},
-        }),
-    )
-    .await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let (receiver, hook) = hook_receiver().await?;
     let started = Instant::now();
     let mut machines = Vec::new();
@@ -239,7 +234,18 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         h.max_slots
     );
     assert_eq!(h.max_active, MAX_CONCURRENT, "the budget was used");
-    for machine in &machines {
+    rebooted_once_and_restored(&env, &machines).await?;
+    // Each node notified drain start, reboot and completion, in that order.
+    wait_for_notices(&receiver, &machines).await?;
+    // Every maintenance went through every phase, in order.
+    print_pace(&h, &env.node_name(BLOCKED), total)?;
+    drop(machines);
+    env.cleanup_after(coordinator).await
+}
+
+/// Each machine booted twice (rebooted once), and its node is left uncordoned and untainted.
+async fn rebooted_once_and_restored(env: &TestEnv, machines: &[Machine]) -> anyhow::Result<()> {
+    for machine in machines {
         assert_eq!(machine.boots, 2, "{} rebooted exactly once", machine.name);
         assert_eq!(machine.rebooted_at.len(), 1);
         let node = env.nodes().get(&machine.name).await?;
@@ -259,10 +265,13 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
             machine.name
         );
     }
-    // Each node notified drain start, reboot and completion, in that order.
-    wait_for_notices(&receiver, &machines).await?;
-    // Every maintenance went through every phase, in order.
-    let blocked_node = env.node_name(BLOCKED);
+    Ok(())
+}
+
+/// Checks that every maintenance of the roll went through every phase in order, and prints
+/// its pace: per node, and the unblocked nodes' whole roll against the ideal of one median
+/// per wave.
+fn print_pace(h: &history::History, blocked_node: &str, total: Duration) -> anyhow::Result<()> {
     let mut per_node = Vec::new();
     let mut first_admitted: Option<Instant> = None;
     let mut last_unblocked_done: Option<Instant> = None;
@@ -280,7 +289,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         let (admitted, done) = (phases[&Admitted], phases[&Succeeded]);
         per_node.push(done.duration_since(admitted));
         first_admitted = Some(first_admitted.map_or(admitted, |f| f.min(admitted)));
-        if !name.starts_with(&blocked_node) {
+        if !name.starts_with(blocked_node) {
             last_unblocked_done = Some(last_unblocked_done.map_or(done, |l| l.max(done)));
         }
     }
@@ -310,8 +319,107 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         rollout.as_secs_f64() / ideal.as_secs_f64(),
         total.as_secs_f64(),
     );
-    drop(machines);
-    env.cleanup_after(coordinator).await
+    Ok(())
+}
+
+/// Whether `d` has its replica available.
+fn available(d: Option<&k8s_openapi::api::apps::v1::Deployment>) -> i32 {
+    d.and_then(|d| d.status.as_ref()?.available_replicas)
+        .unwrap_or(0)
+}
+
+/// A Deployment `web` of one replica that runs only on a node labelled `e2e-web=<id>` (so it
+/// cannot come back before the test lets it), once available.
+async fn web_only_where_labelled(
+    env: &TestEnv,
+) -> anyhow::Result<Api<k8s_openapi::api::apps::v1::Deployment>> {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(env.client.clone(), &env.namespace);
+    let app = format!("web-{}", env.id);
+    deployments
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": app}},
+                    "template": {
+                        "metadata": {"labels": {"app": app, TEST_LABEL: env.id}},
+                        "spec": {
+                            "terminationGracePeriodSeconds": 1,
+                            "nodeSelector": {"e2e-web": env.id},
+                            "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
+                            "tolerations": [
+                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                            ],
+                        },
+                    },
+                },
+            }))?,
+        )
+        .await?;
+    nodeward_e2e::wait::until(
+        &deployments,
+        "web",
+        "web available",
+        Duration::from_secs(60),
+        |d| available(d) == 1,
+    )
+    .await?;
+    Ok(deployments)
+}
+
+/// For 3 s: the reboot stays Verifying and the next maintenance Pending, denied for the
+/// budget.
+async fn the_next_waits(
+    maintenances: &Api<NodeMaintenance>,
+    reboot: &str,
+    drain: &str,
+) -> anyhow::Result<()> {
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        assert_eq!(
+            maintenances.get(reboot).await?.phase(),
+            MaintenancePhase::Verifying
+        );
+        let next = maintenances.get(drain).await?;
+        assert_eq!(
+            next.phase(),
+            MaintenancePhase::Pending,
+            "the next node waits"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let denied = denial(&maintenances.get(drain).await?);
+    assert_eq!(
+        denied.as_ref().map(|d| d.0.as_str()),
+        Some("BudgetExhausted"),
+        "{denied:?}"
+    );
+
+    Ok(())
+}
+
+/// `next` was admitted after `done` succeeded.
+fn admitted_after(next: &NodeMaintenance, done: &NodeMaintenance) -> anyhow::Result<()> {
+    let succeeded_at = done
+        .entered(MaintenancePhase::Succeeded)
+        .context("Succeeded")?
+        .0;
+    let admitted_at = next
+        .status
+        .as_ref()
+        .and_then(|s| s.admission.as_ref())
+        .context("admission")?
+        .admitted_at
+        .0;
+    assert!(
+        admitted_at >= succeeded_at,
+        "the next node was admitted at {admitted_at}, before the reboot finished at {succeeded_at}"
+    );
+    Ok(())
 }
 
 async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
@@ -321,8 +429,7 @@ async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<Nod
 
 #[tokio::test]
 async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("actions").await?;
+    let env = TestEnv::alone("actions").await?;
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
         .await?;
     for i in 0..2 {
@@ -403,8 +510,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
 #[tokio::test]
 async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("gate", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("gate", "a").await?;
     // A problem the gate looks for, there before and after the reboot.
     env.nodes()
         .patch_status(
@@ -476,8 +582,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
 #[tokio::test]
 async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_once_back()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let (env, node) = TestEnv::with_worker("no-return", "a").await?;
+    let (env, node) = TestEnv::alone_with_worker("no-return", "a").await?;
     env.create_policy(
         "pool",
         json!({"maxConcurrent": 1, "deadlines": {"reboot": "30s"}}),
@@ -578,12 +683,10 @@ fn workloads_verdict(m: &NodeMaintenance) -> Option<(String, String, String)> {
     })
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_again()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("wgate").await?;
+    let env = TestEnv::alone("wgate").await?;
     // The web replica may run only where the test says (the label), so it cannot come back
     // before the test lets it.
     env.create_nodes(&[
@@ -597,45 +700,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
         json!({"maxConcurrent": 1, "healthGate": {"for": "1s"}}),
     )
     .await?;
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(env.client.clone(), &env.namespace);
-    let app = format!("web-{}", env.id);
-    deployments
-        .create(
-            &Default::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "web"},
-                "spec": {
-                    "replicas": 1,
-                    "selector": {"matchLabels": {"app": app}},
-                    "template": {
-                        "metadata": {"labels": {"app": app, TEST_LABEL: env.id}},
-                        "spec": {
-                            "terminationGracePeriodSeconds": 1,
-                            "nodeSelector": {"e2e-web": env.id},
-                            "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
-                            "tolerations": [
-                                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
-                                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
-                            ],
-                        },
-                    },
-                },
-            }))?,
-        )
-        .await?;
-    let available = |d: Option<&k8s_openapi::api::apps::v1::Deployment>| {
-        d.and_then(|d| d.status.as_ref()?.available_replicas)
-            .unwrap_or(0)
-    };
-    nodeward_e2e::wait::until(
-        &deployments,
-        "web",
-        "web available",
-        Duration::from_secs(60),
-        |d| available(d) == 1,
-    )
-    .await?;
+    let deployments = web_only_where_labelled(&env).await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
     let mut first = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let second = machine(&env, 1, "http://127.0.0.1:9/unused", false).await?;
@@ -698,26 +763,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     })
     .await
     .with_context(|| output(&first))?;
-    let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(3) {
-        assert_eq!(
-            maintenances.get(&reboot).await?.phase(),
-            MaintenancePhase::Verifying
-        );
-        let next = maintenances.get(&drain).await?;
-        assert_eq!(
-            next.phase(),
-            MaintenancePhase::Pending,
-            "the next node waits"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let denied = denial(&maintenances.get(&drain).await?);
-    assert_eq!(
-        denied.as_ref().map(|d| d.0.as_str()),
-        Some("BudgetExhausted"),
-        "{denied:?}"
-    );
+    the_next_waits(&maintenances, &reboot, &drain).await?;
 
     // Web may come back: it does, on the node back in service; then the reboot succeeds and
     // only then is the next node admitted.
@@ -748,21 +794,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     .await
     .with_context(|| output(&first))?
     .context("maintenance")?;
-    let succeeded_at = done
-        .entered(MaintenancePhase::Succeeded)
-        .context("Succeeded")?
-        .0;
-    let admitted_at = next
-        .status
-        .as_ref()
-        .and_then(|s| s.admission.as_ref())
-        .context("admission")?
-        .admitted_at
-        .0;
-    assert!(
-        admitted_at >= succeeded_at,
-        "the next node was admitted at {admitted_at}, before the reboot finished at {succeeded_at}"
-    );
+    admitted_after(&next, &done)?;
     let web = deployments.get("web").await?;
     assert_eq!(available(Some(&web)), 1);
     env.wait_events(
@@ -789,8 +821,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
 #[tokio::test]
 async fn three_replicas_under_a_budget_of_two_stay_two_ready_while_their_nodes_reboot_in_turn()
 -> anyhow::Result<()> {
-    let _serial = SERIAL.lock().await;
-    let env = TestEnv::new("wroll").await?;
+    let env = TestEnv::alone("wroll").await?;
     env.create_nodes(&[
         NodeSpec::worker("a"),
         NodeSpec::worker("a"),

@@ -7,7 +7,7 @@ use super::*;
 /// fails here: no cluster DNS) behind a temporary and a permanent rule.
 fn dns_monitor(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/npd/testdata/plugin/dns_problem.sh");
+        .join("../agent/src/npd/testdata/plugin/dns_problem.sh");
     let monitor = serde_json::json!({
         "plugin": "custom",
         "pluginConfig": {"invoke_interval": "1s", "timeout": "1s", "max_output_length": 80, "concurrency": 1},
@@ -120,7 +120,7 @@ async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_acr
     let (env, node) = TestEnv::with_worker("agent-journald", "zone-d").await?;
     let journald = Journald::start(&env.id).await?;
     let monitor = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/npd/testdata/systemd-monitor.json");
+        .join("../agent/src/npd/testdata/systemd-monitor.json");
     let journal = format!(
         "{{interval: 500ms, timeout: 500ms, directories: ['{}']}}",
         journald.dir.display()

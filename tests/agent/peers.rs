@@ -19,14 +19,14 @@ use kube::{
     api::{ListParams, Patch, PatchParams},
 };
 use nodeward_api::NodeReport;
+use nodeward_e2e::daemon::agent_binary;
 use nodeward_e2e::{
-    NodeSpec, TestEnv,
+    NodeSpec, Scenario, Scene, TestEnv,
     proxy::{self, Proxy},
     scratch, wait,
 };
 use serde_json::json;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_nodeward-agent");
 const TIMEOUT: Duration = Duration::from_secs(60);
 const PROBE_PORT: u16 = 9471;
 
@@ -209,18 +209,25 @@ async fn sighted_by_all(
     Ok(())
 }
 
-// Long: one end-to-end scenario against real parts; the scenario builder (issue 38) cuts it.
 #[tokio::test]
 async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> anyhow::Result<()> {
-    let env = TestEnv::new("peers").await?;
     let topology = Topology::new(3);
-    env.create_nodes(&[
-        NodeSpec::worker("zone-a"),
-        NodeSpec::worker("zone-b"),
-        NodeSpec::worker("zone-c"),
-    ])
-    .await?;
-    let names: Vec<String> = (0..3).map(|i| env.node_name(i)).collect();
+    // The peer directory: the coordinator publishes each node with an agent (a NodeReport).
+    let Scene {
+        env,
+        nodes: names,
+        coordinator,
+        ..
+    } = Scenario::new("peers")
+        .nodes(&[
+            NodeSpec::worker("zone-a"),
+            NodeSpec::worker("zone-b"),
+            NodeSpec::worker("zone-c"),
+        ])
+        .coordinator(&["--leader-elect=false"])
+        .start()
+        .await?;
+    let coordinator = coordinator.context("the coordinator")?;
     let nodes: Api<Node> = env.nodes();
     for (i, name) in names.iter().enumerate() {
         let addresses = json!({"status": {"addresses": [
@@ -251,8 +258,6 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
         )],
         "reporting:\n  heartbeatInterval: 2s\n",
     )?;
-    // The peer directory: the coordinator publishes each node with an agent (a NodeReport).
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
     let mut agents = Agents(Vec::new());
     for (i, name) in names.iter().enumerate() {
         let child = Command::new("ip")
@@ -260,7 +265,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
                 "netns",
                 "exec",
                 &topology.namespaces[i],
-                AGENT,
+                agent_binary(),
                 "run",
                 "--node-name",
                 name,
@@ -283,21 +288,7 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     wait_all(&nodes, &names, "peers reachable", "False", "PeersReachable")
         .await
         .with_context(|| coordinator.output())?;
-    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
-    let published: Vec<(String, String)> = slices
-        .list(&ListParams::default().labels("kubernetes.io/service-name=nodeward-agents"))
-        .await?
-        .items
-        .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.clone())))
-        .collect();
-    for (i, name) in names.iter().enumerate() {
-        assert!(
-            published.contains(&(name.clone(), topology.address(i).to_string())),
-            "{name} at its InternalIP in the peer directory: {published:?}"
-        );
-    }
+    let published = in_the_directory(&env, &topology, &names).await?;
     // No peer is listed unreachable while all answer (one that did not answer before its
     // agent started is listed as reached again): a report changes only when reachability does.
     let reports: Api<NodeReport> = Api::all(env.client.clone());
@@ -364,4 +355,29 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     drop(coordinator);
     std::fs::remove_dir_all(&dir).ok();
     env.cleanup().await
+}
+
+/// The peer directory the coordinator published lists every node at its InternalIP; returns
+/// it (node, address).
+async fn in_the_directory(
+    env: &TestEnv,
+    topology: &Topology,
+    names: &[String],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
+    let published: Vec<(String, String)> = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=nodeward-agents"))
+        .await?
+        .items
+        .iter()
+        .flat_map(|s| s.endpoints.iter())
+        .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.clone())))
+        .collect();
+    for (i, name) in names.iter().enumerate() {
+        assert!(
+            published.contains(&(name.clone(), topology.address(i).to_string())),
+            "{name} at its InternalIP in the peer directory: {published:?}"
+        );
+    }
+    Ok(published)
 }

@@ -25,27 +25,23 @@ use kube::{
 };
 use nix::sys::signal::Signal;
 use nodeward_api::{DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport};
+use nodeward_e2e::daemon::coordinator_binary;
 use nodeward_e2e::{
-    NodeSpec, TestEnv, controlplane,
+    NodeSpec, Scenario, TestEnv, controlplane,
     daemon::{self, Daemon},
     env::{KWOK_NODE_ANNOTATION, TEST_LABEL},
     node_restored, wait,
 };
 use serde_json::{Value, json};
 
-const COORDINATOR: &str = env!("CARGO_BIN_EXE_nodeward-coordinator");
 const TIMEOUT: Duration = Duration::from_secs(60);
 /// The lease duration the tests run coordinators with.
 const LEASE: Duration = Duration::from_secs(4);
 
-/// Coordinators watch every object in the cluster: one test at a time.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
-    let mut args: Vec<String> = [
-        "run",
-        "--lease-namespace",
-        &env.namespace,
+/// The coordinator's election for these tests, as `identity`: a lease of 4 s, renewed within
+/// 3 s, tried every 500 ms.
+fn election(identity: &str) -> [&str; 10] {
+    [
         "--lease-name",
         "coordinator",
         "--identity",
@@ -56,6 +52,15 @@ fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon
         "3s",
         "--retry-period",
         "500ms",
+    ]
+}
+
+/// A coordinator as `identity` ([`election`]) with `extra` arguments, its log named for it.
+fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let mut args: Vec<String> = [
+        "run",
+        "--lease-namespace",
+        &env.namespace,
         "--resync",
         "1s",
         "--kubeconfig",
@@ -64,20 +69,29 @@ fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon
     .map(|s| (*s).to_owned())
     .collect();
     args.push(controlplane::shared().kubeconfig.display().to_string());
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    Daemon::start(COORDINATOR, &format!("{}-{identity}", env.id), &args)
+    args.extend(
+        election(identity)
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned()),
+    );
+    Daemon::start(
+        coordinator_binary(),
+        &format!("{}-{identity}", env.id),
+        &args,
+    )
 }
 
-/// A test's opening: its turn (a coordinator acts on the whole cluster, so these tests run one
-/// at a time), its environment, and kwok nodes per `specs` whose agents report alive.
-async fn scenario(
-    test: &str,
-    specs: &[NodeSpec],
-) -> anyhow::Result<(tokio::sync::MutexGuard<'static, ()>, TestEnv)> {
-    let serial = SERIAL.lock().await;
-    let env = TestEnv::new(test).await?;
-    reporting_nodes(&env, specs).await?;
-    Ok((serial, env))
+/// A test's opening: its environment, alone (a coordinator acts on the whole cluster), and
+/// kwok nodes per `specs` whose agents report alive.
+async fn scenario(test: &str, specs: &[NodeSpec]) -> anyhow::Result<TestEnv> {
+    Ok(Scenario::new(test)
+        .nodes(specs)
+        .reporting()
+        .alone()
+        .start()
+        .await?
+        .env)
 }
 
 /// Kwok nodes per `specs` whose NodeReports say their agents are alive (a heartbeat written

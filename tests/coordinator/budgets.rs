@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("admit-fifty", &vec![NodeSpec::worker("a"); 50]).await?;
+    let env = scenario("admit-fifty", &vec![NodeSpec::worker("a"); 50]).await?;
     let history = nodeward_e2e::history::watch(&env);
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 3}))
@@ -85,7 +85,7 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
 
 #[tokio::test]
 async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("two-leaders", &vec![NodeSpec::worker("a"); 20]).await?;
+    let env = scenario("two-leaders", &vec![NodeSpec::worker("a"); 20]).await?;
     let history = nodeward_e2e::history::watch(&env);
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
@@ -142,7 +142,7 @@ async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Res
 
 #[tokio::test]
 async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Result<()> {
-    let (_serial, env) = scenario("failover", &vec![NodeSpec::worker("a"); 3]).await?;
+    let env = scenario("failover", &vec![NodeSpec::worker("a"); 3]).await?;
     let history = nodeward_e2e::history::watch(&env);
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
@@ -210,7 +210,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
 
 #[tokio::test]
 async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> anyhow::Result<()> {
-    let (_serial, env) = scenario(
+    let env = scenario(
         "quorum",
         &[
             NodeSpec::control_plane("a"),
