@@ -56,7 +56,9 @@ pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
 }
 
 /// A binary of another crate of the workspace, built next to the running test binary by
-/// `cargo test --workspace` (`CARGO_BIN_EXE_*` names only the test's own crate's binaries).
+/// `cargo build --workspace --bins` (`./tests/run` does; `CARGO_BIN_EXE_*` names only the
+/// test's own crate's binaries, and `cargo test` builds a package's binaries only for its own
+/// integration tests).
 pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().and_then(|deps| deps.parent()).ok_or_else(|| {
@@ -65,7 +67,7 @@ pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     let path = dir.join(name);
     anyhow::ensure!(
         path.exists(),
-        "{} is missing: build it with `cargo test --workspace --no-run` (./tests/run does)",
+        "{} is missing: build it with `cargo build --workspace --bins` (./tests/run does)",
         path.display()
     );
     Ok(path.display().to_string())
