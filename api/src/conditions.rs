@@ -138,6 +138,9 @@ pub mod policy {
     pub const REMEDIATION_ALLOWED: &str = "RemediationAllowed";
     /// `False` with the problem when the spec cannot be applied (nothing in scope is admitted).
     pub const VALID: &str = "Valid";
+    /// `True` (reason `FailureBudgetSpent`, naming the failed nodes) once `failureBudget` is
+    /// spent: nothing more in scope is admitted until an operator resumes the policy.
+    pub const HALTED: &str = "Halted";
 }
 
 /// Why the coordinator did not admit a NodeMaintenance (reason of `Admitted=False`).
@@ -153,6 +156,8 @@ pub mod denial {
     /// A PodDisruptionBudget covering a pod on the node allows no disruption now
     /// (`workloadGate.checkDisruptionBudgets`).
     pub const WORKLOAD_NOT_READY: &str = "WorkloadNotReady";
+    /// A policy selecting the node spent its `failureBudget` and was not resumed since.
+    pub const ROLLOUT_HALTED: &str = "RolloutHalted";
 }
 
 #[cfg(test)]

@@ -108,6 +108,11 @@ pub struct DisruptionPolicySpec {
     /// `--pre-reboot-node-labels`, `--post-reboot-node-labels`, `--annotate-nodes`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_labels: Option<NodeLabels>,
+    /// Halts the rollout after too many failures: once `maxFailures` maintenances it admitted
+    /// ended Failed within `window`, nothing more in scope is admitted (`Halted=True` names
+    /// them) until an operator resumes it (`kubectl nodeward resume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_budget: Option<FailureBudget>,
 }
 
 /// Node labels around a maintenance. The values a node had before are recorded on it
@@ -445,6 +450,27 @@ pub struct PrometheusBlocker {
 
 fn default_true() -> bool {
     true
+}
+
+/// How many failed maintenances halt a policy's rollout.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureBudget {
+    /// Failed maintenances (admitted under this policy, whatever made them fail) that halt it.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_failures: u32,
+    /// How far back a failure counts (default 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Duration>,
+    /// Failures that ended up to this time (to the second) do not count: resuming a halted
+    /// policy sets it to the time of the resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count_since: Option<Time>,
+}
+
+impl FailureBudget {
+    /// How far back a failure counts when `window` is absent.
+    pub const DEFAULT_WINDOW: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 }
 
 /// After a reboot the node stays cordoned until this holds.

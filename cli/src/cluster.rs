@@ -159,22 +159,42 @@ pub async fn cancel(client: &Client, nodes: &[String]) -> Result<(), Error> {
     done(refused)
 }
 
-/// `pause` / `resume`: sets each policy's `spec.paused`.
+/// `pause` / `resume`: sets each policy's `spec.paused`; a resume also forgives the failures
+/// its `failureBudget` counted until now (`countSince`), which lifts a halt.
 pub async fn set_paused(client: &Client, policies: &[String], paused: bool) -> Result<(), Error> {
     let api: Api<DisruptionPolicy> = Api::all(client.clone());
-    let patch = Patch::Merge(serde_json::json!({"spec": {"paused": paused}}));
     let mut refused = Vec::new();
     for name in policies {
+        let budgeted = match api.get_opt(name).await {
+            Ok(Some(policy)) => policy.spec.failure_budget.is_some(),
+            Ok(None) => {
+                refused.push(format!(
+                    "{name}: no such policy (kubectl get disruptionpolicies)"
+                ));
+                continue;
+            }
+            Err(e) => {
+                refused.push(
+                    ApiError::new("reading", format!("DisruptionPolicy {name}"), e).to_string(),
+                );
+                continue;
+            }
+        };
+        let forgive = budgeted && !paused;
+        let mut spec = serde_json::json!({"paused": paused});
+        if forgive {
+            let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+            spec["failureBudget"] = serde_json::json!({"countSince": now});
+        }
+        let patch = Patch::Merge(serde_json::json!({ "spec": spec }));
         match api.patch(name, &PatchParams::default(), &patch).await {
             Ok(_) if paused => println!(
                 "disruptionpolicy/{name} paused: nothing new is admitted under it; maintenances under way finish"
             ),
+            Ok(_) if forgive => println!(
+                "disruptionpolicy/{name} resumed; the failures its failureBudget counted until now are forgiven"
+            ),
             Ok(_) => println!("disruptionpolicy/{name} resumed"),
-            Err(kube::Error::Api(e)) if e.code == 404 => {
-                refused.push(format!(
-                    "{name}: no such policy (kubectl get disruptionpolicies)"
-                ));
-            }
             Err(e) => refused
                 .push(ApiError::new("patching", format!("DisruptionPolicy {name}"), e).to_string()),
         }

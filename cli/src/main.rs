@@ -59,7 +59,8 @@ enum Command {
         #[arg(required = true, value_name = "POLICY")]
         policies: Vec<String>,
     },
-    /// Admit under each POLICY again.
+    /// Admit under each POLICY again: unpauses it, and lifts a halt (its failureBudget counts
+    /// only failures from now on).
     Resume {
         #[arg(required = true, value_name = "POLICY")]
         policies: Vec<String>,

@@ -31,18 +31,7 @@ pub fn render(objects: &Objects, now: Timestamp) -> String {
             .cloned()
             .or_else(|| p.status.clone())
             .unwrap_or_default();
-        let paused = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == nodeward_api::conditions::policy::PAUSED)
-            .map_or_else(
-                || p.spec.paused.to_string(),
-                |c| match (p.spec.paused, c.status.as_str()) {
-                    (true, "True") => "yes".to_owned(),
-                    (true, _) => "pausing".to_owned(),
-                    _ => "no".to_owned(),
-                },
-            );
+        let paused = paused_cell(p, &status);
         rows.push([
             name,
             format!("{used}/{max}"),
@@ -107,6 +96,32 @@ pub fn render(objects: &Objects, now: Timestamp) -> String {
     }
     table(&mut out, &rows);
     out
+}
+
+/// The PAUSED cell of a policy: `yes` once the pause took hold, `pausing` until then, `halted`
+/// while its failure budget is spent (which stops admission as a pause does, until `resume`),
+/// `no` otherwise.
+fn paused_cell(
+    p: &nodeward_api::DisruptionPolicy,
+    status: &nodeward_api::DisruptionPolicyStatus,
+) -> String {
+    let paused = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == nodeward_api::conditions::policy::PAUSED)
+        .map_or_else(
+            || p.spec.paused.to_string(),
+            |c| match (p.spec.paused, c.status.as_str()) {
+                (true, "True") => "yes".to_owned(),
+                (true, _) => "pausing".to_owned(),
+                _ => "no".to_owned(),
+            },
+        );
+    let halted = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == nodeward_api::conditions::policy::HALTED && c.status == "True");
+    if halted { "halted".to_owned() } else { paused }
 }
 
 fn table<const N: usize>(out: &mut String, rows: &[[String; N]]) {

@@ -6,14 +6,16 @@
 //!   ([`admission::rules::RULES`]), with the budget arithmetic and maintenance windows;
 //! - [`round`]: one round of the coordinator as named stages, from the watched objects to a
 //!   [`round::Plan`];
-//! - [`dead`], [`deadlines`], [`health`], [`pause`]: a dead node, each phase's deadline, node
-//!   health and the `maxUnhealthy` gate, when a pause has taken hold;
+//! - [`dead`], [`deadlines`], [`health`], [`pause`], [`failures`]: a dead node, each phase's
+//!   deadline, node health and the `maxUnhealthy` gate, when a pause has taken hold, when a
+//!   rollout has failed often enough to halt;
 //! - [`blockers`]: what to look up before a round and what its answers block.
 
 pub mod admission;
 pub mod blockers;
 pub mod dead;
 pub mod deadlines;
+pub mod failures;
 pub mod health;
 pub mod pause;
 pub mod round;

@@ -1,4 +1,5 @@
-//! Pause acknowledged by every agent in scope, and reboot blockers (pods, Prometheus alerts).
+//! Pause acknowledged by every agent in scope, reboot blockers (pods, Prometheus alerts), and
+//! a rollout halted by its failure budget until it is resumed.
 
 use super::*;
 
@@ -300,5 +301,114 @@ async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_sti
     })
     .await
     .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
+}
+
+/// Plays an agent whose maintenance went wrong: marks it Failed, saying why.
+async fn fail(env: &TestEnv, name: &str, why: &str) -> anyhow::Result<()> {
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Failed",
+            "finishedAt": jiff::Timestamp::now().to_string(),
+            "message": why,
+        }})),
+    )
+    .await
+    .with_context(|| format!("failing {name}"))?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rollout_halts_once_its_failure_budget_is_spent_and_goes_on_when_resumed()
+-> anyhow::Result<()> {
+    let env = scenario("halt", &vec![NodeSpec::worker("a"); 3]).await?;
+    let (n0, n1, n2) = (env.node_name(0), env.node_name(1), env.node_name(2));
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"maxConcurrent": 1, "failureBudget": {"maxFailures": 2, "window": "1h"}}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[])?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+
+    // Two nodes fail in turn: the first leaves the budget one failure short.
+    let first = create_maintenance(&env, &n0).await?;
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    fail(&env, &first, "the health gate never passed: KernelDeadlock").await?;
+    wait::until(&policies, &policy, "one failure counted", TIMEOUT, |p| {
+        p.and_then(|p| policy_condition(p, "Halted"))
+            .is_some_and(|(status, reason, message)| {
+                status == "False"
+                    && reason == "WithinFailureBudget"
+                    && message.starts_with("1 of maxFailures 2 failed within 1h")
+            })
+    })
+    .await?;
+    let second = create_maintenance(&env, &n1).await?;
+    wait_admitted(&env, &second, TIMEOUT).await?;
+    fail(&env, &second, "drain timed out").await?;
+
+    // Halted: the condition names both, an Event says so, and the next node waits.
+    let halted = wait::until(&policies, &policy, "Halted=True", TIMEOUT, |p| {
+        p.and_then(|p| policy_condition(p, "Halted"))
+            .is_some_and(|(status, _, _)| status == "True")
+    })
+    .await?
+    .context("the policy")?;
+    let (_, reason, message) = policy_condition(&halted, "Halted").context("Halted")?;
+    assert_eq!(reason, "FailureBudgetSpent");
+    for named in [
+        format!("{n1} ({second}): drain timed out"),
+        format!("{n0} ({first}): the health gate never passed"),
+    ] {
+        assert!(message.contains(&named), "{named} in {message}");
+    }
+    env.wait_event(&policy, "", "RolloutHalted").await?;
+    let third = create_maintenance(&env, &n2).await?;
+    let denied = wait_denied(&env, &third, "RolloutHalted").await?;
+    assert!(
+        denied.contains(&format!("policy {policy} is halted"))
+            && denied.contains(&format!("kubectl nodeward resume {policy}")),
+        "{denied}"
+    );
+
+    // Resumed by the operator's tool: the failures so far are forgiven, the next node goes.
+    let cli = tokio::process::Command::new(nodeward_e2e::daemon::cli_binary())
+        .arg("--kubeconfig")
+        .arg(&controlplane::shared().kubeconfig)
+        .args(["resume", &policy])
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    assert!(
+        said.contains("failures its failureBudget counted until now are forgiven"),
+        "{said}"
+    );
+    let resumed = policies.get(&policy).await?;
+    assert!(
+        resumed
+            .spec
+            .failure_budget
+            .and_then(|b| b.count_since)
+            .is_some(),
+        "the resume moved countSince"
+    );
+    wait_admitted(&env, &third, TIMEOUT).await?;
+    let halt = policies.get(&policy).await?;
+    assert_eq!(
+        policy_condition(&halt, "Halted").map(|(status, reason, _)| (status, reason)),
+        Some(("False".to_owned(), "WithinFailureBudget".to_owned()))
+    );
+    env.wait_event(&policy, "", "RolloutResumed").await?;
     env.cleanup_after(coordinator).await
 }

@@ -228,14 +228,15 @@ impl Controller {
         }
     }
 
-    /// A Warning Event on a policy for each rollout risk its status lists anew (a few per
-    /// round; the status lists them all).
+    /// Events on a policy for what its new status says anew: a Warning for each rollout risk
+    /// (a few per round; the status lists them all), and one when it halts or is resumed.
     fn report_risks(&self, objects: &Objects, plan: &Plan) {
         const EVENTS_PER_POLICY: usize = 5;
         for (name, status) in &plan.policy_status {
             let Some(policy) = objects.policies.iter().find(|p| p.name_any() == *name) else {
                 continue;
             };
+            self.report_halt(policy, status);
             let before = policy
                 .status
                 .as_ref()
@@ -260,6 +261,39 @@ impl Controller {
                     ),
                 );
             }
+        }
+    }
+
+    /// A Warning Event when `policy`'s `Halted` turns True in `status`, a Normal one when it
+    /// turns False again.
+    fn report_halt(
+        &self,
+        policy: &DisruptionPolicy,
+        status: &nodeward_api::DisruptionPolicyStatus,
+    ) {
+        let halted = |s: Option<&nodeward_api::DisruptionPolicyStatus>| {
+            s.and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == nodeward_api::conditions::policy::HALTED)
+            })
+            .map(|c| (c.status == "True", c.message.clone()))
+        };
+        let was = halted(policy.status.as_ref()).is_some_and(|(h, _)| h);
+        match halted(Some(status)) {
+            Some((true, message)) if !was => self.writer.event(
+                policy,
+                kube::runtime::events::EventType::Warning,
+                "RolloutHalted",
+                message,
+            ),
+            Some((false, message)) if was => self.writer.event(
+                policy,
+                kube::runtime::events::EventType::Normal,
+                "RolloutResumed",
+                message,
+            ),
+            _ => {}
         }
     }
 

@@ -52,6 +52,8 @@ pub struct PolicyState {
     pub invalid: Option<String>,
     /// Its deadlines, defaults filled in.
     pub deadlines: ResolvedDeadlines,
+    /// Why it is halted ([`crate::failures`]): its failure budget is spent.
+    pub halted: Option<String>,
 }
 
 /// The cluster as admission sees it.

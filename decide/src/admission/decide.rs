@@ -101,6 +101,7 @@ mod tests {
             checks_workloads: true,
             invalid: None,
             deadlines: nodeward_api::policy::Deadlines::resolve(None),
+            halted: None,
         }
     }
 
@@ -296,7 +297,7 @@ mod tests {
     #[test]
     fn each_rule_denies_under_its_name_with_its_reasons() {
         type Breaks = fn(&mut Cluster, &mut Pending);
-        let cases: [(&str, Breaks); 11] = [
+        let cases: [(&str, Breaks); 12] = [
             ("node", |c, _| {
                 c.disrupted.insert("cp0".into());
             }),
@@ -304,6 +305,9 @@ mod tests {
                 c.policies[0].invalid = Some("bad selector".into());
             }),
             ("paused", |c, _| c.policies[0].paused = true),
+            ("failureBudget", |c, _| {
+                c.policies[0].halted = Some("2 of maxFailures 2 failed within 24h".into());
+            }),
             ("window", |c, _| c.policies[0].window_open = false),
             ("blocker", |c, _| {
                 node(c, "cp0").blocker = Some("pod db/primary-0".into());

@@ -85,6 +85,12 @@ pub const RULES: &[Rule] = &[
         check: not_paused,
     },
     Rule {
+        name: "failureBudget",
+        reasons: &[denial::ROLLOUT_HALTED],
+        input: "spec.failureBudget of those policies: the Failed maintenances each admitted within its window, since its last resume",
+        check: not_halted,
+    },
+    Rule {
         name: "window",
         reasons: &[denial::OUTSIDE_WINDOW],
         input: "spec.windows of those policies, and the time",
@@ -173,6 +179,23 @@ fn policies_valid(i: &Inputs) -> Verdict {
 fn not_paused(i: &Inputs) -> Verdict {
     match i.policies.iter().find(|p| p.paused) {
         Some(p) => Err((denial::PAUSED, format!("policy {} is paused", p.name))),
+        None => Ok(()),
+    }
+}
+
+fn not_halted(i: &Inputs) -> Verdict {
+    match i
+        .policies
+        .iter()
+        .find_map(|p| Some((p, p.halted.as_ref()?)))
+    {
+        Some((p, why)) => Err((
+            denial::ROLLOUT_HALTED,
+            format!(
+                "policy {} is halted ({why}); resume it with kubectl nodeward resume {}",
+                p.name, p.name
+            ),
+        )),
         None => Ok(()),
     }
 }

@@ -110,6 +110,7 @@ pub(super) fn write(
         let gate = gates.get(position).cloned().flatten();
         set_remediation_allowed(&mut status.conditions, p, unhealthy, gate, now);
         set_valid(&mut status.conditions, p, now);
+        set_halted(&mut status.conditions, p, now);
         plan.standing.policies.insert(
             p.name.clone(),
             PolicyMark {
@@ -212,6 +213,36 @@ fn set_remediation_allowed(
 }
 
 /// `Valid`: false, saying what to fix, while the spec cannot be applied; absent otherwise.
+/// `Halted`: whether the failure budget is spent (absent without one).
+fn set_halted(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
+    let Some(spending) = &p.failures else {
+        conditions.retain(|c| c.type_ != policy_conditions::HALTED);
+        return;
+    };
+    let (state, reason, message) = if spending.halted() {
+        (
+            "True",
+            "FailureBudgetSpent",
+            format!(
+                "{}; nothing in scope is admitted until kubectl nodeward resume {}",
+                spending.message(),
+                p.name
+            ),
+        )
+    } else {
+        ("False", "WithinFailureBudget", spending.message())
+    };
+    set_condition(
+        conditions,
+        policy_conditions::HALTED,
+        state,
+        reason,
+        message,
+        p.policy.metadata.generation,
+        now,
+    );
+}
+
 fn set_valid(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
     if let Some(problem) = &p.problem {
         set_condition(

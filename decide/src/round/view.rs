@@ -23,6 +23,7 @@ use crate::{
         window::{self, Window},
     },
     deadlines::{agent_unavailable, awaiting_replacement},
+    failures::{self, Spending},
     health::{ObservedCondition, Rules, UnhealthyRule},
 };
 
@@ -63,7 +64,14 @@ impl<'a> Index<'a> {
         let mut policies: Vec<PolicyView> = objects
             .policies
             .iter()
-            .map(|p| view(p, &nodes, now))
+            .map(|p| {
+                let mut view = view(p, &nodes, now);
+                view.failures = p.spec.failure_budget.as_ref().map(|budget| {
+                    let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
+                    failures::spending(&view.name, budget, maintenances, now)
+                });
+                view
+            })
             .collect();
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
@@ -166,6 +174,8 @@ pub(super) struct PolicyView<'a> {
     /// fewer nodes than it was meant to).
     pub matched: BTreeSet<String>,
     pub problem: Option<String>,
+    /// Its failure budget as of now, if it has one.
+    pub failures: Option<Spending>,
     pub max_concurrent: usize,
     pub max_unhealthy: Option<usize>,
     pub window_open: bool,
@@ -222,6 +232,7 @@ fn view<'a>(
         window_open,
         rules: rules(policy),
         deadlines: Deadlines::resolve(policy.spec.deadlines.as_ref()),
+        failures: None,
         name,
     }
 }
@@ -354,6 +365,11 @@ pub(super) fn cluster(
                     checks_workloads: p.policy.spec.checks_disruption_budgets(),
                     invalid: p.problem.clone(),
                     deadlines: p.deadlines,
+                    halted: p
+                        .failures
+                        .as_ref()
+                        .filter(|f| f.halted())
+                        .map(Spending::message),
                 }
             })
             .collect(),

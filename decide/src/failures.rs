@@ -1,0 +1,283 @@
+//! The failure budget (`spec.failureBudget`): a rollout that breaks nodes halts itself. The
+//! maintenances a policy admitted that ended Failed within its window, and not before its last
+//! resume, are counted; at `maxFailures` the policy halts and nothing more in its scope is
+//! admitted until an operator resumes it (which moves `countSince` to then).
+
+use jiff::{SignedDuration, Timestamp};
+use nodeward_api::{MaintenancePhase, NodeMaintenance, bounds::cut, policy::FailureBudget};
+
+/// The most failures a halt names in its message (the rest are counted).
+const NAMED: usize = 5;
+
+/// The longest reason a halt quotes of each failure: five of them stay well within a
+/// maintenance's message (a denial's) and a condition's.
+const WHY_LIMIT: usize = 400;
+
+/// A maintenance that counts against a failure budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub maintenance: String,
+    pub node: String,
+    /// When it ended Failed.
+    pub at: Timestamp,
+    /// Why, as its status said.
+    pub why: String,
+}
+
+/// A policy's failure budget as of now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spending {
+    pub max_failures: usize,
+    /// Its failures within the window, oldest first.
+    pub failures: Vec<Failure>,
+    /// The window, as written (`24h` when absent).
+    pub window: String,
+}
+
+impl Spending {
+    /// Whether the budget is spent: the policy is halted.
+    pub fn halted(&self) -> bool {
+        self.failures.len() >= self.max_failures
+    }
+
+    /// What the `Halted` condition (and a denial) says: how many failed within the window,
+    /// and which nodes, why.
+    pub fn message(&self) -> String {
+        let named: Vec<String> = self
+            .failures
+            .iter()
+            .rev()
+            .take(NAMED)
+            .map(|f| format!("{} ({}): {}", f.node, f.maintenance, cut(&f.why, WHY_LIMIT)))
+            .collect();
+        let more = self.failures.len().saturating_sub(NAMED);
+        let mut message = format!(
+            "{} of maxFailures {} failed within {}",
+            self.failures.len(),
+            self.max_failures,
+            self.window
+        );
+        if !named.is_empty() {
+            message.push_str(": ");
+            message.push_str(&named.join("; "));
+        }
+        if more > 0 {
+            message.push_str(&format!("; and {more} more"));
+        }
+        message
+    }
+}
+
+/// `policy`'s failure budget at `now` over `maintenances`, if it has one. A failure counts
+/// when its maintenance was admitted under the policy (its admission record, which only the
+/// coordinator writes, names it), ended Failed within the window and after `countSince`.
+/// A window that does not parse counts as the default (the CRD refuses one).
+pub fn spending<'a>(
+    policy: &str,
+    budget: &FailureBudget,
+    maintenances: impl IntoIterator<Item = &'a NodeMaintenance>,
+    now: Timestamp,
+) -> Spending {
+    let window = budget
+        .window
+        .as_ref()
+        .and_then(|w| w.to_std().ok())
+        .unwrap_or(FailureBudget::DEFAULT_WINDOW);
+    let since = SignedDuration::try_from(window)
+        .ok()
+        .and_then(|w| now.checked_sub(w).ok())
+        .unwrap_or(Timestamp::MIN);
+    // Times are kept to the second: a failure in the second of the resume is forgiven with it.
+    let resumed = budget.count_since.as_ref().map(|t| t.0);
+    let mut failures: Vec<Failure> = maintenances
+        .into_iter()
+        .filter_map(|m| failure(policy, m))
+        .filter(|f| f.at >= since && f.at <= now)
+        .filter(|f| resumed.is_none_or(|r| f.at.as_second() > r.as_second()))
+        .collect();
+    failures.sort_by(|a, b| (a.at, &a.maintenance).cmp(&(b.at, &b.maintenance)));
+    Spending {
+        max_failures: usize::try_from(budget.max_failures).unwrap_or(usize::MAX),
+        failures,
+        window: budget
+            .window
+            .as_ref()
+            .map_or_else(|| "24h".to_owned(), ToString::to_string),
+    }
+}
+
+/// `m` as a failure under `policy`, if it is one.
+fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
+    let status = m.status.as_ref()?;
+    if status.phase != MaintenancePhase::Failed {
+        return None;
+    }
+    status
+        .admission
+        .as_ref()
+        .filter(|a| a.policies.iter().any(|p| p == policy))?;
+    let at = status
+        .finished_at
+        .as_ref()
+        .map(|t| t.0)
+        .or_else(|| m.entered(MaintenancePhase::Failed).map(|t| t.0))?;
+    Some(Failure {
+        maintenance: m.metadata.name.clone().unwrap_or_default(),
+        node: m.spec.node_name.clone(),
+        at,
+        why: status
+            .message
+            .clone()
+            .unwrap_or_else(|| "no reason given".to_owned()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use nodeward_api::{
+        Duration, MaintenanceAction, MaintenanceReason,
+        maintenance::{AdmissionRecord, NodeMaintenanceStatus},
+    };
+
+    use super::*;
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + seconds).expect("in range")
+    }
+
+    /// Maintenance `name` of `node`, admitted under `policies`, ended in `phase` at `ended`.
+    fn ended(
+        name: &str,
+        node: &str,
+        policies: &[&str],
+        phase: MaintenancePhase,
+        ended: i64,
+    ) -> NodeMaintenance {
+        let mut m = NodeMaintenance::request(
+            name,
+            node,
+            MaintenanceReason::Reboot,
+            MaintenanceAction::Reboot,
+            "test",
+            String::new(),
+        );
+        m.status = Some(NodeMaintenanceStatus {
+            phase,
+            admission: (!policies.is_empty()).then(|| AdmissionRecord {
+                policies: policies.iter().map(|p| (*p).to_owned()).collect(),
+                admitted_at: Time(at(ended - 100)),
+                admitted_by: "coordinator-0".into(),
+                node_uid: None,
+            }),
+            finished_at: Some(Time(at(ended))),
+            message: Some(format!("{name} went wrong")),
+            ..NodeMaintenanceStatus::default()
+        });
+        m
+    }
+
+    fn budget(max_failures: u32, window: Option<&str>, count_since: Option<i64>) -> FailureBudget {
+        FailureBudget {
+            max_failures,
+            window: window.map(|w| Duration::parse(w).expect("a duration")),
+            count_since: count_since.map(|s| Time(at(s))),
+        }
+    }
+
+    #[test]
+    fn only_failures_admitted_under_the_policy_within_its_window_count() {
+        let now = 10_000;
+        let maintenances = [
+            ended("m1", "n1", &["pool"], MaintenancePhase::Failed, now - 60),
+            // Succeeded, another policy's, never admitted (superseded), too old: none count.
+            ended("m2", "n2", &["pool"], MaintenancePhase::Succeeded, now - 60),
+            ended("m3", "n3", &["other"], MaintenancePhase::Failed, now - 60),
+            ended("m4", "n4", &[], MaintenancePhase::Failed, now - 60),
+            ended("m5", "n5", &["pool"], MaintenancePhase::Failed, now - 7200),
+            ended(
+                "m6",
+                "n6",
+                &["other", "pool"],
+                MaintenancePhase::Failed,
+                now - 30,
+            ),
+        ];
+        let spent = spending("pool", &budget(2, Some("1h"), None), &maintenances, at(now));
+        let counted: Vec<&str> = spent.failures.iter().map(|f| f.node.as_str()).collect();
+        assert_eq!(counted, ["n1", "n6"]);
+        assert!(spent.halted());
+        assert_eq!(
+            spent.message(),
+            "2 of maxFailures 2 failed within 1h: n6 (m6): m6 went wrong; n1 (m1): m1 went wrong"
+        );
+        let one_short = spending("pool", &budget(3, Some("1h"), None), &maintenances, at(now));
+        assert!(!one_short.halted());
+    }
+
+    #[test]
+    fn a_resume_forgets_the_failures_before_it_and_the_default_window_is_a_day() {
+        let now = 100_000;
+        let maintenances = [
+            ended(
+                "m1",
+                "n1",
+                &["pool"],
+                MaintenancePhase::Failed,
+                now - 80_000,
+            ),
+            ended(
+                "m2",
+                "n2",
+                &["pool"],
+                MaintenancePhase::Failed,
+                now - 86_000,
+            ),
+        ];
+        let spent = spending("pool", &budget(2, None, None), &maintenances, at(now));
+        assert!(spent.halted(), "both within the default 24h");
+        assert!(
+            spent.message().contains("within 24h"),
+            "{}",
+            spent.message()
+        );
+        let after_resume = |resumed: i64| {
+            let budget = budget(2, None, Some(now - resumed));
+            spending("pool", &budget, &maintenances, at(now))
+                .failures
+                .len()
+        };
+        assert_eq!(
+            after_resume(83_000),
+            1,
+            "the one before the resume is forgiven"
+        );
+        assert_eq!(
+            after_resume(80_000),
+            0,
+            "one in the second of the resume goes with it"
+        );
+    }
+
+    #[test]
+    fn a_halt_names_the_latest_failures_and_counts_the_rest() {
+        let now = 10_000;
+        let maintenances: Vec<NodeMaintenance> = (0..8)
+            .map(|i| {
+                ended(
+                    &format!("m{i}"),
+                    &format!("n{i}"),
+                    &["pool"],
+                    MaintenancePhase::Failed,
+                    now - 100 + i,
+                )
+            })
+            .collect();
+        let message = spending("pool", &budget(3, None, None), &maintenances, at(now)).message();
+        assert!(
+            message.starts_with("8 of maxFailures 3 failed within 24h: n7 (m7)"),
+            "{message}"
+        );
+        assert!(message.ends_with("; and 3 more"), "{message}");
+    }
+}
