@@ -24,9 +24,10 @@ impl Controller {
         for effect in plan.effects() {
             let started = Instant::now();
             let applied = match effect {
-                Effect::Admit { .. } => {
+                Effect::Admit { slots, admissions } => {
                     // Records its own waits on the API server.
-                    let (applied, complete) = self.admit_all(objects, plan).await;
+                    let (applied, complete) =
+                        self.admit_all(objects, slots, admissions, &plan.deny).await;
                     if complete {
                         self.standing = standing.take();
                     }

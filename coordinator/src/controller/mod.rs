@@ -417,17 +417,21 @@ impl Controller {
     /// every slot stood and every admission is being written: what the plan left standing is
     /// then what the cluster holds, or more (a failed admission write keeps its slot until
     /// a full round looks), never less. Returns too what became of the slots' writes.
-    async fn admit_all(&mut self, objects: &Objects, plan: &Plan) -> (Applied, bool) {
+    async fn admit_all(
+        &mut self,
+        objects: &Objects,
+        slots: &BTreeMap<String, nodeward_api::DisruptionPolicyStatus>,
+        admit: &[round::Admission],
+        deny: &[round::Denial],
+    ) -> (Applied, bool) {
         let started = Instant::now();
-        let (failed, applied) = self
-            .write_policies(&objects.policies, &plan.policy_status)
-            .await;
+        let (failed, applied) = self.write_policies(&objects.policies, slots).await;
         self.api_waits.since(started);
         // The coordinator's own share of each admission: from its watch event to its write,
         // less the loop's waits on the API server meanwhile (these budget writes, the
         // lookups, an earlier round's writes).
         let now = Instant::now();
-        for admission in &plan.admit {
+        for admission in admit {
             if let Some(arrived) = self.arrived.remove(&admission.maintenance) {
                 let own = self.api_waits.own_share(arrived, now);
                 self.writer
@@ -436,11 +440,10 @@ impl Controller {
                     .observe(own.as_secs_f64());
             }
         }
-        for denial in &plan.deny {
+        for denial in deny {
             self.arrived.remove(&denial.maintenance);
         }
-        let admissions: Vec<(Arc<NodeMaintenance>, round::Admission)> = plan
-            .admit
+        let admissions: Vec<(Arc<NodeMaintenance>, round::Admission)> = admit
             .iter()
             .filter(|a| !a.new_slots_in.iter().any(|p| failed.contains(p)))
             .filter_map(|a| {
@@ -450,7 +453,7 @@ impl Controller {
                 ))
             })
             .collect();
-        let complete = failed.is_empty() && admissions.len() == plan.admit.len();
+        let complete = failed.is_empty() && admissions.len() == admit.len();
         if !admissions.is_empty() {
             // Each admission is its own object: written side by side once the slots stand.
             let writer = self.writer.clone();
