@@ -73,6 +73,11 @@ struct Run {
     /// Decide again at least this often (windows open and close, conditions age).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     resync: Duration,
+    /// Delete finished maintenances (Succeeded, Failed, Cancelled) this long after they
+    /// finished, keeping each node's latest and the failures a failure budget still counts;
+    /// 0 keeps them all. At least 1h, e.g. 168h.
+    #[arg(long, env = "NODEWARD_FINISHED_MAINTENANCE_TTL", default_value = "168h", value_parser = humantime::parse_duration)]
+    finished_maintenance_ttl: Duration,
     /// Serve the eviction admission webhook (HTTPS) on this address, e.g. 0.0.0.0:9443.
     #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN")]
     webhook_listen: Option<SocketAddr>,
@@ -166,6 +171,14 @@ fn validate(run: &Run) -> Result<(), String> {
     if run.resync.is_zero() {
         return Err("--resync must be more than 0s, e.g. 5s".to_owned());
     }
+    if !run.finished_maintenance_ttl.is_zero()
+        && run.finished_maintenance_ttl < Duration::from_secs(3600)
+    {
+        return Err(format!(
+            "--finished-maintenance-ttl ({}) must be 0 (keep every finished maintenance) or at least 1h, e.g. 168h: a remediation's escalation and the agent's retries read recent ones",
+            humantime::format_duration(run.finished_maintenance_ttl)
+        ));
+    }
     if run.webhook_listen.is_some()
         && run.webhook_secret.is_none()
         && run.webhook_cert_dir.is_none()
@@ -251,7 +264,9 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
         }
         .run(leader.clone(), run.resync, stop.clone()),
     );
-    let controller = Controller::new(client, identity.clone(), metrics, changed);
+    let finished_ttl =
+        (!run.finished_maintenance_ttl.is_zero()).then_some(run.finished_maintenance_ttl);
+    let controller = Controller::new(client, identity.clone(), metrics, changed, finished_ttl);
     writers.spawn(controller.run(stores, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
 

@@ -8,6 +8,7 @@
 
 mod agents;
 mod budgets;
+mod cleanup;
 mod nodes;
 mod pause_and_blockers;
 mod remediation;

@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, time::Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, ResourceExt};
-use nodeward_api::MaintenancePhase;
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_decide::round::{self, Effect, Objects, Plan, Standing};
 use nodeward_runtime::write::{self, Outcome};
 
@@ -71,6 +71,7 @@ impl Controller {
                 Effect::StartupTimeout(timeout) => self.startup_timeout(timeout).await,
                 Effect::StartedLate(node) => self.started_late(node).await,
                 Effect::Remediate(request) => self.remediate(objects, request).await,
+                Effect::Expire(expired) => self.expire(expired).await,
             };
             if !matches!(effect, Effect::Admit { .. }) {
                 self.api_waits.since(started);
@@ -84,6 +85,27 @@ impl Controller {
                 })
                 .inc();
         }
+    }
+
+    /// Deletes a finished maintenance past the TTL (only the one the round saw).
+    async fn expire(&mut self, expired: &round::expire::Expired) -> Applied {
+        let maintenances: Api<NodeMaintenance> = Api::all(self.writer.client.clone());
+        let deleted = write::delete(&maintenances, &expired.maintenance, &only(&expired.uid)).await;
+        let applied = Applied::of(&deleted);
+        match deleted {
+            Outcome::Written(()) => tracing::info!(
+                maintenance = %expired.maintenance,
+                node = %expired.node,
+                "deleted a finished maintenance past --finished-maintenance-ttl"
+            ),
+            Outcome::Gone(_) => {}
+            Outcome::Conflict(e) | Outcome::Failed(e) => tracing::warn!(
+                error = %e,
+                maintenance = %expired.maintenance,
+                "deleting a finished maintenance past --finished-maintenance-ttl"
+            ),
+        }
+        applied
     }
 
     /// Deletes the Node of a drained DeleteNode maintenance (only the Node the round saw).

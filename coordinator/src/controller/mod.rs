@@ -68,6 +68,8 @@ pub struct Controller {
     arrived: HashMap<String, Instant>,
     /// When the loop waited on the API server, to tell admissions' own share.
     api_waits: api_waits::ApiWaits,
+    /// `--finished-maintenance-ttl` (`None`: finished maintenances are kept).
+    finished_ttl: Option<std::time::Duration>,
 }
 
 impl Controller {
@@ -76,6 +78,7 @@ impl Controller {
         identity: String,
         metrics: Arc<Metrics>,
         changed: Arc<Changes>,
+        finished_ttl: Option<std::time::Duration>,
     ) -> Self {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
@@ -97,6 +100,7 @@ impl Controller {
             standing: None,
             arrived: HashMap::new(),
             api_waits: api_waits::ApiWaits::default(),
+            finished_ttl,
         }
     }
 
@@ -170,6 +174,7 @@ impl Controller {
         self.settle_writes().await;
         self.api_waits.since(settling);
         let mut objects = stores.objects();
+        objects.finished_ttl = self.finished_ttl;
         self.fresh_policies.apply(&mut objects.policies, true);
         self.writer
             .fresh_maintenances()

@@ -316,6 +316,7 @@ impl Stores {
             availability: BTreeMap::new(),
             scans: BTreeMap::new(),
             surged: BTreeMap::new(),
+            finished_ttl: None,
         }
     }
 }

@@ -12,8 +12,8 @@ use nodeward_api::DisruptionPolicyStatus;
 
 use super::{
     Admission, DeadlineRecord, Denial, Ending, NodeDeletion, NodeEdit, OutOfService, Overdue,
-    PendingTaint, Plan, RemediationRequest, StartupTimeout, Superseded, TakeOver, surge,
-    workload_gate::WorkloadVerdict,
+    PendingTaint, Plan, RemediationRequest, StartupTimeout, Superseded, TakeOver, expire::Expired,
+    surge, workload_gate::WorkloadVerdict,
 };
 
 /// One write of a round, borrowed from its [`Plan`].
@@ -46,10 +46,12 @@ pub enum Effect<'a> {
     /// A node Ready after its startup timed out: `StartupTimedOut` set False.
     StartedLate(&'a str),
     Remediate(&'a RemediationRequest),
+    /// A finished maintenance past the TTL, deleted.
+    Expire(&'a Expired),
 }
 
 /// Every effect's name, in the order a round carries them out (the metrics' label values).
-pub const EFFECTS: [&str; 17] = [
+pub const EFFECTS: [&str; 18] = [
     "admit",
     "deny",
     "surge",
@@ -67,6 +69,7 @@ pub const EFFECTS: [&str; 17] = [
     "startupTimeout",
     "startedLate",
     "remediate",
+    "expire",
 ];
 
 impl Effect<'_> {
@@ -90,6 +93,7 @@ impl Effect<'_> {
             Self::StartupTimeout(_) => "startupTimeout",
             Self::StartedLate(_) => "startedLate",
             Self::Remediate(_) => "remediate",
+            Self::Expire(_) => "expire",
         }
     }
 }
@@ -128,6 +132,7 @@ impl Plan {
         effects.extend(self.startup_timeouts.iter().map(Effect::StartupTimeout));
         effects.extend(self.started_late.iter().map(|n| Effect::StartedLate(n)));
         effects.extend(self.remediate.iter().map(Effect::Remediate));
+        effects.extend(self.expire.iter().map(Effect::Expire));
         effects
     }
 }
@@ -296,6 +301,11 @@ mod tests {
             }],
             started_late: vec!["n".into()],
             remediate: vec![remediation()],
+            expire: vec![Expired {
+                maintenance: "old".into(),
+                uid: "u".into(),
+                node: "n".into(),
+            }],
             ..Plan::default()
         };
         assert_eq!(names(&plan), EFFECTS);

@@ -32,6 +32,7 @@ use crate::{admission::decide::Cluster, health::RemediationGate};
 mod admit;
 mod dead_nodes;
 mod effects;
+pub mod expire;
 #[cfg(test)]
 mod fixtures;
 mod node_labels;
@@ -75,6 +76,9 @@ pub struct Objects {
     pub scans: BTreeMap<String, surge::Scan>,
     /// The surged Deployments ([`surge::wanted`]) as read now.
     pub surged: BTreeMap<(String, String, String), surge::Looked>,
+    /// Not an object but the coordinator's `--finished-maintenance-ttl`: finished maintenances
+    /// older than this are deleted ([`expire`]); `None` keeps them.
+    pub finished_ttl: Option<Duration>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -147,6 +151,8 @@ pub struct Plan {
     pub confirm_gone: BTreeSet<Gone>,
     /// Nodes whose DeleteNode maintenance is drained (Acting): the coordinator deletes them.
     pub delete_nodes: Vec<NodeDeletion>,
+    /// Finished maintenances past the TTL, to delete ([`expire`]).
+    pub expire: Vec<expire::Expired>,
     /// What maintenances created after this round can be decided against.
     pub standing: Standing,
 }
@@ -339,6 +345,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     node_labels::decide(&index, &mut plan);
     workload_gate::judge(objects, &objects.availability, now, &mut plan);
     plan.surges = surge_work(objects);
+    expire::decide(&index, objects.finished_ttl, now, &mut plan);
     let listed = policy_status::Listed {
         slots,
         scans: &objects.scans,
