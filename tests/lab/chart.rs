@@ -64,12 +64,7 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         }
         // The logind lock is real, and the drain has the budget it was given: the agent wrote
         // its drop-in (a stock node's InhibitDelayMaxSec is 5 s).
-        let locks = support::nodeward_locks(&vm).await?;
-        assert!(
-            support::has_shutdown_delay(&locks),
-            "{}: {locks:?}",
-            vm.name
-        );
+        support::wait_delay_lock(&lab.client, &vm).await?;
         let inhibitor = status.inhibitor.unwrap_or_default();
         assert!(inhibitor.delay_held, "{}", vm.name);
         assert_eq!(

@@ -869,16 +869,43 @@ pub async fn drain_story(client: &Client, vm: &Vm) -> String {
 }
 
 /// Waits until the agent on `vm` holds its logind delay lock: what a shutdown's drain rests on.
-pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<()> {
+/// Returns the agent's locks then. A wait that was needed is printed (with logind's restarts),
+/// a lock that never came fails with the agent's story and logind's journal.
+pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<Vec<String>> {
+    let started = std::time::Instant::now();
     let held = wait::eventually(
         &format!("nodeward's delay lock held on {}", vm.name),
         Duration::from_secs(180),
-        || async { Ok(has_shutdown_delay(&nodeward_locks(vm).await?).then_some(())) },
+        || async {
+            let locks = nodeward_locks(vm).await?;
+            Ok(has_shutdown_delay(&locks).then_some(locks))
+        },
     )
     .await;
+    let logind = || async {
+        vm.run("journalctl -b -u systemd-logind --no-pager -o short-monotonic | tail -n 20")
+            .await
+            .unwrap_or_else(|e| format!("(no journal: {e:#})"))
+    };
     match held {
-        Ok(()) => Ok(()),
-        Err(e) => Err(e.context(drain_story(client, vm).await)),
+        Ok(locks) if started.elapsed() < Duration::from_secs(1) => Ok(locks),
+        Ok(locks) => {
+            println!(
+                "{}: nodeward's delay lock held after {:.1} s of waiting; logind's journal:\n{}",
+                vm.name,
+                started.elapsed().as_secs_f64(),
+                logind().await
+            );
+            Ok(locks)
+        }
+        Err(e) => {
+            let story = format!(
+                "{}\nlogind's journal:\n{}",
+                drain_story(client, vm).await,
+                logind().await
+            );
+            Err(e.context(story))
+        }
     }
 }
 
