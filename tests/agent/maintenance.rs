@@ -25,7 +25,7 @@ struct Cluster {
 /// The coordinator and one agent for `node`; `extra_config` is appended to the agent's
 /// configuration file.
 async fn start(env: &TestEnv, node: &str, extra_config: &str) -> anyhow::Result<Cluster> {
-    let coordinator = nodeward_e2e::daemon::coordinator(env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(env, &[]).await?;
     let agent = agent(env, node, extra_config, "agent")?;
     coordinator.wait_ready(TIMEOUT).await?;
     agent.wait_ready(TIMEOUT).await?;
@@ -541,7 +541,7 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
     env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
         .await?;
     // It publishes the policy for the agent (paused: it admits nothing).
-    let _coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
+    let _coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"]).await?;
     let dir = scratch::dir(&format!("nodeward-maintenance-{}", env.id))?;
     let sentinel = scratch::write(&dir, "reboot-required", "")?;
     let config = scratch::agent_config_file(
@@ -686,7 +686,7 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
     killed_agent.signal(Signal::SIGKILL)?;
     killed_coordinator.wait_exit(TIMEOUT).await?;
     killed_agent.wait_exit(TIMEOUT).await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let agent = agent(&env, &node, "", "agent-restarted")?;
 
     // Drained (DrainOnly holds the node in Acting): the old pod went only once the surge was

@@ -446,7 +446,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
         json!({"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2}),
     )
     .await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let (receiver, hook) = hook_receiver().await?;
     let power_off = machine(&env, 0, &hook, false).await?;
     let delete = machine(&env, 1, &hook, false).await?;
@@ -531,7 +531,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
         }),
     )
     .await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let mut machine = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");
     env.create_maintenance(&name, &node, "Manual", "Reboot")
@@ -588,7 +588,7 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
         json!({"maxConcurrent": 1, "deadlines": {"reboot": "30s"}}),
     )
     .await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let mut machine = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let name = format!("{node}-reboot");
     env.create_maintenance(&name, &node, "Manual", "Reboot")
@@ -701,7 +701,7 @@ async fn a_reboot_holds_its_slot_until_the_workload_it_evicted_is_available_agai
     )
     .await?;
     let deployments = web_only_where_labelled(&env).await?;
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let mut first = machine(&env, 0, "http://127.0.0.1:9/unused", false).await?;
     let second = machine(&env, 1, "http://127.0.0.1:9/unused", false).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
@@ -844,7 +844,7 @@ async fn three_replicas_under_a_budget_of_two_stay_two_ready_while_their_nodes_r
     )
     .await?;
     watch.arm();
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let mut machines = Vec::new();
     for index in 0..3 {
         machines.push(machine(&env, index, "http://127.0.0.1:9/unused", false).await?);

@@ -84,7 +84,7 @@ async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason(
     let policy = env
         .create_policy("pool", serde_json::json!({"maxConcurrent": 1}))
         .await?;
-    let coordinator = daemon::coordinator(&env, &[])?;
+    let coordinator = daemon::coordinator(&env, &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
 
@@ -233,7 +233,7 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
-    let coordinator = daemon::coordinator(&env, &[])?;
+    let coordinator = daemon::coordinator(&env, &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let first = format!("{}-m", env.node_name(0));
     env.create_maintenance(&first, &env.node_name(0), "Manual", "DrainOnly")

@@ -13,7 +13,7 @@ async fn a_node_whose_agent_is_silent_is_admitted_only_once_it_reports() -> anyh
     silence_agent(&env, &n1, Duration::from_secs(900)).await?;
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let m0 = create_maintenance(&env, &n0).await?;
     let message = wait_denied(&env, &m0, "AgentUnavailable")
@@ -56,7 +56,7 @@ async fn an_admitted_maintenance_no_agent_starts_goes_back_to_pending_and_frees_
             json!({"maxConcurrent": 1, "deadlines": {"start": "30s"}}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let stuck = create_maintenance(&env, &n0).await?;
     let admitted = wait_admitted(&env, &stuck, TIMEOUT).await?;
@@ -143,7 +143,7 @@ async fn a_half_done_admission_given_back_cannot_be_admitted_by_a_late_write() -
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1, "paused": true}))
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let name = create_maintenance(&env, &n0).await?;
     wait_denied(&env, &name, "Paused").await?;
@@ -169,7 +169,7 @@ async fn a_half_done_admission_given_back_cannot_be_admitted_by_a_late_write() -
 
     // This coordinator finds the slot of a maintenance that is still Pending under a paused
     // policy, and gives it back.
-    let coordinator = start(&env, "c2", &[])?;
+    let coordinator = start(&env, "c2", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     wait::until(&policies, &policy, "the slot given back", TIMEOUT, |p| {
         p.is_some_and(|p| p.status.as_ref().is_some_and(|s| s.slots.is_empty()))
@@ -210,7 +210,7 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
             json!({"maxConcurrent": 2, "deadlines": {"agentLost": "1m"}}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     // Each node's agent (played here) takes its maintenance: finalizer, taint, recorded cordon;

@@ -10,7 +10,7 @@ async fn fifty_maintenances_are_admitted_never_more_than_three_at_once() -> anyh
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 3}))
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
 
     let mut names = Vec::new();
@@ -89,8 +89,8 @@ async fn two_coordinators_both_acting_as_leader_keep_the_budget() -> anyhow::Res
     let history = nodeward_e2e::history::watch(&env);
     env.create_policy("pool", json!({"maxConcurrent": 2}))
         .await?;
-    let a = start(&env, "a", &["--leader-elect=false"])?;
-    let b = start(&env, "b", &["--leader-elect=false"])?;
+    let a = start(&env, "a", &["--leader-elect=false"]).await?;
+    let b = start(&env, "b", &["--leader-elect=false"]).await?;
     a.wait_ready(TIMEOUT).await?;
     b.wait_ready(TIMEOUT).await?;
 
@@ -148,7 +148,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
         .await?;
     let mut coordinators: BTreeMap<String, Daemon> = BTreeMap::new();
     for identity in ["a", "b"] {
-        coordinators.insert(identity.to_owned(), start(&env, identity, &[])?);
+        coordinators.insert(identity.to_owned(), start(&env, identity, &[]).await?);
     }
     let leader = wait::eventually("a leader", TIMEOUT, || lease_holder(&env)).await?;
     let follower = if leader == "a" { "b" } else { "a" };
@@ -187,7 +187,7 @@ async fn a_killed_leader_is_replaced_within_the_lease_duration() -> anyhow::Resu
 
     // A leader stopped with SIGTERM releases the Lease: the other takes over at once.
     let mut new_leader = coordinators.remove(follower).context("follower process")?;
-    let restarted = start(&env, &leader, &[])?;
+    let restarted = start(&env, &leader, &[]).await?;
     restarted.wait_ready(TIMEOUT).await?;
     new_leader.signal(Signal::SIGTERM)?;
     let status = new_leader.wait_exit(Duration::from_secs(10)).await?;
@@ -230,7 +230,7 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
     env.nodes().create(&PostParams::default(), &node).await?;
     env.create_policy("all", json!({"maxConcurrent": 3}))
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
 
     let cp = create_maintenance(&env, &env.node_name(0)).await?;

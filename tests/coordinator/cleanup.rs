@@ -71,7 +71,7 @@ async fn finished_maintenances_past_the_ttl_are_deleted_but_each_nodes_latest_an
         .await?;
         names.push(name);
     }
-    let coordinator = start(&env, "c1", &["--finished-maintenance-ttl", "1h"])?;
+    let coordinator = start(&env, "c1", &["--finished-maintenance-ttl", "1h"]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
 
     let api: Api<NodeMaintenance> = Api::all(env.client.clone());

@@ -40,11 +40,9 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(4);
 
 /// The coordinator's election for these tests, as `identity`: a lease of 4 s, renewed within
-/// 3 s, tried every 500 ms.
-fn election(identity: &str) -> [&str; 10] {
+/// 3 s, tried every 500 ms (the Lease is the one the chart's identity may hold).
+fn election(identity: &str) -> [&str; 8] {
     [
-        "--lease-name",
-        "coordinator",
         "--identity",
         identity,
         "--lease-duration",
@@ -56,26 +54,23 @@ fn election(identity: &str) -> [&str; 10] {
     ]
 }
 
-/// A coordinator as `identity` ([`election`]) with `extra` arguments, its log named for it.
-fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
-    let mut args: Vec<String> = [
+/// A coordinator as `identity` ([`election`]) with `extra` arguments, with the chart's
+/// coordinator identity ([`daemon::coordinator`]), its log named for it.
+async fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let chart = nodeward_e2e::identities::coordinator(env).await?;
+    let mut args: Vec<&str> = vec![
         "run",
         "--lease-namespace",
         &env.namespace,
         "--resync",
         "1s",
         "--kubeconfig",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    args.push(controlplane::shared().kubeconfig.display().to_string());
-    args.extend(
-        election(identity)
-            .iter()
-            .chain(extra)
-            .map(|s| (*s).to_owned()),
-    );
+    ];
+    let kubeconfig = chart.kubeconfig.display().to_string();
+    args.extend([kubeconfig.as_str(), "--lease-name", &chart.lease_name]);
+    args.extend(election(identity));
+    args.extend(extra);
+    let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
     Daemon::start(
         coordinator_binary(),
         &format!("{}-{identity}", env.id),
@@ -202,8 +197,9 @@ async fn finish_admitted(
 
 async fn lease_holder(env: &TestEnv) -> anyhow::Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.namespace);
+    let lease = nodeward_e2e::identities::coordinator(env).await?.lease_name;
     Ok(leases
-        .get_opt("coordinator")
+        .get_opt(&lease)
         .await?
         .and_then(|l| l.spec?.holder_identity))
 }

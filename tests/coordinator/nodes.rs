@@ -17,7 +17,7 @@ async fn a_node_waiting_for_its_turn_is_tainted_prefer_no_schedule_until_admitte
         json!({"maxConcurrent": 1, "taintWhilePending": true}),
     )
     .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let going = create_maintenance(&env, &first).await?;
     wait_admitted(&env, &going, TIMEOUT).await?;
@@ -68,7 +68,7 @@ async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_o
         }}),
     )
     .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let nodes = env.nodes();
 

@@ -12,7 +12,7 @@ async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow
         .await?;
     report_ack(&env, &n0, &policy, None).await?;
     report_ack(&env, &n1, &policy, None).await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     let generation = policies
@@ -108,7 +108,7 @@ async fn a_tenants_pod_outside_the_blockers_namespaces_holds_no_reboot() -> anyh
     env.replicaset("tenant", &env.node_name(0), 1, &options)
         .await?;
     env.running_pods("tenant", 1).await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let first = create_maintenance(&env, &env.node_name(0)).await?;
     wait_admitted(&env, &first, TIMEOUT)
@@ -161,7 +161,7 @@ async fn reboot_blockers_hold_nodes_back_and_say_why() -> anyhow::Result<()> {
             }}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
 
     let first = create_maintenance(&env, &env.node_name(0)).await?;
@@ -252,7 +252,7 @@ async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_sti
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     report_ack(&env, &n0, &policy, None).await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let admitted = create_maintenance(&env, &n0).await?;
     wait_admitted(&env, &admitted, TIMEOUT).await?;
@@ -332,7 +332,7 @@ async fn a_rollout_halts_once_its_failure_budget_is_spent_and_goes_on_when_resum
             json!({"maxConcurrent": 1, "failureBudget": {"maxFailures": 2, "window": "1h"}}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
 

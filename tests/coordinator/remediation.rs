@@ -15,7 +15,7 @@ async fn max_unhealthy_short_circuits_remediation() -> anyhow::Result<()> {
             }}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     wait::until(
@@ -81,7 +81,7 @@ async fn a_node_that_never_becomes_ready_times_out_and_is_deleted() -> anyhow::R
         json!({"remediation": {"enabled": false, "nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
     )
     .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let name = env.node_name(0);
     let node: Node = serde_json::from_value(json!({
@@ -114,7 +114,7 @@ async fn deleting_the_node_frees_its_slot() -> anyhow::Result<()> {
     let policy = env
         .create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let first = create_maintenance(&env, &env.node_name(0)).await?;
     wait_admitted(&env, &first, TIMEOUT).await?;
@@ -160,7 +160,7 @@ async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
             &Patch::Merge(json!({"status": {"phase": "Acting"}})),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
         m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
@@ -186,7 +186,7 @@ async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result
             json!({"paused": true, "remediation": {"nodeStartupTimeout": "3s", "startupAction": "DeleteNode"}}),
         )
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let name = env.node_name(0);
     let node: Node = serde_json::from_value(json!({
@@ -231,7 +231,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
     let name = format!("{node}-delete");
     env.create_maintenance(&name, &node, "Manual", "DeleteNode")
         .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let m = wait_admitted(&env, &name, TIMEOUT).await?;
     let recorded = m.status.and_then(|s| s.admission?.node_uid);
@@ -257,7 +257,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
         )
         .await?;
 
-    let coordinator = start(&env, "c2", &[])?;
+    let coordinator = start(&env, "c2", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let m = wait::until(&maintenances, &name, "ended", TIMEOUT, |m| {
         m.is_some_and(|m| m.phase().is_finished())
@@ -285,7 +285,7 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
         json!({"maxConcurrent": 1, "deadlines": {"replacement": "20s"}}),
     )
     .await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let first = format!("{n0}-delete");
@@ -357,7 +357,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
         .await?
         .pop()
         .context("the pod on n0")?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
 
     // n0 dies: its peers' probes of it go unanswered (reported first: a coordinator that
@@ -452,7 +452,7 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
     set_condition(&env, &n0, "Ready", "False", fifteen_minutes_ago).await?;
     silence_agent(&env, &n0, Duration::from_secs(900)).await?;
     report_sightings(&env, &n1, &[(&n0, false)]).await?;
-    let coordinator = start(&env, "c1", &[])?;
+    let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
     let name = format!("{n0}-delete");
     env.create_maintenance(&name, &n0, "Remediation", "DeleteNode")

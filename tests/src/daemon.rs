@@ -141,10 +141,14 @@ pub fn agent(
     )
 }
 
-/// The workspace's coordinator, electing its leader in the test's namespace and deciding
-/// every second (`--resync 1s`), with `extra` arguments.
-pub fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {
-    coordinator_as(env, &crate::controlplane::shared().kubeconfig, extra)
+/// The workspace's coordinator as the chart runs it: with the chart's coordinator identity
+/// ([`crate::identities::coordinator`]), electing its leader with the Lease that identity may
+/// hold, in the test's namespace, deciding every second (`--resync 1s`), with `extra` arguments.
+pub async fn coordinator(env: &crate::TestEnv, extra: &[&str]) -> anyhow::Result<Daemon> {
+    let identity = crate::identities::coordinator(env).await?;
+    let mut args = vec!["--lease-name", &identity.lease_name];
+    args.extend(extra);
+    coordinator_as(env, &identity.kubeconfig, &args)
 }
 
 /// As [`coordinator`], with the identity of `kubeconfig`.

@@ -625,11 +625,54 @@ impl TestEnv {
                 .delete(&node.name_any(), &DeleteParams::default())
                 .await?;
         }
+        self.delete_release_objects().await?;
+        crate::identities::forget(&self.id);
         Api::<Namespace>::all(self.client.clone())
             .delete(&self.namespace, &DeleteParams::default())
             .await?;
         Ok(())
     }
+
+    /// The cluster-wide objects of the chart's release named for this test (its identities,
+    /// [`crate::identities`]): the namespace takes the rest.
+    async fn delete_release_objects(&self) -> anyhow::Result<()> {
+        use k8s_openapi::api::{
+            admissionregistration::v1::{
+                ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+            },
+            rbac::v1::{ClusterRole, ClusterRoleBinding},
+        };
+        let release =
+            ListParams::default().labels(&format!("app.kubernetes.io/instance={}", self.id));
+        delete_all(
+            &Api::<ClusterRoleBinding>::all(self.client.clone()),
+            &release,
+        )
+        .await?;
+        delete_all(&Api::<ClusterRole>::all(self.client.clone()), &release).await?;
+        delete_all(
+            &Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()),
+            &release,
+        )
+        .await?;
+        delete_all(
+            &Api::<ValidatingAdmissionPolicy>::all(self.client.clone()),
+            &release,
+        )
+        .await
+    }
+}
+
+/// Deletes every object of `api` that `list` selects.
+async fn delete_all<K>(api: &Api<K>, list: &ListParams) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    for object in api.list(list).await? {
+        api.delete(&object.name_any(), &DeleteParams::default())
+            .await?;
+    }
+    Ok(())
 }
 
 fn sanitize(test: &str) -> String {

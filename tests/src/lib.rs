@@ -10,6 +10,7 @@ pub mod fixtures;
 pub mod helm;
 pub mod history;
 pub mod http;
+pub mod identities;
 pub mod journald;
 pub mod logind;
 pub mod machine;

@@ -110,7 +110,7 @@ impl Scenario {
         let coordinator = match &self.coordinator {
             Some(extra) => {
                 let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-                let coordinator = crate::daemon::coordinator(&env, &extra)?;
+                let coordinator = crate::daemon::coordinator(&env, &extra).await?;
                 coordinator.wait_ready(READY).await?;
                 Some(coordinator)
             }

@@ -530,7 +530,7 @@ async fn the_agent_acknowledges_pauses_of_policies_selecting_its_node() -> anyho
     let agent = Agent::start(&node, &env, "500ms", "30s")?;
     agent.wait_ready().await?;
     // The agent learns of policies from what the coordinator publishes for agents.
-    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"])?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"]).await?;
 
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
     let mut created = Vec::new();
@@ -621,7 +621,7 @@ async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> an
     let findings = report.status.map(|s| s.findings).unwrap_or_default();
     assert!(findings.is_empty(), "no detector, no finding: {findings:?}");
 
-    let coordinator = daemon::coordinator(&env, &["--leader-elect=false"])?;
+    let coordinator = daemon::coordinator(&env, &["--leader-elect=false"]).await?;
     let policy = env
         .create_policy("paused", serde_json::json!({"paused": true}))
         .await?;

@@ -229,7 +229,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
                     node.metadata
                         .labels
                         .get_or_insert_with(Default::default)
-                        .insert("e2e-probe".into(), n.to_string());
+                        .insert("probe.e2e.kubernetes.io/n".into(), n.to_string());
                 })
                 .await,
             );
@@ -736,7 +736,7 @@ async fn maintenances_of_its_own_node(
 type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
 
 /// What the coordinator may not do to a Node, whatever a maintenance left on it.
-fn attacks_on_nodes() -> [Attack; 6] {
+fn attacks_on_nodes() -> [Attack; 8] {
     [
         (
             "relabel",
@@ -750,7 +750,37 @@ fn attacks_on_nodes() -> [Attack; 6] {
                         String::new(),
                     );
             },
-            "may only remove the nodeward.io/cordoned-by annotation",
+            "only the labels a policy nodeLabels may name",
+        ),
+        (
+            "annotate",
+            "a",
+            |n| {
+                n.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        "cluster-autoscaler.kubernetes.io/scale-down-disabled".into(),
+                        "true".into(),
+                    );
+            },
+            "may only remove the nodeward.io/cordoned-by annotation and write its own records",
+        ),
+        (
+            "a pending taint that evicts",
+            "a",
+            |n| {
+                n.spec
+                    .get_or_insert_with(Default::default)
+                    .taints
+                    .get_or_insert_with(Vec::new)
+                    .push(k8s_openapi::api::core::v1::Taint {
+                        key: "nodeward.io/maintenance-pending".into(),
+                        effect: "NoSchedule".into(),
+                        ..Default::default()
+                    });
+            },
+            "put on nodeward.io/maintenance-pending:PreferNoSchedule",
         ),
         (
             "drop the admin's taint",

@@ -21,10 +21,7 @@ use k8s_openapi::api::{
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::{
     Api, Client, ResourceExt,
-    api::{
-        DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
-    },
-    discovery::{self, Scope},
+    api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport,
@@ -35,47 +32,12 @@ use nodeward_e2e::{
     controlplane::{client_as, write_kubeconfig},
     daemon::sibling_binary,
     env::TEST_LABEL,
-    helm::{adopt_crds, binary as helm, chart, run},
+    helm::{adopt_crds, apply, binary as helm, chart, dynamic_api, render, render_text, run},
     repo_root,
     siege::Siege,
     wait,
 };
 use serde_json::{Value, json};
-
-/// The Kubernetes version the chart is rendered for (the test control plane's).
-const KUBE_VERSION: &str = "1.34.4";
-
-/// `helm template` with `values` files: the rendered text.
-fn render_text(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<String> {
-    let mut command = Command::new(helm()?);
-    command.args(["template", release]).arg(chart()).args([
-        "--namespace",
-        namespace,
-        "--kube-version",
-        KUBE_VERSION,
-    ]);
-    for file in values {
-        command.arg("--values").arg(file);
-    }
-    run(&mut command)
-}
-
-/// The documents of a rendered (or any multi-document) YAML text.
-fn documents(text: &str) -> anyhow::Result<Vec<Value>> {
-    let mut documents = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        let value: Value = serde::Deserialize::deserialize(document)?;
-        if !value.is_null() {
-            documents.push(value);
-        }
-    }
-    Ok(documents)
-}
-
-/// `helm template` with `values` files: the rendered documents.
-fn render(release: &str, namespace: &str, values: &[&Path]) -> anyhow::Result<Vec<Value>> {
-    documents(&render_text(release, namespace, values)?)
-}
 
 fn kinds(documents: &[Value]) -> Vec<String> {
     let mut kinds: Vec<String> = documents
@@ -91,46 +53,6 @@ fn find<'a>(documents: &'a [Value], kind: &str) -> anyhow::Result<&'a Value> {
         .iter()
         .find(|d| d["kind"] == kind)
         .with_context(|| format!("no {kind} rendered"))
-}
-
-/// Applies every document server-side, as `kubectl apply --server-side` does.
-async fn apply(client: &Client, documents: &[Value]) -> anyhow::Result<()> {
-    let params = PatchParams::apply("nodeward-e2e-chart").force();
-    for document in documents {
-        let (api, name) = dynamic_api(client, document).await?;
-        let patch = Patch::Apply(document);
-        api.patch(&name, &params, &patch)
-            .await
-            .with_context(|| format!("applying {} {name}", document["kind"]))?;
-    }
-    Ok(())
-}
-
-async fn dynamic_api(
-    client: &Client,
-    document: &Value,
-) -> anyhow::Result<(Api<DynamicObject>, String)> {
-    let api_version = document["apiVersion"].as_str().context("apiVersion")?;
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let kind = document["kind"].as_str().context("kind")?;
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (resource, capabilities) = discovery::pinned_kind(client, &gvk)
-        .await
-        .with_context(|| format!("discovering {api_version} {kind}"))?;
-    let name = document["metadata"]["name"]
-        .as_str()
-        .context("name")?
-        .to_owned();
-    let api = match (
-        capabilities.scope,
-        document["metadata"]["namespace"].as_str(),
-    ) {
-        (Scope::Namespaced, Some(namespace)) => {
-            Api::namespaced_with(client.clone(), namespace, &resource)
-        }
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    Ok((api, name))
 }
 
 async fn token(env: &TestEnv, account: &str, bound_to: Option<&Pod>) -> anyhow::Result<String> {
