@@ -26,6 +26,26 @@ mod values;
 
 use std::path::PathBuf;
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use nodeward_runtime::events::Events;
+
+/// The Events an agent publishes: reported by nodeward-agent from its node and related to its
+/// Node (the chart's admission policy lets an agent publish only about its own things).
+pub fn events(client: Client, node: &str) -> Events {
+    Events::new(
+        client,
+        nodeward_api::labels::AGENT_FIELD_MANAGER,
+        node.to_owned(),
+    )
+    .related_to(ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Node".to_owned()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    })
+}
+
 /// Everything that can go wrong in the agent, with what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

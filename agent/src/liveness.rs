@@ -12,9 +12,12 @@ use k8s_openapi::{
 };
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{ObjectMeta, Patch, PatchParams},
 };
-use nodeward_api::fleet::{LEASE_LABEL, lease_name};
+use nodeward_api::{
+    fleet::{LEASE_LABEL, lease_name},
+    labels::AGENT_FIELD_MANAGER,
+};
 use nodeward_runtime::{
     ApiError,
     stop::{self, Stopping},
@@ -41,19 +44,27 @@ impl Liveness {
         };
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-        // The Lease as last written: renewing it is one write (a conflict reads it again).
-        let mut last: Option<Lease> = None;
+        // The Node as owner, read until it exists, and again when the Lease was created anew
+        // (the garbage collector took it: its owner is gone, perhaps a Node of the same name
+        // replaced it).
+        let mut owner: Option<OwnerReference> = None;
+        let mut created = None;
         loop {
-            let renewed = self.renew(&leases, &name, last.take()).await;
+            let renewed = self.renew(&leases, &name, &mut owner).await;
             self.metrics.api_write("leases", renewed.is_ok());
             let wait = match renewed {
                 Ok(lease) => {
-                    last = Some(lease);
+                    let creation = lease.metadata.creation_timestamp;
+                    if created.is_some() && created != creation {
+                        owner = None;
+                    }
+                    created = creation;
                     backoff.reset();
                     self.every.mul_f64(0.9 + rand::random::<f64>() * 0.2)
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, lease = %name, "renewing the agent's Lease failed; will retry");
+                    owner = None;
                     backoff.next_delay()
                 }
             };
@@ -64,63 +75,42 @@ impl Liveness {
         }
     }
 
-    /// Creates the Lease, or moves its renewal time to now; returns it as written.
+    /// Writes the Lease renewed now, creating it if need be: one server-side apply, so the
+    /// agent needs no read of Leases (it may read none, the coordinator's among them).
     async fn renew(
         &self,
         leases: &Api<Lease>,
         name: &str,
-        last: Option<Lease>,
+        owner: &mut Option<OwnerReference>,
     ) -> Result<Lease, Error> {
-        let now = MicroTime(Timestamp::now());
-        let object = format!("Lease {}/{name}", self.namespace);
-        let existing = match last {
-            Some(lease) => Some(lease),
-            None => leases
-                .get_opt(name)
-                .await
-                .map_err(|e| ApiError::new("reading", object.clone(), e))?,
-        };
-        let Some(mut lease) = existing else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_owned()),
-                    namespace: Some(self.namespace.clone()),
-                    labels: Some([(LEASE_LABEL.to_owned(), "true".to_owned())].into()),
-                    owner_references: self.owner().await?.map(|o| vec![o]),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                    holder_identity: Some(self.node.clone()),
-                    lease_duration_seconds: Some(self.duration_seconds()),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    ..Default::default()
-                }),
-            };
-            return leases
-                .create(&PostParams::default(), &lease)
-                .await
-                .map_err(|e| ApiError::new("creating", object, e).into());
-        };
-        if lease
-            .metadata
-            .owner_references
-            .as_ref()
-            .is_none_or(Vec::is_empty)
-        {
-            // Created before the Node was registered.
-            lease.metadata.owner_references = self.owner().await?.map(|o| vec![o]);
+        if owner.is_none() {
+            *owner = self.owner().await?;
         }
-        let spec = lease.spec.get_or_insert_with(Default::default);
-        spec.holder_identity = Some(self.node.clone());
-        spec.lease_duration_seconds = Some(self.duration_seconds());
-        spec.renew_time = Some(now);
-        // The resourceVersion makes this a compare-and-swap: on a conflict the next attempt
-        // reads the Lease again.
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some([(LEASE_LABEL.to_owned(), "true".to_owned())].into()),
+                owner_references: owner.clone().map(|o| vec![o]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some(self.node.clone()),
+                lease_duration_seconds: Some(self.duration_seconds()),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..Default::default()
+            }),
+        };
         leases
-            .replace(name, &PostParams::default(), &lease)
+            .patch(
+                name,
+                &PatchParams::apply(AGENT_FIELD_MANAGER).force(),
+                &Patch::Apply(&lease),
+            )
             .await
-            .map_err(|e| ApiError::new("renewing", object, e).into())
+            .map_err(|e| {
+                ApiError::new("renewing", format!("Lease {}/{name}", self.namespace), e).into()
+            })
     }
 
     /// How long the Lease counts as held without renewal: three renewals.

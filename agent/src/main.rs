@@ -19,7 +19,6 @@ use nodeward_agent::{
 use nodeward_api::report::{AgentMode, PauseAcknowledgement};
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
-    events::Events,
     stop::Stopping,
 };
 
@@ -318,11 +317,7 @@ fn maintain(
     let own_pod = std::env::var("POD_NAMESPACE")
         .ok()
         .zip(std::env::var("POD_NAME").ok());
-    let events = Events::new(
-        client.clone(),
-        nodeward_api::labels::AGENT_FIELD_MANAGER,
-        node_name.to_owned(),
-    );
+    let events = nodeward_agent::events(client.clone(), node_name);
     if config.shutdown_guard.enabled {
         let shutdown_guard = Guard {
             client: client.clone(),
@@ -347,7 +342,7 @@ fn maintain(
             boot_id: boot_id.to_owned(),
             own_pod,
             notifier,
-            events,
+            events: events.clone(),
             policies,
             reboot: config.reboot.clone(),
             written: Default::default(),
@@ -368,6 +363,7 @@ fn maintain(
     }));
     tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
         client.clone(),
+        events,
         node_name.to_owned(),
         boot_id.to_owned(),
         snapshots.clone(),

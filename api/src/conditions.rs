@@ -123,6 +123,12 @@ pub mod overdue {
     pub const NOT_STARTED: &str = "NotStarted";
     /// Acting on a reboot and no new boot within `deadlines.reboot`: Failed.
     pub const NODE_DID_NOT_RETURN: &str = "NodeDidNotReturn";
+    /// Draining for longer than `deadlines.drain` (the agent neither finished nor failed the
+    /// drain): Failed.
+    pub const DRAIN_NOT_FINISHED: &str = "DrainNotFinished";
+    /// Verifying for longer than `deadlines.verify` (the agent neither passed nor failed the
+    /// health gate): Failed.
+    pub const NOT_VERIFIED: &str = "NotVerified";
     /// The node's agent silent for `deadlines.agentLost`: the coordinator finished it.
     pub const AGENT_LOST: &str = "AgentLost";
     /// An admitted DeleteNode of a dead node: Acting at once, the node deleted without a drain.

@@ -171,6 +171,14 @@ impl NodeMaintenance {
         self.status.as_ref().map(|s| s.phase).unwrap_or_default()
     }
 
+    /// Its status's message (empty before one).
+    pub fn message(&self) -> &str {
+        self.status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .unwrap_or_default()
+    }
+
     /// Its status's conditions (none before a status).
     pub fn conditions(&self) -> &[Condition] {
         self.status
@@ -409,6 +417,11 @@ pub struct PhaseTransition {
 #[serde(rename_all = "camelCase")]
 pub struct PhaseDeadline {
     pub phase: MaintenancePhase,
+    /// When the coordinator first saw the maintenance in `phase` (for Admitted, when it
+    /// admitted it): deadlines run on the coordinator's own clock, never on the history the
+    /// agent writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
     pub time: Time,
     /// What happens then, e.g. `back to Pending (NotStarted)`.
     #[schemars(length(max = 256))]

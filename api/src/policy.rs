@@ -177,6 +177,26 @@ pub struct NodeLabel {
 }
 
 impl DisruptionPolicySpec {
+    /// Its deadlines resolved, the coordinator's backstops never shorter than the agent's own
+    /// timeouts they back (`drainTimeout`; the health gate's and the workload gate's timeouts)
+    /// plus [`Deadlines::BACKSTOP_MARGIN`].
+    pub fn resolved_deadlines(&self) -> ResolvedDeadlines {
+        let mut resolved = Deadlines::resolve(self.deadlines.as_ref());
+        let std = |d: Option<&Duration>| d.and_then(|d| d.to_std().ok());
+        if let Some(drain) = std(self.drain_timeout.as_ref()) {
+            resolved.drain = resolved.drain.max(drain + Deadlines::BACKSTOP_MARGIN);
+        }
+        let health = std(self.health_gate.as_ref().and_then(|g| g.timeout.as_ref()));
+        if let Some(health) = health {
+            let workloads = std(self.workload_gate.as_ref().and_then(|g| g.timeout.as_ref()))
+                .unwrap_or(WORKLOAD_GATE_TIMEOUT);
+            resolved.verify = resolved
+                .verify
+                .max(health + workloads + Deadlines::BACKSTOP_MARGIN);
+        }
+        resolved
+    }
+
     /// Whether admission looks at the PodDisruptionBudgets of a node's pods first (on unless
     /// `workloadGate.checkDisruptionBudgets` is false).
     pub fn checks_disruption_budgets(&self) -> bool {
@@ -281,6 +301,20 @@ pub struct Deadlines {
     /// N nodes back to back. Default 10m; `0s` frees it at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replacement: Option<Duration>,
+    /// A maintenance still Draining this long after the coordinator saw it start draining
+    /// fails (`DrainNotFinished`): the coordinator's own backstop for an agent that neither
+    /// finishes its drain nor fails it (the agent applies `drainTimeout` and the stages'
+    /// timeouts first). Never shorter than `drainTimeout` plus 10m. Default 2h; at least 1m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.drain must be at least 1m, e.g. 2h"))]
+    pub drain: Option<Duration>,
+    /// A maintenance still Verifying this long after the coordinator saw it come back fails
+    /// (`NotVerified`): the backstop for an agent that neither passes nor fails its health
+    /// gate. Never shorter than `healthGate.timeout` plus the workload gate's timeout plus
+    /// 10m. Default 2h; at least 1m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1m')").message("deadlines.verify must be at least 1m, e.g. 2h"))]
+    pub verify: Option<Duration>,
 }
 
 impl Deadlines {
@@ -289,6 +323,10 @@ impl Deadlines {
     pub const DEFAULT_REBOOT: std::time::Duration = std::time::Duration::from_secs(1800);
     pub const DEFAULT_AGENT_LOST: std::time::Duration = std::time::Duration::from_secs(1800);
     pub const DEFAULT_REPLACEMENT: std::time::Duration = std::time::Duration::from_secs(600);
+    pub const DEFAULT_DRAIN: std::time::Duration = std::time::Duration::from_secs(7200);
+    pub const DEFAULT_VERIFY: std::time::Duration = std::time::Duration::from_secs(7200);
+    /// What the agent's own timeouts get before the coordinator's backstop applies.
+    pub const BACKSTOP_MARGIN: std::time::Duration = std::time::Duration::from_secs(600);
 
     /// Each deadline of `deadlines` (absent: the defaults), resolved.
     pub fn resolve(deadlines: Option<&Deadlines>) -> ResolvedDeadlines {
@@ -301,6 +339,8 @@ impl Deadlines {
             reboot: pick(d.reboot.as_ref(), Self::DEFAULT_REBOOT),
             agent_lost: pick(d.agent_lost.as_ref(), Self::DEFAULT_AGENT_LOST),
             replacement: pick(d.replacement.as_ref(), Self::DEFAULT_REPLACEMENT),
+            drain: pick(d.drain.as_ref(), Self::DEFAULT_DRAIN),
+            verify: pick(d.verify.as_ref(), Self::DEFAULT_VERIFY),
         }
     }
 }
@@ -313,6 +353,8 @@ pub struct ResolvedDeadlines {
     pub reboot: std::time::Duration,
     pub agent_lost: std::time::Duration,
     pub replacement: std::time::Duration,
+    pub drain: std::time::Duration,
+    pub verify: std::time::Duration,
 }
 
 impl ResolvedDeadlines {
@@ -325,6 +367,8 @@ impl ResolvedDeadlines {
                 reboot: a.reboot.max(b.reboot),
                 agent_lost: a.agent_lost.max(b.agent_lost),
                 replacement: a.replacement.max(b.replacement),
+                drain: a.drain.max(b.drain),
+                verify: a.verify.max(b.verify),
             })
             .unwrap_or_else(|| Deadlines::resolve(None))
     }
@@ -638,6 +682,28 @@ mod tests {
         assert_eq!(spec.max_concurrent, IntOrString::Int(1));
         assert!(!spec.paused && !spec.auto_reboot && spec.windows.is_empty());
         assert!(spec.node_selector.is_none());
+    }
+
+    #[test]
+    fn the_coordinators_backstops_are_never_shorter_than_the_agents_own_timeouts() {
+        let resolved = |spec: serde_json::Value| {
+            serde_json::from_value::<DisruptionPolicySpec>(spec)
+                .expect("valid spec")
+                .resolved_deadlines()
+        };
+        let defaults = resolved(serde_json::json!({}));
+        assert_eq!(defaults.drain.as_secs(), 7200);
+        assert_eq!(defaults.verify.as_secs(), 7200);
+        let set = resolved(serde_json::json!({"deadlines": {"drain": "30m", "verify": "45m"}}));
+        assert_eq!((set.drain.as_secs(), set.verify.as_secs()), (1800, 2700));
+        // A drain timeout of 3h gets 10m more; a health gate of 2h plus the workload gate's
+        // default 10m, 10m more.
+        let longer = resolved(serde_json::json!({
+            "deadlines": {"drain": "30m", "verify": "45m"},
+            "drainTimeout": "3h", "healthGate": {"for": "1m", "timeout": "2h"},
+        }));
+        assert_eq!(longer.drain.as_secs(), 3 * 3600 + 600);
+        assert_eq!(longer.verify.as_secs(), 2 * 3600 + 600 + 600);
     }
 
     #[test]

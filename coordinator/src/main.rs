@@ -78,7 +78,8 @@ struct Run {
     /// 0 keeps them all. At least 1h, e.g. 168h.
     #[arg(long, env = "NODEWARD_FINISHED_MAINTENANCE_TTL", default_value = "168h", value_parser = humantime::parse_duration)]
     finished_maintenance_ttl: Duration,
-    /// Serve the eviction admission webhook (HTTPS) on this address, e.g. 0.0.0.0:9443.
+    /// Serve the admission webhook (HTTPS: each agent's evictions to its own node's pods, its
+    /// reboot requests to a few at once) on this address, e.g. 0.0.0.0:9443.
     #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN")]
     webhook_listen: Option<SocketAddr>,
     /// Keep the webhook's certificate in this Secret (in the coordinator's namespace): issued,
@@ -100,10 +101,10 @@ struct Run {
     /// More DNS names for the certificate, comma-separated.
     #[arg(long, value_delimiter = ',')]
     webhook_extra_dns: Vec<String>,
-    /// The ValidatingWebhookConfiguration whose caBundle the coordinator keeps.
+    /// The ValidatingWebhookConfiguration whose webhooks' caBundle the coordinator keeps.
     #[arg(long, default_value = "nodeward-agent-evictions")]
     webhook_configuration: String,
-    /// The webhook in it.
+    /// A webhook that must be in it.
     #[arg(long, default_value = "evictions.agent.nodeward.io")]
     webhook_name: String,
     /// How long the webhook's CA is valid; a successor is trusted from a third of its life
@@ -325,7 +326,7 @@ async fn start_webhook(
     let (bound, serving) = webhook::serve(address, acceptor, client.clone(), Limits::default())
         .await
         .map_err(Error::Webhook)?;
-    tracing::info!(address = %bound, path = webhook::EVICTION_PATH, "serving the eviction webhook");
+    tracing::info!(address = %bound, evictions = webhook::EVICTION_PATH, requests = webhook::requests::REQUEST_PATH, "serving the admission webhook");
     tasks.spawn(serving);
     Ok(())
 }

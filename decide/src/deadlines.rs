@@ -67,9 +67,10 @@ pub fn agent_lost(heartbeat: Option<Timestamp>, now: Timestamp, limit: Duration)
 }
 
 /// The deadline that applies to `m` now, if any: Admitted must become Draining within
-/// `start`; a Reboot Acting must come back (the agent moves it to Verifying on the new boot)
-/// within `reboot`. Other phases have their own limits, which the agent enforces (drain
-/// timeout, health gate timeout), or none (a DrainOnly maintenance holds until deleted).
+/// `start`; Draining must end within `drain`; a Reboot Acting must come back (the agent moves
+/// it to Verifying on the new boot) within `reboot`; Verifying must end within `verify`. The
+/// agent's own limits (drain timeout, health gate timeout) act first; a DrainOnly or PowerOff
+/// Acting holds until deleted.
 pub fn due(m: Progress, deadlines: ResolvedDeadlines) -> Option<Due> {
     let after = |limit: Duration| m.since.checked_add(limit).unwrap_or(m.since);
     match (m.phase, m.action) {
@@ -82,6 +83,28 @@ pub fn due(m: Progress, deadlines: ResolvedDeadlines) -> Option<Due> {
             message: format!(
                 "admitted, but the node's agent did not start draining within {}s (deadlines.start): back to Pending, its budget slots freed",
                 deadlines.start.as_secs()
+            ),
+        }),
+        (MaintenancePhase::Draining, _) => Some(Due {
+            phase: m.phase,
+            at: after(deadlines.drain),
+            to: MaintenancePhase::Failed,
+            reason: overdue::DRAIN_NOT_FINISHED,
+            then: format!("Failed ({})", overdue::DRAIN_NOT_FINISHED),
+            message: format!(
+                "the node's agent neither finished nor failed its drain within {}s (deadlines.drain)",
+                deadlines.drain.as_secs()
+            ),
+        }),
+        (MaintenancePhase::Verifying, _) => Some(Due {
+            phase: m.phase,
+            at: after(deadlines.verify),
+            to: MaintenancePhase::Failed,
+            reason: overdue::NOT_VERIFIED,
+            then: format!("Failed ({})", overdue::NOT_VERIFIED),
+            message: format!(
+                "the node's agent neither passed nor failed its health gate within {}s (deadlines.verify)",
+                deadlines.verify.as_secs()
             ),
         }),
         (MaintenancePhase::Acting, MaintenanceAction::Reboot) => Some(Due {
@@ -221,13 +244,39 @@ mod tests {
     }
 
     #[test]
-    fn phases_the_agent_times_or_that_hold_on_purpose_have_no_deadline() {
+    fn draining_and_verifying_have_the_coordinators_backstop() {
+        let deadlines = ResolvedDeadlines {
+            drain: Duration::from_secs(600),
+            verify: Duration::from_secs(900),
+            ..defaults()
+        };
+        for (phase, at, reason) in [
+            (
+                MaintenancePhase::Draining,
+                1600,
+                overdue::DRAIN_NOT_FINISHED,
+            ),
+            (MaintenancePhase::Verifying, 1900, overdue::NOT_VERIFIED),
+        ] {
+            let m = Progress {
+                phase,
+                action: MaintenanceAction::DrainOnly,
+                since: t(1000),
+            };
+            let due = due(m, deadlines).expect("a deadline");
+            assert_eq!(
+                (due.at, due.to, due.reason),
+                (t(at), MaintenancePhase::Failed, reason)
+            );
+        }
+    }
+
+    #[test]
+    fn phases_that_hold_on_purpose_or_have_ended_have_no_deadline() {
         for (phase, action) in [
             (MaintenancePhase::Pending, MaintenanceAction::Reboot),
-            (MaintenancePhase::Draining, MaintenanceAction::Reboot),
             (MaintenancePhase::Acting, MaintenanceAction::DrainOnly),
             (MaintenancePhase::Acting, MaintenanceAction::DeleteNode),
-            (MaintenancePhase::Verifying, MaintenanceAction::Reboot),
             (MaintenancePhase::Succeeded, MaintenanceAction::Reboot),
             (MaintenancePhase::Failed, MaintenanceAction::Reboot),
         ] {
@@ -350,6 +399,8 @@ mod tests {
             reboot: Duration::from_secs(120),
             agent_lost: Duration::from_secs(7200),
             replacement: Duration::from_secs(60),
+            drain: Duration::from_secs(60),
+            verify: Duration::from_secs(7200),
         };
         let long = ResolvedDeadlines {
             agent_heartbeat: Duration::from_secs(600),
@@ -357,6 +408,8 @@ mod tests {
             reboot: Duration::from_secs(3600),
             agent_lost: Duration::from_secs(60),
             replacement: Duration::ZERO,
+            drain: Duration::from_secs(3600),
+            verify: Duration::from_secs(60),
         };
         let both = ResolvedDeadlines::longest([short, long]);
         assert_eq!(
@@ -367,6 +420,8 @@ mod tests {
                 reboot: Duration::from_secs(3600),
                 agent_lost: Duration::from_secs(7200),
                 replacement: Duration::from_secs(60),
+                drain: Duration::from_secs(3600),
+                verify: Duration::from_secs(7200),
             }
         );
         assert_eq!(ResolvedDeadlines::longest([]), defaults());

@@ -18,6 +18,7 @@ use kube::{
 pub struct Events {
     recorder: Recorder,
     limit: Option<Arc<Mutex<RateLimit>>>,
+    related: Option<ObjectReference>,
 }
 
 impl Events {
@@ -31,7 +32,15 @@ impl Events {
                 },
             ),
             limit: None,
+            related: None,
         }
+    }
+
+    /// Every Event names `related` as the object it is related to (an agent's Events, its
+    /// Node: the admission policy lets an agent publish only about its own things).
+    pub fn related_to(mut self, related: ObjectReference) -> Self {
+        self.related = Some(related);
+        self
     }
 
     /// At most `burst` Events at once, then one more every `refill`; the others are dropped
@@ -69,7 +78,7 @@ impl Events {
             reason: reason.to_owned(),
             note: Some(fitted(note)),
             action: action.to_owned(),
-            secondary: None,
+            secondary: self.related.clone(),
         };
         let published = self.recorder.publish(&event, about).await;
         if let Err(e) = &published {

@@ -535,13 +535,8 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     env.cleanup_after(cluster).await
 }
 
-#[tokio::test]
-async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
-    let (env, node) = TestEnv::alone_with_worker("maint-autoreboot", "a").await?;
-    env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
-        .await?;
-    // It publishes the policy for the agent (paused: it admits nothing).
-    let _coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"]).await?;
+/// The arguments of an agent of `node` whose node reports RebootRequired (a sentinel file).
+fn reboot_required_agent(env: &TestEnv, node: &str) -> anyhow::Result<Vec<String>> {
     let dir = scratch::dir(&format!("nodeward-maintenance-{}", env.id))?;
     let sentinel = scratch::write(&dir, "reboot-required", "")?;
     let config = scratch::agent_config_file(
@@ -552,12 +547,28 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
         )],
         "shutdownGuard: {enabled: false}\n",
     )?;
-    let args = nodeward_e2e::daemon::agent_args(
-        &node,
+    Ok(nodeward_e2e::daemon::agent_args(
+        node,
         &env.namespace,
         &controlplane::shared().kubeconfig,
         &config,
-    );
+    ))
+}
+
+/// A node of its own whose policy asks for automatic reboots, and a coordinator that publishes
+/// it for the agent (paused: it admits nothing).
+async fn auto_reboot_scope(test: &str) -> anyhow::Result<(TestEnv, String, Daemon)> {
+    let (env, node) = TestEnv::alone_with_worker(test, "a").await?;
+    env.create_policy("auto", json!({"autoReboot": true, "paused": true}))
+        .await?;
+    let coordinator = nodeward_e2e::daemon::coordinator(&env, &["--leader-elect=false"]).await?;
+    Ok((env, node, coordinator))
+}
+
+#[tokio::test]
+async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
+    let (env, node, _coordinator) = auto_reboot_scope("maint-autoreboot").await?;
+    let args = reboot_required_agent(&env, &node)?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let mine = || async {
         anyhow::Ok(
@@ -610,6 +621,85 @@ async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow:
         );
         drop(agent);
     }
+    env.cleanup().await
+}
+
+/// A request the cluster refuses (here an admission policy of the test's) is shown on the
+/// node as a Warning Event with the API server's reason, and asked again once it is allowed.
+#[tokio::test]
+async fn a_refused_reboot_request_is_shown_on_the_node_and_asked_again() -> anyhow::Result<()> {
+    let (env, node, _coordinator) = auto_reboot_scope("maint-refused").await?;
+    // Labelled as the test's release: its cleanup removes them.
+    let name = format!("{}-refuse", env.id);
+    let metadata = json!({"name": name, "labels": {"app.kubernetes.io/instance": env.id}});
+    let refusing = [
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": metadata, "spec": {"failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["nodeward.io"], "apiVersions": ["*"],
+                "operations": ["CREATE"], "resources": ["nodemaintenances"]}]},
+            "validations": [{"expression": format!("object.spec.nodeName != '{node}'"),
+                "message": format!("e2e refuses the requests of {node}")}]}}),
+        json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": metadata, "spec": {"policyName": name, "validationActions": ["Deny"]}}),
+    ];
+    nodeward_e2e::helm::apply(&env.client, &refusing).await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let probe: NodeMaintenance = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": format!("{}-probe", env.id)},
+        "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot"},
+    }))?;
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::eventually("the test's policy in force", TIMEOUT, || async {
+        Ok(maintenances
+            .create(&dry_run, &probe)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+
+    let args = reboot_required_agent(&env, &node)?;
+    let agent = Daemon::start(agent_binary(), &format!("{}-agent", env.id), &args)?;
+    let shown = env
+        .wait_event(&node, "", "RebootRequestRefused")
+        .await
+        .with_context(|| agent.output())?;
+    let note = shown.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!("e2e refuses the requests of {node}"))
+            && note.contains("asking again with backoff"),
+        "{note}"
+    );
+    assert_eq!(shown.type_.as_deref(), Some("Warning"));
+
+    // Allowed again: asked again, without a restart.
+    for kind in [
+        "validatingadmissionpolicybindings",
+        "validatingadmissionpolicies",
+    ] {
+        let api: Api<kube::api::DynamicObject> = Api::all_with(
+            env.client.clone(),
+            &kube::api::ApiResource {
+                group: "admissionregistration.k8s.io".into(),
+                version: "v1".into(),
+                api_version: "admissionregistration.k8s.io/v1".into(),
+                kind: String::new(),
+                plural: kind.into(),
+            },
+        );
+        api.delete(&name, &Default::default()).await?;
+    }
+    wait::eventually("the request asked again", 2 * TIMEOUT, || async {
+        let asked = maintenances.list(&Default::default()).await?;
+        Ok(asked.items.into_iter().find(|m| m.spec.node_name == node))
+    })
+    .await
+    .with_context(|| agent.output())?;
+    drop(agent);
     env.cleanup().await
 }
 

@@ -547,11 +547,7 @@ async fn a_health_gate_that_never_passes_fails_the_reboot_and_restores_the_node(
     let m = nodeward_e2e::wait::phase(&maintenances, &name, MaintenancePhase::Failed, within)
         .await
         .with_context(|| machine.output())?;
-    let message = m
-        .status
-        .as_ref()
-        .and_then(|s| s.message.clone())
-        .unwrap_or_default();
+    let message = m.message().to_owned();
     assert!(
         message.contains(
             "the health gate did not pass within 3s after the reboot: the node reports E2EProblem"
@@ -619,11 +615,7 @@ async fn a_reboot_that_does_not_return_in_time_fails_and_the_node_is_restored_on
     let failed = nodeward_e2e::wait::phase(&maintenances, &name, MaintenancePhase::Failed, within)
         .await
         .with_context(|| coordinator.output())?;
-    let message = failed
-        .status
-        .as_ref()
-        .and_then(|s| s.message.clone())
-        .unwrap_or_default();
+    let message = failed.message().to_owned();
     assert!(
         message.contains("did not come back from its reboot within 30s"),
         "{message}"

@@ -3,12 +3,19 @@
 //! the agent's `--auto-reboot`), the agent asks for one Reboot NodeMaintenance per boot. The
 //! name derives from the node and the boot id, so asking again is harmless.
 
-use kube::{Api, Client};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{Api, Client, runtime::events::EventType};
 use nodeward_api::{
     MaintenanceAction, MaintenanceReason, NodeMaintenance, conditions::node::REBOOT_REQUIRED,
     labels::AGENT_FIELD_MANAGER,
 };
-use nodeward_runtime::write::{self, Outcome};
+use nodeward_runtime::{
+    backoff::Backoff,
+    events::Events,
+    write::{self, Outcome},
+};
 use tokio::sync::watch;
 
 use crate::{detect::Status, runner::Snapshot};
@@ -35,31 +42,75 @@ pub fn required(snapshot: &Snapshot) -> bool {
         .any(|c| c.finding.condition == REBOOT_REQUIRED && c.finding.status == Status::Problem)
 }
 
-/// Runs until the senders go away: asks for the reboot when both inputs say so.
+/// Runs until the senders go away: asks for the reboot when both inputs say so. A request
+/// the cluster refuses (its admission policy, the bound on requests per node) is shown as a
+/// Warning Event on the node, once per reason, and asked again with backoff.
 pub async fn run(
     client: Client,
+    events: Events,
     node: String,
     boot_id: String,
     mut snapshots: watch::Receiver<Snapshot>,
     mut auto_reboot: watch::Receiver<bool>,
 ) {
     let name = name(&node, &boot_id);
+    let about = node_reference(&node);
     let mut asked = false;
+    let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
+    let mut retry = RETRY_FIRST;
+    let mut shown: Option<String> = None;
     loop {
         let wanted = required(&snapshots.borrow_and_update()) && *auto_reboot.borrow_and_update();
         if wanted && !asked {
-            asked = request(&client, &node, &name).await;
+            match request(&client, &node, &name).await {
+                Ok(()) => {
+                    asked = true;
+                    backoff.reset();
+                }
+                Err(why) => {
+                    retry = backoff.next_delay();
+                    tracing::warn!(error = %why, maintenance = %name, ?retry, "asking for a reboot failed; asking again");
+                    if shown.as_ref() != Some(&why) {
+                        events
+                            .publish(
+                                &about,
+                                EventType::Warning,
+                                "RebootRequest",
+                                "RebootRequestRefused",
+                                format!(
+                                    "asking for a reboot (NodeMaintenance {name}) failed, asking again with backoff: {why}"
+                                ),
+                            )
+                            .await;
+                        shown = Some(why);
+                    }
+                }
+            }
         }
         tokio::select! {
             changed = snapshots.changed() => if changed.is_err() { return },
             changed = auto_reboot.changed() => if changed.is_err() { return },
-            // Retry a failed request.
-            _ = tokio::time::sleep(std::time::Duration::from_secs(30)), if wanted && !asked => {}
+            _ = tokio::time::sleep(retry), if wanted && !asked => {}
         }
     }
 }
 
-async fn request(client: &Client, node: &str, name: &str) -> bool {
+/// The first wait before asking again after a failure, and the longest.
+const RETRY_FIRST: Duration = Duration::from_secs(30);
+const RETRY_MAX: Duration = Duration::from_secs(600);
+
+fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".to_owned()),
+        kind: Some("Node".to_owned()),
+        name: Some(node.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// Creates the request; an existing one (asked before in this boot) is as good. The error is
+/// what the API server said.
+async fn request(client: &Client, node: &str, name: &str) -> Result<(), String> {
     let maintenance = NodeMaintenance::request(
         name,
         node,
@@ -72,16 +123,17 @@ async fn request(client: &Client, node: &str, name: &str) -> bool {
     match write::create(&api, &maintenance).await {
         Outcome::Written(_) => {
             tracing::info!(maintenance = %name, "reboot required: asked the coordinator for a reboot");
-            true
+            Ok(())
         }
         Outcome::Conflict(_) => {
             tracing::info!(maintenance = %name, "reboot required: already asked for in this boot");
-            true
+            Ok(())
         }
-        Outcome::Gone(e) | Outcome::Failed(e) => {
-            tracing::warn!(error = %e, maintenance = %name, "asking for a reboot failed; retrying");
-            false
-        }
+        // What the API server said, or what kept the request from it.
+        Outcome::Gone(e) | Outcome::Failed(e) => Err(match &e.source {
+            kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+            _ => e.to_string(),
+        }),
     }
 }
 

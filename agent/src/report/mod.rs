@@ -145,12 +145,8 @@ impl Reporter {
         readiness: Arc<Readiness>,
     ) -> Self {
         Self {
-            events: Events::new(
-                client.clone(),
-                AGENT_FIELD_MANAGER,
-                identity.node_name.clone(),
-            )
-            .limited(EVENT_BURST, EVENT_REFILL),
+            events: crate::events(client.clone(), &identity.node_name)
+                .limited(EVENT_BURST, EVENT_REFILL),
             client,
             identity,
             metrics,

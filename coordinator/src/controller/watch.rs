@@ -202,12 +202,7 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
-                    trim: |node: &mut Node| {
-                        // Image lists are most of a Node's size and nothing here reads them.
-                        if let Some(status) = node.status.as_mut() {
-                            status.images = None;
-                        }
-                    },
+                    trim: trim::node,
                     relevance: relevance::node,
                     ..Reflected::default()
                 },
@@ -216,6 +211,7 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
+                    trim: trim::policy,
                     own_writes: true,
                     ..Reflected::default()
                 },
@@ -224,12 +220,7 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
-                    // Only the spec's drain plan and note can be large, and only the agent reads
-                    // them. (Status is kept whole: the coordinator writes it back.)
-                    trim: |m: &mut NodeMaintenance| {
-                        m.spec.drain_plan = None;
-                        m.spec.message = None;
-                    },
+                    trim: trim::maintenance,
                     new_pending: |m: &NodeMaintenance| {
                         m.phase() == MaintenancePhase::Pending
                             && m.metadata.deletion_timestamp.is_none()
@@ -242,19 +233,7 @@ impl Stores {
                 Api::all(client.clone()),
                 all(),
                 Reflected {
-                    // Decisions read the heartbeat, the pause acknowledgements, the peers'
-                    // sightings and which detectors report how: not the findings' messages, the
-                    // inhibitor or the shutdown progress.
-                    trim: |r: &mut NodeReport| {
-                        if let Some(s) = r.status.as_mut() {
-                            for f in &mut s.findings {
-                                f.message.clear();
-                            }
-                            s.inhibitor = None;
-                            s.shutdown = None;
-                            s.conditions.clear();
-                        }
-                    },
+                    trim: trim::report,
                     relevance: relevance::report,
                     ..Reflected::default()
                 },
@@ -263,6 +242,7 @@ impl Stores {
                 Api::namespaced(client.clone(), namespace),
                 all().labels(LEASE_LABEL),
                 Reflected {
+                    trim: trim::lease,
                     relevance: relevance::lease,
                     ..Reflected::default()
                 },
@@ -317,6 +297,67 @@ impl Stores {
             scans: BTreeMap::new(),
             surged: BTreeMap::new(),
             finished_ttl: None,
+        }
+    }
+}
+
+/// What each cache drops before it stores an object: what nothing here reads, and is sized by
+/// whoever wrote it. Managed fields go from every object.
+mod trim {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node};
+    use nodeward_api::{DisruptionPolicy, NodeMaintenance, NodeReport};
+
+    /// Image lists are most of a Node's size and nothing here reads them. Its labels are what
+    /// policies select; of its annotations only nodeward's own records are read.
+    pub(super) fn node(node: &mut Node) {
+        if let Some(status) = node.status.as_mut() {
+            status.images = None;
+        }
+        only_nodewards(&mut node.metadata.annotations);
+    }
+
+    pub(super) fn policy(policy: &mut DisruptionPolicy) {
+        only_nodewards(&mut policy.metadata.annotations);
+    }
+
+    /// Only the spec's drain plan and note can be large, and only the agent reads them.
+    /// (Status is kept whole: the coordinator writes it back.)
+    pub(super) fn maintenance(m: &mut NodeMaintenance) {
+        m.spec.drain_plan = None;
+        m.spec.message = None;
+        only_nodewards(&mut m.metadata.labels);
+        only_nodewards(&mut m.metadata.annotations);
+    }
+
+    /// Decisions read the heartbeat, the pause acknowledgements, the peers' sightings and
+    /// which detectors report how: not the findings' messages, the inhibitor or the shutdown
+    /// progress.
+    pub(super) fn report(r: &mut NodeReport) {
+        only_nodewards(&mut r.metadata.labels);
+        only_nodewards(&mut r.metadata.annotations);
+        if let Some(s) = r.status.as_mut() {
+            for f in &mut s.findings {
+                f.message.clear();
+            }
+            s.inhibitor = None;
+            s.shutdown = None;
+            s.conditions.clear();
+        }
+    }
+
+    pub(super) fn lease(l: &mut Lease) {
+        only_nodewards(&mut l.metadata.labels);
+        only_nodewards(&mut l.metadata.annotations);
+    }
+
+    /// Keeps of labels or annotations only nodeward's own (`nodeward.io/`): nothing here reads
+    /// the others, and what they hold is sized by whoever wrote them (a `kubectl apply` record,
+    /// an admin's notes).
+    pub(super) fn only_nodewards(map: &mut Option<BTreeMap<String, String>>) {
+        if let Some(map) = map.as_mut() {
+            map.retain(|k, _| k.starts_with("nodeward.io/"));
         }
     }
 }
@@ -568,6 +609,24 @@ mod tests {
         assert!(changes.changed("Node", "m", None));
         assert!(full_round(&changes));
         assert!(!full_round(&changes));
+    }
+
+    #[test]
+    fn the_caches_keep_only_nodewards_own_labels_and_annotations() {
+        let mut map = Some(BTreeMap::from([
+            ("nodeward.io/cordoned-by".to_owned(), "m1".to_owned()),
+            (
+                "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+                "x".repeat(1 << 20),
+            ),
+            ("example.com/nodeward.io/x".to_owned(), String::new()),
+        ]));
+        trim::only_nodewards(&mut map);
+        let kept: Vec<&String> = map.iter().flat_map(BTreeMap::keys).collect();
+        assert_eq!(kept, ["nodeward.io/cordoned-by"]);
+        let mut none = None;
+        trim::only_nodewards(&mut none);
+        assert_eq!(none, None);
     }
 
     #[test]

@@ -535,6 +535,7 @@ impl Writer {
         )
         .map(|due| PhaseDeadline {
             phase: due.phase,
+            since: Some(Time(now)),
             time: Time(due.at),
             then: due.then,
         });

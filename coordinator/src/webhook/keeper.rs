@@ -39,7 +39,8 @@ pub struct Keeper {
     pub client: Client,
     pub namespace: String,
     pub secret: String,
-    /// The ValidatingWebhookConfiguration and the webhook in it whose `caBundle` is kept.
+    /// The ValidatingWebhookConfiguration whose webhooks' `caBundle` is kept, and the webhook
+    /// that must be in it.
     pub configuration: String,
     pub webhook: String,
     pub wanted: Wanted,
@@ -241,24 +242,28 @@ impl Keeper {
             return Ok(());
         };
         let webhooks = configuration.webhooks.unwrap_or_default();
-        let Some(entry) = webhooks.iter().find(|w| w.name == self.webhook) else {
+        if !webhooks.iter().any(|w| w.name == self.webhook) {
             return Err(format!(
                 "ValidatingWebhookConfiguration {} has no webhook named {}",
                 self.configuration, self.webhook
             ));
-        };
+        }
+        // Every webhook of the configuration is served here (evictions, requests).
         let bundle = ByteString(material.trust_bundle.as_bytes().to_vec());
-        if entry.client_config.ca_bundle.as_ref() == Some(&bundle) {
+        let stale: Vec<WebhookCaBundle<'_>> = webhooks
+            .iter()
+            .filter(|w| w.client_config.ca_bundle.as_ref() != Some(&bundle))
+            .map(|w| WebhookCaBundle {
+                name: &w.name,
+                client_config: ClientCaBundle { ca_bundle: &bundle },
+            })
+            .collect();
+        if stale.is_empty() {
             return Ok(());
         }
-        // A strategic merge patch: the webhooks list merges by name, so only this entry's
+        // A strategic merge patch: the webhooks list merges by name, so only these entries'
         // caBundle changes, whatever else was changed by others.
-        let patch = CaBundlePatch {
-            webhooks: [WebhookCaBundle {
-                name: &self.webhook,
-                client_config: ClientCaBundle { ca_bundle: &bundle },
-            }],
-        };
+        let patch = CaBundlePatch { webhooks: stale };
         configurations
             .patch(
                 &self.configuration,
@@ -310,7 +315,7 @@ pub async fn follow_files(
 /// A strategic merge patch of one webhook's CA bundle.
 #[derive(Debug, serde::Serialize)]
 struct CaBundlePatch<'a> {
-    webhooks: [WebhookCaBundle<'a>; 1],
+    webhooks: Vec<WebhookCaBundle<'a>>,
 }
 
 #[derive(Debug, serde::Serialize)]

@@ -1,8 +1,9 @@
-//! The admission webhook that keeps each agent's evictions to the pods of its own node. A
-//! ValidatingAdmissionPolicy cannot do it: an eviction's admission request carries the
-//! Eviction, not the pod, and a policy cannot read the pod. The chart's
-//! ValidatingWebhookConfiguration sends only the agent's `pods/eviction` requests here; every
-//! coordinator replica answers, leader or not.
+//! The admission webhook that keeps each agent's evictions to the pods of its own node, and
+//! its reboot requests to a few at once ([`requests`]). A ValidatingAdmissionPolicy cannot do
+//! either: an eviction's admission request carries the Eviction, not the pod, and a policy can
+//! neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
+//! only the agent's `pods/eviction` and NodeMaintenance creations here; every coordinator
+//! replica answers, leader or not.
 //!
 //! The decision is a pure function of the request and the pod's node; serving is HTTPS with
 //! the certificate the coordinator keeps itself ([`keeper`]) or one from files
@@ -35,6 +36,7 @@ use tokio_rustls::{
 
 pub mod certificate;
 pub mod keeper;
+pub mod requests;
 
 pub use self::keeper::{CERTIFICATE_LOADED, Keeper};
 
@@ -45,14 +47,49 @@ pub const EVICTION_PATH: &str = "/validate/eviction";
 /// AdmissionReviews larger than this are refused unread.
 const MAX_REVIEW: usize = 256 * 1024;
 
+/// Who asks: the user, and the node it acts for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    /// Named by its token's claim, or by its user name (a host-mode agent's certificate,
+    /// [`AGENT_USER_PREFIX`]), if either does.
+    pub node: Option<String>,
+}
+
+impl Caller {
+    /// Its node, or why a request without one is refused.
+    pub fn node(&self) -> Result<&str, String> {
+        self.node.as_deref().ok_or_else(|| {
+            format!(
+                "{} names no node: nodeward-agent needs a service-account token bound to the agent's pod or Node ({NODE_CLAIM}), or a host-mode certificate for the user {AGENT_USER_PREFIX}<node>",
+                self.user
+            )
+        })
+    }
+}
+
+/// The caller of an AdmissionReview's `request`.
+pub fn caller(request: &Value) -> Caller {
+    let user = request["userInfo"]["username"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let claimed = request["userInfo"]["extra"][NODE_CLAIM][0].as_str();
+    let named = user.strip_prefix(AGENT_USER_PREFIX);
+    Caller {
+        node: claimed
+            .or(named)
+            .filter(|n| !n.is_empty())
+            .map(String::from),
+        user,
+    }
+}
+
 /// What the API server asked about one eviction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EvictionRequest {
     pub uid: String,
-    pub user: String,
-    /// The caller's node: named by its token's claim, or by its user name (a host-mode agent's
-    /// certificate, [`AGENT_USER_PREFIX`]), if either does.
-    pub node: Option<String>,
+    pub caller: Caller,
     pub namespace: String,
     pub pod: String,
 }
@@ -60,42 +97,39 @@ pub struct EvictionRequest {
 /// Reads the fields the decision needs from an AdmissionReview; the error says what is
 /// missing.
 pub fn parse(review: &Value) -> Result<EvictionRequest, String> {
-    let request = review
-        .get("request")
-        .ok_or("the AdmissionReview has no request")?;
-    let text = |value: &Value, field: &str| {
-        value
+    let request = ReviewRequest::of(review)?;
+    Ok(EvictionRequest {
+        uid: request.text("uid")?,
+        caller: caller(request.0),
+        namespace: request.text("namespace")?,
+        pod: request.text("name")?,
+    })
+}
+
+/// The `request` of an AdmissionReview.
+pub struct ReviewRequest<'a>(pub &'a Value);
+
+impl<'a> ReviewRequest<'a> {
+    pub fn of(review: &'a Value) -> Result<Self, String> {
+        review
+            .get("request")
+            .map(Self)
+            .ok_or_else(|| "the AdmissionReview has no request".to_owned())
+    }
+
+    /// A text field of the request; the error names it.
+    pub fn text(&self, field: &str) -> Result<String, String> {
+        self.0[field]
             .as_str()
             .map(String::from)
             .ok_or_else(|| format!("request.{field} is missing"))
-    };
-    let user = request["userInfo"]["username"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let claimed = request["userInfo"]["extra"][NODE_CLAIM][0].as_str();
-    let named = user.strip_prefix(AGENT_USER_PREFIX);
-    Ok(EvictionRequest {
-        uid: text(&request["uid"], "uid")?,
-        node: claimed
-            .or(named)
-            .filter(|n| !n.is_empty())
-            .map(String::from),
-        user,
-        namespace: text(&request["namespace"], "namespace")?,
-        pod: text(&request["name"], "name")?,
-    })
+    }
 }
 
 /// Whether the eviction may go ahead: the caller's node must be the pod's. `pod_node` is the
 /// pod's node (`None`: the pod does not exist, and the eviction fails on its own).
 pub fn decide(request: &EvictionRequest, pod_node: Option<Option<&str>>) -> Result<(), String> {
-    let Some(node) = request.node.as_deref() else {
-        return Err(format!(
-            "{} names no node: nodeward-agent evictions need a service-account token bound to the agent's pod or Node ({NODE_CLAIM}), or a host-mode certificate for the user {AGENT_USER_PREFIX}<node>",
-            request.user
-        ));
-    };
+    let node = request.caller.node()?;
     match pod_node {
         None => Ok(()),
         Some(Some(on)) if on == node => Ok(()),
@@ -190,9 +224,11 @@ pub async fn serve(
     let http = limits.http1();
     let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
     let per_connection = limits.clone();
+    let recent = Arc::new(requests::Recent::default());
     let serving = listener::accept(listener, limits, move |stream, peer| {
         let acceptor = acceptor.clone();
         let client = client.clone();
+        let recent = recent.clone();
         let http = http.clone();
         let limits = per_connection.clone();
         async move {
@@ -209,7 +245,7 @@ pub async fn serve(
                     }
                 };
             let answer = move |request| {
-                let answer = handle(request, client.clone());
+                let answer = handle(request, client.clone(), recent.clone());
                 async move {
                     tokio::time::timeout(request_timeout, answer)
                         .await
@@ -249,15 +285,23 @@ fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
-async fn handle(request: Request<Incoming>, client: Client) -> Response<Full<Bytes>> {
-    if request.method() != Method::POST || request.uri().path() != EVICTION_PATH {
+async fn handle(
+    request: Request<Incoming>,
+    client: Client,
+    recent: Arc<requests::Recent>,
+) -> Response<Full<Bytes>> {
+    let path = request.uri().path().to_owned();
+    if request.method() != Method::POST
+        || ![EVICTION_PATH, requests::REQUEST_PATH].contains(&path.as_str())
+    {
         return reply(StatusCode::NOT_FOUND, "{}".to_owned());
     }
-    let body = match Limited::new(request.into_body(), MAX_REVIEW)
+    let review = match Limited::new(request.into_body(), MAX_REVIEW)
         .collect()
         .await
     {
-        Ok(body) => body.to_bytes(),
+        Ok(body) => serde_json::from_slice::<Value>(&body.to_bytes())
+            .map_err(|e| format!("the body is not JSON: {e}")),
         Err(e) => {
             return reply(
                 StatusCode::BAD_REQUEST,
@@ -265,23 +309,41 @@ async fn handle(request: Request<Incoming>, client: Client) -> Response<Full<Byt
             );
         }
     };
-    let eviction = match serde_json::from_slice::<Value>(&body)
-        .map_err(|e| format!("the body is not JSON: {e}"))
-        .and_then(|review| parse(&review))
-    {
-        Ok(eviction) => eviction,
-        Err(e) => {
-            tracing::warn!(error = %e, "a webhook request that is not an AdmissionReview");
-            return reply(StatusCode::BAD_REQUEST, json!({"error": e}).to_string());
-        }
+    let answered = match review {
+        Ok(review) if path == EVICTION_PATH => match parse(&review) {
+            Ok(eviction) => Ok(answer_eviction(&eviction, client).await),
+            Err(e) => Err(e),
+        },
+        Ok(review) => match requests::parse(&review) {
+            Ok(asked) => {
+                let verdict = requests::review(&asked, &client, &recent).await;
+                if let Err(why) = &verdict {
+                    tracing::warn!(user = %asked.caller.user, maintenance = %asked.name, %why, "reboot request refused");
+                }
+                Ok(response(&asked.uid, &verdict))
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
     };
+    match answered {
+        Ok(answer) => reply(StatusCode::OK, answer.to_string()),
+        Err(e) => {
+            tracing::warn!(error = %e, %path, "a webhook request that is not an AdmissionReview");
+            reply(StatusCode::BAD_REQUEST, json!({"error": e}).to_string())
+        }
+    }
+}
+
+/// Looks up where the pod runs and answers the eviction.
+async fn answer_eviction(eviction: &EvictionRequest, client: Client) -> Value {
     let pods: Api<Pod> = Api::namespaced(client, &eviction.namespace);
     let verdict = match pods.get_opt(&eviction.pod).await {
         Ok(pod) => {
             let node = pod
                 .as_ref()
                 .map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()));
-            decide(&eviction, node.as_ref().map(|n| n.as_deref()))
+            decide(eviction, node.as_ref().map(|n| n.as_deref()))
         }
         // Not knowing where the pod runs, the eviction cannot be allowed.
         Err(e) => Err(format!(
@@ -290,12 +352,9 @@ async fn handle(request: Request<Incoming>, client: Client) -> Response<Full<Byt
         )),
     };
     if let Err(why) = &verdict {
-        tracing::warn!(user = %eviction.user, pod = %format!("{}/{}", eviction.namespace, eviction.pod), %why, "eviction refused");
+        tracing::warn!(user = %eviction.caller.user, pod = %format!("{}/{}", eviction.namespace, eviction.pod), %why, "eviction refused");
     }
-    reply(
-        StatusCode::OK,
-        response(&eviction.uid, &verdict).to_string(),
-    )
+    response(&eviction.uid, &verdict)
 }
 
 #[cfg(test)]
@@ -349,12 +408,12 @@ mod tests {
             parse(&review).expect("a valid review")
         };
         let request = as_user("nodeward:agent:node-a");
-        assert_eq!(request.node.as_deref(), Some("node-a"));
+        assert_eq!(request.caller.node(), Ok("node-a"));
         assert_eq!(decide(&request, Some(Some("node-a"))), Ok(()));
         assert!(decide(&request, Some(Some("node-b"))).is_err());
         // The prefix alone names nothing; another user's name is no node.
-        assert_eq!(as_user("nodeward:agent:").node, None);
-        assert_eq!(as_user("system:node:node-a").node, None);
+        assert_eq!(as_user("nodeward:agent:").caller.node, None);
+        assert_eq!(as_user("system:node:node-a").caller.node, None);
     }
 
     #[test]

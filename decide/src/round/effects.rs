@@ -252,6 +252,7 @@ mod tests {
                 maintenance: "m".into(),
                 deadline: nodeward_api::maintenance::PhaseDeadline {
                     phase: MaintenancePhase::Draining,
+                    since: None,
                     time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                         jiff::Timestamp::UNIX_EPOCH,
                     ),

@@ -202,6 +202,18 @@ impl MaintenanceFixture {
         self
     }
 
+    /// Seen by the coordinator in `phase` since `t(seconds)` (its deadline record).
+    pub fn seen(mut self, phase: MaintenancePhase, seconds: i64) -> Self {
+        self.0.status.get_or_insert_with(Default::default).deadline =
+            Some(nodeward_api::maintenance::PhaseDeadline {
+                phase,
+                since: Some(Time(t(seconds))),
+                time: Time(t(seconds)),
+                then: String::new(),
+            });
+        self
+    }
+
     /// Admitted at `t(0)` by coordinator `c` under `policies`.
     pub fn admitted_by(mut self, policies: &[&str]) -> Self {
         self.0.status.get_or_insert_with(Default::default).admission = Some(AdmissionRecord {

@@ -49,9 +49,8 @@ pub(super) fn enforce(index: &Index, cluster: &Cluster, now: Timestamp, plan: &m
         {
             continue;
         }
-        let Some(since) = m.entered(phase).map(|t| t.0) else {
-            continue;
-        };
+        let recorded = m.status.as_ref().and_then(|s| s.deadline.as_ref());
+        let since = observed_since(m, recorded, now);
         let progress = Progress {
             phase,
             action: m.spec.action,
@@ -71,10 +70,10 @@ pub(super) fn enforce(index: &Index, cluster: &Cluster, now: Timestamp, plan: &m
         }
         let record = PhaseDeadline {
             phase,
+            since: Some(Time(since)),
             time: Time(due.at),
             then: due.then,
         };
-        let recorded = m.status.as_ref().and_then(|s| s.deadline.as_ref());
         if !recorded.is_some_and(|r| same(r, &record)) {
             plan.deadlines.push(DeadlineRecord {
                 maintenance: m.name_any(),
@@ -84,9 +83,37 @@ pub(super) fn enforce(index: &Index, cluster: &Cluster, now: Timestamp, plan: &m
     }
 }
 
+/// When the maintenance entered its phase, on the coordinator's own clock: for Admitted, when
+/// it admitted it (its admission record); otherwise when a round first saw it in this phase
+/// (recorded with the deadline), or now, this round being the first. Never the phase history:
+/// the agent writes that.
+fn observed_since(
+    m: &nodeward_api::NodeMaintenance,
+    recorded: Option<&PhaseDeadline>,
+    now: Timestamp,
+) -> Timestamp {
+    let phase = m.phase();
+    let admitted = m
+        .status
+        .as_ref()
+        .and_then(|s| s.admission.as_ref())
+        .map(|a| a.admitted_at.0)
+        .filter(|_| phase == MaintenancePhase::Admitted);
+    let seen = recorded
+        .filter(|r| r.phase == phase)
+        .and_then(|r| r.since.as_ref())
+        .map(|t| t.0);
+    // Neither is ever later than now (a clock that went back starts the phase now).
+    admitted.or(seen).map_or(now, |t| t.min(now))
+}
+
 /// Equal to the second (a status keeps times to the second).
 fn same(a: &PhaseDeadline, b: &PhaseDeadline) -> bool {
-    a.phase == b.phase && a.then == b.then && a.time.0.as_second() == b.time.0.as_second()
+    let second = |t: Option<&Time>| t.map(|t| t.0.as_second());
+    a.phase == b.phase
+        && a.then == b.then
+        && a.time.0.as_second() == b.time.0.as_second()
+        && second(a.since.as_ref()) == second(b.since.as_ref())
 }
 
 /// Finishes, in the agent's place, the maintenances of nodes whose agent is lost

@@ -12,7 +12,7 @@ use nodeward_api::{
     fleet::LEASE_PREFIX,
     labels::CONTROL_PLANE_ROLE_LABEL,
     node::is_ready,
-    policy::{BudgetSlot, Deadlines, ResolvedDeadlines},
+    policy::{BudgetSlot, ResolvedDeadlines},
 };
 
 use super::{Memory, Objects, std_duration, timestamp};
@@ -231,7 +231,7 @@ fn view<'a>(
         max_unhealthy,
         window_open,
         rules: rules(policy),
-        deadlines: Deadlines::resolve(policy.spec.deadlines.as_ref()),
+        deadlines: policy.spec.resolved_deadlines(),
         failures: None,
         name,
     }

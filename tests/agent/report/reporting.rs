@@ -150,7 +150,7 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
     assert!(
         writes
             .iter()
-            .all(|(resource, verb)| resource == "leases" && verb == "update"),
+            .all(|(resource, verb)| resource == "leases" && verb == "patch"),
         "only renewals of its Lease while nothing changes (no NodeReport write), got {writes:?}"
     );
     assert_eq!(

@@ -87,25 +87,12 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
     let (env, dir, documents) = own_chart("hostcert").await?;
     let (node_a, node_b) = (env.node_name(0), env.node_name(1));
     let unregistered = env.node_name(7);
-    let agent_of = |node: String| {
-        let env = &env;
-        async move {
-            let issued = nodeward_e2e::certificates::issue(
-                &env.client,
-                &format!("{}-{node}", env.id),
-                &format!("{AGENT_USER_PREFIX}{node}"),
-                &[&agent_group(env)],
-            )
-            .await?;
-            client_as(Identity::Certificate(issued)).await
-        }
-    };
-    let agent = agent_of(node_a.clone()).await?;
+    let agent = host_mode_agent(&env, &node_a).await?;
 
     held_to_its_own_node(&agent, &node_a, &node_b).await?;
 
     // A node that never registered: its agent reports and keeps its Lease, under its name only.
-    let lonely = agent_of(unregistered.clone()).await?;
+    let lonely = host_mode_agent(&env, &unregistered).await?;
     let reports: Api<NodeReport> = Api::all(lonely.clone());
     let report = |node: &str| -> anyhow::Result<NodeReport> {
         Ok(serde_json::from_value(json!({
@@ -438,13 +425,14 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
     let (env, documents, node, agent) = chart_and_agent("asks").await?;
     let maintenances: Api<NodeMaintenance> = Api::all(agent);
     let maintenance = |name: &str, extra: Value| -> anyhow::Result<NodeMaintenance> {
-        let mut spec = json!({"nodeName": node, "reason": "Reboot", "action": "Reboot"});
+        let mut spec = json!({"nodeName": node, "reason": "Reboot", "action": "Reboot",
+                              "requestedBy": "nodeward-agent"});
         if let (Some(spec), Value::Object(extra)) = (spec.as_object_mut(), extra) {
             spec.extend(extra);
         }
         Ok(serde_json::from_value(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
+            "metadata": {"name": name, "labels": {"nodeward.io/node": node}},
             "spec": spec,
         }))?)
     };
@@ -529,7 +517,7 @@ async fn lease_only_its_own(
         }))?)
     };
     let own_lease = format!("nodeward-agent-{node_a}");
-    let mut written = leases
+    leases
         .create(&PostParams::default(), &lease(&own_lease, node_a)?)
         .await?;
     for (name, holder) in [
@@ -549,15 +537,31 @@ async fn lease_only_its_own(
             "{name}: {said}"
         );
     }
-    if let Some(spec) = written.spec.as_mut() {
-        spec.holder_identity = Some(node_b.to_owned());
-    }
+    // Renewed as the agent renews it (server-side apply), never handed to another holder.
+    let apply = PatchParams::apply("nodeward-agent").force();
+    leases
+        .patch(
+            &own_lease,
+            &apply,
+            &Patch::Apply(lease(&own_lease, node_a)?),
+        )
+        .await
+        .context("renewing its own Lease")?;
     let said = refusal(
         leases
-            .replace(&own_lease, &PostParams::default(), &written)
+            .patch(
+                &own_lease,
+                &apply,
+                &Patch::Apply(lease(&own_lease, node_b)?),
+            )
             .await,
     );
     assert!(said.contains("held by its node"), "{said}");
+    // It reads no Lease: not its own, not the coordinator's.
+    for name in [own_lease, format!("{}-nodeward-coordinator", env.id)] {
+        let said = refusal(leases.get(&name).await);
+        assert!(said.starts_with("403"), "reading Lease {name}: {said}");
+    }
     Ok(())
 }
 
@@ -597,8 +601,8 @@ async fn maintenances_of_its_own_node(
     let maintenance = |name: &str, node: &str, action: &str| -> anyhow::Result<NodeMaintenance> {
         Ok(serde_json::from_value(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: env.id}},
-            "spec": {"nodeName": node, "reason": "Reboot", "action": action},
+            "metadata": {"name": name, "labels": {"nodeward.io/node": node}},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": action, "requestedBy": "nodeward-agent"},
         }))?)
     };
     let own = format!("{node_a}-reboot-e2e00001");
@@ -691,21 +695,6 @@ async fn maintenances_of_its_own_node(
         assert!(said.contains(expected), "{status}: {said}");
     }
 
-    // Nor may it add (or take away) the finalizer that keeps a surge's record.
-    let said = refusal(
-        maintenances
-            .patch(
-                &own,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": ["nodeward.io/surge"]}})),
-            )
-            .await,
-    );
-    assert!(
-        said.contains("the nodeward.io/surge finalizer is the nodeward coordinator's"),
-        "{said}"
-    );
-
     // Then on along the lifecycle, and no way back out of a finished phase.
     for phase in ["Acting", "Verifying", "Succeeded"] {
         maintenances
@@ -727,7 +716,6 @@ async fn maintenances_of_its_own_node(
             .await,
     );
     assert!(said.contains("from Succeeded to Failed"), "{said}");
-
     Ok(())
 }
 

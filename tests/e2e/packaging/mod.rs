@@ -1,8 +1,12 @@
 //! The Helm chart and the systemd unit, by concern: the chart rendered ([`render`]), applied
-//! with each identity kept to what it needs ([`identity`]), the eviction webhook it runs
-//! ([`webhook`]), and installs and upgrades ([`upgrades`]). The helpers they share are here.
+//! with each identity kept to what it needs ([`identity`]) and to its own metadata, sizes and
+//! Events ([`metadata`]), the coordinator's deadlines on its own clock ([`clock`]), the
+//! admission webhook it runs ([`webhook`]), and installs and upgrades ([`upgrades`]). The
+//! helpers they share are here.
 
+mod clock;
 mod identity;
+mod metadata;
 mod render;
 mod upgrades;
 mod webhook;
@@ -25,7 +29,9 @@ use kube::{
 };
 use nodeward_api::{
     DisruptionPolicy, MaintenancePhase, NodeMaintenance, NodeReport,
-    labels::{AGENT_GROUP, AGENT_LABEL, AGENT_USER_PREFIX, CORDONED_BY_ANNOTATION},
+    labels::{
+        AGENT_GROUP, AGENT_LABEL, AGENT_USER_PREFIX, CORDONED_BY_ANNOTATION, NODE_NAME_LABEL,
+    },
 };
 use nodeward_e2e::{
     Identity, NodeSpec, PodOptions, TestEnv,
@@ -56,11 +62,18 @@ fn find<'a>(documents: &'a [Value], kind: &str) -> anyhow::Result<&'a Value> {
 }
 
 async fn token(env: &TestEnv, account: &str, bound_to: Option<&Pod>) -> anyhow::Result<String> {
+    let pod = bound_to.map(
+        |pod| json!({"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()}),
+    );
+    token_bound(env, account, pod).await
+}
+
+/// A token of `account`, bound to the object `bound` refers to (a Pod or a Node), if any.
+async fn token_bound(env: &TestEnv, account: &str, bound: Option<Value>) -> anyhow::Result<String> {
     let mut spec =
         json!({"audiences": ["https://kubernetes.default.svc"], "expirationSeconds": 600});
-    if let Some(pod) = bound_to {
-        spec["boundObjectRef"] =
-            json!({"apiVersion": "v1", "kind": "Pod", "name": pod.name_any(), "uid": pod.uid()});
+    if let Some(bound) = bound {
+        spec["boundObjectRef"] = bound;
     }
     let request: TokenRequest = serde_json::from_value(json!({"spec": spec}))?;
     let issued: TokenRequest =
@@ -143,7 +156,7 @@ impl EvictionWebhook {
             .with_context(|| coordinator.output())?;
         Ok(Self {
             coordinator,
-            url: format!("https://localhost:{port}/validate/eviction"),
+            url: format!("https://localhost:{port}"),
             release: release.to_owned(),
         })
     }
@@ -182,10 +195,20 @@ impl EvictionWebhook {
         .with_context(|| self.coordinator.output())
     }
 
-    /// The chart's webhook configuration from `documents`, pointed at this coordinator by URL.
+    /// The chart's webhook configuration from `documents`, each of its webhooks pointed at
+    /// this coordinator by URL (at the path the chart calls through the Service).
     fn configuration(&self, documents: &[Value]) -> anyhow::Result<Value> {
         let mut configuration = find(documents, "ValidatingWebhookConfiguration")?.clone();
-        configuration["webhooks"][0]["clientConfig"] = json!({"url": self.url});
+        let webhooks = configuration["webhooks"]
+            .as_array_mut()
+            .context("the configuration's webhooks")?;
+        for webhook in webhooks {
+            let path = webhook["clientConfig"]["service"]["path"]
+                .as_str()
+                .context("a webhook's path")?
+                .to_owned();
+            webhook["clientConfig"] = json!({"url": format!("{}{path}", self.url)});
+        }
         Ok(configuration)
     }
 
@@ -222,13 +245,11 @@ impl EvictionWebhook {
                     .await?
                     .webhooks
                     .unwrap_or_default();
-                let published = live
-                    .first()
-                    .and_then(|w| w.client_config.ca_bundle.clone())
-                    .map(|b| b.0);
-                Ok((bundle.is_some() && bundle == published)
-                    .then_some(bundle)
-                    .flatten())
+                let everywhere = !live.is_empty()
+                    && live.iter().all(|w| {
+                        w.client_config.ca_bundle.as_ref().map(|b| &b.0) == bundle.as_ref()
+                    });
+                Ok((bundle.is_some() && everywhere).then_some(bundle).flatten())
             },
         )
         .await
@@ -253,8 +274,30 @@ async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<V
         .filter(|d| d["kind"] != "CustomResourceDefinition")
         .filter(|d| d["metadata"]["annotations"]["helm.sh/hook"].is_null())
         .collect();
-    apply(&env.client, &documents).await?;
+    // The webhook configuration goes in once a coordinator serves it
+    // ([`EvictionWebhook::serving`]): with none, the API server could not call it (its failure
+    // policy refuses what it would check).
+    let served_later: Vec<Value> = documents
+        .iter()
+        .filter(|d| d["kind"] != "ValidatingWebhookConfiguration")
+        .cloned()
+        .collect();
+    apply(&env.client, &served_later).await?;
     Ok(documents)
+}
+
+/// A client acting as a host-mode agent of `node`: a client certificate (user
+/// `nodeward:agent:<node>` in the release's group), issued through the CSR API as an operator
+/// would.
+async fn host_mode_agent(env: &TestEnv, node: &str) -> anyhow::Result<Client> {
+    let issued = nodeward_e2e::certificates::issue(
+        &env.client,
+        &format!("{}-{node}", env.id),
+        &format!("{AGENT_USER_PREFIX}{node}"),
+        &[&agent_group(env)],
+    )
+    .await?;
+    client_as(Identity::Certificate(issued)).await
 }
 
 /// The group whose host-mode certificates `env`'s release takes for agents.
@@ -348,10 +391,13 @@ async fn remove_chart(env: TestEnv, documents: &[Value]) -> anyhow::Result<()> {
         .filter(|d| d["metadata"]["namespace"].is_null() && d["kind"] != "CustomResourceDefinition")
     {
         let (api, name) = dynamic_api(&env.client, document).await?;
-        let params = DeleteParams::default();
-        api.delete(&name, &params)
-            .await
-            .with_context(|| format!("deleting {} {name}", document["kind"]))?;
+        match api.delete(&name, &DeleteParams::default()).await {
+            // Never applied (the webhook configuration of a test that served none).
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            deleted => {
+                deleted.with_context(|| format!("deleting {} {name}", document["kind"]))?;
+            }
+        }
     }
     env.cleanup().await
 }
@@ -376,10 +422,34 @@ async fn chart_and_agent(prefix: &str) -> anyhow::Result<(TestEnv, Vec<Value>, S
     Ok((env, documents, node, agent))
 }
 
+/// As [`chart_and_agent`], alone ([`TestEnv::alone`]), for a test whose coordinator decides;
+/// with the scratch directory, once the policy refuses the agent the other node.
+async fn chart_and_agent_alone(
+    prefix: &str,
+) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>, String, Client)> {
+    let (env, dir, documents) = own_chart_alone(prefix).await?;
+    let node = env.node_name(0);
+    let agent = agent_on(&env, &node).await?;
+    held_to_its_own_node(&agent, &node, &env.node_name(1)).await?;
+    Ok((env, dir, documents, node, agent))
+}
+
 /// A test's environment, its scratch directory, and the chart applied on its own two nodes
 /// ([`apply_chart_on_own_nodes`]).
 async fn own_chart(test: &str) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
-    let env = TestEnv::new(test).await?;
+    own_chart_in(TestEnv::new(test).await?, test).await
+}
+
+/// As [`own_chart`], alone ([`TestEnv::alone`]): for a test whose coordinator decides, which
+/// would act on other tests' maintenances too.
+async fn own_chart_alone(test: &str) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
+    own_chart_in(TestEnv::alone(test).await?, test).await
+}
+
+async fn own_chart_in(
+    env: TestEnv,
+    test: &str,
+) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
     let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", env.id));
     let documents = apply_chart_on_own_nodes(&env, &dir).await?;
     Ok((env, dir, documents))

@@ -142,12 +142,22 @@ fn a_reboot_that_never_returns_fails_and_its_not_ready_node_still_counts() {
             .build(),
         maintenance("m1", "n1").created(1).build(),
     ];
+    // First seen Acting at t(10): the deadline runs from then, whatever the agent's history.
     let recorded = plan(&objects, &mut Memory::default(), t(10));
-    assert_eq!(recorded.deadlines[0].deadline.time.0, t(600));
+    assert_eq!(recorded.deadlines[0].deadline.time.0, t(610));
+    assert_eq!(
+        recorded.deadlines[0].deadline.since.as_ref().map(|s| s.0),
+        Some(t(10))
+    );
     assert_eq!(
         recorded.deadlines[0].deadline.then,
         "Failed (NodeDidNotReturn)"
     );
+    objects.maintenances[0] = maintenance("m0", "n0")
+        .admitted_by(&["pool"])
+        .entered(MaintenancePhase::Acting, 0)
+        .seen(MaintenancePhase::Acting, 0)
+        .build();
     let late = plan(&objects, &mut Memory::default(), t(600));
     assert_eq!(late.overdue.len(), 1, "{late:?}");
     assert_eq!(
@@ -166,6 +176,64 @@ fn a_reboot_that_never_returns_fails_and_its_not_ready_node_still_counts() {
     assert!(after.admit.is_empty(), "{after:?}");
     assert_eq!(after.deny[0].reason, "BudgetExhausted");
     assert!(after.policy_status["pool"].slots.is_empty());
+}
+
+#[test]
+fn a_maintenance_draining_or_verifying_too_long_fails_on_the_coordinators_clock_not_the_agents() {
+    for (phase, limit, reason) in [
+        (MaintenancePhase::Draining, "drain", "DrainNotFinished"),
+        (MaintenancePhase::Verifying, "verify", "NotVerified"),
+    ] {
+        let mut objects = cluster(2);
+        objects.policies = vec![
+            policy(json!({"maxConcurrent": 1, "deadlines": {limit: "20m"}}))
+                .slot("m0", "n0")
+                .build(),
+        ];
+        // The agent's history says the phase began just now, a year on: it moves nothing.
+        let held = |seen: Option<i64>| {
+            let m = maintenance("m0", "n0")
+                .admitted_by(&["pool"])
+                .entered(phase, 365 * 86_400);
+            match seen {
+                Some(at) => m.seen(phase, at),
+                None => m,
+            }
+            .build()
+        };
+        objects.maintenances = vec![held(None)];
+        let first = plan(&objects, &mut Memory::default(), t(100));
+        assert!(first.overdue.is_empty(), "{first:?}");
+        let record = &first.deadlines[0].deadline;
+        assert_eq!(
+            (
+                record.phase,
+                record.since.as_ref().map(|s| s.0),
+                record.time.0
+            ),
+            (phase, Some(t(100)), t(1300)),
+            "{phase:?}: first seen now, due 20m later"
+        );
+        objects.maintenances = vec![held(Some(100))];
+        assert!(
+            plan(&objects, &mut Memory::default(), t(1299))
+                .overdue
+                .is_empty()
+        );
+        let late = plan(&objects, &mut Memory::default(), t(1300));
+        assert_eq!(late.overdue.len(), 1, "{phase:?}: {late:?}");
+        assert_eq!(
+            (late.overdue[0].to, late.overdue[0].reason),
+            (MaintenancePhase::Failed, reason)
+        );
+        assert!(
+            late.overdue[0]
+                .message
+                .contains(&format!("1200s (deadlines.{limit})")),
+            "{:?}",
+            late.overdue[0]
+        );
+    }
 }
 
 #[test]
