@@ -145,6 +145,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
             vm.name
         );
         per_node.push(succeeded.duration_since(admitted).as_secs_f64());
+        println!("{}: {}", vm.name, phase_times(&status));
     }
 
     rebooted_by_its_own_method(&lab, &names, &host_mode.name).await?;
@@ -242,4 +243,17 @@ async fn rebooted_by_its_own_method(
     }
 
     Ok(())
+}
+
+/// Where a maintenance's time went, phase by phase (the pace of the VMs, not an assertion).
+fn phase_times(status: &nodeward_api::maintenance::NodeMaintenanceStatus) -> String {
+    let phases: Vec<String> = status
+        .history
+        .windows(2)
+        .map(|w| {
+            let took = w[1].time.0.duration_since(w[0].time.0).as_secs_f64();
+            format!("{:?} {took:.0} s", w[0].phase)
+        })
+        .collect();
+    phases.join(", ")
 }
