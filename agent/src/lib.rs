@@ -38,12 +38,17 @@ pub fn events(client: Client, node: &str) -> Events {
         nodeward_api::labels::AGENT_FIELD_MANAGER,
         node.to_owned(),
     )
-    .related_to(ObjectReference {
+    .related_to(node_reference(node))
+}
+
+/// A reference to the Node `node`, what its Events are about.
+pub fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
         api_version: Some("v1".to_owned()),
         kind: Some("Node".to_owned()),
         name: Some(node.to_owned()),
         ..Default::default()
-    })
+    }
 }
 
 /// Everything that can go wrong in the agent, with what was being done.

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{Api, Client, runtime::events::EventType};
 use nodeward_api::{
     MaintenanceAction, MaintenanceReason, NodeMaintenance, conditions::node::REBOOT_REQUIRED,
@@ -54,7 +53,7 @@ pub async fn run(
     mut auto_reboot: watch::Receiver<bool>,
 ) {
     let name = name(&node, &boot_id);
-    let about = node_reference(&node);
+    let about = crate::node_reference(&node);
     let mut asked = false;
     let mut backoff = Backoff::new(RETRY_FIRST, RETRY_MAX);
     let mut retry = RETRY_FIRST;
@@ -98,15 +97,6 @@ pub async fn run(
 /// The first wait before asking again after a failure, and the longest.
 const RETRY_FIRST: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(600);
-
-fn node_reference(node: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".to_owned()),
-        kind: Some("Node".to_owned()),
-        name: Some(node.to_owned()),
-        ..Default::default()
-    }
-}
 
 /// Creates the request; an existing one (asked before in this boot) is as good. The error is
 /// what the API server said.

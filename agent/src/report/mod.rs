@@ -283,12 +283,7 @@ impl Reporter {
     /// Publishes `first` of the followed logs' Events and those already queued behind it, and
     /// records where each log stands (one report then records the last).
     async fn publish_logged(&mut self, first: LogEvent, queued: &mut mpsc::Receiver<LogEvent>) {
-        let node = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.identity.node_name.clone()),
-            ..Default::default()
-        };
+        let node = crate::node_reference(&self.identity.node_name);
         let mut next = Some(first);
         while let Some(LogEvent {
             event,

@@ -618,12 +618,7 @@ impl Guard {
 
     /// An Event about this node (best effort: a failure is logged).
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        let node = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.node.clone()),
-            ..Default::default()
-        };
+        let node = crate::node_reference(&self.node);
         self.events
             .publish(&node, type_, "Shutdown", reason, note)
             .await;
