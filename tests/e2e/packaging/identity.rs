@@ -724,7 +724,7 @@ async fn maintenances_of_its_own_node(
 type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
 
 /// What the coordinator may not do to a Node, whatever a maintenance left on it.
-fn attacks_on_nodes() -> [Attack; 8] {
+fn attacks_on_nodes() -> [Attack; 10] {
     [
         (
             "relabel",
@@ -824,6 +824,31 @@ fn attacks_on_nodes() -> [Attack; 8] {
                     });
             },
             "only with its record nodeward.io/out-of-service",
+        ),
+        // The garbage collector deletes a Node whose owner is gone.
+        (
+            "an owner that does not exist",
+            "b",
+            |n| {
+                n.metadata.owner_references = Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "ConfigMap".into(),
+                        name: "gone".into(),
+                        uid: "6c1f4a9e-0041-4000-8000-000000000041".into(),
+                        ..Default::default()
+                    },
+                ]);
+            },
+            "may not change the owner references or finalizers",
+        ),
+        (
+            "a finalizer that keeps the Node",
+            "b",
+            |n| {
+                n.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+            },
+            "may not change the owner references or finalizers",
         ),
     ]
 }
