@@ -415,7 +415,7 @@ mod tests {
         assert!(e.contains("without a closing"), "{e}");
     }
 
-    /// A Mattermost incoming webhook on this machine (plain HTTP/1.1, as the service speaks
+    /// A webhook receiver on this machine (plain HTTP/1.1, as the services speak
     /// it): the first request's path and JSON body.
     async fn receive_one(listener: tokio::net::TcpListener) -> (String, serde_json::Value) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -473,6 +473,98 @@ mod tests {
         assert_eq!(
             body,
             json!({"text": "Draining node worker-1 for Reboot (Reboot)", "username": "nodeward", "channel": "ops"})
+        );
+    }
+
+    /// What a Teams Workflows trigger ("post to a channel when a webhook request is received")
+    /// needs to post a card: a message whose attachments are Adaptive Cards of a version Teams
+    /// renders (up to 1.5), each element of a known type with its required fields.
+    fn adaptive_card_problems(message: &serde_json::Value) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut expect = |ok: bool, what: &str| {
+            if !ok {
+                problems.push(what.to_owned());
+            }
+        };
+        expect(message["type"] == "message", "type is message");
+        let attachments = message["attachments"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        expect(!attachments.is_empty(), "at least one attachment");
+        for attachment in &attachments {
+            expect(
+                attachment["contentType"] == "application/vnd.microsoft.card.adaptive",
+                "the Adaptive Card content type",
+            );
+            let card = &attachment["content"];
+            expect(card["type"] == "AdaptiveCard", "content.type AdaptiveCard");
+            let version = card["version"].as_str().unwrap_or_default();
+            expect(
+                ["1.0", "1.1", "1.2", "1.3", "1.4", "1.5"].contains(&version),
+                "a version Teams renders",
+            );
+            for element in card["body"].as_array().cloned().unwrap_or_default() {
+                match element["type"].as_str() {
+                    Some("TextBlock") => expect(element["text"].is_string(), "a TextBlock's text"),
+                    Some("FactSet") => expect(
+                        element["facts"].as_array().is_some_and(|facts| {
+                            facts
+                                .iter()
+                                .all(|f| f["title"].is_string() && f["value"].is_string())
+                        }),
+                        "a FactSet's facts with a title and a value",
+                    ),
+                    _ => expect(false, "only TextBlock and FactSet elements"),
+                }
+            }
+        }
+        problems
+    }
+
+    #[tokio::test]
+    async fn a_teams_workflows_url_posts_an_adaptive_card_to_its_trigger() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let trigger =
+            "/workflows/a5b6/triggers/manual/paths/invoke?api-version=2016-06-01&sig=o7p8";
+        let config = NotificationsConfig {
+            url: format!("teams+http://127.0.0.1:{port}{trigger}"),
+            ..NotificationsConfig::default()
+        };
+        config.validate("notifications").expect("a valid URL");
+        let (notifier, delivery) = Notifier::new(&config);
+        tokio::spawn(delivery.expect("a delivery task"));
+        notifier.send(notice());
+        let (path, body) = tokio::time::timeout(Duration::from_secs(10), receive_one(listener))
+            .await
+            .expect("delivered within 10 s");
+        assert_eq!(path, trigger, "the trigger with its signature");
+        assert_eq!(
+            adaptive_card_problems(&body),
+            Vec::<String>::new(),
+            "{body:#}"
+        );
+        let card = &body["attachments"][0]["content"];
+        assert_eq!(
+            card["body"][0]["text"],
+            "Draining node worker-1 for Reboot (Reboot)"
+        );
+        let facts = card["body"][1]["facts"].to_string();
+        for fact in [
+            "worker-1",
+            "worker-1-reboot-3f2a9c1e",
+            "DrainStarted",
+            "85b2",
+        ] {
+            assert!(facts.contains(fact), "{fact} in {facts}");
+        }
+        assert_eq!(
+            adaptive_card_problems(&json!({"@type": "MessageCard", "text": "draining"})).len(),
+            2,
+            "the retired connector's MessageCard is not a card a Workflow posts"
         );
     }
 

@@ -1,7 +1,10 @@
 //! Where a notification goes and in which shape: an `http(s)://` URL gets nodeward's JSON
 //! (with a `text` that Slack and Mattermost incoming webhooks show), and the shoutrrr URLs
-//! that kured users have in their values (`slack://`, `teams://`, `mattermost://`,
-//! `generic://`) become the webhook they name with the body that service reads.
+//! that kured users have in their values (`slack://`, `mattermost://`, `generic://`) become
+//! the webhook they name with the body that service reads. A Microsoft Teams Workflows
+//! webhook (Power Automate's "post to a channel when a webhook request is received") gets an
+//! Adaptive Card; shoutrrr's `teams://` names an Office 365 connector, which Microsoft retired,
+//! and is refused with the way to a Workflows URL.
 
 use hyper::Uri;
 use serde_json::{Value, json};
@@ -21,8 +24,8 @@ pub enum Format {
         username: Option<String>,
         channel: Option<String>,
     },
-    /// A Microsoft Teams incoming webhook: a MessageCard.
-    Teams,
+    /// A Microsoft Teams Workflows webhook: a message with one Adaptive Card.
+    TeamsWorkflow,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,10 +62,24 @@ impl Parts<'_> {
 
 /// The target of `url`; the error says what is wrong and what form is expected.
 pub fn target(url: &str) -> Result<Target, String> {
+    if let Some(workflow) = url
+        .strip_prefix("teams+")
+        .filter(|rest| rest.starts_with("https://") || rest.starts_with("http://"))
+    {
+        return Ok(Target {
+            url: workflow.to_owned(),
+            format: Format::TeamsWorkflow,
+        });
+    }
     if url.starts_with("http://") || url.starts_with("https://") {
+        let format = if is_workflow_host(url) {
+            Format::TeamsWorkflow
+        } else {
+            Format::Json
+        };
         return Ok(Target {
             url: url.to_owned(),
-            format: Format::Json,
+            format,
         });
     }
     let uri: Uri = url
@@ -92,10 +109,12 @@ pub fn target(url: &str) -> Result<Target, String> {
     match parts.scheme {
         "slack" => slack(&parts),
         "mattermost" => mattermost(&parts),
-        "teams" => teams(&parts),
+        "teams" => Err(format!(
+            "{url:?}: teams:// names an Office 365 connector webhook, which Microsoft retired; in the channel create a Workflows webhook (Workflows, \"Send webhook alerts to a channel\") and give its https:// URL (teams+https://URL for a Workflows endpoint on another host)"
+        )),
         "generic" | "generic+http" | "generic+https" => Ok(generic(&parts)),
         other => Err(format!(
-            "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL, or a shoutrrr slack://, teams://, mattermost://, generic:// or smtp:// URL"
+            "{url:?}: the {other}:// scheme is not supported; give an http(s) webhook URL (a Teams Workflows URL too), or a shoutrrr slack://, mattermost://, generic:// or smtp:// URL"
         )),
     }
 }
@@ -165,29 +184,21 @@ fn mattermost(p: &Parts) -> Result<Target, String> {
     })
 }
 
-fn teams(p: &Parts) -> Result<Target, String> {
-    let Parts {
-        url,
-        user,
-        host,
-        path,
-        ..
-    } = p;
-    // teams://group@tenant/altId/groupOwner?host=name.webhook.office.com
-    let webhook_host = p
-        .query("host")
-        .unwrap_or_else(|| "outlook.office.com".to_owned());
-    match (user, path.as_slice()) {
-        (Some(group), [alt, owner]) => Ok(Target {
-            url: format!(
-                "https://{webhook_host}/webhookb2/{group}@{host}/IncomingWebhook/{alt}/{owner}"
-            ),
-            format: Format::Teams,
-        }),
-        _ => Err(format!(
-            "{url:?}: a Teams URL is teams://GROUP@TENANT/ALTID/GROUPOWNER?host=NAME.webhook.office.com"
-        )),
-    }
+/// Whether `url` is a Teams Workflows (Power Automate) trigger: those hosts read only an
+/// Adaptive Card message, not nodeward's own JSON.
+fn is_workflow_host(url: &str) -> bool {
+    let Ok(uri) = url.parse::<Uri>() else {
+        return false;
+    };
+    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+    [
+        ".logic.azure.com",
+        ".powerplatform.com",
+        ".powerautomate.com",
+    ]
+    .iter()
+    .any(|suffix| host.ends_with(suffix))
+        || host == "flow.microsoft.com"
 }
 
 fn generic(p: &Parts) -> Target {
@@ -237,13 +248,46 @@ pub fn body(format: &Format, text: &str, json: Value) -> Value {
         Format::Slack { username, channel } | Format::Mattermost { username, channel } => {
             with(json!({"text": text}), username, channel)
         }
-        Format::Teams => json!({
-            "@type": "MessageCard",
-            "@context": "http://schema.org/extensions",
-            "summary": text,
-            "text": text,
-        }),
+        Format::TeamsWorkflow => adaptive_card(text, &json),
     }
+}
+
+/// The message a Teams Workflows webhook posts to its channel: one Adaptive Card with the
+/// text and nodeward's fields as facts (those with a value).
+fn adaptive_card(text: &str, ours: &Value) -> Value {
+    let facts: Vec<Value> = [
+        ("Node", "node"),
+        ("Event", "event"),
+        ("Maintenance", "maintenance"),
+        ("Reason", "reason"),
+        ("Action", "action"),
+        ("Message", "message"),
+        ("Correlation", "correlation"),
+        ("Time", "time"),
+    ]
+    .iter()
+    .filter_map(|(title, field)| {
+        let value = ours.get(*field)?.as_str().filter(|v| !v.is_empty())?;
+        Some(json!({"title": title, "value": value}))
+    })
+    .collect();
+    json!({
+        "type": "message",
+        "attachments": [{
+            "contentType": "application/vnd.microsoft.card.adaptive",
+            "contentUrl": null,
+            "content": {
+                "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
+                "type": "AdaptiveCard",
+                "version": "1.4",
+                "msteams": {"width": "Full"},
+                "body": [
+                    {"type": "TextBlock", "text": text, "wrap": true, "weight": "Bolder"},
+                    {"type": "FactSet", "facts": facts},
+                ],
+            },
+        }],
+    })
 }
 
 #[cfg(test)]
@@ -286,9 +330,19 @@ mod tests {
                 },
             ),
             (
-                "teams://g1d2@t3n4/a5b6/o7p8?host=contoso.webhook.office.com",
-                "https://contoso.webhook.office.com/webhookb2/g1d2@t3n4/IncomingWebhook/a5b6/o7p8",
-                Format::Teams,
+                "https://prod-12.westeurope.logic.azure.com:443/workflows/a5b6/triggers/manual/paths/invoke?api-version=2016-06-01&sig=o7p8",
+                "https://prod-12.westeurope.logic.azure.com:443/workflows/a5b6/triggers/manual/paths/invoke?api-version=2016-06-01&sig=o7p8",
+                Format::TeamsWorkflow,
+            ),
+            (
+                "https://default1234.56.environment.api.powerplatform.com/powerautomate/automations/direct/workflows/a5b6/triggers/manual/paths/invoke?sig=o7p8",
+                "https://default1234.56.environment.api.powerplatform.com/powerautomate/automations/direct/workflows/a5b6/triggers/manual/paths/invoke?sig=o7p8",
+                Format::TeamsWorkflow,
+            ),
+            (
+                "teams+https://flows.example.com/invoke?sig=o7p8",
+                "https://flows.example.com/invoke?sig=o7p8",
+                Format::TeamsWorkflow,
             ),
             (
                 "generic://hooks.example.com/nodeward?disabletls=yes&team=infra",
@@ -329,7 +383,10 @@ mod tests {
                 "slack://xoxb:123@C0123",
                 "a Slack webhook URL is slack://hook:",
             ),
-            ("teams://only-host", "a Teams URL is teams://"),
+            (
+                "teams://g1d2@t3n4/a5b6/o7p8?host=contoso.webhook.office.com",
+                "Microsoft retired; in the channel create a Workflows webhook",
+            ),
             ("mattermost://host", "a Mattermost URL is mattermost://"),
         ] {
             let err = target(url).expect_err(url);
@@ -349,8 +406,14 @@ mod tests {
             body(&slack, "draining n1", ours.clone()),
             json!({"text": "draining n1", "username": "kured"})
         );
-        let teams = body(&Format::Teams, "draining n1", ours);
-        assert_eq!(teams["@type"], "MessageCard");
-        assert_eq!(teams["text"], "draining n1");
+        let teams = body(&Format::TeamsWorkflow, "draining n1", ours);
+        let card = &teams["attachments"][0]["content"];
+        assert_eq!(card["type"], "AdaptiveCard");
+        assert_eq!(card["body"][0]["text"], "draining n1");
+        assert_eq!(
+            card["body"][1]["facts"],
+            json!([{"title": "Node", "value": "n1"}]),
+            "only the fields with a value"
+        );
     }
 }

@@ -352,25 +352,31 @@ const KURED_REBOOT_COMMAND: &str = "/bin/systemctl reboot";
 fn notifications(r: &Read, out: &mut Out) {
     let hook = r.flag("notify-url").or(r.flag("slack-hook-url"));
     if let Some(url) = hook {
-        // The agent reads webhook URLs and shoutrrr's slack, teams, mattermost, generic and
-        // smtp ones; other services (telegram, pushover, ...) it cannot send to.
+        // The agent reads webhook URLs and shoutrrr's slack, mattermost, generic and smtp ones;
+        // other services (telegram, pushover, ...) it cannot send to, and teams:// names an
+        // Office 365 connector, which Microsoft retired.
         let scheme = url.split("://").next().unwrap_or_default();
         let sent = [
             "http",
             "https",
             "slack",
-            "teams",
             "mattermost",
             "generic",
             "generic+http",
             "generic+https",
+            "teams+http",
+            "teams+https",
             "smtp",
         ];
         if sent.contains(&scheme) {
             out.agent_value("notifyURL", json!(url));
+        } else if scheme == "teams" {
+            out.notes.push(format!(
+                "--notify-url {url}: teams:// is an Office 365 connector webhook, which Microsoft retired; create a Workflows webhook in the channel and set agent.notifyURL to its https:// URL"
+            ));
         } else {
             out.notes.push(format!(
-                "--notify-url {url}: nodeward sends to webhooks (http(s), and shoutrrr's slack://, teams://, mattermost://, generic://) and smtp://, not to {scheme}://; point it at a webhook"
+                "--notify-url {url}: nodeward sends to webhooks (http(s), a Teams Workflows URL, and shoutrrr's slack://, mattermost://, generic://) and smtp://, not to {scheme}://; point it at a webhook"
             ));
         }
     }
@@ -595,6 +601,27 @@ spec:
         assert_eq!(flags["force-reboot"], "true");
         assert_eq!(flags["concurrency"], "3");
         assert_eq!(flags["reboot-days"], "sat,sun");
+    }
+
+    #[test]
+    fn a_retired_teams_connector_url_is_not_carried_and_a_workflows_url_is() {
+        let ds = daemonset();
+        let (_, container) = flags(&ds).expect("flags");
+        let url = |url: &str| {
+            let flags = Flags::from([("notify-url".to_owned(), url.to_owned())]);
+            let m = migrate(&ds, &flags, &container);
+            (m.values["agent"].get("notifyURL").cloned(), m.notes)
+        };
+        let (carried, notes) = url("teams://g@t/a/o?host=contoso.webhook.office.com");
+        assert_eq!(carried, None);
+        assert!(
+            notes.iter().any(
+                |n| n.contains("Microsoft retired") && n.contains("create a Workflows webhook")
+            ),
+            "{notes:?}"
+        );
+        let workflow = "https://prod-1.westeurope.logic.azure.com/workflows/a/triggers/manual/paths/invoke?sig=s";
+        assert_eq!(url(workflow).0, Some(json!(workflow)));
     }
 
     #[test]
