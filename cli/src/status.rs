@@ -90,6 +90,10 @@ pub fn render(objects: &Objects, now: Timestamp) -> String {
     table(&mut out, &rows);
     out.push('\n');
 
+    if plan.unhealthy_nodes.is_empty() {
+        out.push_str("unhealthy nodes: none\n");
+        return out;
+    }
     let mut rows = vec![["UNHEALTHY NODE".to_owned(), "WHY".to_owned()]];
     for (node, why) in &plan.unhealthy_nodes {
         rows.push([node.clone(), why.clone()]);
@@ -142,5 +146,42 @@ fn table<const N: usize>(out: &mut String, rows: &[[String; N]]) {
         }
         out.push_str(line.trim_end());
         out.push('\n');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn unhealthy_nodes_are_a_table_when_there_are_some_and_one_line_when_none() {
+        let now: Timestamp = "2026-11-25T12:10:00Z".parse().expect("a time");
+        let healthy = render(&Objects::default(), now);
+        assert!(healthy.ends_with("\nunhealthy nodes: none\n"), "{healthy}");
+        assert!(!healthy.contains("UNHEALTHY NODE"), "{healthy}");
+        let down = Objects {
+            nodes: vec![Arc::new(
+                serde_json::from_value(json!({
+                    "metadata": {"name": "w0"},
+                    "status": {"conditions": [{"type": "Ready", "status": "False",
+                                               "lastTransitionTime": "2026-11-25T12:00:00Z"}]}
+                }))
+                .expect("a node"),
+            )],
+            ..Objects::default()
+        };
+        let text = render(&down, now);
+        let table: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("UNHEALTHY NODE"))
+            .collect();
+        assert!(
+            table.len() == 2 && table[1].starts_with("w0 "),
+            "the header and w0's row: {text}"
+        );
     }
 }

@@ -40,8 +40,9 @@ pub fn explain(node: &str, objects: &Objects, now: Timestamp) -> Result<String, 
             );
         }
     }
+    let plan = round::plan(objects, &mut Memory::default(), now);
     if let Some(n) = found {
-        policy_lines(&mut out, n, objects, now);
+        policy_lines(&mut out, n, objects, &plan);
     }
     theirs.sort_by_key(|m| (m.metadata.creation_timestamp.clone(), m.name_any()));
     let (open, done): (Vec<_>, Vec<_>) = theirs.into_iter().partition(|m| !m.phase().is_finished());
@@ -64,7 +65,7 @@ pub fn explain(node: &str, objects: &Objects, now: Timestamp) -> Result<String, 
         }
     }
     for m in open {
-        maintenance_lines(&mut out, m, now);
+        maintenance_lines(&mut out, m, objects, &plan, now);
     }
     Ok(out)
 }
@@ -95,13 +96,10 @@ fn node_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) 
     };
     let _ = writeln!(out, "node {name}: {ready}, {cordon}{taint}");
 
-    let renewed = lease_name(&name).and_then(|lease| {
-        objects
-            .leases
-            .iter()
-            .find(|l| l.name_any() == lease)
-            .and_then(|l| Some(l.spec.as_ref()?.renew_time.as_ref()?.0))
-    });
+    let lease = lease_name(&name)
+        .and_then(|lease| objects.leases.iter().find(|l| l.name_any() == lease))
+        .and_then(|l| l.spec.as_ref());
+    let renewed = lease.and_then(|l| Some(l.renew_time.as_ref()?.0));
     let reported = objects
         .reports
         .iter()
@@ -109,7 +107,30 @@ fn node_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) 
         .and_then(|r| Some(r.status.as_ref()?.heartbeat_time.as_ref()?.0));
     match renewed.max(reported) {
         Some(t) => {
-            let _ = writeln!(out, "agent: last heartbeat {} ago", ago(&Time(t), now));
+            // The agent renews its Lease every third of its duration, as the kubelet does.
+            let lasts = lease
+                .and_then(|l| l.lease_duration_seconds)
+                .and_then(|s| u64::try_from(s).ok())
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs);
+            let since = Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO);
+            let rhythm = match lasts {
+                Some(lasts) if since > lasts => format!(
+                    ": silent, past its Lease's {}",
+                    humantime::format_duration(lasts)
+                ),
+                Some(lasts) => format!(
+                    " (renewed every {}; silent only after {})",
+                    humantime::format_duration(lasts / 3),
+                    humantime::format_duration(lasts)
+                ),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "agent: last heartbeat {} ago{rhythm}",
+                ago(&Time(t), now)
+            );
         }
         None => {
             let _ = writeln!(
@@ -141,8 +162,7 @@ fn node_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) 
     );
 }
 
-fn policy_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp) {
-    let plan = round::plan(objects, &mut Memory::default(), now);
+fn policy_lines(out: &mut String, node: &Node, objects: &Objects, plan: &round::Plan) {
     let mut any = false;
     for policy in &objects.policies {
         match policy.selects(node.labels()) {
@@ -182,7 +202,13 @@ fn policy_lines(out: &mut String, node: &Node, objects: &Objects, now: Timestamp
     }
 }
 
-fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
+fn maintenance_lines(
+    out: &mut String,
+    m: &NodeMaintenance,
+    objects: &Objects,
+    plan: &round::Plan,
+    now: Timestamp,
+) {
     let status = m.status.clone().unwrap_or_default();
     let since = m
         .entered(status.phase)
@@ -203,21 +229,7 @@ fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
         status.phase
     );
     if status.phase == MaintenancePhase::Pending {
-        match status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == ADMITTED && c.status == "False")
-        {
-            Some(c) => {
-                let _ = writeln!(out, "  waiting: {}: {}", c.reason, c.message);
-            }
-            None => {
-                let _ = writeln!(
-                    out,
-                    "  waiting: not yet decided (is the coordinator running? kubectl -n nodeward-system get pods)"
-                );
-            }
-        }
+        pending_line(out, m, objects, plan);
     }
     if let Some(c) = status
         .conditions
@@ -227,7 +239,8 @@ fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
     {
         let _ = writeln!(out, "  workloads: {}: {}", c.reason, c.message);
     }
-    if let Some(deadline) = &status.deadline {
+    // A deadline recorded for a phase it has left is over: not shown.
+    if let Some(deadline) = status.deadline.as_ref().filter(|d| d.phase == status.phase) {
         let _ = writeln!(
             out,
             "  deadline: {} if still {:?} at {}",
@@ -253,6 +266,48 @@ fn maintenance_lines(out: &mut String, m: &NodeMaintenance, now: Timestamp) {
     {
         let _ = writeln!(out, "  last: {message}");
     }
+}
+
+/// Why a pending maintenance waits. The coordinator's word (its `Admitted` condition) can be
+/// older than the slots: right after a resume it still says `Paused` while the slots are held
+/// and the condition is being written, so the slots written and this round's verdict come
+/// first.
+fn pending_line(out: &mut String, m: &NodeMaintenance, objects: &Objects, plan: &round::Plan) {
+    let name = m.name_any();
+    let held_in: Vec<String> = objects
+        .policies
+        .iter()
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.slots.iter().any(|slot| slot.maintenance == name))
+        })
+        .map(|p| p.name_any())
+        .collect();
+    let stored = m.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == ADMITTED && c.status == "False")
+    });
+    let line = if !held_in.is_empty() {
+        format!(
+            "  admitted: holds its slot in {}; the coordinator is marking it Admitted",
+            held_in.join(", ")
+        )
+    } else if plan.admit.iter().any(|a| a.maintenance == name) {
+        format!(
+            "  admissible now: the coordinator admits it at its next round{}",
+            stored
+                .map(|c| format!(" (its last word: {})", c.reason))
+                .unwrap_or_default()
+        )
+    } else if let Some(c) = stored {
+        format!("  waiting: {}: {}", c.reason, c.message)
+    } else {
+        "  waiting: not yet decided (is the coordinator running? kubectl -n nodeward-system get pods)"
+            .to_owned()
+    };
+    let _ = writeln!(out, "{line}");
 }
 
 /// How long ago `t` was, to the second.
@@ -372,6 +427,99 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    /// `w1`'s agent alive (its Lease renewed a minute ago, lasting 15 minutes), `w0` idle, and
+    /// `w1`'s request still saying the coordinator's last word from before a resume.
+    fn after_a_resume(slot_held: bool) -> Objects {
+        let mut objects = objects();
+        objects.maintenances.remove(0);
+        let mut w1 = (*objects.maintenances[0]).clone();
+        if let Some(c) = w1.status.as_mut().and_then(|s| s.conditions.first_mut()) {
+            c.reason = "Paused".into();
+            c.message = "policy pool-a is paused".into();
+        }
+        objects.maintenances[0] = Arc::new(w1);
+        let mut policy = (*objects.policies[0]).clone();
+        policy.status = Some(
+            serde_json::from_value(json!({"slots": if slot_held {
+                json!([{"maintenance": "w1-reboot", "uid": "u1", "nodeName": "w1",
+                        "admittedAt": "2026-11-25T12:09:59Z"}])
+            } else {
+                json!([])
+            }}))
+            .expect("a status"),
+        );
+        objects.policies[0] = Arc::new(policy);
+        objects.leases = vec![Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": "nodeward-agent-w1", "namespace": "nodeward-system"},
+                "spec": {"holderIdentity": "w1", "leaseDurationSeconds": 900,
+                         "renewTime": "2026-11-25T12:09:00.000000Z"}
+            }))
+            .expect("a lease"),
+        )];
+        objects
+    }
+
+    #[test]
+    fn right_after_a_resume_the_slots_and_this_rounds_verdict_come_before_the_stale_pause() {
+        let held = explain("w1", &after_a_resume(true), now()).expect("explained");
+        assert!(
+            held.contains(
+                "  admitted: holds its slot in pool-a; the coordinator is marking it Admitted\n"
+            ),
+            "{held}"
+        );
+        assert!(!held.contains("Paused"), "{held}");
+        let free = explain("w1", &after_a_resume(false), now()).expect("explained");
+        assert!(
+            free.contains(
+                "  admissible now: the coordinator admits it at its next round (its last word: Paused)\n"
+            ),
+            "{free}"
+        );
+    }
+
+    #[test]
+    fn a_live_agents_heartbeat_says_how_often_it_is_renewed_and_a_silent_ones_that_it_is_silent() {
+        let objects = after_a_resume(false);
+        let text = explain("w1", &objects, now()).expect("explained");
+        assert!(
+            text.contains(
+                "agent: last heartbeat 1m ago (renewed every 5m; silent only after 15m)\n"
+            ),
+            "{text}"
+        );
+        let later = now() + jiff::SignedDuration::from_mins(20);
+        let text = explain("w1", &objects, later).expect("explained");
+        assert!(
+            text.contains("agent: last heartbeat 21m ago: silent, past its Lease's 15m\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn only_the_deadline_of_the_phase_it_is_in_is_shown() {
+        let with_deadline = |phase: &str| {
+            let mut objects = objects();
+            let mut w0 = (*objects.maintenances[0]).clone();
+            if let Some(status) = w0.status.as_mut() {
+                status.deadline = Some(
+                    serde_json::from_value(json!({"phase": phase, "time": "2026-11-25T14:08:00Z",
+                                                  "then": "Failed"}))
+                    .expect("a deadline"),
+                );
+            }
+            objects.maintenances[0] = Arc::new(w0);
+            explain("w0", &objects, now()).expect("explained")
+        };
+        assert!(
+            with_deadline("Draining")
+                .contains("  deadline: Failed if still Draining at 2026-11-25T14:08:00Z\n")
+        );
+        let left = with_deadline("Admitted");
+        assert!(!left.contains("deadline"), "{left}");
     }
 
     #[test]

@@ -37,9 +37,10 @@ pub enum Error {
     Signal(std::io::Error),
 }
 
-/// A failed API call: what was being done, to which object.
+/// A failed API call: what was being done, to which object, and the API server's answer in
+/// one line (its message, code and reason, not the whole status object).
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {object}: {source}")]
+#[error("{} {}: {}", .action, .object, brief(.source))]
 pub struct ApiError {
     pub action: &'static str,
     pub object: String,
@@ -62,6 +63,16 @@ impl ApiError {
             kube::Error::Api(status) => Some(status.code),
             _ => None,
         }
+    }
+}
+
+/// A client error in one line: an API server's answer as its message with code and reason.
+pub fn brief(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
     }
 }
 

@@ -264,6 +264,27 @@ async fn rebooted_once_and_restored(env: &TestEnv, machines: &[Machine]) -> anyh
             "{} untainted",
             machine.name
         );
+        // The shutdown its maintenance asked for is expected: told as Normal, naming it.
+        let started = env
+            .wait_events(
+                &machine.name,
+                "regarding.kind=Node",
+                &["ShutdownDrainStarted"],
+            )
+            .await?;
+        for event in started
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("ShutdownDrainStarted"))
+        {
+            let note = event.note.as_deref().unwrap_or_default();
+            assert!(
+                event.type_.as_deref() == Some("Normal")
+                    && note.starts_with("the shutdown of maintenance "),
+                "{}: {:?} {note}",
+                machine.name,
+                event.type_
+            );
+        }
     }
     Ok(())
 }

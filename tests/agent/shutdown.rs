@@ -261,6 +261,17 @@ async fn power_off_waits_for_the_drain_in_plan_order() -> anyhow::Result<()> {
             ],
         )
         .await?;
+    let started = events
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("ShutdownDrainStarted"));
+    assert!(
+        started.is_some_and(|e| e.type_.as_deref() == Some("Warning")
+            && e.note
+                .as_deref()
+                .unwrap_or_default()
+                .contains("no maintenance asked for")),
+        "a shutdown nobody asked nodeward for is a warning: {started:?}"
+    );
     let returning = events
         .iter()
         .find(|e| e.reason.as_deref() == Some("PodsWillReturn"))

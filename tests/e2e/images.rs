@@ -261,9 +261,32 @@ fn each_image_holds_only_its_binary_and_the_ca_bundle_for_both_architectures() -
                 "{binary} {arch}: {size} bytes compressed, more than {} MiB",
                 component.max_size / MIB
             );
+            let told = documented_size()?;
+            assert!(
+                (size as f64 - told as f64).abs() <= 0.75 * MIB as f64,
+                "{binary} {arch}: {:.2} MiB compressed, but docs/install.md says about {} MiB: correct it",
+                size as f64 / MIB as f64,
+                told / MIB
+            );
         }
     }
     Ok(())
+}
+
+/// The images' size as docs/install.md gives it ("About N MiB each, compressed").
+fn documented_size() -> anyhow::Result<u64> {
+    let install = std::fs::read_to_string(repo_root().join("docs/install.md"))?;
+    let (before, _) = install
+        .split_once(" MiB each, compressed")
+        .context("docs/install.md gives the images' size as \"About N MiB each, compressed\"")?;
+    let mebibytes: u64 = before
+        .rsplit("About ")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .context("the size docs/install.md gives")?;
+    Ok(mebibytes * MIB)
 }
 
 /// Writes the image's binary to a temporary file; its path.

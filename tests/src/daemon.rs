@@ -218,7 +218,19 @@ impl Daemon {
     ) -> anyhow::Result<Self> {
         let dir = std::env::temp_dir().join("nodeward-e2e-logs");
         std::fs::create_dir_all(&dir)?;
-        let log = dir.join(format!("{label}.log"));
+        // Two daemons of one label at once (replicas of a release) each get their own file.
+        let log = {
+            let mut in_use = LOGS_IN_USE.lock().unwrap_or_else(|p| p.into_inner());
+            let log = (0..)
+                .map(|n| match n {
+                    0 => dir.join(format!("{label}.log")),
+                    n => dir.join(format!("{label}-{n}.log")),
+                })
+                .find(|log| !in_use.contains(log))
+                .unwrap_or_else(|| dir.join(format!("{label}.log")));
+            in_use.insert(log.clone());
+            log
+        };
         let file = std::fs::File::create(&log)?;
         let child = Command::new(program)
             .args(args)
@@ -296,10 +308,18 @@ impl Daemon {
     }
 }
 
+/// The log files of the daemons running now.
+static LOGS_IN_USE: std::sync::Mutex<std::collections::BTreeSet<std::path::PathBuf>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        LOGS_IN_USE
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.log);
     }
 }
 

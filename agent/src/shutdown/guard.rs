@@ -35,7 +35,7 @@ use nodeward_runtime::{
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
-use super::{Settings, ended, window::drain_window};
+use super::{Settings, notes, window::drain_window};
 use crate::host::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
@@ -406,15 +406,9 @@ impl Guard {
             taint: SHUTDOWN_TAINT,
             surges: None, // going down now: nothing can wait for a surge
         };
-        let started = self.event(
-            EventType::Warning,
-            "ShutdownDrainStarted",
-            format!(
-                "logind announced a shutdown: tainted and cordoned, draining within {}s{}",
-                left.as_secs(),
-                if resumed { " (resumed)" } else { "" }
-            ),
-        );
+        let planned = notes::planned(&self.maintenances.store.state());
+        let (kind, note) = notes::started(planned.as_deref(), left, resumed);
+        let started = self.event(kind, "ShutdownDrainStarted", note);
         let mut announced = Announced::default();
         // Every round trip before the first eviction comes out of the budget: the shutdown
         // record and the Event are written while the drain reads the node's pods (after the
@@ -435,7 +429,7 @@ impl Guard {
                 }
             }
         };
-        let (kind, note) = ended::described(&outcome);
+        let (kind, note) = notes::described(&outcome);
         tracing::warn!(%note, "drain before shutdown ended");
         self.event(
             kind,

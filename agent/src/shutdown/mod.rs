@@ -7,8 +7,8 @@ use std::{path::PathBuf, time::Duration};
 use crate::flags::{self, Flag};
 
 pub mod dropin;
-mod ended;
 pub mod guard;
+mod notes;
 pub mod window;
 
 /// The flags of the `shutdownGuard` section.

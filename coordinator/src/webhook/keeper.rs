@@ -19,7 +19,7 @@ use kube::{
     api::{ObjectMeta, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
-use nodeward_runtime::{backoff::Backoff, server::Readiness};
+use nodeward_runtime::{ApiError, backoff::Backoff, server::Readiness};
 
 use super::{
     ServingCert,
@@ -95,6 +95,14 @@ fn data(material: &Material) -> BTreeMap<String, ByteString> {
 }
 
 impl Keeper {
+    fn secret_path(&self) -> String {
+        format!("Secret {}/{}", self.namespace, self.secret)
+    }
+
+    fn configuration_path(&self) -> String {
+        format!("ValidatingWebhookConfiguration {}", self.configuration)
+    }
+
     /// Runs until the task is dropped: woken by changes of the Secret or the webhook
     /// configuration, and every [`RECHECK`].
     pub async fn run(self) {
@@ -119,7 +127,7 @@ impl Keeper {
                     Duration::from_secs(until_due.max(1)).min(RECHECK)
                 }
                 Err(e) => {
-                    tracing::warn!(secret = %format!("{}/{}", self.namespace, self.secret), error = %e, "keeping the webhook certificate; will retry");
+                    tracing::warn!(secret = %self.secret_path(), error = %e, "keeping the webhook certificate; will retry");
                     backoff.next_delay()
                 }
             };
@@ -140,7 +148,7 @@ impl Keeper {
         let existing = secrets
             .get_opt(&self.secret)
             .await
-            .map_err(|e| format!("reading Secret {}: {e}", self.secret))?;
+            .map_err(|e| ApiError::new("reading", self.secret_path(), e).to_string())?;
         let material = existing.as_ref().map(read);
         let step = match &material {
             None => Step::Fresh("there is no certificate yet"),
@@ -160,9 +168,19 @@ impl Keeper {
         if step != Step::Keep
             && let Some(renewed) = certificate::apply(step, current.as_ref(), &self.wanted, now)?
         {
-            self.write(secrets, existing, &renewed).await?;
-            tracing::info!(secret = %self.secret, ?step, "webhook certificate written");
-            current = Some(renewed);
+            match self.write(secrets, existing, &renewed).await {
+                Ok(()) => {
+                    tracing::info!(secret = %self.secret, ?step, "webhook certificate written");
+                    current = Some(renewed);
+                }
+                // Another replica wrote first (both start together at install): serve theirs,
+                // which the Secret's watch brings at once.
+                Err(e) if e.code() == Some(409) => {
+                    tracing::info!(secret = %self.secret, "another replica wrote the webhook certificate first; using theirs");
+                    return Ok(now);
+                }
+                Err(e) => return Err(e.to_string()),
+            }
         }
         let Some(current) = current else {
             return Ok(now);
@@ -179,7 +197,7 @@ impl Keeper {
         secrets: &Api<Secret>,
         existing: Option<Secret>,
         material: &Material,
-    ) -> Result<(), String> {
+    ) -> Result<(), ApiError> {
         let labels = BTreeMap::from([(
             "app.kubernetes.io/component".to_owned(),
             "coordinator".to_owned(),
@@ -200,7 +218,7 @@ impl Keeper {
                 secrets
                     .create(&PostParams::default(), &secret)
                     .await
-                    .map_err(|e| format!("creating Secret {}: {e}", self.secret))?;
+                    .map_err(|e| ApiError::new("creating", self.secret_path(), e))?;
             }
             Some(mut secret) => {
                 secret.data = Some(data(material));
@@ -208,7 +226,7 @@ impl Keeper {
                 secrets
                     .replace(&self.secret, &PostParams::default(), &secret)
                     .await
-                    .map_err(|e| format!("replacing Secret {}: {e}", self.secret))?;
+                    .map_err(|e| ApiError::new("replacing", self.secret_path(), e))?;
             }
         }
         Ok(())
@@ -227,16 +245,10 @@ impl Keeper {
             tracing::info!(secret = %self.secret, "serving the webhook certificate from the Secret");
         }
         self.readiness.pass(CERTIFICATE_LOADED);
-        let Some(configuration) =
-            configurations
-                .get_opt(&self.configuration)
-                .await
-                .map_err(|e| {
-                    format!(
-                        "reading ValidatingWebhookConfiguration {}: {e}",
-                        self.configuration
-                    )
-                })?
+        let Some(configuration) = configurations
+            .get_opt(&self.configuration)
+            .await
+            .map_err(|e| ApiError::new("reading", self.configuration_path(), e).to_string())?
         else {
             tracing::debug!(configuration = %self.configuration, "no webhook configuration yet");
             return Ok(());
@@ -272,10 +284,7 @@ impl Keeper {
             )
             .await
             .map_err(|e| {
-                format!(
-                    "writing the caBundle of ValidatingWebhookConfiguration {}: {e}",
-                    self.configuration
-                )
+                ApiError::new("writing the caBundle of", self.configuration_path(), e).to_string()
             })?;
         tracing::info!(configuration = %self.configuration, "webhook caBundle updated");
         Ok(())

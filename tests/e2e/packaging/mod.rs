@@ -114,12 +114,19 @@ impl EvictionWebhook {
             "metadata": {"name": lease_name},
             "spec": {"holderIdentity": "e2e", "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now},
         }))?;
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        // A second replica of the same release finds the Lease made.
+        match Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
             env.client.clone(),
             &env.namespace,
         )
         .create(&PostParams::default(), &lease)
-        .await?;
+        .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            other => {
+                other?;
+            }
+        }
         let kubeconfig = dir.join("coordinator.kubeconfig");
         write_kubeconfig(
             Identity::Token(token(env, &lease_name, None).await?),
@@ -210,6 +217,19 @@ impl EvictionWebhook {
             webhook["clientConfig"] = json!({"url": format!("{}{path}", self.url)});
         }
         Ok(configuration)
+    }
+
+    /// The first certificate this replica presents (PEM), as `openssl s_client` receives it.
+    async fn served_certificate(&self) -> anyhow::Result<String> {
+        let address = self.url.trim_start_matches("https://");
+        let output = tokio::process::Command::new("openssl")
+            .args(["s_client", "-connect", address, "-servername", "localhost"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .context("running openssl s_client")?;
+        first_pem(&String::from_utf8_lossy(&output.stdout))
+            .with_context(|| format!("no certificate from {address}"))
     }
 
     /// The webhook certificate Secret the coordinator keeps.
@@ -464,4 +484,12 @@ fn render_values(test: &str, values: &str) -> anyhow::Result<Vec<Value>> {
     let rendered = render("nodeward", "nodeward-system", &[&file]);
     std::fs::remove_dir_all(&dir)?;
     rendered
+}
+
+/// The first PEM certificate in `text`.
+fn first_pem(text: &str) -> Option<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let start = text.find("-----BEGIN CERTIFICATE-----")?;
+    let end = start + text[start..].find(END)? + END.len();
+    Some(text[start..end].to_owned())
 }

@@ -1,6 +1,7 @@
-//! The eviction webhook as the chart runs it: its certificate kept by the coordinator and
-//! rotated without a restart, its listeners under a thousand stalled connections, admission and
-//! the webhook under a flood of maintenances from one node.
+//! The eviction webhook as the chart runs it: its certificate kept by the coordinator (two
+//! replicas at a first install settle on one) and rotated without a restart, its listeners under a
+//! thousand stalled connections, admission and the webhook under a flood of maintenances from
+//! one node.
 
 use super::*;
 
@@ -131,6 +132,82 @@ async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_re
     );
     drop(webhook);
     remove_chart(env, &documents).await
+}
+
+/// The chart runs two coordinator replicas, and at a first install both find no certificate:
+/// one writes it, the other serves what it wrote, and neither warns nor retries. Whether both
+/// write at once is up to timing: the install is tried again (the Secret deleted) until they
+/// did, at most `TRIES` times, and every try must settle.
+#[tokio::test]
+async fn two_replicas_starting_together_settle_on_one_certificate_without_a_warning()
+-> anyhow::Result<()> {
+    const TRIES: usize = 6;
+    let env = TestEnv::new("webhook-race").await?;
+    let dir = std::env::temp_dir().join(format!("nodeward-webhook-{}", env.id));
+    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
+    let mut raced_in = None;
+    for attempt in 1..=TRIES {
+        let (one, two) = tokio::join!(
+            EvictionWebhook::start(&env, &env.id, &dir, &[]),
+            EvictionWebhook::start(&env, &env.id, &dir, &[]),
+        );
+        let replicas = [one?, two?];
+        if settled_on_one(&env, &replicas).await? {
+            raced_in = Some(attempt);
+            break;
+        }
+        let secret = replicas[0].secret(&env).await?.context("the Secret")?;
+        drop(replicas);
+        secrets
+            .delete(&secret.name_any(), &Default::default())
+            .await?;
+    }
+    println!(
+        "both replicas wrote at once, and the loser took the winner's, in try {raced_in:?} of {TRIES}"
+    );
+    remove_chart(env, &documents).await
+}
+
+/// Checks that `replicas` settled on one certificate (one write, no warning, both serving the
+/// Secret's); whether they raced for it.
+async fn settled_on_one(env: &TestEnv, replicas: &[EvictionWebhook]) -> anyhow::Result<bool> {
+    let outputs: Vec<String> = replicas.iter().map(|r| r.coordinator.output()).collect();
+    let writes: usize = outputs
+        .iter()
+        .map(|o| o.matches("webhook certificate written").count())
+        .sum();
+    assert_eq!(
+        writes, 1,
+        "one replica wrote the certificate:\n{outputs:#?}"
+    );
+    for output in &outputs {
+        assert!(
+            output.contains("serving the webhook certificate from the Secret"),
+            "each replica serves the Secret's certificate:\n{output}"
+        );
+        assert!(
+            !output.contains("will retry") && !output.contains("ErrorResponse"),
+            "no warning, no status dump:\n{output}"
+        );
+    }
+    let secret = replicas[0].secret(env).await?.context("the Secret")?;
+    let kept = secret.data.unwrap_or_default();
+    let kept = first_pem(&String::from_utf8_lossy(
+        &kept.get("tls.crt").context("tls.crt")?.0,
+    ))
+    .context("a certificate in tls.crt")?;
+    for replica in replicas {
+        let served = replica.served_certificate().await?;
+        assert_eq!(
+            served, kept,
+            "{} serves the Secret's certificate",
+            replica.url
+        );
+    }
+    Ok(outputs
+        .iter()
+        .any(|o| o.contains("wrote the webhook certificate first")))
 }
 
 /// Connections a neighbour opens and never finishes: per listener, those over the limits on
