@@ -405,6 +405,8 @@ pub struct Seen {
     /// Whether the reader has read every record the kernel held at its start: until then a
     /// condition cannot be judged (a restarted agent would clear one it has yet to read).
     pub caught_up: bool,
+    /// Condition matches so far: a new one has its detector judge it at once.
+    pub condition_matches: u64,
 }
 
 /// Feeds one message through the patterns: records condition matches and returns the Events.
@@ -426,6 +428,7 @@ pub fn feed(
                 let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 seen.last
                     .insert(pattern.reason.clone(), (now, message.to_owned()));
+                seen.condition_matches += 1;
             }
         }
     }
@@ -513,6 +516,8 @@ pub struct Reader {
     pub seen: Arc<Mutex<Seen>>,
     pub events: mpsc::Sender<LogEvent>,
     pub replay: Replay,
+    /// Moved on each condition match once caught up: wakes the condition detectors.
+    pub matched: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl Reader {
@@ -524,6 +529,19 @@ impl Reader {
         let now = Instant::now();
         let at = now.checked_sub(age).unwrap_or(now);
         let found = feed(&self.patterns, &self.seen, message, at);
+        let (matches, caught_up) = {
+            let seen = self
+                .seen
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            (seen.condition_matches, seen.caught_up)
+        };
+        // Judged now rather than at the next interval (before catching up, the first
+        // judgement waits for it anyway).
+        if caught_up {
+            self.matched
+                .send_if_modified(|last| std::mem::replace(last, matches) != matches);
+        }
         if !self.replay.publishes(sequence, age) {
             return true;
         }
@@ -604,6 +622,8 @@ pub struct MatchedLog {
     pub labels: Labels,
     pub patterns: Arc<Vec<Pattern>>,
     pub seen: Arc<Mutex<Seen>>,
+    /// Moves on each condition match ([`Reader::matched`]).
+    pub matched: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 impl MatchedLog {
@@ -647,6 +667,7 @@ impl MatchedLog {
                         finding
                     },
                 )
+                .woken_by(self.matched.subscribe())
             })
             .collect()
     }

@@ -382,6 +382,8 @@ pub struct Detector {
     pub condition: Name,
     pub schedule: Schedule,
     check: Arc<Check>,
+    /// Runs it at once, between its intervals, whenever it changes (a followed log's match).
+    pub wake: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl std::fmt::Debug for Detector {
@@ -414,7 +416,14 @@ impl Detector {
             condition: condition.into(),
             schedule,
             check: Arc::new(move || Box::pin(check(input.clone()))),
+            wake: None,
         }
+    }
+
+    /// Also run whenever `wake` changes, not only every interval.
+    pub fn woken_by(mut self, wake: tokio::sync::watch::Receiver<u64>) -> Self {
+        self.wake = Some(wake);
+        self
     }
 
     /// This detector if `enabled`, none otherwise: a section's one detector.

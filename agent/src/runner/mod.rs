@@ -57,8 +57,15 @@ pub fn start(
             tokio::time::sleep(interval.mul_f64(rand::random::<f64>() * 0.1)).await;
             let mut ticks = tokio::time::interval(interval);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut wake = detector.wake.clone();
             loop {
-                ticks.tick().await;
+                tokio::select! {
+                    _ = ticks.tick() => {}
+                    // A change between ticks: judged now, and the next tick a whole interval on.
+                    Some(()) = async { wake.as_mut()?.changed().await.ok() }, if wake.is_some() => {
+                        ticks.reset();
+                    }
+                }
                 let started = Instant::now();
                 let finding = detector.observe_bounded().await;
                 metrics

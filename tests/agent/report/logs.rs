@@ -94,6 +94,52 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
     env.cleanup().await
 }
 
+/// A kernel line that sets a condition is judged when it is read, not at the detector's next
+/// interval (a minute here, after a first run at the start): the condition is on the Node
+/// within the 30 s this waits, half the time to that next run.
+#[tokio::test]
+async fn a_kernel_line_sets_its_condition_when_it_is_read_not_at_the_next_interval()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("agent-kmsg-now").await?;
+    let node = env.node_name(0);
+    env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
+    let tag = env.id.replace('-', "");
+    let kernel_log = format!(
+        "{{source: kmsg, interval: 60s, timeout: 5s, patterns: [{{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem}}]}}"
+    );
+    let agent = Agent::start_with(
+        &node,
+        &env,
+        Options {
+            interval: "1s",
+            heartbeat: "30s",
+            kernel_log: &kernel_log,
+            ..Options::default()
+        },
+    )?;
+    let nodes: Api<Node> = env.nodes();
+    wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
+    let written = std::time::Instant::now();
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>EXT4-fs (t{tag}): Remounting filesystem read-only\n"),
+    )?;
+    wait::until(
+        &nodes,
+        &node,
+        "ReadonlyFilesystem=True before the detector's next interval",
+        Duration::from_secs(30),
+        has("ReadonlyFilesystem", "True"),
+    )
+    .await?
+    .context("the node")?;
+    println!(
+        "ReadonlyFilesystem on the Node {:.2} s after its kernel line",
+        written.elapsed().as_secs_f64()
+    );
+    env.cleanup_after(agent).await
+}
+
 /// The same through the journal: a real journald reads /dev/kmsg into its files, and the agent
 /// reads those files (as an unprivileged DaemonSet pod does from the host's, mounted read-only).
 #[tokio::test]

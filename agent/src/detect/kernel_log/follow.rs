@@ -63,6 +63,7 @@ impl Follow {
             labels: self.labels,
             patterns: Arc::new(patterns),
             seen: Arc::default(),
+            matched: Arc::new(tokio::sync::watch::Sender::new(0)),
         };
         let reader = Reader {
             replay: Replay {
@@ -73,6 +74,7 @@ impl Follow {
             patterns: log.patterns.clone(),
             seen: log.seen.clone(),
             events: on.log_events.clone(),
+            matched: log.matched.clone(),
         };
         match follow(reader) {
             Ok(()) => {
