@@ -1,16 +1,152 @@
 //! Kubernetes Events, published best effort (a failure is logged, never fatal) by one
 //! recorder per daemon, within an optional rate limit.
+//!
+//! A repeat of an Event within [`SERIES_TTL`] counts in the first one's `series` instead of
+//! making a new one, as kube's and client-go's recorders do, but a repeat is the same note
+//! too: kube's recorder leaves the note out, so two OOM kills of different processes became
+//! one Event counted twice whose note named only the first.
 
 use std::{
+    collections::HashMap,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::{
-    Client,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+use k8s_openapi::{
+    api::{
+        core::v1::ObjectReference,
+        events::v1::{Event as Published, EventSeries},
+    },
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+    jiff::{SignedDuration, Timestamp},
 };
+use kube::{
+    Api, Client,
+    api::{Patch, PatchParams, PostParams},
+    runtime::events::{Event, EventType},
+};
+
+/// How long an Event is counted on rather than published anew.
+const SERIES_TTL: SignedDuration = SignedDuration::from_mins(6);
+/// The most Events kept to count repeats on (distinct notes are distinct Events).
+const SERIES_KEPT: usize = 512;
+
+/// What makes two Events the same.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    warning: bool,
+    action: String,
+    reason: String,
+    note: Option<String>,
+    regarding: (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ),
+}
+
+/// Writes Events as one reporting controller and instance, counting repeats.
+#[derive(Clone)]
+struct Recorder {
+    client: Client,
+    controller: String,
+    instance: String,
+    published: Arc<tokio::sync::Mutex<HashMap<Key, Published>>>,
+}
+
+impl Recorder {
+    async fn publish(&self, event: &Event, about: &ObjectReference) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        let key = Key {
+            warning: event.type_ == EventType::Warning,
+            action: event.action.clone(),
+            reason: event.reason.clone(),
+            note: event.note.clone(),
+            regarding: (
+                about.kind.clone(),
+                about.namespace.clone(),
+                about.name.clone(),
+                about.uid.clone(),
+            ),
+        };
+        let namespace = about.namespace.as_deref().unwrap_or("default");
+        let events: Api<Published> = Api::namespaced(self.client.clone(), namespace);
+        let mut published = self.published.lock().await;
+        published.retain(|_, e| last_seen(e) + SERIES_TTL > now);
+        let written = match published.get(&key) {
+            Some(first) => {
+                let series = EventSeries {
+                    count: first.series.as_ref().map_or(2, |s| s.count + 1),
+                    last_observed_time: MicroTime(now),
+                };
+                // Only the series: the fields left out of a merge patch stay as they are.
+                let patch = Published {
+                    series: Some(series),
+                    ..Published::default()
+                };
+                let name = first.metadata.name.clone().unwrap_or_default();
+                events
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?
+            }
+            None => {
+                events
+                    .create(&PostParams::default(), &self.new_event(event, about, now))
+                    .await?
+            }
+        };
+        if published.len() >= SERIES_KEPT && !published.contains_key(&key) {
+            // The oldest goes: a repeat of it is a new Event.
+            if let Some(oldest) = published
+                .iter()
+                .min_by_key(|(_, e)| last_seen(e))
+                .map(|(k, _)| k.clone())
+            {
+                published.remove(&oldest);
+            }
+        }
+        published.insert(key, written);
+        Ok(())
+    }
+
+    fn new_event(&self, event: &Event, about: &ObjectReference, now: Timestamp) -> Published {
+        Published {
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(about.clone()),
+            note: event.note.clone(),
+            metadata: ObjectMeta {
+                namespace: about.namespace.clone(),
+                name: Some(format!(
+                    "{}.{:x}",
+                    about.name.as_deref().unwrap_or(&self.controller),
+                    now.as_nanosecond()
+                )),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(self.controller.clone()),
+            reporting_instance: Some(self.instance.clone()),
+            type_: Some(match event.type_ {
+                EventType::Normal => "Normal".to_owned(),
+                EventType::Warning => "Warning".to_owned(),
+            }),
+            related: event.secondary.clone(),
+            ..Published::default()
+        }
+    }
+}
+
+/// When an Event was last seen: its series' last observation, else its time.
+fn last_seen(event: &Published) -> Timestamp {
+    event
+        .series
+        .as_ref()
+        .map(|s| s.last_observed_time.0)
+        .or(event.event_time.as_ref().map(|t| t.0))
+        .unwrap_or_else(Timestamp::now)
+}
 
 /// Publishes Events as one component (`controller`, e.g. the agent's field manager) and
 /// instance (the node or pod). Cheap to clone: clones share the recorder and the limit.
@@ -24,13 +160,12 @@ pub struct Events {
 impl Events {
     pub fn new(client: Client, controller: &str, instance: String) -> Self {
         Self {
-            recorder: Recorder::new(
+            recorder: Recorder {
                 client,
-                Reporter {
-                    controller: controller.to_owned(),
-                    instance: Some(instance),
-                },
-            ),
+                controller: controller.to_owned(),
+                instance,
+                published: Arc::default(),
+            },
             limit: None,
             related: None,
         }

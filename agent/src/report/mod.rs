@@ -8,6 +8,7 @@
 
 pub mod conditions;
 pub mod events;
+pub mod floods;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -96,9 +97,15 @@ impl ReportingConfig {
     }
 }
 
-/// At most this many Events at once, then one per [`EVENT_REFILL`].
-const EVENT_BURST: u32 = 10;
-const EVENT_REFILL: Duration = Duration::from_secs(30);
+/// At most this many Events at once, then one per [`EVENT_REFILL`], whatever they are about.
+const EVENT_BURST: u32 = 20;
+const EVENT_REFILL: Duration = Duration::from_secs(10);
+/// Within that, per reason of a followed log's Events: a flood of one reason is summarised
+/// ([`floods`]) and leaves room for the others.
+const LOG_EVENT_BURST: u32 = 5;
+const LOG_EVENT_REFILL: Duration = Duration::from_secs(30);
+/// How often held-back log Events are looked at for a summary.
+const SUMMARY_CHECK: Duration = Duration::from_secs(1);
 
 /// Who the agent is, for the NodeReport.
 #[derive(Clone, Debug)]
@@ -135,6 +142,8 @@ pub struct Reporter {
     events_only: BTreeSet<String>,
     /// How often to look whether the NodeReport was deleted.
     recheck: Duration,
+    /// The followed logs' Events per reason, within their allowance or summarised.
+    floods: floods::Floods,
 }
 
 impl Reporter {
@@ -159,6 +168,7 @@ impl Reporter {
             published: (KernelLogSource::Kmsg, BTreeMap::new()),
             events_only: BTreeSet::new(),
             recheck: DEFAULT_HEARTBEAT,
+            floods: floods::Floods::new(LOG_EVENT_BURST, LOG_EVENT_REFILL),
         }
     }
 
@@ -236,6 +246,11 @@ impl Reporter {
                         None => kernel_open = false,
                     }
                 }
+                () = tokio::time::sleep(SUMMARY_CHECK), if self.floods.holding() => {
+                    let due = self.floods.due(std::time::Instant::now());
+                    let node = crate::node_reference(&self.identity.node_name);
+                    self.publish(&node, due).await;
+                }
                 _ = async { tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)).await }, if retry_at.is_some() => {}
                 _ = recheck.tick(), if !report_due => {
                     if self.report_deleted().await {
@@ -280,8 +295,9 @@ impl Reporter {
         }
     }
 
-    /// Publishes `first` of the followed logs' Events and those already queued behind it, and
-    /// records where each log stands (one report then records the last).
+    /// Publishes `first` of the followed logs' Events and those already queued behind it
+    /// (those past their reason's allowance are held for a summary, and lost if the agent stops
+    /// first), and records where each log stands (one report then records the last).
     async fn publish_logged(&mut self, first: LogEvent, queued: &mut mpsc::Receiver<LogEvent>) {
         let node = crate::node_reference(&self.identity.node_name);
         let mut next = Some(first);
@@ -291,7 +307,9 @@ impl Reporter {
             sequence,
         }) = next
         {
-            self.publish(&node, vec![event]).await;
+            let now = std::time::Instant::now();
+            let allowed = self.floods.offer(event, now);
+            self.publish(&node, allowed.into_iter().collect()).await;
             self.published.1.insert(log, sequence);
             next = queued.try_recv().ok();
         }

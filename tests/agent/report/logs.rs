@@ -94,22 +94,20 @@ async fn kernel_messages_raise_events_once_and_a_clearing_condition_across_a_res
     env.cleanup().await
 }
 
-/// A kernel line that sets a condition is judged when it is read, not at the detector's next
-/// interval (a minute here, after a first run at the start): the condition is on the Node
-/// within the 30 s this waits, half the time to that next run.
-#[tokio::test]
-async fn a_kernel_line_sets_its_condition_when_it_is_read_not_at_the_next_interval()
--> anyhow::Result<()> {
-    let env = TestEnv::new("agent-kmsg-now").await?;
+/// An agent on a new node of `env` reading /dev/kmsg with the section's fields after `source`
+/// that `kernel_log` writes for the test's tag (patterns unique to the test, so that no other
+/// agent on this machine reacts to its lines): the node's name, the tag and the agent.
+async fn kmsg_agent(
+    env: &TestEnv,
+    kernel_log: impl FnOnce(&str) -> String,
+) -> anyhow::Result<(String, String, Agent)> {
     let node = env.node_name(0);
     env.create_nodes(&[NodeSpec::worker("zone-d")]).await?;
     let tag = env.id.replace('-', "");
-    let kernel_log = format!(
-        "{{source: kmsg, interval: 60s, timeout: 5s, patterns: [{{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem}}]}}"
-    );
+    let kernel_log = format!("{{source: kmsg, {}}}", kernel_log(&tag));
     let agent = Agent::start_with(
         &node,
-        &env,
+        env,
         Options {
             interval: "1s",
             heartbeat: "30s",
@@ -117,6 +115,22 @@ async fn a_kernel_line_sets_its_condition_when_it_is_read_not_at_the_next_interv
             ..Options::default()
         },
     )?;
+    Ok((node, tag, agent))
+}
+
+/// A kernel line that sets a condition is judged when it is read, not at the detector's next
+/// interval (a minute here, after a first run at the start): the condition is on the Node
+/// within the 30 s this waits, half the time to that next run.
+#[tokio::test]
+async fn a_kernel_line_sets_its_condition_when_it_is_read_not_at_the_next_interval()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("agent-kmsg-now").await?;
+    let (node, tag, agent) = kmsg_agent(&env, |tag| {
+        format!(
+            "interval: 60s, timeout: 5s, patterns: [{{reason: FilesystemIsReadOnly, regex: 't{tag}\\): Remounting filesystem read-only', condition: ReadonlyFilesystem}}]"
+        )
+    })
+    .await?;
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "ReadonlyFilesystem", "False").await?;
     let written = std::time::Instant::now();
@@ -136,6 +150,70 @@ async fn a_kernel_line_sets_its_condition_when_it_is_read_not_at_the_next_interv
     println!(
         "ReadonlyFilesystem on the Node {:.2} s after its kernel line",
         written.elapsed().as_secs_f64()
+    );
+    env.cleanup_after(agent).await
+}
+
+/// A flood of 200 OOM kills of eight processes through the real kernel log: the first few are
+/// Events at once, the rest summarised in the next one the rate limit allows, naming every
+/// process; a hung task right after the flood is published at once all the same.
+#[tokio::test]
+async fn a_flood_reaches_the_api_server_with_every_process_and_leaves_room_for_another_problem()
+-> anyhow::Result<()> {
+    let env = TestEnv::new("agent-kmsg-flood").await?;
+    let (node, tag, agent) = kmsg_agent(&env, |tag| {
+        format!(
+            "interval: 1s, timeout: 500ms, patterns: [{{reason: OOMKilling, regex: 'Killed process \\d+ \\(t{tag}-\\w+\\)'}}, {{reason: TaskHung, regex: 'task t{tag}:\\d+ blocked for more than \\d+ seconds'}}]"
+        )
+    })
+    .await?;
+    agent.wait_ready().await?;
+    let processes: Vec<String> = (0..8).map(|i| format!("t{tag}-p{i}")).collect();
+    // Each record written through a descriptor of its own: the kernel allows one descriptor
+    // only a burst of ten before it drops what userspace writes.
+    for i in 0..200 {
+        let process = &processes[i % processes.len()];
+        std::fs::write(
+            "/dev/kmsg",
+            format!(
+                "<3>Out of memory: Killed process {} ({process}) total-vm:1kB\n",
+                5000 + i
+            ),
+        )?;
+    }
+    std::fs::write(
+        "/dev/kmsg",
+        format!("<3>INFO: task t{tag}:77 blocked for more than 120 seconds.\n"),
+    )?;
+    let hung = format!("task t{tag}:77 blocked");
+    wait::eventually(
+        "the hung task's Event, not held behind the flood",
+        TIMEOUT,
+        || async { Ok((told(&env, &node, &hung).await? == 1).then_some(())) },
+    )
+    .await?;
+    // The rest of the flood comes in the next summary (its reason's allowance refills every
+    // 30 s): every process is named in an OOMKilling Event by then.
+    let named = wait::eventually(
+        "every process named in an Event",
+        Duration::from_secs(75),
+        || async {
+            let events = env.events_about(&node, "").await?;
+            let notes: Vec<&str> = events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("OOMKilling"))
+                .filter_map(|e| e.note.as_deref())
+                .collect();
+            let all = processes
+                .iter()
+                .all(|p| notes.iter().any(|n| n.contains(&format!("({p})"))));
+            Ok(all.then_some(notes.len()))
+        },
+    )
+    .await?;
+    assert!(
+        named <= 8,
+        "a few Events and a summary, not one per kill: {named}"
     );
     env.cleanup_after(agent).await
 }
