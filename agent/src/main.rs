@@ -259,9 +259,11 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     );
     let started = background::start(&config, on, own_node, &mut tasks).await?;
     let detectors = config.detectors.enabled(Some(&started.agent));
+    let writing = detectors.iter().map(|d| d.condition.to_string()).collect();
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
     let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
-        .with_recheck(config.reporting.heartbeat_interval);
+        .with_recheck(config.reporting.heartbeat_interval)
+        .writing(writing);
     let reporter = reporter.publishing(started.for_reports);
     let pauses = maintain(
         &config,

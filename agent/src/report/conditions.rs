@@ -2,7 +2,9 @@
 //! (interfaces, default route and DNS all feed `NetworkProblem`); the condition is `True` when
 //! any of them reports a problem, `Unknown` when none does but one cannot tell, else `False`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
 use crate::detect::{Finding, Status};
 
@@ -67,6 +69,25 @@ pub fn aggregate<'a>(findings: impl IntoIterator<Item = &'a Finding>) -> Vec<Nod
                 reason,
                 message: nodeward_api::bounds::cut(&message, MAX_MESSAGE),
             }
+        })
+        .collect()
+}
+
+/// The condition types `manager` owns in a Node's status, as its managed fields record them
+/// (server-side apply keeps one entry per manager): the agent's conditions, also those of a
+/// check since removed from its configuration.
+pub fn owned_types(managed: &[ManagedFieldsEntry], manager: &str) -> BTreeSet<String> {
+    managed
+        .iter()
+        .filter(|m| {
+            m.manager.as_deref() == Some(manager) && m.subresource.as_deref() == Some("status")
+        })
+        .filter_map(|m| m.fields_v1.as_ref())
+        .filter_map(|fields| fields.0.get("f:status")?.get("f:conditions")?.as_object())
+        .flat_map(|conditions| conditions.keys())
+        .filter_map(|key| {
+            let keyed: serde_json::Value = serde_json::from_str(key.strip_prefix("k:")?).ok()?;
+            Some(keyed.get("type")?.as_str()?.to_owned())
         })
         .collect()
 }
@@ -168,5 +189,26 @@ mod tests {
         let a = finding("a", "X", Status::Problem, "A");
         let b = finding("b", "X", Status::Problem, "B");
         assert_eq!(aggregate([&a, &b]), aggregate([&b, &a]));
+    }
+
+    #[test]
+    fn the_types_a_manager_owns_are_read_from_its_status_entry_only() {
+        let managed: Vec<ManagedFieldsEntry> = serde_json::from_value(serde_json::json!([
+            {"manager": "nodeward-agent", "operation": "Apply", "subresource": "status",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {
+                 "k:{\"type\":\"RebootRequired\"}": {".": {}, "f:status": {}},
+                 "k:{\"type\":\"FooProblem\"}": {".": {}, "f:status": {}}}}}},
+            {"manager": "kubelet", "operation": "Update", "subresource": "status",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {
+                 "k:{\"type\":\"Ready\"}": {".": {}}}}}},
+            {"manager": "nodeward-agent", "operation": "Apply",
+             "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}
+        ]))
+        .expect("managed fields");
+        assert_eq!(
+            owned_types(&managed, "nodeward-agent"),
+            BTreeSet::from(["FooProblem".to_owned(), "RebootRequired".to_owned()])
+        );
+        assert!(owned_types(&managed, "someone-else").is_empty());
     }
 }

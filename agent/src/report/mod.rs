@@ -39,7 +39,7 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
 use self::{
-    conditions::{NodeCondition, aggregate, is_node_condition},
+    conditions::{NodeCondition, aggregate, is_node_condition, owned_types},
     events::transitions,
 };
 use crate::{
@@ -144,6 +144,9 @@ pub struct Reporter {
     recheck: Duration,
     /// The followed logs' Events per reason, within their allowance or summarised.
     floods: floods::Floods,
+    /// The condition types this agent's detectors write (until each first reports, the Node's
+    /// is kept as it is); another that the agent applied before is removed.
+    writing: BTreeSet<String>,
 }
 
 impl Reporter {
@@ -169,7 +172,14 @@ impl Reporter {
             events_only: BTreeSet::new(),
             recheck: DEFAULT_HEARTBEAT,
             floods: floods::Floods::new(LOG_EVENT_BURST, LOG_EVENT_REFILL),
+            writing: BTreeSet::new(),
         }
+    }
+
+    /// The condition types the detectors write ([`Detector::condition`]).
+    pub fn writing(mut self, types: BTreeSet<String>) -> Self {
+        self.writing = types;
+        self
     }
 
     /// Looks every `every` whether the NodeReport was deleted (the heartbeat interval).
@@ -346,10 +356,22 @@ impl Reporter {
             else {
                 return Ok(());
             };
+            // Besides the detectors' types, those the agent applied before (a check since
+            // removed from its configuration): carried, so that the next apply leaves them
+            // out and the API server removes them.
+            let owned = owned_types(
+                node.metadata.managed_fields.as_deref().unwrap_or_default(),
+                AGENT_FIELD_MANAGER,
+            );
             let mut carried = Vec::new();
             for c in node.status.and_then(|s| s.conditions).unwrap_or_default() {
-                if !desired.iter().any(|d| d.type_ == c.type_) {
+                let written =
+                    |t: &String| desired.iter().any(|d| &d.type_ == t) || self.writing.contains(t);
+                if !written(&c.type_) && !owned.contains(&c.type_) {
                     continue;
+                }
+                if !written(&c.type_) {
+                    tracing::info!(condition = %c.type_, "removing a condition no check of this agent writes any more");
                 }
                 let status = Status::of_condition(&c.status);
                 if let Some(time) = c.last_transition_time {
@@ -366,7 +388,8 @@ impl Reporter {
             self.written = Some(carried);
         }
         let before = self.written.clone().unwrap_or_default();
-        if before == desired || desired.is_empty() {
+        let desired = self.kept_until_reported(desired, &before);
+        if before == desired {
             return Ok(());
         }
         let now = Timestamp::now();
@@ -400,6 +423,24 @@ impl Reporter {
         self.publish(&node.object_ref(&()), transitions(&before, &desired))
             .await;
         Ok(())
+    }
+
+    /// `desired` with what the Node carries of the detectors' types that have not reported yet
+    /// (an apply without them would remove them): each is the agent's until it is judged.
+    fn kept_until_reported(
+        &self,
+        mut desired: Vec<NodeCondition>,
+        before: &[NodeCondition],
+    ) -> Vec<NodeCondition> {
+        let unreported: Vec<NodeCondition> = before
+            .iter()
+            .filter(|c| self.writing.contains(&c.type_))
+            .filter(|c| !desired.iter().any(|d| d.type_ == c.type_))
+            .cloned()
+            .collect();
+        desired.extend(unreported);
+        desired.sort_by(|a, b| a.type_.cmp(&b.type_));
+        desired
     }
 
     /// Applies `conditions` to the Node `name` (the agent owns them; the kubelet's stay): the

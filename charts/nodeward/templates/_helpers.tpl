@@ -119,6 +119,31 @@ conditions of the node-problem-detector monitor files in agent.npd.configs.
 {{- end }}
 
 {{/*
+The Node condition types the agents may still remove though they write them no more: those of
+agent.retiredConditionTypes, and, on an upgrade that removes a check (a custom check, a
+kernel-log pattern, a node-problem-detector condition), the types the release's policy in the
+cluster allowed that this one does not (read with `lookup`, which `helm template` cannot: list
+them in agent.retiredConditionTypes then). A restarted agent removes the conditions it applied
+for a check it no longer runs; they stay allowed for that until the next upgrade.
+*/}}
+{{- define "nodeward.agent.retiredConditionTypes" -}}
+{{- $current := include "nodeward.agent.conditionTypes" . | fromYamlArray }}
+{{- $retired := list }}
+{{- range (.Values.agent.retiredConditionTypes | default list) }}
+{{- $retired = append $retired . }}
+{{- end }}
+{{- $live := lookup "admissionregistration.k8s.io/v1" "ValidatingAdmissionPolicy" "" (printf "%s-own-node" (include "nodeward.agent.name" .)) }}
+{{- range (($live | default dict).spec | default dict).variables | default list }}
+{{- if eq .name "agentConditions" }}
+{{- range (.expression | fromJsonArray) }}
+{{- if not (has . $current) }}{{ $retired = append $retired . }}{{ end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $retired | uniq | toYaml }}
+{{- end }}
+
+{{/*
 The annotations of the agent admission policy's first-install copy (its hook weight as the
 argument): created before every other object of a first install, replaced on a reinstall.
 */}}

@@ -43,6 +43,8 @@ struct Options<'a> {
     kubelet: &'a str,
     kernel_log: &'a str,
     journal: &'a str,
+    /// The `custom` checks (a YAML list).
+    custom: &'a str,
     env: Vec<(&'a str, String)>,
 }
 
@@ -55,6 +57,7 @@ impl Default for Options<'_> {
             kubelet: "{enabled: false}",
             kernel_log: "{enabled: false}",
             journal: "{}",
+            custom: "[]",
             env: Vec::new(),
         }
     }
@@ -81,6 +84,7 @@ impl Agent {
             kubelet,
             kernel_log,
             journal,
+            custom,
             env,
         } = options;
         let dir = scratch::dir(&format!("nodeward-agent-{}", test.id))?;
@@ -90,6 +94,7 @@ impl Agent {
                 &format!("kernelLog: {kernel_log}"),
                 &format!("journal: {journal}"),
                 &format!("kubelet: {kubelet}"),
+                &format!("custom: {custom}"),
                 &format!(
                     "rebootRequired: {{interval: {interval}, timeout: {interval}, sentinelFile: {}}}",
                     dir.join("reboot-required").display()

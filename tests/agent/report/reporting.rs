@@ -633,3 +633,44 @@ async fn an_agent_with_every_detector_off_gets_ready_and_keeps_reporting() -> an
     .with_context(|| format!("{}\n{}", agent.output(), coordinator.output()))?;
     env.cleanup_after((agent, coordinator)).await
 }
+
+/// A check removed from the agent's configuration leaves no condition behind
+/// (node-problem-detector #1011): the restarted agent removes the condition it applied before,
+/// and its other conditions stay.
+#[tokio::test]
+async fn a_removed_checks_condition_is_removed_from_the_node() -> anyhow::Result<()> {
+    let (env, node) = TestEnv::with_worker("agent-retired", "zone-a").await?;
+    let failing = "[{name: retired, condition: RetiredCheckProblem, reason: RetiredCheckFailed, command: [/bin/false], interval: 500ms, timeout: 500ms}]";
+    let agent = Agent::start_with(
+        &node,
+        &env,
+        Options {
+            custom: failing,
+            ..Options::default()
+        },
+    )?;
+    let nodes: Api<Node> = env.nodes();
+    wait_condition(&nodes, &node, "RetiredCheckProblem", "True").await?;
+    wait_condition(&nodes, &node, "RebootRequired", "False").await?;
+    drop(agent);
+
+    let agent = Agent::start(&node, &env, "500ms", "2s")?;
+    let cleared = wait::until(
+        &nodes,
+        &node,
+        "RetiredCheckProblem gone from the Node",
+        TIMEOUT,
+        |n: Option<&Node>| n.is_some_and(|n| condition(Some(n), "RetiredCheckProblem").is_none()),
+    )
+    .await?
+    .context("the node")?;
+    assert!(
+        condition(Some(&cleared), "RebootRequired").is_some(),
+        "the agent's other conditions stay"
+    );
+    assert!(
+        condition(Some(&cleared), "Ready").is_some(),
+        "the kubelet's conditions stay"
+    );
+    env.cleanup_after(agent).await
+}

@@ -510,3 +510,88 @@ async fn an_agent_publishes_events_only_about_its_own_things_and_files_requests_
 
     remove_chart(env, &documents).await
 }
+
+/// A condition of `type_` as another writer puts it on a Node.
+fn foreign_condition(type_: &str) -> Value {
+    json!({"type": type_, "status": "True", "reason": "E2E", "message": "set by an admin",
+           "lastHeartbeatTime": "2026-11-28T10:00:00Z", "lastTransitionTime": "2026-11-28T10:00:00Z"})
+}
+
+/// A check removed from the configuration (its condition type in `retiredConditionTypes`): with
+/// each identity the agent may remove that condition from its Node, never set or change it, and
+/// may not remove a condition that is not its own.
+#[tokio::test]
+async fn an_agent_may_remove_a_removed_checks_condition_and_no_other_it_does_not_write()
+-> anyhow::Result<()> {
+    let (env, _dir, documents) = own_chart("retired").await?;
+    let node = env.node_name(0);
+    let identities = identities_of(&env, &node).await?;
+    held_to_its_own_node(&identities[0].1, &node, &env.node_name(1)).await?;
+    let admin: Api<Node> = env.nodes();
+    let params = PatchParams::default();
+    let has = |n: &Node, type_: &str| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == type_))
+    };
+    let only_its_own = "may change only the conditions it writes";
+    for (how, agent) in &identities {
+        admin
+            .patch_status(
+                &node,
+                &params,
+                &Patch::Strategic(json!({"status": {"conditions": [
+                    foreign_condition("OldCheckProblem"), foreign_condition("OtherToolProblem")]}})),
+            )
+            .await?;
+        let nodes: Api<Node> = Api::all(agent.clone());
+        let mut changed = foreign_condition("OldCheckProblem");
+        changed["status"] = json!("False");
+        let said = refusal(
+            nodes
+                .patch_status(
+                    &node,
+                    &params,
+                    &Patch::Strategic(json!({"status": {"conditions": [changed]}})),
+                )
+                .await,
+        );
+        refused(
+            how,
+            "changing a removed check's condition",
+            &said,
+            only_its_own,
+        );
+        let said = refusal(
+            nodes
+                .patch_status(
+                    &node,
+                    &params,
+                    &Patch::Strategic(json!({"status": {"conditions": [
+                        {"type": "OtherToolProblem", "$patch": "delete"}]}})),
+                )
+                .await,
+        );
+        refused(
+            how,
+            "removing another's condition",
+            &said,
+            "and remove those of removed checks (OldCheckProblem)",
+        );
+        let removed = nodes
+            .patch_status(
+                &node,
+                &params,
+                &Patch::Strategic(json!({"status": {"conditions": [
+                    {"type": "OldCheckProblem", "$patch": "delete"}]}})),
+            )
+            .await
+            .with_context(|| format!("{how}: removing a removed check's condition"))?;
+        assert!(
+            !has(&removed, "OldCheckProblem") && has(&removed, "OtherToolProblem"),
+            "{how}: only the removed check's condition went"
+        );
+    }
+    remove_chart(env, &documents).await
+}

@@ -331,7 +331,8 @@ fn own_nodes_values(env: &TestEnv) -> Value {
         // perhaps not served any more) never takes them in.
         "agent": {"nodeSelector": {TEST_LABEL: env.id}, "hostCertificates": {"group": agent_group(env)},
             "config": {"detectors": {"custom": [
-            {"name": "ntp", "condition": "NTPProblem", "reason": "ClockSkew", "command": ["/bin/true"]}]}}},
+            {"name": "ntp", "condition": "NTPProblem", "reason": "ClockSkew", "command": ["/bin/true"]}]}},
+            "retiredConditionTypes": ["OldCheckProblem"]},
         "coordinator": {"nodeSelector": {TEST_LABEL: env.id}},
         "defaultPolicy": {"name": format!("{}-default", env.id), "spec": {
             "maxConcurrent": 1, "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}}},

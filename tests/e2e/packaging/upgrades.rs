@@ -8,7 +8,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use super::*;
 
 #[tokio::test]
-async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> anyhow::Result<()> {
+async fn helm_upgrades_the_crds_with_the_release_their_objects_survive_and_removed_checks_retire()
+-> anyhow::Result<()> {
     // It changes the CRDs, so it runs while no other test does.
     let env = TestEnv::alone("helm-upgrade").await?;
     let dir = std::env::temp_dir().join(format!("nodeward-upgrade-{}", env.id));
@@ -29,13 +30,19 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
     };
     // Workloads and policies of the release stay off every node: this test is about the CRDs.
     let values = dir.join("values.yaml");
-    std::fs::write(
-        &values,
+    let values_with = |custom: Value| {
         serde_yaml::to_string(&json!({
-            "agent": {"nodeSelector": {TEST_LABEL: "none"}},
+            "agent": {"nodeSelector": {TEST_LABEL: "none"},
+                      "config": {"detectors": {"custom": custom}}},
             "coordinator": {"nodeSelector": {TEST_LABEL: "none"}, "replicas": 1},
             "defaultPolicy": {"enabled": false},
-        }))?,
+        }))
+    };
+    // Installed with a custom check that the upgrade removes.
+    std::fs::write(
+        &values,
+        values_with(json!([{"name": "retiring", "condition": "RetiringProblem",
+                            "reason": "Failed", "command": ["/bin/true"]}]))?,
     )?;
     let values_arg = values.to_str().context("values path")?;
 
@@ -93,8 +100,11 @@ async fn helm_upgrades_the_crds_with_the_release_and_their_objects_survive() -> 
         &chart_file,
         text.replace("\nversion: 0.1.0\n", "\nversion: 0.2.0\n"),
     )?;
+    std::fs::write(&values, values_with(json!([]))?)?;
     let said = helm_in(&["upgrade", &env.id, "--values", values_arg], Some(&next))?;
     assert!(said.contains("has been upgraded"), "{said}");
+
+    removed_check_retired(&env).await?;
 
     // The API server serves the new schema: the field is kept now.
     wait::eventually(
@@ -318,5 +328,34 @@ async fn copy_created_before(
         "the copy (policy {policy_created}, binding {copy_created}) before the DaemonSet ({daemonset_created})"
     );
 
+    Ok(())
+}
+
+/// The upgraded release's agent policy retires the condition type of the check the upgrade
+/// removed (found with `lookup` in the release's policy before): its agents may remove it, not
+/// set it.
+async fn removed_check_retired(env: &TestEnv) -> anyhow::Result<()> {
+    let agents_policy: ValidatingAdmissionPolicy = Api::all(env.client.clone())
+        .get(&format!("{}-nodeward-agent-own-node", env.id))
+        .await?;
+    let variables = agents_policy
+        .spec
+        .and_then(|s| s.variables)
+        .unwrap_or_default();
+    let variable = |name: &str| {
+        variables
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| v.expression.clone())
+    };
+    assert_eq!(
+        variable("retiredConditions").as_deref(),
+        Some(r#"["RetiringProblem"]"#)
+    );
+    assert!(
+        !variable("agentConditions")
+            .unwrap_or_default()
+            .contains("RetiringProblem")
+    );
     Ok(())
 }
