@@ -146,15 +146,29 @@ impl Config {
     }
 
     /// Loads the node-problem-detector files of the `npd` section (after the flags): their
-    /// kernel rules replace the default kernel-log patterns, their journald monitors join the
-    /// journal monitors and their plugins the custom checks; then validates the whole again.
+    /// kernel rules go before the kernel-log patterns configured (the defaults), which then
+    /// report only what no rule of the same reason did (`npd.replaceKernelPatterns` drops
+    /// them), their journald monitors join the journal monitors and their plugins the custom
+    /// checks; then validates the whole again.
     pub fn with_npd(mut self) -> Result<Self, String> {
         if self.npd.configs.is_empty() {
             return Ok(self);
         }
         let loaded = npd::load(&self.npd)?;
         if !loaded.kernel_patterns.is_empty() {
-            self.detectors.kernel_log.patterns = loaded.kernel_patterns;
+            let configured = std::mem::replace(
+                &mut self.detectors.kernel_log.patterns,
+                loaded.kernel_patterns,
+            );
+            if !self.npd.replace_kernel_patterns {
+                self.detectors
+                    .kernel_log
+                    .patterns
+                    .extend(configured.into_iter().map(|mut p| {
+                        p.fallback = true;
+                        p
+                    }));
+            }
         }
         self.detectors
             .journal
@@ -185,6 +199,40 @@ mod tests {
 
     use super::*;
     use crate::detect::{Schedule, routes::Ipv6Mode};
+
+    /// node-problem-detector's kernel monitor loaded: its rules first, the defaults behind
+    /// them for the wordings it misses (a line both match is one Event), unless replaced.
+    #[test]
+    fn node_problem_detectors_kernel_rules_keep_the_defaults_behind_them_unless_replaced() {
+        use crate::detect::kernel_log::{Seen, compile, feed};
+        let monitor = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/npd/testdata/kernel-monitor.json"
+        );
+        let reasons = |replace: bool, line: &str| -> Vec<String> {
+            let config = Config::parse(&format!(
+                "npd: {{configs: [{monitor}], replaceKernelPatterns: {replace}}}"
+            ))
+            .and_then(Config::with_npd)
+            .expect("loads");
+            let patterns = compile(&config.detectors.kernel_log).expect("compiled");
+            let seen = std::sync::Mutex::new(Seen::default());
+            feed(&patterns, &seen, line, std::time::Instant::now())
+                .into_iter()
+                .map(|e| e.reason)
+                .collect()
+        };
+        // Both match: node-problem-detector's rule speaks, once.
+        let both = "Out of memory: Killed process 2592 (stress) total-vm:8240kB, anon-rss:4096kB, file-rss:0kB, shmem-rss:0kB";
+        assert_eq!(reasons(false, both), ["OOMKilling"]);
+        // Only the defaults know today's wordings.
+        let newer = "BUG: kernel NULL pointer dereference, address: 0000000000000008";
+        assert_eq!(reasons(false, newer), ["KernelOops"]);
+        assert!(
+            reasons(true, newer).is_empty(),
+            "replaced: node-problem-detector's alone"
+        );
+    }
 
     #[test]
     fn empty_text_is_the_defaults() {

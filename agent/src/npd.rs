@@ -38,6 +38,9 @@ pub struct NpdConfig {
     /// Run the plugins on the host (transient systemd services) rather than in the agent's
     /// container, which has no shell: the scripts and their interpreter must be on the host.
     pub on_host: bool,
+    /// The kernel rules of the files replace the kernel-log patterns configured (the
+    /// defaults); otherwise those stay behind them, for the wordings the files' rules miss.
+    pub replace_kernel_patterns: bool,
 }
 
 impl Default for NpdConfig {
@@ -46,6 +49,7 @@ impl Default for NpdConfig {
             configs: Vec::new(),
             plugin_root: PathBuf::from("/"),
             on_host: false,
+            replace_kernel_patterns: false,
         }
     }
 }
@@ -103,6 +107,9 @@ struct Rule {
     /// System-log rules: the regular expression.
     #[serde(default)]
     pattern: Option<String>,
+    /// System-log rules: said after the matched lines (`lines; suffix`).
+    #[serde(default, rename = "patternGeneratedMessageSuffix")]
+    message_suffix: Option<String>,
     /// Custom plugin rules: the plugin and its arguments.
     #[serde(default)]
     path: Option<String>,
@@ -132,7 +139,7 @@ struct PluginConfig {
 /// What the files add to the agent's configuration.
 #[derive(Debug, Default, PartialEq)]
 pub struct Loaded {
-    /// The kernel-log rules: they replace nodeward's default patterns when there are any.
+    /// The kernel-log rules: before the configured patterns, or in their place.
     pub kernel_patterns: Vec<KernelPatternConfig>,
     /// The journald monitors of programs other than the kernel.
     pub journal_monitors: Vec<JournalMonitorConfig>,
@@ -160,11 +167,7 @@ pub fn parse(text: &str, config: &NpdConfig, loaded: &mut Loaded) -> Result<(), 
         "." => e.into_inner().to_string(),
         path => format!("{path}: {}", e.into_inner()),
     })?;
-    let _ = (
-        &monitor.buffer_size,
-        &monitor.metrics_reporting,
-        &monitor.skip_initial_status,
-    );
+    let _ = (&monitor.metrics_reporting, &monitor.skip_initial_status);
     match monitor.plugin.as_str() {
         "kmsg" => {
             loaded.kernel_patterns.extend(log_rules(&monitor)?);
@@ -244,10 +247,21 @@ fn journald_rules(monitor: &Monitor, loaded: &mut Loaded) -> Result<(), String> 
     Ok(())
 }
 
-/// A system-log monitor's rules as patterns.
+/// node-problem-detector's `bufferSize` when a monitor sets none.
+const NPD_BUFFER_SIZE: u32 = 10;
+
+/// A system-log monitor's rules as patterns, matched as node-problem-detector matches them:
+/// against its last `bufferSize` lines joined with newlines, the pattern with `\z` appended as
+/// it appends it (which, after a top-level alternation, binds only to the last branch).
 fn log_rules(monitor: &Monitor) -> Result<Vec<KernelPatternConfig>, String> {
     if let Some(lookback) = monitor.lookback.as_deref().filter(|l| !l.is_empty()) {
         duration("lookback", lookback)?;
+    }
+    let lines = monitor.buffer_size.unwrap_or(NPD_BUFFER_SIZE);
+    if lines == 0 || lines > 100 {
+        return Err(format!(
+            "bufferSize: {lines} lines; from 1 to 100 are read (node-problem-detector's default is 10)"
+        ));
     }
     let mut patterns = Vec::new();
     for (index, rule) in monitor.rules.iter().enumerate() {
@@ -258,18 +272,16 @@ fn log_rules(monitor: &Monitor) -> Result<Vec<KernelPatternConfig>, String> {
             "pattern",
             "a log rule needs its pattern",
         )?;
-        // node-problem-detector matches a pattern against its last `bufferSize` lines joined,
-        // ending at the newest; records are matched one at a time here, so a pattern of
-        // several lines is matched by its last line (which the newest record must match).
-        let pattern = pattern.rsplit(r"\n").next().unwrap_or(pattern).to_owned();
-        regex::Regex::new(&pattern)
+        regex::Regex::new(pattern)
             .map_err(|e| format!("rules[{index}].pattern: not a regular expression: {e}"))?;
-        patterns.push(KernelPatternConfig {
-            reason: rule.reason.clone(),
-            regex: pattern,
-            condition: condition.map(str::to_owned),
-            clear_after: crate::detect::kernel_log::kernel_clear_after(),
-        });
+        let healthy = condition.and_then(|c| monitor.conditions.iter().find(|d| d.type_ == c));
+        let mut loaded =
+            KernelPatternConfig::new(&rule.reason, &format!("{pattern}\\z"), condition);
+        loaded.lines = lines as usize;
+        loaded.ok_reason = healthy.map(|d| d.reason.clone());
+        loaded.ok_message = healthy.map(|d| d.message.clone());
+        loaded.message_suffix = rule.message_suffix.clone().filter(|s| !s.is_empty());
+        patterns.push(loaded);
     }
     Ok(patterns)
 }
@@ -447,17 +459,106 @@ mod tests {
         assert_eq!(kernel.kernel_patterns[0].reason, "OOMKilling");
     }
 
+    /// Feeds `lines` in order through the patterns of `text`: the reasons of the Events.
+    fn events_of(text: &str, lines: &[&str]) -> Vec<(String, String)> {
+        use crate::detect::kernel_log::{KernelLogConfig, Seen, compile, feed};
+        let config = KernelLogConfig {
+            patterns: loaded(text).kernel_patterns,
+            ..KernelLogConfig::default()
+        };
+        let patterns = compile(&config).expect("compiled");
+        let seen = std::sync::Mutex::new(Seen::default());
+        lines
+            .iter()
+            .flat_map(|line| feed(&patterns, &seen, line, std::time::Instant::now()))
+            .map(|e| (e.reason, e.note))
+            .collect()
+    }
+
     #[test]
-    fn a_pattern_of_several_lines_is_matched_by_its_last() {
-        // As node-problem-detector's deployment/ ConfigMap writes its OOM rule.
-        let text = r#"{"plugin": "kmsg", "source": "kernel-monitor", "rules": [{"type": "temporary", "reason": "OOMKilling",
-            "pattern": "Kill process \\d+ (.+) score \\d+ or sacrifice child\\nKilled process \\d+ (.+) total-vm:\\d+kB, anon-rss:\\d+kB, file-rss:\\d+kB.*"}]}"#;
-        let kernel = loaded(text).kernel_patterns;
-        let regex = regex::Regex::new(&kernel[0].regex).expect("regex");
-        assert!(regex.is_match(
-            "Killed process 2592 (stress) total-vm:8240kB, anon-rss:4096kB, file-rss:0kB"
-        ));
-        assert!(!regex.is_match("Kill process 2592 (stress) score 900 or sacrifice child"));
+    fn a_rule_matches_as_node_problem_detector_does_up_to_the_newest_line_across_its_buffer() {
+        // As node-problem-detector's deployment/ ConfigMap writes its OOM rule: two lines.
+        let text = r#"{"plugin": "kmsg", "source": "kernel-monitor", "bufferSize": 10, "rules": [
+            {"type": "temporary", "reason": "OOMKilling",
+             "pattern": "Kill process \\d+ (.+) score \\d+ or sacrifice child\\nKilled process \\d+ (.+) total-vm:\\d+kB, anon-rss:\\d+kB, file-rss:\\d+kB.*"},
+            {"type": "temporary", "reason": "TaskHung", "pattern": "task [\\S ]+:\\w+ blocked for more than \\w+ seconds\\."}]}"#;
+        let kill = "Kill process 2592 (stress) score 900 or sacrifice child";
+        let killed = "Killed process 2592 (stress) total-vm:8240kB, anon-rss:4096kB, file-rss:0kB";
+        let both = events_of(text, &[kill, killed]);
+        assert_eq!(both.len(), 1, "{both:?}");
+        assert_eq!(
+            both[0],
+            ("OOMKilling".to_owned(), format!("{kill}\n{killed}"))
+        );
+        assert!(
+            events_of(text, &[killed]).is_empty(),
+            "its first line is missing"
+        );
+        // The pattern must match up to the end of the newest line (node-problem-detector
+        // appends \z): text after the period is another message.
+        let hung = "INFO: task jbd2/sda1-8:123 blocked for more than 120 seconds.";
+        assert_eq!(events_of(text, &[hung]).len(), 1);
+        let suffixed = text.replace(
+            r#""reason": "TaskHung","#,
+            r#""reason": "TaskHung", "patternGeneratedMessageSuffix": "see runbook 7","#,
+        );
+        assert_eq!(
+            events_of(&suffixed, &[hung])[0].1,
+            format!("{hung}; see runbook 7")
+        );
+        assert!(events_of(text, &[&format!("{hung} (and more)")]).is_empty());
+    }
+
+    /// node-problem-detector v1.36.0's own verdicts on the corpus (`tests/npd/record-verdicts`):
+    /// the Events per reason, and the conditions it ends with. Loaded from the same monitors
+    /// and fed the same lines, nodeward publishes the same Events (a temporary rule's each
+    /// match, a permanent rule's the condition turning True) and ends with the same conditions.
+    #[test]
+    fn node_problem_detectors_monitors_report_here_what_it_reports_itself() {
+        use crate::detect::{
+            Status,
+            kernel_log::{KernelLogConfig, Seen, compile, evaluate, feed},
+        };
+        use std::collections::BTreeMap;
+        let recorded: serde_json::Value =
+            serde_json::from_str(include_str!("npd/testdata/npd-verdicts.json")).expect("JSON");
+        let mut loaded = loaded(KERNEL_MONITOR);
+        let quirks = include_str!("npd/testdata/quirks-monitor.json");
+        parse(quirks, &NpdConfig::default(), &mut loaded).expect("loads");
+        let config = KernelLogConfig {
+            patterns: loaded.kernel_patterns,
+            ..KernelLogConfig::default()
+        };
+        let patterns = compile(&config).expect("compiled");
+        let seen = std::sync::Mutex::new(Seen::default());
+        let mut events: BTreeMap<String, u64> = BTreeMap::new();
+        let mut problems: BTreeMap<String, String> = BTreeMap::new();
+        let now = std::time::Instant::now();
+        for line in include_str!("npd/testdata/kernel-corpus.txt").lines() {
+            for event in feed(&patterns, &seen, line, now) {
+                *events.entry(event.reason).or_default() += 1;
+            }
+            for finding in evaluate(&patterns, &seen, now) {
+                let condition = finding.condition.to_string();
+                if finding.status == Status::Problem && !problems.contains_key(&condition) {
+                    *events.entry(finding.reason.to_string()).or_default() += 1;
+                    problems.insert(condition, finding.reason.to_string());
+                }
+            }
+        }
+        let as_json = |map: BTreeMap<String, serde_json::Value>| {
+            serde_json::Value::Object(map.into_iter().collect())
+        };
+        assert_eq!(
+            as_json(events.into_iter().map(|(k, v)| (k, v.into())).collect()),
+            recorded["events"],
+            "Events per reason"
+        );
+        assert_eq!(
+            as_json(problems.into_iter().map(|(k, v)| (k, v.into())).collect()),
+            recorded["conditions"],
+            "conditions"
+        );
     }
 
     #[test]

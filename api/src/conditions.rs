@@ -36,6 +36,8 @@ pub mod node {
     pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
     /// The kernel log: an XFS filesystem shut down (node-problem-detector's type).
     pub const XFS_SHUTDOWN: &str = "XfsShutdown";
+    /// The kernel log: UEFI CPER reported a fatal hardware error (node-problem-detector's type).
+    pub const CPER_HARDWARE_ERROR_FATAL: &str = "CperHardwareErrorFatal";
     /// The container runtime's unit is down or its CRI socket does not answer ready
     /// (node-problem-detector's type).
     pub const CONTAINER_RUNTIME_UNHEALTHY: &str = "ContainerRuntimeUnhealthy";
@@ -53,6 +55,7 @@ pub mod node {
         READONLY_FILESYSTEM,
         KERNEL_DEADLOCK,
         XFS_SHUTDOWN,
+        CPER_HARDWARE_ERROR_FATAL,
         CONTAINER_RUNTIME_UNHEALTHY,
         FREQUENT_CONTAINERD_RESTART,
     ];
@@ -70,6 +73,7 @@ pub mod node {
         READONLY_FILESYSTEM,
         KERNEL_DEADLOCK,
         XFS_SHUTDOWN,
+        CPER_HARDWARE_ERROR_FATAL,
         CONTAINER_RUNTIME_UNHEALTHY,
         FREQUENT_CONTAINERD_RESTART,
     ];

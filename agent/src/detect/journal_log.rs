@@ -194,12 +194,11 @@ mod tests {
         JournalMonitorConfig {
             identifier: identifier.into(),
             lookback: default_lookback(),
-            patterns: vec![KernelPatternConfig {
-                reason: "KubeletStart".into(),
-                regex: "Started Kubernetes kubelet".into(),
-                condition: condition.map(str::to_owned),
-                clear_after: kernel_log::kernel_clear_after(),
-            }],
+            patterns: vec![KernelPatternConfig::new(
+                "KubeletStart",
+                "Started Kubernetes kubelet",
+                condition,
+            )],
         }
     }
 

@@ -9,8 +9,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{Read, Seek, SeekFrom},
-    os::unix::fs::OpenOptionsExt,
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -26,8 +24,10 @@ use super::{
 };
 use crate::values;
 
+mod defaults;
 pub mod follow;
 pub mod journal;
+pub mod kmsg;
 
 super::section! {
     pub struct KernelLogConfig {
@@ -80,86 +80,60 @@ pub struct KernelPatternConfig {
         deserialize_with = "crate::values::duration"
     )]
     pub clear_after: Duration,
+    /// Match against the last `lines` messages joined with newlines, ending at the newest
+    /// (node-problem-detector's `bufferSize`, for its rules of several lines).
+    #[serde(default = "one_line")]
+    pub lines: usize,
+    /// The condition's reason and message while this pattern has not matched recently
+    /// (node-problem-detector's `conditions`, e.g. `KernelHasNoDeadlock`); else `NoKernelProblem`.
+    #[serde(default)]
+    pub ok_reason: Option<String>,
+    #[serde(default)]
+    pub ok_message: Option<String>,
+    /// Said after the matched lines in the Event or condition message (`lines; suffix`, as
+    /// node-problem-detector's `patternGeneratedMessageSuffix`): a runbook, a ticket queue.
+    #[serde(default)]
+    pub message_suffix: Option<String>,
+    /// Only when no pattern before it with the same reason matched the message: a default kept
+    /// beside node-problem-detector's rules for the wordings they miss.
+    #[serde(skip)]
+    pub fallback: bool,
+}
+
+fn one_line() -> usize {
+    1
+}
+
+/// The most messages a pattern may be matched across.
+const LINES_LIMIT: usize = 100;
+
+impl KernelPatternConfig {
+    /// A pattern of one message.
+    pub fn new(reason: &str, regex: &str, condition: Option<&str>) -> Self {
+        Self {
+            reason: reason.to_owned(),
+            regex: regex.to_owned(),
+            condition: condition.map(str::to_owned),
+            clear_after: kernel_clear_after(),
+            lines: 1,
+            ok_reason: None,
+            ok_message: None,
+            message_suffix: None,
+            fallback: false,
+        }
+    }
+
+    /// With the condition's reason and message while it holds no problem.
+    fn ok(mut self, reason: &str, message: &str) -> Self {
+        self.ok_reason = Some(reason.to_owned());
+        self.ok_message = Some(message.to_owned());
+        self
+    }
 }
 
 /// How long a pattern's condition stays after its last match, unless configured.
 pub fn kernel_clear_after() -> Duration {
     Duration::from_secs(3600)
-}
-
-impl Default for KernelLogConfig {
-    fn default() -> Self {
-        let pattern = |reason: &str, regex: &str, condition: Option<&str>| KernelPatternConfig {
-            reason: reason.to_owned(),
-            regex: regex.to_owned(),
-            condition: condition.map(str::to_owned),
-            clear_after: kernel_clear_after(),
-        };
-        Self {
-            enabled: true,
-            source: SourceSetting::Auto,
-            device: PathBuf::from("/dev/kmsg"),
-            journal_directories: default_journal_directories(),
-            lookback: Duration::from_secs(300),
-            interval: Duration::from_secs(10),
-            timeout: Duration::from_secs(5),
-            hold: Duration::ZERO,
-            // node-problem-detector's kernel monitor, rule for rule (its reasons, so that
-            // alerts on them carry over), and the lines newer kernels print for the same
-            // problems; each is tested against real kernel messages below.
-            patterns: vec![
-                pattern(
-                    "OOMKilling",
-                    r"(Out of memory|Memory cgroup out of memory): Kill(ed)? process \d+|Killed process \d+ \(.+\) total-vm:\d+kB",
-                    None,
-                ),
-                pattern(
-                    "TaskHung",
-                    r"task [\S ]+:\d+ blocked for more than \d+ seconds\.",
-                    None,
-                ),
-                pattern(
-                    "UnregisterNetDevice",
-                    r"unregister_netdevice: waiting for \S+ to become free\. Usage count = -?\d+",
-                    None,
-                ),
-                pattern(
-                    "KernelOops",
-                    r"BUG: unable to handle |BUG: kernel NULL pointer dereference|divide error: 0000 \[#\d+\]|Oops: [0-9a-f]{4} \[#\d+\]|general protection fault",
-                    None,
-                ),
-                pattern("Ext4Error", r"EXT4-fs error ", None),
-                pattern("Ext4Warning", r"EXT4-fs warning ", None),
-                pattern(
-                    "IOError",
-                    r"Buffer I/O error on |I/O error, dev \S+, sector \d+",
-                    None,
-                ),
-                pattern("MemoryReadError", r"CE memory read error ", None),
-                pattern("CperHardwareError", r"\[Hardware Error\]: ", None),
-                pattern(
-                    "XfsHasShutdown",
-                    r"XFS \([^)]+\): .*(Shutting down filesystem|Filesystem has been shut down)",
-                    Some(nodeward_api::conditions::node::XFS_SHUTDOWN),
-                ),
-                pattern(
-                    "DockerHung",
-                    r"task (docker|dockerd):\d+ blocked for more than \d+ seconds\.",
-                    Some(nodeward_api::conditions::node::KERNEL_DEADLOCK),
-                ),
-                pattern(
-                    "ContainerdHung",
-                    r"task (containerd|containerd-shim\S*):\d+ blocked for more than \d+ seconds\.",
-                    Some(nodeward_api::conditions::node::KERNEL_DEADLOCK),
-                ),
-                pattern(
-                    "FilesystemIsReadOnly",
-                    r"Remounting filesystem read-only",
-                    Some(nodeward_api::conditions::node::READONLY_FILESYSTEM),
-                ),
-            ],
-        }
-    }
 }
 
 impl Section for KernelLogConfig {
@@ -213,7 +187,7 @@ impl Section for KernelLogConfig {
                 what: format!("the kernel log ({source:?})"),
             };
             let log = kernel_log.start(on, |reader| match source {
-                KernelLogSource::Kmsg => follow(self.device.clone(), reader)
+                KernelLogSource::Kmsg => kmsg::follow(self.device.clone(), reader)
                     .map_err(|e| format!("reading {}: {e}", self.device.display())),
                 KernelLogSource::Journal => follow::this_boot(on).and_then(|boot| {
                     journal::follow(
@@ -316,6 +290,12 @@ pub struct Pattern {
     /// The condition type it sets; `None` means it is an Event only.
     pub condition: Option<String>,
     pub clear_after: Duration,
+    /// How many of the last messages it is matched across ([`KernelPatternConfig::lines`]).
+    pub lines: usize,
+    /// The condition's reason and message while it holds no problem.
+    pub ok: Option<(String, String)>,
+    pub message_suffix: Option<String>,
+    pub fallback: bool,
 }
 
 /// Checks the journal directories configured at `place`: at least one, all absolute, few.
@@ -355,6 +335,11 @@ pub fn validate_patterns(place: &str, patterns: &[KernelPatternConfig]) -> Resul
                 return Err(format!("{place}.clearAfter: must be more than 0s, e.g. 1h"));
             }
         }
+        if !(1..=LINES_LIMIT).contains(&pattern.lines) {
+            return Err(format!(
+                "{place}.lines: must be from 1 to {LINES_LIMIT}, e.g. 10 (node-problem-detector's bufferSize)"
+            ));
+        }
     }
     Ok(())
 }
@@ -387,6 +372,13 @@ pub fn compile_patterns(
                 regex,
                 condition: p.condition.clone(),
                 clear_after: p.clear_after,
+                lines: p.lines,
+                ok: p.ok_reason.clone().map(|reason| {
+                    let message = p.ok_message.clone().unwrap_or_default();
+                    (reason, message)
+                }),
+                message_suffix: p.message_suffix.clone(),
+                fallback: p.fallback,
             })
         })
         .collect()
@@ -407,32 +399,76 @@ pub struct Seen {
     pub caught_up: bool,
     /// Condition matches so far: a new one has its detector judge it at once.
     pub condition_matches: u64,
+    /// The last messages, newest last, for patterns matched across several.
+    recent: std::collections::VecDeque<String>,
 }
 
 /// Feeds one message through the patterns: records condition matches and returns the Events.
+/// A pattern of several `lines` is matched against the last ones joined with newlines, as
+/// node-problem-detector matches its buffer, and must match up to the end (its `\z`).
 pub fn feed(
     patterns: &[Pattern],
     seen: &Mutex<Seen>,
     message: &str,
     now: Instant,
 ) -> Vec<NodeEvent> {
-    let mut events = Vec::new();
-    for pattern in patterns.iter().filter(|p| p.regex.is_match(message)) {
+    let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let most = patterns.iter().map(|p| p.lines).max().unwrap_or(1);
+    if most > 1 {
+        seen.recent.push_back(message.to_owned());
+        while seen.recent.len() > most {
+            seen.recent.pop_front();
+        }
+    }
+    let mut events: Vec<NodeEvent> = Vec::new();
+    let mut matched: Vec<&str> = Vec::new();
+    for pattern in patterns {
+        if pattern.fallback && matched.contains(&pattern.reason.as_str()) {
+            continue;
+        }
+        let joined;
+        let text = if pattern.lines > 1 {
+            joined = buffer(&seen.recent, pattern.lines);
+            joined.as_str()
+        } else {
+            message
+        };
+        let Some(found) = pattern.regex.find(text) else {
+            continue;
+        };
+        matched.push(&pattern.reason);
+        // The lines the match spans, from the start of its first.
+        let start = text[..found.start()].rfind('\n').map_or(0, |i| i + 1);
+        let lines = match &pattern.message_suffix {
+            Some(suffix) => format!("{}; {suffix}", &text[start..]),
+            None => text[start..].to_owned(),
+        };
+        let lines = lines.as_str();
         match &pattern.condition {
             None => events.push(NodeEvent {
                 warning: true,
                 reason: pattern.reason.clone(),
-                note: nodeward_api::bounds::cut(message, 512),
+                note: nodeward_api::bounds::cut(lines, 512),
             }),
             Some(_) => {
-                let mut seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 seen.last
-                    .insert(pattern.reason.clone(), (now, message.to_owned()));
+                    .insert(pattern.reason.clone(), (now, lines.to_owned()));
                 seen.condition_matches += 1;
             }
         }
     }
     events
+}
+
+/// The last `lines` messages joined with newlines as node-problem-detector joins its buffer of
+/// that many: the slots not filled yet are empty lines before them.
+fn buffer(recent: &std::collections::VecDeque<String>, lines: usize) -> String {
+    let skip = recent.len().saturating_sub(lines);
+    let empty = lines.saturating_sub(recent.len());
+    let mut joined = "\n".repeat(empty);
+    let filled: Vec<&str> = recent.iter().skip(skip).map(String::as_str).collect();
+    joined.push_str(&filled.join("\n"));
+    joined
 }
 
 /// The kernel log's findings for the condition patterns at `now`.
@@ -469,10 +505,14 @@ pub fn evaluate_as(
 ) -> Vec<Finding> {
     let seen = seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let mut by_condition: BTreeMap<&str, Option<(&Pattern, &String)>> = BTreeMap::new();
+    let mut ok: BTreeMap<&str, &(String, String)> = BTreeMap::new();
     for pattern in patterns {
         let Some(condition) = pattern.condition.as_deref() else {
             continue;
         };
+        if let Some(reason) = &pattern.ok {
+            ok.entry(condition).or_insert(reason);
+        }
         let recent = seen
             .last
             .get(&pattern.reason)
@@ -497,13 +537,22 @@ pub fn evaluate_as(
                     nodeward_api::bounds::cut(message, 512)
                 ),
             ),
-            None => Finding::new(
-                labels.detector.clone(),
-                condition.to_owned(),
-                Status::Ok,
-                labels.ok_reason,
-                format!("no matching {} message recently", labels.what),
-            ),
+            None => match ok.get(condition) {
+                Some((reason, message)) => Finding::new(
+                    labels.detector.clone(),
+                    condition.to_owned(),
+                    Status::Ok,
+                    reason,
+                    message.clone(),
+                ),
+                None => Finding::new(
+                    labels.detector.clone(),
+                    condition.to_owned(),
+                    Status::Ok,
+                    labels.ok_reason,
+                    format!("no matching {} message recently", labels.what),
+                ),
+            },
         })
         .collect()
 }
@@ -563,50 +612,6 @@ impl Reader {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .caught_up = true;
     }
-}
-
-/// Follows `/dev/kmsg` from the oldest record the kernel holds, in a thread of its own (reads
-/// block), until the receiver of the Events is gone.
-pub fn follow(device: PathBuf, reader: Reader) -> std::io::Result<()> {
-    // Not blocking: a read with nothing left says so, which is when the reader caught up.
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(&device)?;
-    // A new reader of /dev/kmsg starts at the oldest record still in the ring buffer.
-    file.seek(SeekFrom::Start(0))?;
-    std::thread::Builder::new().name("kmsg".into()).spawn(move || {
-        // One read returns one record; records are at most about 8 KiB.
-        let mut buffer = vec![0u8; 16 * 1024];
-        loop {
-            match file.read(&mut buffer) {
-                Ok(0) => {
-                    reader.caught_up();
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    reader.caught_up();
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Ok(len) => {
-                    let raw = String::from_utf8_lossy(&buffer[..len]);
-                    if let Some(record) = record_of(&raw)
-                        && !reader.take(record.sequence, record.since_boot, record.message)
-                    {
-                        return;
-                    }
-                }
-                // EPIPE: the ring buffer overwrote records we had not read; go on from here.
-                Err(e) if e.raw_os_error() == Some(nix::libc::EPIPE) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    tracing::warn!(error = %e, device = %device.display(), "reading the kernel log failed; stopping it");
-                    return;
-                }
-            }
-        }
-    })?;
-    Ok(())
 }
 
 /// Time since boot, as the kernel log stamps its records.
@@ -742,10 +747,21 @@ mod tests {
             .collect();
         assert_eq!(
             conditions,
-            ["KernelDeadlock", "ReadonlyFilesystem", "XfsShutdown"],
+            [
+                "CperHardwareErrorFatal",
+                "KernelDeadlock",
+                "ReadonlyFilesystem",
+                "XfsShutdown"
+            ],
             "one finding per condition type"
         );
-        assert_eq!(readonly(evaluate(&p, &seen, t0)).status, Status::Ok);
+        let healthy = readonly(evaluate(&p, &seen, t0));
+        assert_eq!(healthy.status, Status::Ok);
+        assert_eq!(
+            (healthy.reason.as_ref(), healthy.message.as_str()),
+            ("FilesystemIsNotReadOnly", "Filesystem is not read-only"),
+            "node-problem-detector's healthy reason and message"
+        );
         assert!(
             feed(
                 &p,
@@ -838,9 +854,18 @@ mod tests {
             "EDAC MC0: 1 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 (channel:1 slot:0 page:0x2f4d63 offset:0x0 grain:32 syndrome:0x0 - area:DRAM err_code:0001:0091 socket:0 ha:0 channel_mask:2 rank:0)",
             "MemoryReadError",
         ),
+        // ghes_edac/cper as a corrected, a recoverable and a fatal error print their severity.
         (
-            "{1}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 0",
-            "CperHardwareError",
+            "{1}[Hardware Error]: event severity: corrected",
+            "CperHardwareErrorCorrected",
+        ),
+        (
+            "{2}[Hardware Error]: event severity: recoverable",
+            "CperHardwareErrorRecoverable",
+        ),
+        (
+            "{3}[Hardware Error]: event severity: fatal",
+            "CperHardwareErrorFatal",
         ),
         (
             "XFS (dm-0): Corruption of in-memory data detected.  Shutting down filesystem",
