@@ -1,7 +1,8 @@
 //! The coordinator against the real control plane with kwok nodes: admission under a budget
 //! with the history watched, two coordinators both acting as leader, leader failover, quorum,
 //! `maxUnhealthy`, the node startup timeout, slots freed on node deletion, pause with
-//! acknowledgement, reboot blockers (pods, Prometheus alerts), dead nodes, node labels.
+//! acknowledgement, reboot blockers (pods, Prometheus alerts), maintenance windows, dead nodes,
+//! node labels.
 //!
 //! A coordinator watches the whole cluster, so these tests run one at a time (they share one
 //! control plane with the rest of the run); each one's policy selects only its own nodes.
@@ -12,6 +13,7 @@ mod cleanup;
 mod nodes;
 mod pause_and_blockers;
 mod remediation;
+mod windows;
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -44,6 +44,8 @@ pub struct PolicyState {
     pub paused: bool,
     /// Whether one of its windows is open now (true when it has none).
     pub window_open: bool,
+    /// When its next window opens, while none is open.
+    pub next_window: Option<jiff::Timestamp>,
     pub allow_sole_control_plane: bool,
     /// `workloadGate.checkDisruptionBudgets`.
     pub checks_workloads: bool,

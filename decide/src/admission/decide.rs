@@ -97,6 +97,7 @@ mod tests {
             max_unhealthy: None,
             paused: false,
             window_open: true,
+            next_window: None,
             allow_sole_control_plane: false,
             checks_workloads: true,
             invalid: None,
@@ -166,6 +167,17 @@ mod tests {
         let mut c = cluster(2, 0);
         c.policies[0].window_open = false;
         assert_eq!(reason(&decide(&c, &pending("w0"))), "OutsideWindow");
+        c.policies[0].next_window = Some("2026-11-30T08:00:00Z".parse().expect("a time"));
+        match decide(&c, &pending("w0")) {
+            Decision::Deny(denied) => assert!(
+                denied
+                    .message
+                    .ends_with("; the next opens at 2026-11-30T08:00:00Z"),
+                "{}",
+                denied.message
+            ),
+            other => panic!("{other:?}"),
+        }
         c.policies[0].paused = true;
         assert_eq!(
             reason(&decide(&c, &pending("w0"))),

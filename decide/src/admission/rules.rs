@@ -204,7 +204,13 @@ fn window_open(i: &Inputs) -> Verdict {
     match i.policies.iter().find(|p| !p.window_open) {
         Some(p) => Err((
             denial::OUTSIDE_WINDOW,
-            format!("policy {} has no maintenance window open now", p.name),
+            format!(
+                "policy {} has no maintenance window open now{}",
+                p.name,
+                p.next_window
+                    .map(|t| format!("; the next opens at {t}"))
+                    .unwrap_or_default()
+            ),
         )),
         None => Ok(()),
     }

@@ -112,6 +112,34 @@ impl Window {
     }
 }
 
+impl Window {
+    /// When it opens next after `now` (within a week and a day for a daily window; `None` when
+    /// a cron expression names no later time).
+    pub fn next_opening(&self, now: Timestamp) -> Option<Timestamp> {
+        let local = now.to_zoned(self.zone.clone());
+        match &self.kind {
+            Kind::Daily { days, start, .. } => (0..=7).find_map(|ahead| {
+                let date = local
+                    .date()
+                    .checked_add(jiff::Span::new().days(ahead))
+                    .ok()?;
+                let opens = days.is_empty() || days.contains(&date.weekday());
+                let at = date.to_datetime(*start).to_zoned(self.zone.clone()).ok()?;
+                (opens && at.timestamp() > now).then(|| at.timestamp())
+            }),
+            Kind::Cron { cron, .. } => cron
+                .find_next_occurrence(&local, false)
+                .ok()
+                .map(|z| z.timestamp()),
+        }
+    }
+}
+
+/// When the first of `windows` opens next after `now`.
+pub fn next_opening(windows: &[Window], now: Timestamp) -> Option<Timestamp> {
+    windows.iter().filter_map(|w| w.next_opening(now)).min()
+}
+
 /// Whether disruptions may start now: no windows means any time, else any window open.
 pub fn any_open(windows: &[Window], now: Timestamp) -> bool {
     windows.is_empty() || windows.iter().any(|w| w.is_open(now))
@@ -163,6 +191,33 @@ mod tests {
         assert!(!open(&w, "Europe/Berlin", "2026-11-25T10:00"), "Wednesday");
         // The same instant seen from UTC: 08:30 UTC is 09:30 in Berlin (CET).
         assert!(open(&w, "UTC", "2026-11-23T08:30"));
+    }
+
+    #[test]
+    fn the_next_opening_is_the_first_opening_day_after_now_in_the_windows_zone() {
+        let weekdays = window(
+            serde_json::json!({"days": ["Mon", "Tue"], "start": "09:00", "end": "17:00", "timeZone": "Europe/Berlin"}),
+        );
+        let time = |zone: &str, civil: &str| at(zone, civil).expect("time");
+        // Wednesday 2026-11-25 noon: next Monday 09:00 in Berlin.
+        assert_eq!(
+            weekdays.next_opening(time("Europe/Berlin", "2026-11-25T12:00")),
+            Some(time("Europe/Berlin", "2026-11-30T09:00"))
+        );
+        // Monday before 09:00: the same day.
+        assert_eq!(
+            weekdays.next_opening(time("Europe/Berlin", "2026-11-23T08:00")),
+            Some(time("Europe/Berlin", "2026-11-23T09:00"))
+        );
+        let nightly = window(serde_json::json!({"cron": "0 2 * * *", "duration": "1h"}));
+        assert_eq!(
+            next_opening(
+                &[weekdays, nightly],
+                time("Europe/Berlin", "2026-11-25T12:00")
+            ),
+            Some(time("UTC", "2026-11-26T02:00")),
+            "the first of the windows"
+        );
     }
 
     #[test]

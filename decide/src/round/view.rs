@@ -179,6 +179,7 @@ pub(super) struct PolicyView<'a> {
     pub max_concurrent: usize,
     pub max_unhealthy: Option<usize>,
     pub window_open: bool,
+    pub next_window: Option<Timestamp>,
     pub rules: Rules,
     pub deadlines: ResolvedDeadlines,
 }
@@ -223,7 +224,9 @@ fn view<'a>(
             .ok()
     });
     let window_open = window_open(policy, now, &mut problems);
+    let next_window = (!window_open).then(|| next_window(policy, now)).flatten();
     PolicyView {
+        next_window,
         policy,
         matched,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
@@ -256,6 +259,18 @@ pub(super) fn window_open(
         })
         .collect();
     policy.spec.windows.is_empty() || window::any_open(&windows, now)
+}
+
+/// When the first of `policy`'s windows opens next (those that do not parse never do).
+fn next_window(policy: &DisruptionPolicy, now: Timestamp) -> Option<Timestamp> {
+    let windows: Vec<Window> = policy
+        .spec
+        .windows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, w)| Window::parse(i, w).ok())
+        .collect();
+    window::next_opening(&windows, now)
 }
 
 fn rules(policy: &DisruptionPolicy) -> Rules {
@@ -361,6 +376,7 @@ pub(super) fn cluster(
                     max_unhealthy: p.max_unhealthy,
                     paused: p.policy.spec.paused,
                     window_open: p.window_open,
+                    next_window: p.next_window,
                     allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
                     checks_workloads: p.policy.spec.checks_disruption_budgets(),
                     invalid: p.problem.clone(),

@@ -1,0 +1,52 @@
+//! Maintenance windows through the real API server: a request outside its policy's window is
+//! denied `OutsideWindow` (the window read in its own time zone), and admitted once a window
+//! that is open now is configured.
+
+use super::*;
+
+/// `HH:MM` in `zone`, `hours` from now.
+fn clock(zone: &str, hours: i64) -> anyhow::Result<String> {
+    let at = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_hours(hours))?
+        .in_tz(zone)?;
+    Ok(format!("{:02}:{:02}", at.hour(), at.minute()))
+}
+
+#[tokio::test]
+async fn a_request_outside_its_window_is_denied_and_admitted_once_a_window_opens()
+-> anyhow::Result<()> {
+    let env = scenario("windows", &[NodeSpec::worker("a")]).await?;
+    let zone = "Asia/Tokyo";
+    // Opens in two hours and closes in three, in Tokyo's time.
+    let closed = json!([{"start": clock(zone, 2)?, "end": clock(zone, 3)?, "timeZone": zone}]);
+    let policy = env
+        .create_policy("windows", json!({"maxConcurrent": 1, "windows": closed}))
+        .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = create_maintenance(&env, &env.node_name(0)).await?;
+    let message = wait_denied(&env, &name, "OutsideWindow")
+        .await
+        .with_context(|| coordinator.output())?;
+    assert!(
+        message.contains(&format!(
+            "policy {policy} has no maintenance window open now; the next opens at "
+        )),
+        "{message}"
+    );
+
+    // Open from an hour ago to an hour from now: admitted.
+    let open = json!([{"start": clock(zone, -1)?, "end": clock(zone, 1)?, "timeZone": zone}]);
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"windows": open}})),
+        )
+        .await?;
+    wait_admitted(&env, &name, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
+}
