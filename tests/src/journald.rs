@@ -30,6 +30,12 @@ impl Journald {
     /// Starts journald writing into a new directory named for `tag`, and waits for its first
     /// journal file.
     pub async fn start(tag: &str) -> anyhow::Result<Self> {
+        Self::start_with(tag, "").await
+    }
+
+    /// As [`Journald::start`], with `conf` (journald.conf lines under `[Journal]`, e.g.
+    /// `RateLimitIntervalSec=0`) as a drop-in of its own.
+    pub async fn start_with(tag: &str, conf: &str) -> anyhow::Result<Self> {
         let root =
             std::env::temp_dir().join(format!("nodeward-journald-{tag}-{}", std::process::id()));
         let dir = root.join("journal");
@@ -38,11 +44,16 @@ impl Journald {
         std::fs::create_dir_all(&sockets)?;
         let log = root.join("journald.log");
         let output = std::fs::File::create(&log)?;
+        let drop_in = root.join("journald.conf");
+        std::fs::write(&drop_in, format!("[Journal]\n{conf}\n"))?;
+        // journald reads drop-ins from /run/systemd/journald.conf.d, in its private /run.
         let script = format!(
             "set -e; mount -t tmpfs tmpfs /run; mkdir -p /run/systemd/journal /run/log/journal; \
+             mkdir -p /run/systemd/journald.conf.d; cp '{}' /run/systemd/journald.conf.d/nodeward.conf; \
              mount --bind '{}' /run/log/journal; mount --bind '{}' /run/systemd/journal; \
              if [ -d /var/log/journal ]; then mount -t tmpfs tmpfs /var/log/journal; fi; \
              exec {JOURNALD}",
+            drop_in.display(),
             dir.display(),
             sockets.display()
         );

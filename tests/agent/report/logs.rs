@@ -255,16 +255,18 @@ async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_acr
         ..Options::default()
     };
     let tag = env.id.replace('-', "");
-    let first = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-1");
+    let first = format!("{tag}-1 Started kubelet.service - kubelet: The Kubernetes Node Agent.");
     journald.send("systemd", &first)?;
-    // Another program's line, the same words: not systemd's, so no Event.
-    let other = format!("Started Kubernetes kubelet. {tag}-other");
+    // Another program's line, the same words: not systemd's, so no Event. (The tag goes first:
+    // node-problem-detector's patterns must match up to the end of the message.)
+    let other = format!("{tag}-other Started Kubernetes kubelet.");
     journald.send("not-systemd", &other)?;
     let agent = Agent::start_with(&node, &env, options())?;
     wait::eventually("the KubeletStart Event", TIMEOUT, || async {
         Ok((told(&env, &node, &first).await? == 1).then_some(()))
     })
-    .await?;
+    .await
+    .with_context(|| agent.output())?;
     reported(&env, &node, "the systemd monitor's position", |s| {
         s.journal_log.iter().any(|p| p.identifier == "systemd")
     })
@@ -273,7 +275,7 @@ async fn a_programs_journal_messages_raise_the_journald_monitors_events_once_acr
     drop(agent);
     let agent = Agent::start_with(&node, &env, options())?;
     agent.wait_ready().await?;
-    let second = format!("Started kubelet.service - kubelet: The Kubernetes Node Agent. {tag}-2");
+    let second = format!("{tag}-2 Started kubelet.service - kubelet: The Kubernetes Node Agent.");
     journald.send("systemd", &second)?;
     wait::eventually("the second KubeletStart Event", TIMEOUT, || async {
         Ok((told(&env, &node, &second).await? == 1).then_some(()))

@@ -7,12 +7,11 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::mpsc::{RecvTimeoutError, TryRecvError},
     time::Duration,
 };
 
 use nodeward_api::report::KernelLogSource;
-use sdjournal::{Journal, LiveEntry, SubscriptionOptions};
+use sdjournal::{Cursor, EntryRef, Journal};
 
 use super::{KernelLogConfig, Reader, SourceSetting};
 
@@ -85,78 +84,143 @@ pub enum Records {
 }
 
 /// Follows the `records` of boot `boot_id` in the journal under `directories`, from the
-/// boot's first record on, in threads of their own, until the receiver of the Events is gone.
+/// boot's first record on, in a thread of its own, until the receiver of the Events is gone.
+///
+/// Every [`POLL`] in which the journal's files changed, it asks the journal for its records
+/// after the last one taken, by the journal's own index (the entries of a field's value):
+/// other programs' entries are never read. Following every append instead decoded each entry of the journal to filter it, which
+/// cost 51 millicores beside 1,000 entries a second of another program (BENCHMARKS.md, "A busy
+/// journal").
 pub fn follow(
     directories: &[PathBuf],
     boot_id: &str,
     records: Records,
     reader: Reader,
 ) -> Result<(), String> {
-    let opening = |e: sdjournal::SdJournalError| {
+    let opening = {
         let names: Vec<String> = directories
             .iter()
             .map(|d| d.display().to_string())
             .collect();
-        format!("opening the journal in {}: {e}", names.join(", "))
-    };
-    let journal = Journal::open_dirs(directories).map_err(opening)?;
-    let mut live = journal.live().map_err(opening)?;
-    let mut filter = live.filter();
-    match &records {
-        Records::Kernel => filter.match_exact("_TRANSPORT", b"kernel"),
-        Records::Identifier(identifier) => {
-            filter.match_exact("SYSLOG_IDENTIFIER", identifier.as_bytes())
+        move |e: sdjournal::SdJournalError| {
+            format!("opening the journal in {}: {e}", names.join(", "))
         }
     };
-    filter.match_exact("_BOOT_ID", journal_boot_id(boot_id).as_bytes());
-    let mut options = SubscriptionOptions::new(filter);
-    // From this boot's start (the filter keeps other boots out; the minute spares clock steps).
-    options.since_realtime(boot_started_realtime().saturating_sub(60_000_000));
-    let subscription = live.subscribe_with_options(options).map_err(opening)?;
-    let records_watched = records.clone();
-    std::thread::Builder::new()
-        .name("journal-watch".into())
-        .spawn(move || {
-            if let Err(e) = live.run() {
-                tracing::warn!(error = %e, records = ?records_watched, "following the journal failed; its patterns stop");
-            }
-        })
-        .map_err(|e| format!("starting a thread to follow the journal: {e}"))?;
+    Journal::open_dirs(directories).map_err(&opening)?;
+    let directories = directories.to_vec();
+    let boot = journal_boot_id(boot_id);
+    // From this boot's start (the boot id keeps other boots out; the minute spares clock steps).
+    let since = boot_started_realtime().saturating_sub(60_000_000);
     std::thread::Builder::new()
         .name("journal-reader".into())
         .spawn(move || {
-            // The backlog was queued at subscription: once it is drained, the reader caught up.
+            let mut last: Option<Cursor> = None;
+            let mut failing = false;
+            let mut seen = Vec::new();
             loop {
-                let entry = match subscription.try_recv() {
-                    Ok(entry) => entry,
-                    Err(TryRecvError::Empty) => {
-                        reader.caught_up();
-                        match subscription.recv_timeout(Duration::from_secs(1)) {
-                            Ok(entry) => entry,
-                            Err(RecvTimeoutError::Timeout) => continue,
-                            Err(RecvTimeoutError::Disconnected) => return,
-                        }
-                    }
-                    Err(TryRecvError::Disconnected) => return,
-                };
-                match entry {
-                    Ok(entry) => {
-                        if !take(&reader, &records, &entry) {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "a journal entry could not be read; skipped")
-                    }
+                // The journal is asked only when its files changed: a look at their sizes
+                // costs next to nothing, a query of them (opened anew) does not.
+                let now = files_as_they_are(&directories);
+                if last.is_some() && !failing && now == seen {
+                    std::thread::sleep(POLL);
+                    continue;
                 }
+                seen = now;
+                match records_after(&directories, &records, &boot, since, last.as_ref()) {
+                    Ok(entries) => {
+                        failing = false;
+                        for entry in entries {
+                            match entry {
+                                Ok(entry) => {
+                                    last = entry.cursor().ok().or(last);
+                                    if !take(&reader, &records, &entry) {
+                                        return;
+                                    }
+                                }
+                                Err(e) => {
+                                    tracing::warn!(error = %e, "a journal entry could not be read; skipped")
+                                }
+                            }
+                        }
+                        // The first pass read the boot's records so far: conditions can be judged.
+                        reader.caught_up();
+                    }
+                    Err(e) if !failing => {
+                        failing = true;
+                        tracing::warn!(error = %opening(e), records = ?records, "reading the journal failed; trying again");
+                    }
+                    Err(_) => {}
+                }
+                std::thread::sleep(POLL);
             }
         })
         .map_err(|e| format!("starting a thread to follow the journal: {e}"))?;
     Ok(())
 }
 
+/// Each journal file under `directories` (directly or in a machine-id subdirectory) with its
+/// size and modification time, in order.
+fn files_as_they_are(
+    directories: &[PathBuf],
+) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    fn journal_files(
+        dir: &Path,
+        depth: usize,
+        found: &mut Vec<(PathBuf, u64, Option<std::time::SystemTime>)>,
+    ) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() && depth > 0 {
+                journal_files(&path, depth - 1, found);
+            } else if path.extension().is_some_and(|x| x == "journal") {
+                found.push((path, meta.len(), meta.modified().ok()));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    for dir in directories {
+        journal_files(dir, 1, &mut found);
+    }
+    found.sort();
+    found
+}
+
+/// How often the journal is asked for new records (it adds up to this to a line's delay).
+const POLL: Duration = Duration::from_millis(250);
+
+/// The `records` of boot `boot` after `last` (or, before the first, since `since`), as the
+/// journal's files hold them now.
+fn records_after(
+    directories: &[PathBuf],
+    records: &Records,
+    boot: &str,
+    since: u64,
+    last: Option<&Cursor>,
+) -> Result<Vec<sdjournal::Result<EntryRef>>, sdjournal::SdJournalError> {
+    let journal = Journal::open_dirs(directories)?;
+    let mut query = journal.query();
+    match records {
+        Records::Kernel => query.match_exact("_TRANSPORT", b"kernel"),
+        Records::Identifier(identifier) => {
+            query.match_exact("SYSLOG_IDENTIFIER", identifier.as_bytes())
+        }
+    };
+    query.match_exact("_BOOT_ID", boot.as_bytes());
+    match last {
+        Some(cursor) => query.after_cursor(cursor.clone()),
+        None => query.since_realtime(since),
+    };
+    Ok(query.iter()?.collect())
+}
+
 /// Takes one record of the journal; false once the Events' receiver is gone.
-fn take(reader: &Reader, records: &Records, entry: &LiveEntry) -> bool {
+fn take(reader: &Reader, records: &Records, entry: &EntryRef) -> bool {
     let text = |field| entry.get(field).map(String::from_utf8_lossy);
     let Some(message) = text("MESSAGE") else {
         return true;
