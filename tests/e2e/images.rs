@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::Context;
-use nodeward_e2e::repo_root;
+use nodeward_e2e::{repo_root, workspace_version};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -17,21 +17,6 @@ const MIB: u64 = 1024 * 1024;
 
 fn images_dir() -> PathBuf {
     repo_root().join("target/images")
-}
-
-/// The workspace version (Cargo.toml), which the images and the chart carry.
-fn workspace_version() -> anyhow::Result<String> {
-    let manifest = std::fs::read_to_string(repo_root().join("Cargo.toml"))?;
-    let section = manifest
-        .split("[workspace.package]")
-        .nth(1)
-        .context("Cargo.toml has no [workspace.package]")?;
-    section
-        .lines()
-        .find_map(|l| l.strip_prefix("version = \""))
-        .and_then(|v| v.strip_suffix('"'))
-        .map(str::to_owned)
-        .context("workspace.package.version")
 }
 
 /// An OCI image archive, read whole: its blobs by digest and its index.

@@ -5,5 +5,6 @@ mod docs;
 mod identity;
 mod images;
 mod packaging;
+mod release;
 mod smoke;
 mod writes;

@@ -35,6 +35,22 @@ pub fn repo_root() -> std::path::PathBuf {
         .unwrap_or_default()
 }
 
+/// The workspace version (Cargo.toml), which the images, the chart and a release carry.
+pub fn workspace_version() -> anyhow::Result<String> {
+    use anyhow::Context;
+    let manifest = std::fs::read_to_string(repo_root().join("Cargo.toml"))?;
+    let section = manifest
+        .split("[workspace.package]")
+        .nth(1)
+        .context("Cargo.toml has no [workspace.package]")?;
+    section
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .map(str::to_owned)
+        .context("workspace.package.version")
+}
+
 /// What `start` made, once for the whole test process. If it failed, every test that asks fails,
 /// naming `what` and why.
 pub fn once_per_process<T>(
