@@ -452,23 +452,32 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_shoutrrr_mattermost_url_posts_the_webhook_body_to_its_hook() {
+    /// The notice, sent through a notifier of the URL `url` makes for a receiver's port: the
+    /// path and body the receiver got.
+    async fn sent_to(url: impl FnOnce(u16) -> String) -> (String, serde_json::Value) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let port = listener.local_addr().expect("address").port();
         let config = NotificationsConfig {
-            url: format!("mattermost://nodeward@127.0.0.1:{port}/tok3n/ops?disabletls=yes"),
+            url: url(port),
             ..NotificationsConfig::default()
         };
         config.validate("notifications").expect("a valid URL");
         let (notifier, delivery) = Notifier::new(&config);
         tokio::spawn(delivery.expect("a delivery task"));
         notifier.send(notice());
-        let (path, body) = tokio::time::timeout(Duration::from_secs(10), receive_one(listener))
+        tokio::time::timeout(Duration::from_secs(10), receive_one(listener))
             .await
-            .expect("delivered within 10 s");
+            .expect("delivered within 10 s")
+    }
+
+    #[tokio::test]
+    async fn a_shoutrrr_mattermost_url_posts_the_webhook_body_to_its_hook() {
+        let (path, body) = sent_to(|port| {
+            format!("mattermost://nodeward@127.0.0.1:{port}/tok3n/ops?disabletls=yes")
+        })
+        .await;
         assert_eq!(path, "/hooks/tok3n");
         assert_eq!(
             body,
@@ -524,23 +533,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_teams_workflows_url_posts_an_adaptive_card_to_its_trigger() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("address").port();
         let trigger =
             "/workflows/a5b6/triggers/manual/paths/invoke?api-version=2016-06-01&sig=o7p8";
-        let config = NotificationsConfig {
-            url: format!("teams+http://127.0.0.1:{port}{trigger}"),
-            ..NotificationsConfig::default()
-        };
-        config.validate("notifications").expect("a valid URL");
-        let (notifier, delivery) = Notifier::new(&config);
-        tokio::spawn(delivery.expect("a delivery task"));
-        notifier.send(notice());
-        let (path, body) = tokio::time::timeout(Duration::from_secs(10), receive_one(listener))
-            .await
-            .expect("delivered within 10 s");
+        let (path, body) = sent_to(|port| format!("teams+http://127.0.0.1:{port}{trigger}")).await;
         assert_eq!(path, trigger, "the trigger with its signature");
         assert_eq!(
             adaptive_card_problems(&body),
