@@ -25,6 +25,9 @@ pub(crate) trait Manager {
     fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    /// `running`, `degraded`, ..., `stopping` once the machine is going down.
+    #[zbus(property)]
+    fn system_state(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_removed(
         &self,
@@ -135,6 +138,18 @@ pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
         sub_state,
         restarts: service.n_restarts().await.ok(),
     })
+}
+
+/// Whether the host is going down (systemd's `SystemState` is `stopping`): a reboot command
+/// whose unit the shutdown stopped before it was seen to exit did its job.
+pub async fn going_down() -> bool {
+    let Ok((_connection, manager)) = connect().await else {
+        return false;
+    };
+    manager
+        .system_state()
+        .await
+        .is_ok_and(|state| state == "stopping")
 }
 
 /// Asks systemd to reload `unit`, or to restart it where it cannot reload (as `systemctl

@@ -440,7 +440,16 @@ impl Executor {
         )
         .await;
         let asked = match host_command {
-            Some(argv) => self.reboot.run_on_host(&argv).await,
+            Some(argv) => match self.reboot.run_on_host(&argv).await {
+                // A signal to PID 1 (or a command) that started the shutdown may have its own
+                // unit stopped by it before it is seen to exit: the machine is going down, as
+                // asked, and the next boot carries the maintenance on.
+                Err(e) if crate::host::systemd::going_down().await => {
+                    tracing::warn!(maintenance = %m.name_any(), error = %e, "the reboot command's unit ended as the machine goes down; waiting for the boot");
+                    Ok(())
+                }
+                ran => ran,
+            },
             None => crate::host::logind::act(m.spec.action == MaintenanceAction::Reboot).await,
         };
         if let Err(e) = asked {
