@@ -31,21 +31,7 @@ pub fn source(config: &KernelLogConfig) -> KernelLogSource {
 /// Whether any of `directories` holds a journal file, directly or in a machine-id
 /// subdirectory (where journald writes them).
 pub fn holds_journal(directories: &[PathBuf]) -> bool {
-    fn has_journal_file(dir: &Path) -> bool {
-        std::fs::read_dir(dir).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x == "journal"))
-        })
-    }
-    directories.iter().any(|dir| {
-        has_journal_file(dir)
-            || std::fs::read_dir(dir).is_ok_and(|entries| {
-                entries
-                    .flatten()
-                    .any(|e| e.file_type().is_ok_and(|t| t.is_dir()) && has_journal_file(&e.path()))
-            })
-    })
+    !files_as_they_are(directories).is_empty()
 }
 
 /// The line as the kernel log held it. journald files a message's leading `identifier:` (or
