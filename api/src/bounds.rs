@@ -44,6 +44,27 @@ pub fn excerpt(body: &[u8], max: usize) -> String {
     cut(out.trim_end(), max)
 }
 
+/// The last `limit` bytes of `output` as text, cut at a character boundary (and after a line
+/// break when one is near), with `…` in front when something was cut.
+pub fn tail(output: &[u8], limit: usize) -> String {
+    let text = String::from_utf8_lossy(output);
+    let text = text.trim_end();
+    if text.len() <= limit {
+        return text.to_owned();
+    }
+    let mut start = text.len() - (limit - '…'.len_utf8());
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    let kept = &text[start..];
+    // A whole first line reads better, when cutting to one loses little.
+    let kept = match kept.find('\n') {
+        Some(at) if at < 200 => &kept[at + 1..],
+        _ => kept,
+    };
+    format!("…{kept}")
+}
+
 /// Requirements in one label selector; keys in its `matchLabels`.
 pub const SELECTOR_TERMS: usize = 32;
 /// Values of one `In`/`NotIn` requirement.
@@ -135,6 +156,19 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_keeps_the_end_within_its_limit() {
+        assert_eq!(tail(b"done\n", 100), "done");
+        let long: String = (0..500).map(|i| format!("line {i}\n")).collect();
+        let cut = tail(long.as_bytes(), 200);
+        assert!(cut.len() <= 200, "{}", cut.len());
+        assert!(cut.starts_with("…line "), "{cut}");
+        assert!(cut.ends_with("line 499"), "{cut}");
+        let wide = "é".repeat(300);
+        let cut = tail(wide.as_bytes(), 101);
+        assert!(cut.len() <= 101 && cut.starts_with('…'), "{cut}");
+    }
 
     #[test]
     fn an_excerpt_shows_no_control_characters() {

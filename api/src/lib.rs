@@ -19,6 +19,7 @@ pub mod node;
 pub mod policy;
 pub mod report;
 pub mod selector;
+pub mod update;
 
 pub use drain::{DrainPlan, DrainStage, OnTimeout, PodRule, PodType, PriorityRange};
 pub use duration::{DURATION_PATTERN, Duration, InvalidDuration};

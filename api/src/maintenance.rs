@@ -5,7 +5,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::drain::DrainPlan;
+use crate::{
+    drain::DrainPlan,
+    update::{Hooks, HostRun, Update},
+};
 
 /// One planned disruption of one node. Admins create it for a declarative drain, agents when
 /// their node needs a reboot, the coordinator for remediation; the coordinator admits it under
@@ -38,6 +41,9 @@ use crate::drain::DrainPlan;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.update) || self.action == 'Reboot'").message("update runs before a reboot: it needs action Reboot"))]
+#[x_kube(validation = Rule::new("has(self.update) == has(oldSelf.update) && (!has(self.update) || self.update == oldSelf.update)").message("update is immutable; delete this NodeMaintenance and create a new one"))]
+#[x_kube(validation = Rule::new("has(self.hooks) == has(oldSelf.hooks) && (!has(self.hooks) || self.hooks == oldSelf.hooks)").message("hooks are immutable; delete this NodeMaintenance and create a new one"))]
 pub struct NodeMaintenanceSpec {
     /// The node to disrupt.
     #[schemars(
@@ -63,6 +69,13 @@ pub struct NodeMaintenanceSpec {
     /// Replaces the drain plan of the matching policies for this maintenance only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_plan: Option<DrainPlan>,
+    /// The update run once the node is drained, before the reboot (a Reboot maintenance
+    /// only); replaces the policies' `update` for this maintenance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<Update>,
+    /// Host commands around this maintenance; replace the policies' `hooks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<Hooks>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -160,6 +173,8 @@ impl NodeMaintenance {
                 requested_by: Some(requested_by.to_owned()),
                 message: Some(message),
                 drain_plan: None,
+                update: None,
+                hooks: None,
             },
         );
         maintenance.metadata.labels = crate::labels::naming_node(node);
@@ -401,6 +416,10 @@ pub struct NodeMaintenanceStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::bounds::conditions")]
     pub conditions: Vec<Condition>,
+    /// The hooks and the update as they ran on the host, one per step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::update::host_runs")]
+    pub host_runs: Vec<HostRun>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

@@ -113,6 +113,15 @@ pub struct DisruptionPolicySpec {
     /// them) until an operator resumes it (`kubectl nodeward resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_budget: Option<FailureBudget>,
+    /// Patching: the update a planned Reboot maintenance (reason Reboot or Manual; not a
+    /// remediation or shutdown) of a node this policy admitted runs after its drain, before
+    /// the reboot, which then happens only when the update needs it. Where several policies
+    /// admitted it, the first by name that has one; a maintenance's own `update` wins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<crate::update::Update>,
+    /// Host commands before the drain, after it and after the boot, chosen like `update`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hooks: Option<crate::update::Hooks>,
 }
 
 /// Node labels around a maintenance. The values a node had before are recorded on it
@@ -194,7 +203,10 @@ impl DisruptionPolicySpec {
                 .verify
                 .max(health + workloads + Deadlines::BACKSTOP_MARGIN);
         }
-        resolved
+        resolved.with_host_time(crate::update::HostTime::of(
+            self.update.as_ref(),
+            self.hooks.as_ref(),
+        ))
     }
 
     /// Whether admission looks at the PodDisruptionBudgets of a node's pods first (on unless
@@ -358,6 +370,17 @@ pub struct ResolvedDeadlines {
 }
 
 impl ResolvedDeadlines {
+    /// Longer by the time host steps may take: the phases they run in hold the agent that
+    /// much longer.
+    pub fn with_host_time(self, host: crate::update::HostTime) -> Self {
+        Self {
+            drain: self.drain + host.draining,
+            reboot: self.reboot + host.acting,
+            verify: self.verify + host.verifying,
+            ..self
+        }
+    }
+
     /// The longest of each deadline over `all` (none: the defaults).
     pub fn longest(all: impl IntoIterator<Item = ResolvedDeadlines>) -> ResolvedDeadlines {
         all.into_iter()
@@ -704,6 +727,19 @@ mod tests {
         }));
         assert_eq!(longer.drain.as_secs(), 3 * 3600 + 600);
         assert_eq!(longer.verify.as_secs(), 2 * 3600 + 600 + 600);
+        // Hooks and an update hold their phases for up to their timeouts (the update 3m more,
+        // to ask whether it needs a reboot).
+        let patching = resolved(serde_json::json!({
+            "update": {"preset": "Apt", "timeout": "1h"},
+            "hooks": {
+                "beforeDrain": {"command": ["/bin/true"], "timeout": "2m"},
+                "afterDrain": {"command": ["/bin/true"]},
+                "afterBoot": {"command": ["/bin/true"], "timeout": "1m"},
+            },
+        }));
+        assert_eq!(patching.drain.as_secs(), 7200 + 120);
+        assert_eq!(patching.reboot.as_secs(), 1800 + 300 + 3600 + 180);
+        assert_eq!(patching.verify.as_secs(), 7200 + 60);
     }
 
     #[test]

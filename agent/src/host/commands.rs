@@ -18,7 +18,8 @@ use crate::host::systemd::{ManagerProxy, ServiceProxy};
 /// `CLD_EXITED`: the main process exited (rather than being killed by a signal).
 const EXITED: i32 = 1;
 
-/// Output kept: what a first line needs, and no more however much the command writes.
+/// Output kept: its last 64 KiB (where a package manager says what went wrong), however much
+/// the command writes.
 const KEEP: usize = 64 * 1024;
 
 /// How a command on the host ended.
@@ -26,7 +27,7 @@ const KEEP: usize = 64 * 1024;
 pub struct Ran {
     /// Its exit code; `None` when a signal ended it (its timeout among them).
     pub code: Option<i32>,
-    /// Its output, standard output and error together, at most 64 KiB.
+    /// Its output, standard output and error together: the last 64 KiB.
     pub output: Vec<u8>,
 }
 
@@ -133,21 +134,23 @@ async fn exit_code(
     Ok((how == EXITED).then_some(status))
 }
 
-/// Reads `fd` to its end, keeping at most `keep` bytes (the rest is read and dropped, so that
-/// the command never blocks on a full pipe).
+/// Reads `fd` to its end, keeping its last `keep` bytes (all is read, so that the command
+/// never blocks on a full pipe).
 async fn read_at_most(fd: OwnedFd, keep: usize) -> Vec<u8> {
     let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
         return Vec::new();
     };
     let mut kept = Vec::new();
     let mut buffer = [0u8; 8192];
-    loop {
-        match pipe.read(&mut buffer).await {
-            Ok(0) | Err(_) => return kept,
-            Ok(n) => {
-                let room = keep.saturating_sub(kept.len());
-                kept.extend_from_slice(&buffer[..n.min(room)]);
-            }
+    while let Ok(n @ 1..) = pipe.read(&mut buffer).await {
+        kept.extend_from_slice(&buffer[..n]);
+        // Dropped in chunks rather than per read: at most twice `keep` is held.
+        if kept.len() > 2 * keep {
+            kept.drain(..kept.len() - keep);
         }
     }
+    if kept.len() > keep {
+        kept.drain(..kept.len() - keep);
+    }
+    kept
 }

@@ -9,10 +9,7 @@ use std::{
 };
 
 use jiff::Timestamp;
-use k8s_openapi::{
-    api::core::v1::Node,
-    apimachinery::pkg::apis::meta::v1::{Condition, Time},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{
     Api, Client, Resource, ResourceExt,
     runtime::{events::EventType, reflector},
@@ -22,6 +19,7 @@ use nodeward_api::{
     conditions::maintenance as maintenance_conditions,
     labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     node::Applied,
+    update::HostRun,
 };
 use nodeward_runtime::{
     ApiError, cordon,
@@ -31,6 +29,7 @@ use nodeward_runtime::{
 };
 
 use super::{
+    host_steps::{self, HostState},
     lifecycle::{self, Facts, Gate, Step},
     reboot_method::RebootConfig,
     workloads,
@@ -53,6 +52,8 @@ struct ThisBoot {
     healthy_since: Option<Timestamp>,
     /// Maintenances whose action was asked of logind.
     acted: HashSet<String>,
+    /// The host runs this agent ended, per maintenance uid (a watch may not show them yet).
+    ran: HashMap<String, Vec<HostRun>>,
 }
 
 /// The longest the last notification before a reboot or power-off is waited for.
@@ -114,27 +115,9 @@ impl Executor {
         if stale {
             return Ok(());
         }
-        let recorded_boot = status.boot_id.clone().unwrap_or_default();
-        let gate = if status.phase == MaintenancePhase::Verifying {
-            self.health_gate(m, &mut this_boot.healthy_since).await?
-        } else {
-            Gate::Waiting(String::new())
-        };
-        let facts = Facts {
-            phase: status.phase,
-            action: m.spec.action,
-            deleting: m.metadata.deletion_timestamp.is_some(),
-            finalized: m.finalizers().iter().any(|f| f == MAINTENANCE_FINALIZER),
-            rebooted: !recorded_boot.is_empty() && recorded_boot != self.boot_id,
-            healthy: gate == Gate::Passed,
-            gate_expired: matches!(gate, Gate::Expired(_)),
-            restore_asked: status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
-            back_in_service: workloads::back_in_service(m),
-            workloads: workloads::judged(m),
-        };
+        let ours = this_boot.ran.get(&uid(m)).cloned().unwrap_or_default();
+        let runs = host_steps::overlaid(&status.host_runs, &ours);
+        let (facts, gate) = self.facts(m, &runs, this_boot).await?;
         let applied = Applied {
             cordoned: status.cordoned_by_nodeward.unwrap_or(false),
             tainted: true,
@@ -142,6 +125,19 @@ impl Executor {
         match lifecycle::step(facts) {
             Step::Wait => Ok(()),
             Step::Prepare => self.prepare(m).await,
+            Step::RunOnHost(step) => {
+                if let Some(run) = self.run_on_host(m, step).await? {
+                    let ran = this_boot.ran.entry(uid(m)).or_default();
+                    ran.retain(|r| r.step != step);
+                    ran.push(run);
+                }
+                Ok(())
+            }
+            Step::HostFailed(step) => self.host_failed(m, &applied, step, &runs).await,
+            Step::SkipReboot => {
+                this_boot.healthy_since = None;
+                self.skip_reboot(m).await
+            }
             Step::Drain => self.drain(m, store, &applied).await,
             // Asked once per boot: the machine goes down after the shutdown drain.
             Step::Act if this_boot.acted.contains(&uid(m)) => Ok(()),
@@ -192,6 +188,52 @@ impl Executor {
             Step::Release => self.release(m, &applied).await,
             Step::Restore => self.restore(m, store).await,
         }
+    }
+
+    /// What the next step of `m` depends on, and where its health gate stands.
+    async fn facts(
+        &self,
+        m: &NodeMaintenance,
+        runs: &[HostRun],
+        this_boot: &mut ThisBoot,
+    ) -> Result<(Facts, Gate), crate::Error> {
+        let status = m.status.clone().unwrap_or_default();
+        let recorded_boot = status.boot_id.clone().unwrap_or_default();
+        let gate = if status.phase == MaintenancePhase::Verifying {
+            self.health_gate(m, &mut this_boot.healthy_since).await?
+        } else {
+            Gate::Waiting(String::new())
+        };
+        let facts = Facts {
+            phase: status.phase,
+            action: m.spec.action,
+            deleting: m.metadata.deletion_timestamp.is_some(),
+            finalized: m.finalizers().iter().any(|f| f == MAINTENANCE_FINALIZER),
+            rebooted: !recorded_boot.is_empty() && recorded_boot != self.boot_id,
+            healthy: gate == Gate::Passed,
+            gate_expired: matches!(gate, Gate::Expired(_)),
+            restore_asked: status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
+            back_in_service: workloads::back_in_service(m),
+            workloads: workloads::judged(m),
+            host: self.host_state(m, runs).await,
+            acted: this_boot.acted.contains(&uid(m)),
+        };
+        Ok((facts, gate))
+    }
+
+    /// Where `m`'s host steps of its phase stand, given the `runs` recorded.
+    async fn host_state(&self, m: &NodeMaintenance, runs: &[HostRun]) -> HostState {
+        if !matches!(
+            m.phase(),
+            MaintenancePhase::Draining | MaintenancePhase::Acting | MaintenancePhase::Verifying
+        ) {
+            return HostState::Clear;
+        }
+        let steps = policies::effective(m, &self.policies).await.host;
+        host_steps::state(m.phase(), &steps, runs)
     }
 
     /// Undoes what `m` left on the node after the coordinator sent it back or ended it: its
@@ -460,7 +502,7 @@ impl Executor {
     }
 
     /// Fails the maintenance with `why` (Event `reason`): see [`Self::end`].
-    async fn fail(
+    pub(super) async fn fail(
         &self,
         m: &NodeMaintenance,
         applied: &Applied,
@@ -518,42 +560,6 @@ impl Executor {
         self.notifier.send(self.notice(m, kind, message));
     }
 
-    /// Ready, and none of the gate's problem conditions True, for the gate's `for`; expired
-    /// when that has not happened within the gate's `timeout` of entering Verifying.
-    async fn health_gate(
-        &self,
-        m: &NodeMaintenance,
-        healthy_since: &mut Option<Timestamp>,
-    ) -> Result<Gate, crate::Error> {
-        let gate = policies::effective(m, &self.policies).await.health_gate;
-        let node = Api::<Node>::all(self.client.clone())
-            .get(&self.node)
-            .await
-            .map_err(|e| ApiError::new("reading", format!("node {}", self.node), e))?;
-        let ready = nodeward_api::node::is_ready(&node);
-        let problems: Vec<String> = nodeward_api::node::conditions(&node)
-            .iter()
-            .filter(|c| c.status == "True" && gate.problem_types.contains(&c.type_))
-            .map(|c| c.type_.clone())
-            .collect();
-        let now = Timestamp::now();
-        let since = |t: Timestamp| Duration::try_from(now.duration_since(t)).unwrap_or_default();
-        if !ready || !problems.is_empty() {
-            *healthy_since = None;
-        } else if healthy_since.is_none() {
-            *healthy_since = Some(now);
-        }
-        let verifying_since = m.entered(MaintenancePhase::Verifying).map_or(now, |t| t.0);
-        Ok(lifecycle::judge(
-            ready,
-            &problems,
-            healthy_since.map(since),
-            gate.hold,
-            since(verifying_since),
-            gate.timeout,
-        ))
-    }
-
     /// The drain's progress, applied by the agent alone (it owns these fields): no view of the
     /// rest of the status is needed.
     async fn progress(&self, m: &NodeMaintenance, p: &Progress) {
@@ -571,7 +577,7 @@ impl Executor {
     /// status fields, given the maintenance as it is now. A compare-and-swap on the phase the
     /// step was decided on: the coordinator moves a maintenance too (when a deadline passes),
     /// and a step taken on an older view must not undo that.
-    async fn transition(
+    pub(super) async fn transition(
         &self,
         m: &NodeMaintenance,
         phase: MaintenancePhase,

@@ -17,7 +17,9 @@
 
 use std::time::Duration;
 
-use nodeward_api::{MaintenanceAction, MaintenancePhase};
+use nodeward_api::{MaintenanceAction, MaintenancePhase, update::HostStep};
+
+use super::host_steps::HostState;
 
 /// The facts a step depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,10 @@ pub struct Facts {
     pub back_in_service: bool,
     /// Where the evicted workloads stand.
     pub workloads: Workloads,
+    /// Where the maintenance's host commands (hooks, update) of this phase stand.
+    pub host: HostState,
+    /// This agent asked for the reboot (or power-off) in this boot.
+    pub acted: bool,
 }
 
 /// Where the workloads a reboot's drain evicted stand, as the coordinator judged them.
@@ -67,6 +73,12 @@ pub enum Step {
     Prepare,
     /// Evict the pods (again, after a restart), then act.
     Drain,
+    /// Run a host command (a hook or the update) and record how it ended.
+    RunOnHost(HostStep),
+    /// A host command failed: restore the node, Failed.
+    HostFailed(HostStep),
+    /// The update needs no reboot: go to Verifying without one.
+    SkipReboot,
     /// Start the action (reboot or power off through logind) after recording the boot id.
     Act,
     /// Back after the reboot: go to Verifying.
@@ -102,17 +114,35 @@ pub fn step(f: Facts) -> Step {
         return match f.phase {
             Pending | Admitted | Draining => Step::Cancel,
             // A reboot under way finishes first; the object goes when it is done (one back in
-            // service, waiting only for its workloads, goes at once).
+            // service, waiting only for its workloads, goes at once). One still running its
+            // hooks or update has asked for no reboot yet: released.
+            Acting
+                if f.action == MaintenanceAction::Reboot
+                    && !f.rebooted
+                    && !f.acted
+                    && f.host != HostState::Clear =>
+            {
+                Step::Release
+            }
             Acting | Verifying if f.action == MaintenanceAction::Reboot && !f.back_in_service => {
                 Step::Wait
             }
             _ => Step::Release,
         };
     }
+    let after_reboot = f.phase == Acting && f.rebooted;
+    match f.host {
+        HostState::Failed(step) if !after_reboot => return Step::HostFailed(step),
+        HostState::Due(step) if !after_reboot && !f.back_in_service => {
+            return Step::RunOnHost(step);
+        }
+        _ => {}
+    }
     match (f.phase, f.action) {
         (Admitted, _) => Step::Prepare,
         (Draining, _) => Step::Drain,
         (Acting, MaintenanceAction::Reboot) if f.rebooted => Step::Verify,
+        (Acting, MaintenanceAction::Reboot) if f.host == HostState::NoReboot => Step::SkipReboot,
         (Acting, MaintenanceAction::Reboot | MaintenanceAction::PowerOff) => Step::Act,
         (Verifying, _) if f.healthy || f.back_in_service => match f.workloads {
             Workloads::NotNeeded | Workloads::Available | Workloads::TimedOut => Step::Complete,
@@ -188,7 +218,65 @@ mod tests {
             restore_asked: false,
             back_in_service: false,
             workloads: Workloads::NotNeeded,
+            host: HostState::Clear,
+            acted: false,
         }
+    }
+
+    #[test]
+    fn host_steps_come_before_what_their_phase_does_and_a_failed_one_fails_it() {
+        let due = |phase, step| Facts {
+            host: HostState::Due(step),
+            ..facts(phase, Reboot)
+        };
+        assert_eq!(
+            step(due(Draining, HostStep::BeforeDrain)),
+            Step::RunOnHost(HostStep::BeforeDrain)
+        );
+        assert_eq!(
+            step(due(Acting, HostStep::Update)),
+            Step::RunOnHost(HostStep::Update)
+        );
+        assert_eq!(
+            step(due(Verifying, HostStep::AfterBoot)),
+            Step::RunOnHost(HostStep::AfterBoot)
+        );
+        let failed = Facts {
+            host: HostState::Failed(HostStep::Update),
+            ..facts(Acting, Reboot)
+        };
+        assert_eq!(step(failed), Step::HostFailed(HostStep::Update));
+        let no_reboot = Facts {
+            host: HostState::NoReboot,
+            ..facts(Acting, Reboot)
+        };
+        assert_eq!(step(no_reboot), Step::SkipReboot);
+        assert_eq!(
+            step(facts(Acting, Reboot)),
+            Step::Act,
+            "the update wants it"
+        );
+        // After the reboot the Acting steps are history.
+        let rebooted = Facts {
+            rebooted: true,
+            ..failed
+        };
+        assert_eq!(step(rebooted), Step::Verify);
+        // Deleted while its update runs (nothing asked of logind yet): released; once the
+        // reboot is asked, it finishes first.
+        let deleted = Facts {
+            deleting: true,
+            ..due(Acting, HostStep::Update)
+        };
+        assert_eq!(step(deleted), Step::Release);
+        assert_eq!(
+            step(Facts {
+                deleting: true,
+                acted: true,
+                ..facts(Acting, Reboot)
+            }),
+            Step::Wait
+        );
     }
 
     #[test]

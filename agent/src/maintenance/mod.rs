@@ -3,8 +3,12 @@
 
 mod back_in_service;
 pub mod executor;
+mod health_gate;
+pub mod host_runner;
+pub mod host_steps;
 pub mod lifecycle;
 pub mod reboot_method;
 pub mod reboot_request;
+pub mod update;
 pub mod watch;
 pub mod workloads;

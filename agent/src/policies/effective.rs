@@ -7,13 +7,18 @@
 //! - the drain timeout: the longest any policy sets (none set: no timeout);
 //! - force on timeout: only when every policy says `onDrainTimeout: Force`;
 //! - the health gate: the longest `for`, the problem types of every gate (a gate that names
-//!   none means the default ones), the longest timeout (none set: no timeout).
+//!   none means the default ones), the longest timeout (none set: no timeout);
+//! - the update and the hooks: the maintenance's own, else the first policy's that has them
+//!   ([`HostSteps::of`]).
 
 use std::time::Duration;
 
 use nodeward_api::{
-    DisruptionPolicy, DrainPlan, NodeMaintenance, conditions::node::HEALTH_GATE_DEFAULT,
+    DisruptionPolicy, DisruptionPolicySpec, DrainPlan, MaintenanceAction, MaintenanceReason,
+    NodeMaintenance, NodeMaintenanceSpec,
+    conditions::node::HEALTH_GATE_DEFAULT,
     policy::DrainTimeoutAction,
+    update::{Hooks, Update},
 };
 
 use crate::drain::plan::{self, Purpose};
@@ -27,6 +32,8 @@ pub struct Effective {
     /// Force the drain through (PodDisruptionBudgets bypassed) when it runs out of time.
     pub force_on_timeout: bool,
     pub health_gate: HealthGate,
+    /// The hooks and the update it runs on the host.
+    pub host: HostSteps,
 }
 
 /// After a reboot: the node must be Ready and free of `problem_types` for `hold`, within
@@ -55,6 +62,37 @@ fn defaults() -> Vec<String> {
         .iter()
         .map(|t| (*t).to_owned())
         .collect()
+}
+
+/// What a maintenance runs on the host.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct HostSteps {
+    pub update: Option<Update>,
+    pub hooks: Hooks,
+}
+
+impl HostSteps {
+    /// The maintenance's own update and hooks, else the first of `policies` (sorted by name)
+    /// that has them. A policy's update applies only to a planned reboot (reason Reboot or
+    /// Manual): a remediation or a shutdown is not the time to patch.
+    pub fn of(spec: &NodeMaintenanceSpec, policies: &[&DisruptionPolicySpec]) -> Self {
+        let planned = matches!(
+            spec.reason,
+            MaintenanceReason::Reboot | MaintenanceReason::Manual
+        );
+        let update = spec.update.clone().or_else(|| {
+            planned
+                .then(|| policies.iter().find_map(|p| p.update.clone()))
+                .flatten()
+        });
+        let hooks = spec
+            .hooks
+            .clone()
+            .or_else(|| policies.iter().find_map(|p| p.hooks.clone()))
+            .unwrap_or_default();
+        let update = update.filter(|_| spec.action == MaintenanceAction::Reboot);
+        Self { update, hooks }
+    }
 }
 
 /// The longest of the durations given (unreadable ones are left out; the CRD refuses them).
@@ -117,6 +155,7 @@ impl Effective {
                     .iter()
                     .all(|s| s.on_drain_timeout == DrainTimeoutAction::Force),
             health_gate,
+            host: HostSteps::of(&m.spec, &specs),
         }
     }
 }

@@ -25,7 +25,7 @@ use nodeward_api::{
 };
 use tokio::sync::{Notify, watch};
 
-pub use effective::{Effective, HealthGate};
+pub use effective::{Effective, HealthGate, HostSteps};
 
 /// How long an agent waits to receive a policy that admitted a maintenance. The coordinator
 /// publishes a new policy for the agents a moment after it exists, and may admit under it

@@ -13,6 +13,7 @@ use nodeward_api::{
     conditions::{maintenance as maintenance_conditions, overdue},
     labels::MAINTENANCE_FINALIZER,
     maintenance::PhaseDeadline,
+    update::HostTime,
 };
 
 use super::{DeadlineRecord, Gone, Memory, Overdue, Plan, TakeOver, view::Index};
@@ -56,7 +57,12 @@ pub(super) fn enforce(index: &Index, cluster: &Cluster, now: Timestamp, plan: &m
             action: m.spec.action,
             since,
         };
-        let Some(due) = deadlines::due(progress, index.deadlines_of(m.admitted_policies())) else {
+        // A maintenance's own hooks and update take their time on top of its policies'.
+        let own = HostTime::of(m.spec.update.as_ref(), m.spec.hooks.as_ref());
+        let limits = index
+            .deadlines_of(m.admitted_policies())
+            .with_host_time(own);
+        let Some(due) = deadlines::due(progress, limits) else {
             continue;
         };
         if deadlines::passed(&due, now) {

@@ -606,6 +606,14 @@ async fn maintenances_of_its_own_node(
         }))?)
     };
     let own = format!("{node_a}-reboot-e2e00001");
+    // Its reboot request runs nothing on the host of its own choosing.
+    let mut patching = maintenance(&own, node_a, "Reboot")?;
+    patching.spec.update = Some(serde_json::from_value(json!({"preset": "Apt"}))?);
+    let said = refusal(maintenances.create(&PostParams::default(), &patching).await);
+    assert!(
+        said.contains("without a drainPlan, update or hooks"),
+        "{said}"
+    );
     maintenances
         .create(
             &PostParams::default(),

@@ -5,6 +5,7 @@
 //! helpers they share are here.
 
 mod clock;
+mod host_commands;
 mod identity;
 mod metadata;
 mod render;

@@ -42,11 +42,14 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
         "Service",
         "ServiceAccount",
         "ServiceAccount",
-        // The agent's and the coordinator's admission policies, each with its binding, and the
-        // agent's first-install copy (a pre-install hook).
+        // The agent's and the coordinator's admission policies and the one for host commands
+        // in maintenances, each with its binding, and the agent's first-install copy (a
+        // pre-install hook).
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingAdmissionPolicyBinding",
