@@ -2,7 +2,8 @@
 //! admission sees it (Ready, cordon, agent heartbeat, problems), the policies that count it
 //! with their budget use, and its maintenance with the coordinator's last word on it (the
 //! reason it is not admitted: budget, window, pause, blocker, workload, quorum, agent), its
-//! deadline, the pods holding its drain and, after its reboot, the workloads it waits for.
+//! deadline, its hooks and update as they ran, the pods holding its drain and, after its
+//! reboot, the workloads it waits for.
 
 use std::{fmt::Write, time::Duration};
 
@@ -15,6 +16,7 @@ use nodeward_api::{
     fleet::lease_name,
     labels::{CORDONED_BY_ANNOTATION, MAINTENANCE_TAINT},
     node::is_ready,
+    update::{HostRun, HostRunResult, HostStep},
 };
 use nodeward_decide::round::{self, Memory, Objects};
 
@@ -247,6 +249,9 @@ fn maintenance_lines(
             deadline.then, deadline.phase, deadline.time.0
         );
     }
+    for run in &status.host_runs {
+        let _ = writeln!(out, "  {}", host_run_line(run, now));
+    }
     for pod in &status.blocking_pods {
         let _ = writeln!(
             out,
@@ -266,6 +271,45 @@ fn maintenance_lines(
     {
         let _ = writeln!(out, "  last: {message}");
     }
+}
+
+/// One hook or update as it ran: "update: Succeeded (exit 0) in 41s; reboot needed", or
+/// "BeforeDrain hook: running for 2m: /usr/local/bin/quiesce".
+fn host_run_line(run: &HostRun, now: Timestamp) -> String {
+    let what = match run.step {
+        HostStep::Update => "update".to_owned(),
+        hook => format!("{hook:?} hook"),
+    };
+    let Some(result) = run.result else {
+        return format!(
+            "{what}: running for {}: {}",
+            ago(&run.started_at, now),
+            run.command
+        );
+    };
+    let exit = run
+        .exit_code
+        .map(|c| format!(" (exit {c})"))
+        .unwrap_or_default();
+    let took = run
+        .finished_at
+        .as_ref()
+        .map(|end| format!(" in {}", ago(&run.started_at, end.0)))
+        .unwrap_or_default();
+    let reboot = match run.reboot {
+        Some(true) => "; reboot needed",
+        Some(false) => "; no reboot needed",
+        None => "",
+    };
+    let why = match result {
+        HostRunResult::Succeeded => String::new(),
+        _ => run
+            .message
+            .as_ref()
+            .map(|m| format!(": {m}"))
+            .unwrap_or_default(),
+    };
+    format!("{what}: {result:?}{exit}{took}{reboot}{why}")
 }
 
 /// Why a pending maintenance waits. The coordinator's word (its `Admitted` condition) can be
@@ -520,6 +564,40 @@ mod tests {
         );
         let left = with_deadline("Admitted");
         assert!(!left.contains("deadline"), "{left}");
+    }
+
+    #[test]
+    fn a_host_run_says_how_it_ended_or_how_long_it_has_run() {
+        let run = |value: serde_json::Value| -> HostRun {
+            serde_json::from_value(value).expect("a host run")
+        };
+        let done = run(
+            json!({"step": "Update", "command": "/bin/sh -c apt-get ...",
+            "startedAt": "2026-11-25T12:08:00Z", "finishedAt": "2026-11-25T12:08:41Z",
+            "result": "Succeeded", "exitCode": 0, "reboot": true}),
+        );
+        assert_eq!(
+            host_run_line(&done, now()),
+            "update: Succeeded (exit 0) in 41s; reboot needed"
+        );
+        let failed = run(
+            json!({"step": "BeforeDrain", "command": "/usr/local/bin/quiesce",
+            "startedAt": "2026-11-25T12:08:00Z", "finishedAt": "2026-11-25T12:08:03Z",
+            "result": "Failed", "exitCode": 3,
+            "message": "the BeforeDrain hook exited with 3 after 3s"}),
+        );
+        assert_eq!(
+            host_run_line(&failed, now()),
+            "BeforeDrain hook: Failed (exit 3) in 3s: the BeforeDrain hook exited with 3 after 3s"
+        );
+        let running = run(
+            json!({"step": "AfterBoot", "command": "/usr/local/bin/selftest",
+            "startedAt": "2026-11-25T12:08:00Z"}),
+        );
+        assert_eq!(
+            host_run_line(&running, now()),
+            "AfterBoot hook: running for 2m: /usr/local/bin/selftest"
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod host;
 mod kernel;
 mod kubelet;
 mod network;
+mod patching;
 mod registration;
 mod rolling;
 mod runtime;

@@ -4,7 +4,8 @@
 //! The DaemonSet agents reboot by running `systemctl reboot` on the host and the host-mode one
 //! by sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method command|signal`).
 //! Before the rollout the host-mode VM shows its agent's health and reboot gate (`host.rs`),
-//! and after its reboot the gate is back.
+//! and after its reboot the gate is back. The rollout is also a patch rollout: a policy's apt
+//! update runs on each VM after its drain and asks for the reboot (`patching.rs`).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -25,7 +26,7 @@ use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
 use nodeward_e2e::{fixtures::MaintenanceSpec, history, wait};
 
 use crate::{
-    host,
+    host, patching,
     support::{HostCredential, Lab, REBOOT},
 };
 
@@ -47,6 +48,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     let history = history::watch_where(&lab.client, move |m| ours.contains(&m.name_any()), "");
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let became_ready = ready_transitions(&lab.client);
+    patching::publish_v2_to_every_vm(&lab).await?;
     let mut before = Vec::new();
     for vm in lab.lab.vms() {
         before.push(vm.boot_id().await?);
@@ -92,6 +94,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     for ((vm, boot), done) in lab.lab.vms().iter().zip(&before).zip(&finished) {
         let now = vm.boot_id().await?;
         assert_ne!(&now, boot, "{} did not reboot", vm.name);
+        patching::assert_patched(vm, done).await?;
         let uptime: f64 = vm.run("cut -d' ' -f1 /proc/uptime").await?.trim().parse()?;
         assert!(
             uptime < wall.as_secs_f64(),
@@ -171,7 +174,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     for name in &names {
         wait::deleted(&maintenances, name, REBOOT).await?;
     }
-    Ok(())
+    patching::restore_apt(&lab).await
 }
 
 /// When each node's Ready condition became True, for every such change a watch of the nodes

@@ -33,6 +33,8 @@ use nodeward_e2e::{
 };
 use serde_json::{Value, json};
 
+use crate::patching::APT_RESTORED;
+
 /// The chart's release and namespace in the lab.
 pub const RELEASE: &str = "nodeward";
 pub const NAMESPACE: &str = "nodeward-system";
@@ -161,6 +163,7 @@ impl Lab {
                 &format!(
                     "{KUBELET_SHUTDOWN_OFF}
                     {REGISTRATION_RESTORED}
+                    {APT_RESTORED}
                     systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
                     if [ -e /etc/systemd/system/nodeward-agent.service ]; then
                       systemctl disable --now nodeward-agent.service
@@ -326,10 +329,18 @@ impl Lab {
             Duration::from_secs(300),
             || async {
                 let status = self.report(&node).await?.status.unwrap_or_default();
+                // Each detector reports on its own schedule: the kernel log's first verdict
+                // can come after the others'.
                 let settled = status.mode == Some(AgentMode::Host)
-                    && ["filesystem", "kubelet", "peers", "apiserver"]
-                        .iter()
-                        .all(|d| status.findings.iter().any(|f| f.detector == *d))
+                    && [
+                        "filesystem",
+                        "kernel-log/ReadonlyFilesystem",
+                        "kubelet",
+                        "peers",
+                        "apiserver",
+                    ]
+                    .iter()
+                    .all(|d| status.findings.iter().any(|f| f.detector == *d))
                     && status.findings.iter().all(|f| f.status != "Unknown");
                 Ok(settled.then_some(status))
             },

@@ -42,7 +42,7 @@ pub(crate) trait Manager {
     interface = "org.freedesktop.systemd1.Unit",
     default_service = "org.freedesktop.systemd1"
 )]
-trait Unit {
+pub(crate) trait Unit {
     #[zbus(property)]
     fn load_state(&self) -> zbus::Result<String>;
     #[zbus(property)]

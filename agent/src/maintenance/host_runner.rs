@@ -3,7 +3,7 @@
 //! step's entry applied under a field manager of its own), with an Event; fails the
 //! maintenance when one failed; moves an update that needs no reboot on to the health gate.
 
-use std::time::Instant;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -52,10 +52,17 @@ impl Executor {
         let Some(plan) = update::plan(step, &steps) else {
             return Ok(None);
         };
+        // A run the status shows started and not ended was cut short by this agent's restart:
+        // the same unit, waited for (`run_logged`), under its first start time.
+        let started_at = m
+            .status
+            .as_ref()
+            .and_then(|s| s.host_runs.iter().find(|r| r.step == step && !r.finished()))
+            .map_or_else(|| Time(Timestamp::now()), |r| r.started_at.clone());
         let mut run = HostRun {
             step,
             command: nodeward_api::bounds::cut(&plan.describe(), 1024),
-            started_at: Time(Timestamp::now()),
+            started_at,
             finished_at: None,
             result: None,
             exit_code: None,
@@ -74,9 +81,14 @@ impl Executor {
             format!("running {:?} on the host", run.command),
         )
         .await;
-        let began = Instant::now();
-        let ran = crate::host::commands::run(&plan.argv, plan.timeout).await;
-        let took = began.elapsed();
+        let unit = format!(
+            "nodeward-{}-{}.service",
+            slug(step),
+            m.uid().unwrap_or_default()
+        );
+        let ran = crate::host::commands::run_logged(&unit, &plan.argv, plan.timeout).await;
+        let took = Duration::try_from(Timestamp::now().duration_since(run.started_at.0))
+            .unwrap_or_default();
         let output = ran.as_ref().map(|r| r.output.clone()).unwrap_or_default();
         let verdict = self
             .reboot_verdict(&plan, update::judge(&plan, &ended(&ran), took))
@@ -176,6 +188,16 @@ impl Executor {
             .await?;
         self.normal_event(m, "RebootNotNeeded", message).await;
         Ok(())
+    }
+}
+
+/// `step` in a unit name.
+fn slug(step: HostStep) -> &'static str {
+    match step {
+        HostStep::BeforeDrain => "before-drain",
+        HostStep::AfterDrain => "after-drain",
+        HostStep::Update => "update",
+        HostStep::AfterBoot => "after-boot",
     }
 }
 
