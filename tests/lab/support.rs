@@ -118,7 +118,21 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
 pub struct Lab {
     pub lab: &'static NodeLab,
     pub client: Client,
+    /// When this test's turn began, and how long the lab took to be ready for it: printed when
+    /// the test ends, so a run's log tells where the lab's time goes.
+    turn_began: Instant,
+    ready_after: Duration,
     _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        println!(
+            "lab time: {:.0} s, {:.0} s of it getting the lab ready",
+            self.turn_began.elapsed().as_secs_f64(),
+            self.ready_after.as_secs_f64()
+        );
+    }
 }
 
 /// Which of the lab's nodes a test works on.
@@ -134,13 +148,16 @@ impl Lab {
     /// every VM's clock set to this machine's ([`nodelab::Vm::sync_clock`]).
     pub async fn get() -> anyhow::Result<Self> {
         let turn = exclusive().await;
+        let turn_began = Instant::now();
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
         let client = controlplane::admin_client().await?;
         remove_stray_nodes(&client, &lab.nodes).await?;
         install_chart(&client).await?;
-        let this = Self {
+        let mut this = Self {
             lab,
             client,
+            turn_began,
+            ready_after: Duration::ZERO,
             _turn: turn,
         };
         this.reset().await?;
@@ -149,6 +166,7 @@ impl Lab {
             let off = vm.sync_clock().await?;
             println!("{}: clock set, it was {off:+.3} s off", vm.name);
         }
+        this.ready_after = turn_began.elapsed();
         Ok(this)
     }
 
@@ -158,31 +176,31 @@ impl Lab {
     async fn reset(&self) -> anyhow::Result<()> {
         delete_tests(&Api::<NodeMaintenance>::all(self.client.clone())).await?;
         let nodes: Api<Node> = Api::all(self.client.clone());
-        for vm in self.lab.vms() {
-            vm.run_when_up(
-                &format!(
-                    "{KUBELET_SHUTDOWN_OFF}
-                    {REGISTRATION_RESTORED}
-                    {APT_RESTORED}
-                    systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
-                    if [ -e /etc/systemd/system/nodeward-agent.service ]; then
-                      systemctl disable --now nodeward-agent.service
-                      rm -rf /etc/systemd/system/nodeward-agent.service /usr/local/bin/nodeward-agent \
-                        /etc/nodeward /etc/polkit-1/rules.d/50-ops-reboot.rules
-                      systemctl daemon-reload
-                    fi"
-                ),
-                REBOOT,
-            )
-            .await?;
-            nodes
-                .patch(
-                    &vm.name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: null}}})),
-                )
-                .await?;
-        }
+        let undo = format!(
+            "{KUBELET_SHUTDOWN_OFF}
+            {REGISTRATION_RESTORED}
+            {APT_RESTORED}
+            systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
+            if [ -e /etc/systemd/system/nodeward-agent.service ]; then
+              systemctl disable --now nodeward-agent.service
+              rm -rf /etc/systemd/system/nodeward-agent.service /usr/local/bin/nodeward-agent \
+                /etc/nodeward /etc/polkit-1/rules.d/50-ops-reboot.rules
+              systemctl daemon-reload
+            fi"
+        );
+        let unlabel = Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: null}}}));
+        // Each VM at once: a command in a guest takes seconds under emulation.
+        futures::future::try_join_all(self.lab.vms().into_iter().map(|vm| {
+            let (nodes, undo, unlabel) = (&nodes, &undo, &unlabel);
+            async move {
+                vm.run_when_up(undo, REBOOT).await?;
+                nodes
+                    .patch(&vm.name, &PatchParams::default(), unlabel)
+                    .await?;
+                anyhow::Ok(())
+            }
+        }))
+        .await?;
         delete_tests(&Api::<DisruptionPolicy>::all(self.client.clone())).await?;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
@@ -197,14 +215,20 @@ impl Lab {
     /// The lab, and the node (with its VM) a test works on.
     pub async fn with_node(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
         let lab = Self::get().await?;
-        let nodes = &lab.lab.nodes;
+        let (node, vm) = lab.node(pick)?;
+        Ok((lab, node, vm))
+    }
+
+    /// The node `pick` names, with its VM.
+    pub fn node(&self, pick: Pick) -> anyhow::Result<(String, Vm)> {
+        let nodes = &self.lab.nodes;
         let node = match pick {
             Pick::At(index) => nodes.get(index),
             Pick::Last => nodes.last(),
         };
         let node = node.cloned().context("the lab has too few nodes")?;
-        let vm = lab.vm(&node);
-        Ok((lab, node, vm))
+        let vm = self.vm(&node);
+        Ok((node, vm))
     }
 
     pub fn vm(&self, name: &str) -> Vm {

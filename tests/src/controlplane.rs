@@ -131,11 +131,22 @@ pub fn kubeconfig_as(identity: Identity) -> anyhow::Result<kube::config::Kubecon
     Ok(kubeconfig)
 }
 
-/// Writes a kubeconfig acting as `identity` to `path`, for a daemon (`--kubeconfig`).
+/// Writes a kubeconfig acting as `identity` to `path`, for a daemon (`--kubeconfig`). The file
+/// is replaced whole (written beside it, then renamed): a daemon another task started with the
+/// same path reads the old file or the new one, never a truncated one.
 pub fn write_kubeconfig(identity: Identity, path: &Path) -> anyhow::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let kubeconfig = kubeconfig_as(identity)?;
-    fs::write(path, serde_yaml::to_string(&kubeconfig)?)
-        .with_context(|| format!("writing {}", path.display()))
+    let mut beside = path.as_os_str().to_owned();
+    beside.push(format!(
+        ".{}-{}.tmp",
+        std::process::id(),
+        WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let beside = std::path::PathBuf::from(beside);
+    fs::write(&beside, serde_yaml::to_string(&kubeconfig)?)
+        .with_context(|| format!("writing {}", beside.display()))?;
+    fs::rename(&beside, path).with_context(|| format!("moving a kubeconfig to {}", path.display()))
 }
 
 /// A client of the shared control plane acting as `identity`.
