@@ -28,6 +28,20 @@ pub const IN_PROGRESS_ANNOTATION: &str = "nodeward.io/maintenance-in-progress";
 /// Node annotation telling how and when the last maintenance ended (`nodeLabels.annotate`).
 pub const LAST_MAINTENANCE_ANNOTATION: &str = "nodeward.io/last-maintenance";
 
+/// What the other actors that disrupt nodes honour, put on a node while its maintenance is
+/// under way (admitted until finished) so that none of them adds its disruption to nodeward's:
+/// medik8s' NodeHealthCheck skips a node with this label (`"true"`) ...
+pub const EXCLUDE_FROM_REMEDIATION_LABEL: &str = "remediation.medik8s.io/exclude-from-remediation";
+/// ... the cluster autoscaler does not scale down a node with this annotation (`"true"`) ...
+pub const SCALE_DOWN_DISABLED_ANNOTATION: &str =
+    "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+/// ... and Karpenter does not voluntarily disrupt a node with this annotation (`"true"`).
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// Node annotation recording which of those marks nodeward put on (comma-separated keys; empty
+/// when all were there already): only those are taken off when the maintenance ends, so a mark
+/// an admin set stays.
+pub const MARKS_ANNOTATION: &str = "nodeward.io/marks";
+
 /// Node annotation recording that nodeward (not an admin) cordoned the node, with the
 /// maintenance or shutdown that did it, so that only nodeward's own cordon is undone.
 pub const CORDONED_BY_ANNOTATION: &str = "nodeward.io/cordoned-by";

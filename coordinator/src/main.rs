@@ -3,12 +3,13 @@ use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Du
 use clap::{Parser, Subcommand};
 use nodeward_coordinator::{
     Error,
-    controller::{Changes, Controller, Stores},
+    controller::{self, Changes, Controller, Stores},
     election,
     metrics::Metrics,
     publish::Publisher,
     webhook,
 };
+use nodeward_decide::round::marks::Mark;
 use nodeward_runtime::{
     args::{ClientArgs, LogArgs},
     listener::Limits,
@@ -78,6 +79,13 @@ struct Run {
     /// 0 keeps them all. At least 1h, e.g. 168h.
     #[arg(long, env = "NODEWARD_FINISHED_MAINTENANCE_TTL", default_value = "168h", value_parser = humantime::parse_duration)]
     finished_maintenance_ttl: Duration,
+    /// The marks other actors honour that a node carries while its maintenance is under way
+    /// (admitted until it ends), so that none of them disrupts it on top: medik8s
+    /// (`remediation.medik8s.io/exclude-from-remediation`), cluster-autoscaler
+    /// (`cluster-autoscaler.kubernetes.io/scale-down-disabled`), karpenter
+    /// (`karpenter.sh/do-not-disrupt`); comma-separated, `none` for none.
+    #[arg(long, env = "NODEWARD_MARK_FOR_OTHER_ACTORS", default_value = "medik8s,cluster-autoscaler,karpenter", value_parser = parse_marks)]
+    mark_for_other_actors: Marks,
     /// Serve the admission webhook (HTTPS: each agent's evictions to its own node's pods, its
     /// reboot requests to a few at once) on this address, e.g. 0.0.0.0:9443.
     #[arg(long, env = "NODEWARD_WEBHOOK_LISTEN")]
@@ -201,6 +209,30 @@ fn validate(run: &Run) -> Result<(), String> {
     Ok(())
 }
 
+/// `--mark-for-other-actors`: the marks, in the order given.
+#[derive(Clone, Debug)]
+struct Marks(Vec<Mark>);
+
+fn parse_marks(list: &str) -> Result<Marks, String> {
+    if list.trim() == "none" {
+        return Ok(Marks(Vec::new()));
+    }
+    let mut marks = Vec::new();
+    for name in list.split(',').map(str::trim) {
+        let mark = Mark::from_name(name).ok_or_else(|| {
+            let known: Vec<&str> = Mark::ALL.iter().map(|m| m.name()).collect();
+            format!(
+                "unknown actor {name:?}: name some of {} (comma-separated), or none",
+                known.join(", ")
+            )
+        })?;
+        if !marks.contains(&mark) {
+            marks.push(mark);
+        }
+    }
+    Ok(Marks(marks))
+}
+
 fn default_identity() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
@@ -267,7 +299,11 @@ async fn run_coordinator(run: Run) -> Result<(), Error> {
     );
     let finished_ttl =
         (!run.finished_maintenance_ttl.is_zero()).then_some(run.finished_maintenance_ttl);
-    let controller = Controller::new(client, identity.clone(), metrics, changed, finished_ttl);
+    let settings = controller::Settings {
+        finished_ttl,
+        marks: run.mark_for_other_actors.0.clone(),
+    };
+    let controller = Controller::new(client, identity.clone(), metrics, changed, settings);
     writers.spawn(controller.run(stores, leader, run.resync, readiness, stop));
     tracing::info!(%identity, "nodeward-coordinator running");
 

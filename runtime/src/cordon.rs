@@ -141,16 +141,17 @@ pub async fn set_pending(
 }
 
 /// Sets (`Some`) or removes (`None`) `labels` and `annotations` of `name`, only on the Node with
-/// `uid`; returns whether it changed.
+/// `uid`, and makes the change `also` makes on the Node as read; returns whether it changed.
 pub async fn relabel(
     client: &Client,
     name: &str,
     uid: &str,
     labels: &BTreeMap<String, Option<String>>,
     annotations: &BTreeMap<String, Option<String>>,
+    mut also: impl FnMut(&mut Node) -> bool,
 ) -> Result<bool, ApiError> {
     update_same_node(client, name, uid, "labelling", |node| {
-        let mut changed = false;
+        let mut changed = also(node);
         for (map, edits) in [
             (&mut node.metadata.labels, labels),
             (&mut node.metadata.annotations, annotations),

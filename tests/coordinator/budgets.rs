@@ -248,3 +248,95 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
     env.wait_event(&cp, "", "QuorumProtected").await?;
     env.cleanup().await
 }
+
+#[tokio::test]
+async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_waits()
+-> anyhow::Result<()> {
+    let env = scenario("others", &vec![NodeSpec::worker("a"); 3]).await?;
+    let (a, b, c) = (env.node_name(0), env.node_name(1), env.node_name(2));
+    let policy = env
+        .create_policy("pool", json!({"maxConcurrent": 1}))
+        .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let taint = |key: &str| json!({"spec": {"taints": [{"key": key, "effect": "NoSchedule"}]}});
+
+    // The cluster autoscaler is removing a: the one slot is taken, and said by whom.
+    env.merge_node(&a, taint("ToBeDeletedByClusterAutoscaler"))
+        .await?;
+    let waiting = create_maintenance(&env, &b).await?;
+    let denied = wait_denied(&env, &waiting, "BudgetExhausted").await?;
+    assert!(
+        denied.contains(&format!(
+            "{a} (cluster-autoscaler (taint ToBeDeletedByClusterAutoscaler))"
+        )),
+        "{denied}"
+    );
+    let listed = wait::until(
+        &policies,
+        &policy,
+        "the policy naming the autoscaler",
+        TIMEOUT,
+        |p| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.disrupted_by_others == 1)
+        },
+    )
+    .await?
+    .context("policy")?
+    .status
+    .unwrap_or_default();
+    assert_eq!(listed.other_disruptions.len(), 1);
+    assert_eq!(listed.other_disruptions[0].node_name, a);
+    assert!(
+        listed.other_disruptions[0]
+            .by
+            .starts_with("cluster-autoscaler")
+    );
+
+    // Then Karpenter, then an admin's cordon: each holds it in turn, as the policy says (a
+    // waiting maintenance's message follows such changes only every 30 s).
+    for (patch, by) in [
+        (
+            taint("karpenter.sh/disrupted"),
+            "karpenter (taint karpenter.sh/disrupted)",
+        ),
+        (
+            json!({"spec": {"taints": null, "unschedulable": true}}),
+            "cordoned by someone else",
+        ),
+    ] {
+        env.merge_node(&a, patch).await?;
+        wait::until(
+            &policies,
+            &policy,
+            &format!("the policy naming {by}"),
+            TIMEOUT,
+            |p| {
+                p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+                    s.other_disruptions
+                        .iter()
+                        .any(|o| o.node_name == a && o.by == by)
+                })
+            },
+        )
+        .await?;
+        let still = maintenances.get(&waiting).await?;
+        assert_eq!(still.phase(), MaintenancePhase::Pending, "{by}");
+    }
+
+    // Back in service: the next one goes.
+    env.merge_node(&a, json!({"spec": {"unschedulable": null}}))
+        .await?;
+    wait_admitted(&env, &waiting, TIMEOUT).await?;
+    finish(&env, &waiting).await?;
+    // A node an admin cordoned before asking for its own maintenance takes no other's slot.
+    env.merge_node(&c, json!({"spec": {"unschedulable": true}}))
+        .await?;
+    let own = create_maintenance(&env, &c).await?;
+    wait_admitted(&env, &own, TIMEOUT).await?;
+    finish(&env, &own).await?;
+    env.cleanup_after(coordinator).await
+}

@@ -1,5 +1,6 @@
-//! What a node carries while it waits and around its maintenance: the pending taint and the
-//! policy's node labels.
+//! What a node carries while it waits and around its maintenance: the pending taint, the
+//! policy's node labels and the marks other actors honour; a Node write the cluster refuses
+//! is told on the Node.
 
 use super::*;
 
@@ -143,5 +144,153 @@ async fn node_labels_go_on_before_the_drain_change_after_success_and_come_back_o
         Some("ready"),
         "as it was before the second maintenance"
     );
+    env.cleanup_after(coordinator).await
+}
+
+#[tokio::test]
+async fn a_node_under_maintenance_carries_the_other_actors_marks_and_keeps_an_admins_own()
+-> anyhow::Result<()> {
+    let env = scenario("marks", &[NodeSpec::worker("a")]).await?;
+    let node = env.node_name(0);
+    let (medik8s, autoscaler, karpenter, record) = (
+        "remediation.medik8s.io/exclude-from-remediation",
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled",
+        "karpenter.sh/do-not-disrupt",
+        "nodeward.io/marks",
+    );
+    // The admin keeps Karpenter off this node anyway.
+    env.merge_node(
+        &node,
+        json!({"metadata": {"annotations": {karpenter: "true"}}}),
+    )
+    .await?;
+    // A label in a domain that merely ends in "k8s.io" is not a Kubernetes one: the CRD and
+    // the chart's admission policy let nodeLabels set it.
+    let team = "storage.medik8s.io/draining";
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "nodeLabels": {"beforeDrain": [{"key": team, "value": "yes"}]}}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let nodes = env.nodes();
+
+    let m = create_maintenance(&env, &node).await?;
+    wait_admitted(&env, &m, TIMEOUT).await?;
+    let marked = wait::until(&nodes, &node, "the marks on", TIMEOUT, |n| {
+        n.is_some_and(|n| n.annotations().contains_key(record))
+    })
+    .await?
+    .context("node")?;
+    let (labels, annotations) = (marked.labels(), marked.annotations());
+    assert_eq!(labels.get(medik8s).map(String::as_str), Some("true"));
+    assert_eq!(labels.get(team).map(String::as_str), Some("yes"));
+    assert_eq!(
+        annotations.get(autoscaler).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(annotations.get(karpenter).map(String::as_str), Some("true"));
+    assert_eq!(
+        annotations.get(record).map(String::as_str),
+        Some(format!("{medik8s},{autoscaler}").as_str()),
+        "the admin's own mark is not nodeward's"
+    );
+
+    finish(&env, &m).await?;
+    let after = wait::until(&nodes, &node, "the marks off", TIMEOUT, |n| {
+        n.is_some_and(|n| !n.annotations().contains_key(record))
+    })
+    .await?
+    .context("node")?;
+    assert!(
+        !after.labels().contains_key(medik8s),
+        "{:?}",
+        after.labels()
+    );
+    assert!(!after.annotations().contains_key(autoscaler));
+    assert_eq!(
+        after.annotations().get(karpenter).map(String::as_str),
+        Some("true"),
+        "the admin's mark stays"
+    );
+    env.cleanup_after(coordinator).await
+}
+
+#[tokio::test]
+async fn a_node_write_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let env = scenario("refused", &[NodeSpec::worker("a")]).await?;
+    let node = env.node_name(0);
+    // The cluster's own rule, beside the chart's: no Node of this test gets this label
+    // (labelled as the test's release, so that its cleanup deletes it).
+    let name = format!("{}-no-refused-label", env.id);
+    let metadata = json!({"name": name, "labels": {"app.kubernetes.io/instance": env.id}});
+    let prefix = format!("{}-", env.id);
+    nodeward_e2e::env::apply(
+        &Api::<ValidatingAdmissionPolicy>::all(env.client.clone()),
+        "ValidatingAdmissionPolicy",
+        &name,
+        &json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": metadata,
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                    "operations": ["UPDATE"], "resources": ["nodes"]}]},
+                "matchConditions": [{"name": "this-test", "expression": format!("request.name.startsWith('{prefix}')")}],
+                "validations": [{"expression": "!('example.com/refused' in object.metadata.?labels.orValue({}))",
+                    "message": "this cluster does not allow example.com/refused on nodes"}],
+            },
+        }),
+    )
+    .await?;
+    nodeward_e2e::env::apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone()),
+        "ValidatingAdmissionPolicyBinding",
+        &name,
+        &json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": metadata,
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }),
+    )
+    .await?;
+    // In force once it refuses the admin too (the API server loads policies a moment later).
+    let nodes = env.nodes();
+    let try_label = Patch::Merge(json!({"metadata": {"labels": {"example.com/refused": "yes"}}}));
+    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
+        let dry = PatchParams {
+            dry_run: true,
+            ..PatchParams::default()
+        };
+        Ok(nodes
+            .patch(&node, &dry, &try_label)
+            .await
+            .is_err()
+            .then_some(()))
+    })
+    .await?;
+
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 1, "nodeLabels": {"beforeDrain": [{"key": "example.com/refused", "value": "yes"}]}}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let m = create_maintenance(&env, &node).await?;
+    wait_admitted(&env, &m, TIMEOUT).await?;
+    let event = env
+        .wait_event(&node, "regarding.kind=Node", "NodeWriteRefused")
+        .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("this cluster does not allow example.com/refused on nodes"),
+        "the cluster's words in the Event: {note}"
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
     env.cleanup_after(coordinator).await
 }

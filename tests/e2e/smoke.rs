@@ -116,12 +116,17 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
         (
             json!({"nodeLabels": {"beforeDrain": [{"key": "node-role.kubernetes.io/control-plane", "value": ""}]}}),
             "spec.nodeLabels.beforeDrain[0]",
-            "a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set",
+            "a label in the kubernetes.io, k8s.io or nodeward.io domains (or a subdomain) may not be set",
+        ),
+        (
+            json!({"nodeLabels": {"beforeDrain": [{"key": "kubelet.k8s.io/x", "value": ""}]}}),
+            "spec.nodeLabels.beforeDrain[0]",
+            "a label in the kubernetes.io, k8s.io or nodeward.io domains (or a subdomain) may not be set",
         ),
         (
             json!({"nodeLabels": {"afterSuccess": [{"key": "nodeward.io/agent", "value": "true"}]}}),
             "spec.nodeLabels.afterSuccess[0]",
-            "a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set",
+            "a label in the kubernetes.io, k8s.io or nodeward.io domains (or a subdomain) may not be set",
         ),
         (
             json!({"nodeLabels": {"beforeDrain": [{"key": "lb", "value": "not a valid value"}]}}),

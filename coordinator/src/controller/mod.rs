@@ -68,8 +68,16 @@ pub struct Controller {
     arrived: HashMap<String, Instant>,
     /// When the loop waited on the API server, to tell admissions' own share.
     api_waits: api_waits::ApiWaits,
+    settings: Settings,
+}
+
+/// What the coordinator's flags give every round.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
     /// `--finished-maintenance-ttl` (`None`: finished maintenances are kept).
-    finished_ttl: Option<std::time::Duration>,
+    pub finished_ttl: Option<std::time::Duration>,
+    /// `--mark-for-other-actors`.
+    pub marks: Vec<nodeward_decide::round::marks::Mark>,
 }
 
 impl Controller {
@@ -78,7 +86,7 @@ impl Controller {
         identity: String,
         metrics: Arc<Metrics>,
         changed: Arc<Changes>,
-        finished_ttl: Option<std::time::Duration>,
+        settings: Settings,
     ) -> Self {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
@@ -100,7 +108,7 @@ impl Controller {
             standing: None,
             arrived: HashMap::new(),
             api_waits: api_waits::ApiWaits::default(),
-            finished_ttl,
+            settings,
         }
     }
 
@@ -174,7 +182,8 @@ impl Controller {
         self.settle_writes().await;
         self.api_waits.since(settling);
         let mut objects = stores.objects();
-        objects.finished_ttl = self.finished_ttl;
+        objects.finished_ttl = self.settings.finished_ttl;
+        objects.marks.clone_from(&self.settings.marks);
         self.fresh_policies.apply(&mut objects.policies, true);
         self.writer
             .fresh_maintenances()

@@ -9,7 +9,7 @@ use nodeward_runtime::cordon;
 
 use super::Controller;
 use crate::metrics::Applied;
-use nodeward_decide::round;
+use nodeward_decide::round::{self, marks};
 
 impl Controller {
     /// Puts the out-of-service taint on a dead node, or takes nodeward's from one Ready again.
@@ -37,7 +37,7 @@ impl Controller {
                 self.writer.event(&object, type_, reason, message.clone());
             }
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "out-of-service taint not changed"),
+            Err(e) => self.refused(node, uid, "its out-of-service taint", &e),
         }
         applied
     }
@@ -47,12 +47,24 @@ impl Controller {
     pub(super) async fn node_edit(&mut self, edit: &round::NodeEdit) -> Applied {
         let (node, labels) = (&edit.node, &edit.labels);
         let client = &self.writer.client;
-        let changed = cordon::relabel(client, node, &edit.uid, labels, &edit.annotations).await;
+        let changed = cordon::relabel(client, node, &edit.uid, labels, &edit.annotations, |n| {
+            edit.marks
+                .as_ref()
+                .is_some_and(|change| marks::apply(&mut n.metadata, change))
+        })
+        .await;
         let applied = changed_node(&changed);
         match changed {
-            Ok(true) => tracing::info!(%node, ?labels, "node labels around a maintenance"),
+            Ok(true) => {
+                tracing::info!(%node, ?labels, marks = ?edit.marks, "node labels and marks around a maintenance")
+            }
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "node labels not changed"),
+            Err(e) => self.refused(
+                node,
+                &edit.uid,
+                "its labels and marks around a maintenance",
+                &e,
+            ),
         }
         applied
     }
@@ -65,11 +77,35 @@ impl Controller {
         match changed {
             Ok(true) => tracing::info!(%node, on, "pending taint"),
             Ok(false) => {}
-            Err(e) => tracing::warn!(error = %e, "pending taint not changed"),
+            Err(e) => self.refused(node, uid, "its pending taint", &e),
         }
         applied
     }
 }
+
+impl Controller {
+    /// A Node write that failed: logged, and when the cluster refused it (its RBAC, an
+    /// admission policy or webhook, validation) also a Warning Event on the Node, so that who
+    /// looks at the node sees it; a refusal does not go away by retrying. Repeats count in
+    /// the Event's series.
+    fn refused(&self, node: &str, uid: &str, what: &str, e: &nodeward_runtime::ApiError) {
+        tracing::warn!(%node, error = %e, "{what} not changed");
+        if matches!(e.code(), Some(400 | 403 | 422)) {
+            let mut object = Node::default();
+            object.metadata.name = Some(node.to_owned());
+            object.metadata.uid = Some(uid.to_owned());
+            self.writer.event(
+                &object,
+                EventType::Warning,
+                NODE_WRITE_REFUSED,
+                format!("the API server refused nodeward-coordinator's change of {what}: {e}"),
+            );
+        }
+    }
+}
+
+/// The reason of the Event about a Node write the cluster refused.
+pub const NODE_WRITE_REFUSED: &str = "NodeWriteRefused";
 
 /// What became of a Node change that reports whether it changed anything.
 fn changed_node(changed: &Result<bool, nodeward_runtime::ApiError>) -> Applied {

@@ -297,6 +297,7 @@ impl Stores {
             scans: BTreeMap::new(),
             surged: BTreeMap::new(),
             finished_ttl: None,
+            marks: Vec::new(),
         }
     }
 }
@@ -471,10 +472,19 @@ mod relevance {
         h.finish()
     }
 
-    /// Labels, deletion, and each condition's status and transition (not its heartbeat).
+    /// Labels, nodeward's annotations (the cache keeps no others), the cordon and taints (what
+    /// tells another actor's disruption), deletion, and each condition's status and transition
+    /// (not its heartbeat).
     pub fn node(node: &Node) -> u64 {
         let mut h = DefaultHasher::new();
         node.metadata.labels.hash(&mut h);
+        node.metadata.annotations.hash(&mut h);
+        if let Some(spec) = node.spec.as_ref() {
+            spec.unschedulable.hash(&mut h);
+            for t in spec.taints.iter().flatten() {
+                (&t.key, &t.effect).hash(&mut h);
+            }
+        }
         node.metadata.deletion_timestamp.is_some().hash(&mut h);
         for c in node
             .status

@@ -65,6 +65,10 @@ pub struct Cluster {
     pub policies: Vec<PolicyState>,
     /// Nodes with an admitted, unfinished maintenance.
     pub disrupted: BTreeSet<String>,
+    /// Nodes another actor is disrupting (cordoned by someone else, being removed by the
+    /// cluster autoscaler or Karpenter, fenced by medik8s), with who: they count against the
+    /// budgets as nodeward's own do.
+    pub others: BTreeMap<String, String>,
 }
 
 impl Cluster {
@@ -79,9 +83,10 @@ impl Cluster {
             .collect()
     }
 
-    /// The nodes of `policy` that count against its budget: disrupted, or NotReady (of
-    /// `not_ready`, [`Self::not_ready`]) except `except`, the node being decided, whose own
-    /// NotReady is what its maintenance fixes.
+    /// The nodes of `policy` that count against its budget: disrupted by nodeward or another
+    /// actor, or NotReady (of `not_ready`, [`Self::not_ready`]), except `except`, the node being
+    /// decided: its own NotReady is what its maintenance fixes, and another actor's disruption of
+    /// it (an admin's cordon before asking for the reboot) takes no other node.
     pub fn in_use<'a>(
         &'a self,
         policy: &PolicyState,
@@ -89,11 +94,21 @@ impl Cluster {
         except: Option<&str>,
     ) -> BTreeSet<&'a String> {
         // Disrupted and NotReady nodes are few; a policy can match thousands.
+        let not_own = |n: &&String| Some(n.as_str()) != except;
         self.disrupted
             .iter()
-            .chain(not_ready.iter().filter(|n| Some(n.as_str()) != except))
+            .chain(not_ready.iter().filter(not_own))
+            .chain(self.others.keys().filter(not_own))
             .filter(|n| policy.matched.contains(*n))
             .collect()
+    }
+
+    /// `node` as a denial names it: with the other actor disrupting it, if one is.
+    pub fn named(&self, node: &str) -> String {
+        match self.others.get(node) {
+            Some(actor) if !self.disrupted.contains(node) => format!("{node} ({actor})"),
+            _ => node.to_owned(),
+        }
     }
 }
 

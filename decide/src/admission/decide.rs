@@ -86,6 +86,7 @@ mod tests {
             policies: vec![policy("all", nodes.keys().cloned().collect(), 2)],
             nodes,
             disrupted: BTreeSet::new(),
+            others: BTreeMap::new(),
         }
     }
 

@@ -330,9 +330,10 @@ fn budgets_allow(i: &Inputs) -> Verdict {
         let in_use = i.cluster.in_use(p, i.not_ready, Some(&i.pending.node));
         if in_use.len() >= p.max_concurrent {
             let count = in_use.len();
-            let mut names: Vec<&str> = in_use.iter().take(5).map(|n| n.as_str()).collect();
+            let mut names: Vec<String> =
+                in_use.iter().take(5).map(|n| i.cluster.named(n)).collect();
             if count > names.len() {
-                names.push("...");
+                names.push("...".to_owned());
             }
             return Err((
                 denial::BUDGET_EXHAUSTED,

@@ -286,6 +286,7 @@ mod tests {
                 uid: "u".into(),
                 labels: BTreeMap::new(),
                 annotations: BTreeMap::new(),
+                marks: None,
             }],
             delete_nodes: vec![NodeDeletion {
                 maintenance: "m".into(),

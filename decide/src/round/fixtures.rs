@@ -114,6 +114,25 @@ impl NodeFixture {
         self
     }
 
+    /// Tainted `key` (NoSchedule), as another actor that disrupts it taints it.
+    pub fn tainted(mut self, key: &str) -> Self {
+        let taint =
+            serde_json::from_value(json!({"key": key, "effect": "NoSchedule"})).expect("taint");
+        self.0
+            .spec
+            .get_or_insert_default()
+            .taints
+            .get_or_insert_default()
+            .push(taint);
+        self
+    }
+
+    /// Cordoned without nodeward's record of it (an admin's cordon).
+    pub fn cordoned(mut self) -> Self {
+        self.0.spec.get_or_insert_default().unschedulable = Some(true);
+        self
+    }
+
     /// Created at `t(seconds)` and never Ready (no status yet).
     pub fn new_at(mut self, seconds: i64) -> Self {
         self.0.metadata.creation_timestamp = Some(Time(t(seconds)));

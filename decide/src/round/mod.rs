@@ -35,7 +35,9 @@ mod effects;
 pub mod expire;
 #[cfg(test)]
 mod fixtures;
+pub mod marks;
 mod node_labels;
+pub mod others;
 mod out_of_service;
 mod overdue;
 mod pending_taint;
@@ -79,6 +81,9 @@ pub struct Objects {
     /// Not an object but the coordinator's `--finished-maintenance-ttl`: finished maintenances
     /// older than this are deleted ([`expire`]); `None` keeps them.
     pub finished_ttl: Option<Duration>,
+    /// Not an object but the coordinator's `--mark-for-other-actors`: the marks a node carries
+    /// while its maintenance is under way ([`marks`]).
+    pub marks: Vec<marks::Mark>,
 }
 
 /// What the coordinator carries from one round to the next.
@@ -175,13 +180,15 @@ pub struct PolicyMark {
     pub slots: BTreeSet<String>,
 }
 
-/// Labels and annotations to set (`Some`) or remove (`None`) on the Node `node` with `uid`.
-#[derive(Clone, Debug, PartialEq)]
+/// Labels and annotations to set (`Some`) or remove (`None`) on the Node `node` with `uid`, and
+/// the other actors' marks to put on or take off ([`marks::apply`], against the Node written).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeEdit {
     pub node: String,
     pub uid: String,
     pub labels: std::collections::BTreeMap<String, Option<String>>,
     pub annotations: std::collections::BTreeMap<String, Option<String>>,
+    pub marks: Option<marks::MarksChange>,
 }
 
 /// The pending taint on a node (`on`) or off it.
@@ -343,6 +350,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     out_of_service::decide(&index, &cluster, &mut plan);
     pending_taint::decide(&index, &mut plan);
     node_labels::decide(&index, &mut plan);
+    marks::decide(&index, &objects.marks, &mut plan);
     workload_gate::judge(objects, &objects.availability, now, &mut plan);
     plan.surges = surge_work(objects);
     expire::decide(&index, objects.finished_ttl, now, &mut plan);

@@ -62,6 +62,7 @@ pub(super) fn decide(index: &Index, plan: &mut Plan) {
                 uid: node.uid().unwrap_or_default(),
                 labels,
                 annotations,
+                marks: None,
             });
         }
     }

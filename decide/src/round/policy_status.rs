@@ -6,8 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use nodeward_api::{
-    DisruptionPolicyStatus, MaintenancePhase, conditions::policy as policy_conditions,
-    policy::BudgetSlot,
+    DisruptionPolicyStatus, MaintenancePhase,
+    conditions::policy as policy_conditions,
+    policy::{BudgetSlot, OTHER_DISRUPTIONS_LIMIT, OtherDisruption},
 };
 
 use super::{
@@ -92,6 +93,23 @@ pub(super) fn write(
                     .filter(|n| p.matched.contains(*n))
                     .count(),
             ),
+            disrupted_by_others: count(
+                cluster
+                    .others
+                    .keys()
+                    .filter(|n| p.matched.contains(*n))
+                    .count(),
+            ),
+            other_disruptions: cluster
+                .others
+                .iter()
+                .filter(|(n, _)| p.matched.contains(*n))
+                .take(OTHER_DISRUPTIONS_LIMIT)
+                .map(|(node, by)| OtherDisruption {
+                    node_name: node.clone(),
+                    by: by.clone(),
+                })
+                .collect(),
             conditions: old.conditions.clone(),
             rollout_risks: surge::risks(
                 pending.iter().copied().filter(|n| p.matched.contains(*n)),

@@ -390,6 +390,13 @@ pub(super) fn cluster(
             })
             .collect(),
         disrupted: disrupted_by.keys().cloned().collect(),
+        others: index
+            .nodes
+            .iter()
+            .filter_map(|(name, node)| {
+                super::others::disrupted_by_other(node).map(|by| ((*name).to_owned(), by))
+            })
+            .collect(),
     };
     for (node, policies) in awaiting {
         cluster.disrupted.insert(node.to_owned());

@@ -178,23 +178,6 @@ async fn a_host_mode_certificate_keeps_its_agent_to_the_node_its_name_carries() 
     remove_chart(env, &documents).await
 }
 
-/// Reads Node `name` through `api`, applies `change` and writes it back (retried while the
-/// node changes underneath, as kwok's status updates make it).
-async fn update_node(
-    api: &Api<Node>,
-    name: &str,
-    change: impl Fn(&mut Node),
-) -> Result<Node, kube::Error> {
-    loop {
-        let mut node = api.get(name).await?;
-        change(&mut node);
-        match api.replace(name, &PostParams::default(), &node).await {
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            other => return other,
-        }
-    }
-}
-
 #[tokio::test]
 async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_node()
 -> anyhow::Result<()> {
@@ -265,6 +248,7 @@ async fn the_coordinator_changes_only_what_a_lost_agents_maintenance_left_on_a_n
         .collect();
     assert_eq!(keys, ["dedicated"], "the admin's taint stays");
     out_of_service_only_with_its_record(&env, &coordinator, &node_a).await?;
+    super::marks::only_with_its_record(&env, &coordinator, &node_a).await?;
     // An admin's cordon (no record) is not the coordinator's to lift.
     env.merge_node(&node_a, json!({"spec": {"unschedulable": true}}))
         .await?;
@@ -755,12 +739,9 @@ fn attacks_on_nodes() -> [Attack; 10] {
                 n.metadata
                     .annotations
                     .get_or_insert_with(Default::default)
-                    .insert(
-                        "cluster-autoscaler.kubernetes.io/scale-down-disabled".into(),
-                        "true".into(),
-                    );
+                    .insert("example.com/owner".into(), "nodeward".into());
             },
-            "may only remove the nodeward.io/cordoned-by annotation and write its own records",
+            "may only remove the nodeward.io/cordoned-by annotation, write its own records",
         ),
         (
             "a pending taint that evicts",

@@ -7,6 +7,7 @@
 mod clock;
 mod host_commands;
 mod identity;
+mod marks;
 mod metadata;
 mod render;
 mod upgrades;
@@ -85,6 +86,23 @@ async fn token_bound(env: &TestEnv, account: &str, bound: Option<Value>) -> anyh
 }
 
 /// The API server's refusal message, or why the call was not refused.
+/// Reads Node `name` through `api`, applies `change` and writes it back (retried while the
+/// node changes underneath, as kwok's status updates make it).
+async fn update_node(
+    api: &Api<Node>,
+    name: &str,
+    change: impl Fn(&mut Node),
+) -> Result<Node, kube::Error> {
+    loop {
+        let mut node = api.get(name).await?;
+        change(&mut node);
+        match api.replace(name, &PostParams::default(), &node).await {
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            other => return other,
+        }
+    }
+}
+
 fn refusal<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(status)) => format!("{} {}", status.code, status.message),

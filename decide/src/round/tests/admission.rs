@@ -35,6 +35,33 @@ fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
 }
 
 #[test]
+fn nodes_other_actors_disrupt_use_the_budget_but_not_their_own_maintenances() {
+    let mut objects = cluster(4);
+    // Karpenter is taking n0 away and an admin cordoned n1: the policy's two slots are used.
+    objects.nodes[0] = node("n0").tainted("karpenter.sh/disrupted").build();
+    objects.nodes[1] = node("n1").cordoned().build();
+    objects.maintenances = vec![maintenance("m2", "n2").build()];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert!(round.admit.is_empty(), "{:?}", round.admit);
+    let message = &round.deny[0].message;
+    assert!(
+        message.contains("n0 (karpenter (taint karpenter.sh/disrupted))")
+            && message.contains("n1 (cordoned by someone else)"),
+        "{message}"
+    );
+    let status = &round.policy_status["pool"];
+    assert_eq!(status.disrupted_by_others, 2);
+    assert_eq!(status.other_disruptions[1].by, "cordoned by someone else");
+    assert_eq!(round.budget_use["pool"], (2, 2));
+
+    // The cordoned node's own maintenance takes no other's slot: one is free for it.
+    objects.nodes[0] = node("n0").build();
+    objects.maintenances = vec![maintenance("m1", "n1").build()];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(names(&round.admit, |a| &a.maintenance), ["m1"]);
+}
+
+#[test]
 fn new_maintenances_are_decided_against_the_standing_as_a_full_round_would() {
     let mut objects = cluster(5);
     objects.maintenances = vec![maintenance("m0", "n0").build()];

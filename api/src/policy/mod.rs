@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::{
-    apis::meta::v1::{Condition, LabelSelector, Time},
+    apis::meta::v1::{LabelSelector, Time},
     util::intstr::IntOrString,
 };
 use kube::{CustomResource, KubeSchema};
@@ -11,6 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{Duration, drain::DrainPlan};
+
+mod status;
+pub use status::*;
 
 /// CEL for "an integer >= 0 or a percentage from 0% to 100%".
 const COUNT_OR_PERCENT_RULE: &str =
@@ -165,10 +168,11 @@ impl NodeLabels {
     }
 }
 
-/// One node label: not in the Kubernetes or nodeward domains (they carry meaning or
-/// privileges), except the load-balancer exclusion.
+/// One node label: not in the Kubernetes or nodeward domains or their subdomains (they carry
+/// meaning or privileges), except the load-balancer exclusion. A domain that only ends in those
+/// letters (`remediation.medik8s.io`) is another one.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
-#[x_kube(validation = Rule::new("self.key == 'node.kubernetes.io/exclude-from-external-load-balancers' || !(self.key.contains('kubernetes.io/') || self.key.contains('k8s.io/') || self.key.startsWith('nodeward.io/'))").message("nodeLabels: a label in the kubernetes.io, k8s.io or nodeward.io domains may not be set (node.kubernetes.io/exclude-from-external-load-balancers may)"))]
+#[x_kube(validation = Rule::new("self.key == 'node.kubernetes.io/exclude-from-external-load-balancers' || !self.key.matches('^([^/]*[.])?(kubernetes|k8s|nodeward)[.]io/')").message("nodeLabels: a label in the kubernetes.io, k8s.io or nodeward.io domains (or a subdomain) may not be set (node.kubernetes.io/exclude-from-external-load-balancers may)"))]
 pub struct NodeLabel {
     #[schemars(
         length(max = 316),
@@ -626,73 +630,6 @@ pub enum StartupAction {
     DeleteNode,
     /// Create a Remediation maintenance.
     Remediate,
-}
-
-/// Observed state of a DisruptionPolicy.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct DisruptionPolicyStatus {
-    /// Budget slots held by admitted, unfinished maintenances. Written only with a
-    /// resourceVersion precondition so that concurrent coordinators cannot overbook.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = SLOTS_LIMIT))]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["maintenance"]))]
-    pub slots: Vec<BudgetSlot>,
-    /// Nodes the selector matches.
-    #[serde(default)]
-    pub matched: i32,
-    #[serde(default)]
-    pub ready: i32,
-    #[serde(default)]
-    pub unhealthy: i32,
-    /// Matched nodes with an admitted, unfinished maintenance.
-    #[serde(default)]
-    pub in_maintenance: i32,
-    /// Single-replica Deployments that the drains of this policy's pending maintenances
-    /// would take out of service (no surge asked for), the first [`ROLLOUT_RISKS_LIMIT`].
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = ROLLOUT_RISKS_LIMIT))]
-    pub rollout_risks: Vec<RolloutRisk>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "crate::bounds::conditions")]
-    pub conditions: Vec<Condition>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
-}
-
-/// The most rollout risks a policy status lists.
-pub const ROLLOUT_RISKS_LIMIT: usize = 32;
-
-/// A Deployment whose only replica runs on a node waiting for maintenance.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(rename_all = "camelCase")]
-pub struct RolloutRisk {
-    #[schemars(length(max = 63))]
-    pub namespace: String,
-    #[schemars(length(max = 253))]
-    pub deployment: String,
-    /// The node whose drain would evict it.
-    #[schemars(length(max = 253))]
-    pub node_name: String,
-}
-
-/// The most slots a policy holds: its `maxConcurrent` at 100% of the largest cluster
-/// Kubernetes supports (5,000 nodes), twice over.
-pub const SLOTS_LIMIT: usize = 10_000;
-
-/// One admitted maintenance holding part of a policy's budget.
-#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct BudgetSlot {
-    /// Name of the NodeMaintenance.
-    #[schemars(length(max = 253))]
-    pub maintenance: String,
-    /// Its uid, so that a re-created object of the same name does not inherit the slot.
-    #[schemars(length(max = 64))]
-    pub uid: String,
-    #[schemars(length(max = 253))]
-    pub node_name: String,
-    pub admitted_at: Time,
 }
 
 #[cfg(test)]
