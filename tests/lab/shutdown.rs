@@ -88,27 +88,11 @@ async fn reboot_typed(lab: &Lab, vm: &Vm) -> anyhow::Result<(Instant, Duration)>
     Ok((typed, back))
 }
 
-/// Both scenarios at once, each on its own VM: a VM's reboot is minutes under emulation, and
-/// the two share nothing but the priority classes (made first).
 #[tokio::test]
-async fn reboots_typed_in_the_guest_drain_in_plan_order_with_or_without_the_kubelets_graceful_shutdown()
+async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_reboots()
 -> anyhow::Result<()> {
-    let lab = Lab::get().await?;
+    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     priority_classes(&lab).await?;
-    let (plain, with_kubelets) = tokio::join!(
-        drains_in_plan_order_and_really_reboots(&lab, Pick::At(0)),
-        with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands(
-            &lab,
-            Pick::At(1)
-        ),
-    );
-    plain.context("a reboot typed in the guest, the chart's defaults")?;
-    with_kubelets.context("a reboot typed in the guest, the kubelet's graceful shutdown on")
-}
-
-/// A reboot typed in the guest drains in plan order and the node really reboots.
-async fn drains_in_plan_order_and_really_reboots(lab: &Lab, pick: Pick) -> anyhow::Result<()> {
-    let (node, vm) = lab.node(pick)?;
     let namespace = lab.namespace("lab-shutdown").await?;
     support::clear_term_log(&vm).await?;
     // One pod per group: under software emulation the kubelet takes tens of seconds to stop a
@@ -138,7 +122,7 @@ async fn drains_in_plan_order_and_really_reboots(lab: &Lab, pick: Pick) -> anyho
     // test says why not.
     support::wait_delay_lock(&lab.client, &vm).await?;
     let departures = support::watch_departures(&lab.client, &namespace);
-    let (_, back) = reboot_typed(lab, &vm).await?;
+    let (_, back) = reboot_typed(&lab, &vm).await?;
 
     // The drain, as the API server saw it: low, then high once low had stopped; the blocked
     // pod held the high group until the stage's deadline and was never evicted (the default
@@ -259,11 +243,10 @@ async fn drains_in_plan_order_and_really_reboots(lab: &Lab, pick: Pick) -> anyho
 /// lock and both act on logind's announcement; logind's delay stays nodeward's (its drop-in
 /// sorts after the kubelet's `99-kubelet.conf`), nodeward drains through the API, and the test
 /// prints which of the two reached the pod first (its `DisruptionTarget` condition).
-async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands(
-    lab: &Lab,
-    pick: Pick,
-) -> anyhow::Result<()> {
-    let (node, vm) = lab.node(pick)?;
+#[tokio::test]
+async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands()
+-> anyhow::Result<()> {
+    let (lab, node, vm) = Lab::with_node(Pick::At(1)).await?;
     vm.run(support::KUBELET_SHUTDOWN_ON).await?;
     vm.wait_node_ready(&lab.client, REBOOT).await?;
     nodeward_e2e::wait::eventually("the kubelet's delay lock", REBOOT, || async {
@@ -280,6 +263,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
         "logind's delay with both drop-ins"
     );
 
+    priority_classes(&lab).await?;
     let namespace = lab.namespace("lab-kubelet-shutdown").await?;
     lab.apply(one_recorder(&namespace, "low", &node, "lab-low"))
         .await?;
@@ -287,7 +271,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
     let departures = support::watch_departures(&lab.client, &namespace);
     // (1 s back for the API server's second-precision creation times.)
     let since = jiff::Timestamp::now().checked_sub(jiff::SignedDuration::from_secs(1))?;
-    let (typed, _) = reboot_typed(lab, &vm).await?;
+    let (typed, _) = reboot_typed(&lab, &vm).await?;
 
     // nodeward drained (its Events), whatever the kubelet did meanwhile.
     let drained = support::node_events(&lab.client, &node)

@@ -215,20 +215,14 @@ impl Lab {
     /// The lab, and the node (with its VM) a test works on.
     pub async fn with_node(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
         let lab = Self::get().await?;
-        let (node, vm) = lab.node(pick)?;
-        Ok((lab, node, vm))
-    }
-
-    /// The node `pick` names, with its VM.
-    pub fn node(&self, pick: Pick) -> anyhow::Result<(String, Vm)> {
-        let nodes = &self.lab.nodes;
+        let nodes = &lab.lab.nodes;
         let node = match pick {
             Pick::At(index) => nodes.get(index),
             Pick::Last => nodes.last(),
         };
         let node = node.cloned().context("the lab has too few nodes")?;
-        let vm = self.vm(&node);
-        Ok((node, vm))
+        let vm = lab.vm(&node);
+        Ok((lab, node, vm))
     }
 
     pub fn vm(&self, name: &str) -> Vm {

@@ -66,6 +66,28 @@ async fn only_who_may_update_policies_may_put_a_host_command_in_a_maintenance() 
     )
     .await?;
 
+    // The chart's admission policy in force (the API server loads a new one within seconds): a
+    // probe with a program of its own is refused once it is; one let through before is deleted.
+    let tries = std::sync::atomic::AtomicU32::new(0);
+    wait::eventually(
+        "the host-commands admission policy in force",
+        Duration::from_secs(30),
+        || async {
+            let n = tries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = format!("{}-probe-{n}", env.id);
+            let probe = maintenance(&name, &node, json!({"update": {"command": ["/bin/true"]}}))?;
+            match as_operator.create(&PostParams::default(), &probe).await {
+                Ok(_) => {
+                    as_admin.delete(&name, &Default::default()).await?;
+                    Ok(None)
+                }
+                Err(kube::Error::Api(s)) if s.code == 403 => Ok(Some(())),
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await?;
+
     let own_programs = [
         (
             "command",
