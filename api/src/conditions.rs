@@ -157,6 +157,9 @@ pub mod policy {
 pub mod denial {
     pub const BUDGET_EXHAUSTED: &str = "BudgetExhausted";
     pub const OUTSIDE_WINDOW: &str = "OutsideWindow";
+    /// Inside one of a policy's blackouts (`spec.blackouts`, a change freeze): nothing in its
+    /// scope is admitted until it ends, whatever the windows say.
+    pub const IN_BLACKOUT: &str = "InBlackout";
     pub const PAUSED: &str = "Paused";
     pub const QUORUM_PROTECTED: &str = "QuorumProtected";
     pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";

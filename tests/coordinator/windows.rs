@@ -1,6 +1,6 @@
 //! Maintenance windows through the real API server: a request outside its policy's window is
 //! denied `OutsideWindow` (the window read in its own time zone), and admitted once a window
-//! that is open now is configured.
+//! that is open now is configured; a blackout denies `InBlackout` until it is over.
 
 use super::*;
 
@@ -43,6 +43,53 @@ async fn a_request_outside_its_window_is_denied_and_admitted_once_a_window_opens
             &policy,
             &PatchParams::default(),
             &Patch::Merge(json!({"spec": {"windows": open}})),
+        )
+        .await?;
+    wait_admitted(&env, &name, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
+}
+
+#[tokio::test]
+async fn a_blackout_denies_whatever_the_windows_say_and_admits_once_it_is_over()
+-> anyhow::Result<()> {
+    let env = scenario("blackout", &[NodeSpec::worker("a")]).await?;
+    let now = jiff::Timestamp::now();
+    let from_now = |minutes: i64| -> anyhow::Result<String> {
+        Ok(now
+            .checked_add(jiff::SignedDuration::from_mins(minutes))?
+            .to_string())
+    };
+    // A window open all day, and a freeze from an hour ago until tomorrow.
+    let policy = env
+        .create_policy(
+            "freeze",
+            json!({"maxConcurrent": 1, "windows": [{"start": "00:00", "end": "23:59"}],
+                "blackouts": [{"start": from_now(-60)?, "end": from_now(24 * 60)?, "reason": "year-end freeze"}]}),
+        )
+        .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    let name = create_maintenance(&env, &env.node_name(0)).await?;
+    let message = wait_denied(&env, &name, "InBlackout")
+        .await
+        .with_context(|| coordinator.output())?;
+    assert!(
+        message.contains(&format!(
+            "policy {policy} is in a blackout (year-end freeze) until "
+        )),
+        "{message}"
+    );
+
+    // The freeze ended a minute ago: admitted.
+    let over = json!([{"start": from_now(-60)?, "end": from_now(-1)?}]);
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    policies
+        .patch(
+            &policy,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"blackouts": over}})),
         )
         .await?;
     wait_admitted(&env, &name, TIMEOUT)

@@ -112,6 +112,11 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "spec.drainPlan.stages[0].priority",
             "priority.min must not be greater than priority.max",
         ),
+        (
+            json!({"blackouts": [{"start": "2027-01-02T00:00:00Z", "end": "2027-01-01T00:00:00Z"}]}),
+            "spec.blackouts[0]",
+            "a blackout's end must be after its start",
+        ),
         // A label that would give the node a role, or take it out of nodeward's own hands.
         (
             json!({"nodeLabels": {"beforeDrain": [{"key": "node-role.kubernetes.io/control-plane", "value": ""}]}}),
@@ -161,6 +166,7 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
                 {"days": ["Sat", "Sun"], "start": "22:00", "end": "06:00", "timeZone": "Europe/Berlin"},
                 {"cron": "0 2 * * *", "duration": "2h"},
             ],
+            "blackouts": [{"start": "2026-12-20T00:00:00+01:00", "end": "2027-01-04T00:00:00+01:00", "reason": "year-end freeze"}],
             "nodeLabels": {
                 "beforeDrain": [
                     {"key": "node.kubernetes.io/exclude-from-external-load-balancers", "value": "true"},
@@ -173,6 +179,7 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
     );
     let created = policies.create(&PostParams::default(), &good).await?;
     assert_eq!(created.spec.windows.len(), 2);
+    assert_eq!(created.spec.blackouts.len(), 1);
     assert!(!created.spec.paused, "paused defaults to false");
     policies
         .delete(&created.name_any(), &DeleteParams::default())

@@ -67,6 +67,11 @@ pub struct DisruptionPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub windows: Vec<MaintenanceWindow>,
+    /// When nothing in scope may start, whatever the windows say: change freezes (a release,
+    /// the end of the year). A maintenance already admitted goes on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub blackouts: Vec<Blackout>,
     /// Stops new admissions in this policy's scope. Status condition `Paused=True` says when
     /// everything in scope has stopped.
     #[serde(default)]
@@ -456,6 +461,21 @@ pub struct MaintenanceWindow {
     // cel-go resolves the name with the API server's tz database; an unknown name fails here.
     #[x_kube(validation = Rule::new("timestamp('2000-01-01T00:00:00Z').getHours(self) >= 0").message("timeZone must be an IANA time zone name such as UTC or Europe/Berlin"))]
     pub time_zone: Option<String>,
+}
+
+/// A span of time in which nothing in a policy's scope is admitted.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.start < self.end").message("a blackout's end must be after its start"))]
+pub struct Blackout {
+    /// Its first moment, RFC 3339 with a zone, e.g. `2026-12-20T00:00:00+01:00`.
+    pub start: Time,
+    /// The moment it is over.
+    pub end: Time,
+    /// Why, in the denials it gives, e.g. `year-end change freeze`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub reason: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]

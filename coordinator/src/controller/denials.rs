@@ -257,7 +257,12 @@ mod tests {
         ] {
             assert!(message_follows_progress(reason), "{reason}");
         }
-        for reason in [denial::BLOCKED, denial::PAUSED, denial::OUTSIDE_WINDOW] {
+        for reason in [
+            denial::BLOCKED,
+            denial::PAUSED,
+            denial::OUTSIDE_WINDOW,
+            denial::IN_BLACKOUT,
+        ] {
             assert!(!message_follows_progress(reason), "{reason}");
         }
     }

@@ -46,6 +46,8 @@ pub struct PolicyState {
     pub window_open: bool,
     /// When its next window opens, while none is open.
     pub next_window: Option<jiff::Timestamp>,
+    /// Why it admits nothing now, while one of its blackouts holds ([`super::window::in_blackout`]).
+    pub blackout: Option<String>,
     pub allow_sole_control_plane: bool,
     /// `workloadGate.checkDisruptionBudgets`.
     pub checks_workloads: bool,

@@ -99,6 +99,7 @@ mod tests {
             paused: false,
             window_open: true,
             next_window: None,
+            blackout: None,
             allow_sole_control_plane: false,
             checks_workloads: true,
             invalid: None,
@@ -310,7 +311,7 @@ mod tests {
     #[test]
     fn each_rule_denies_under_its_name_with_its_reasons() {
         type Breaks = fn(&mut Cluster, &mut Pending);
-        let cases: [(&str, Breaks); 12] = [
+        let cases: [(&str, Breaks); 13] = [
             ("node", |c, _| {
                 c.disrupted.insert("cp0".into());
             }),
@@ -322,6 +323,9 @@ mod tests {
                 c.policies[0].halted = Some("2 of maxFailures 2 failed within 24h".into());
             }),
             ("window", |c, _| c.policies[0].window_open = false),
+            ("blackout", |c, _| {
+                c.policies[0].blackout = Some("in a blackout until 2027-01-04T00:00:00Z".into());
+            }),
             ("blocker", |c, _| {
                 node(c, "cp0").blocker = Some("pod db/primary-0".into());
             }),

@@ -97,6 +97,12 @@ pub const RULES: &[Rule] = &[
         check: window_open,
     },
     Rule {
+        name: "blackout",
+        reasons: &[denial::IN_BLACKOUT],
+        input: "spec.blackouts of those policies, and the time",
+        check: not_in_blackout,
+    },
+    Rule {
         name: "blocker",
         reasons: &[denial::BLOCKED],
         input: "spec.rebootBlockers: pods on the node and firing Prometheus alerts, looked up before the round (not for Remediation)",
@@ -129,7 +135,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         name: "budget",
         reasons: &[denial::BUDGET_EXHAUSTED],
-        input: "spec.maxConcurrent against the admitted, unfinished maintenances and the NotReady nodes",
+        input: "spec.maxConcurrent against the admitted, unfinished maintenances, the NotReady nodes and the nodes other actors disrupt",
         check: budgets_allow,
     },
     Rule {
@@ -212,6 +218,18 @@ fn window_open(i: &Inputs) -> Verdict {
                     .unwrap_or_default()
             ),
         )),
+        None => Ok(()),
+    }
+}
+
+/// No policy is in one of its blackouts.
+fn not_in_blackout(i: &Inputs) -> Verdict {
+    match i
+        .policies
+        .iter()
+        .find_map(|p| Some((p, p.blackout.as_ref()?)))
+    {
+        Some((p, why)) => Err((denial::IN_BLACKOUT, format!("policy {} is {why}", p.name))),
         None => Ok(()),
     }
 }

@@ -11,7 +11,10 @@ use jiff::{
     civil::{Time, Weekday},
     tz::TimeZone,
 };
-use nodeward_api::{MaintenanceWindow, policy::Weekday as ApiWeekday};
+use nodeward_api::{
+    MaintenanceWindow,
+    policy::{Blackout, Weekday as ApiWeekday},
+};
 
 /// A window ready to evaluate.
 #[derive(Clone, Debug)]
@@ -143,6 +146,21 @@ pub fn next_opening(windows: &[Window], now: Timestamp) -> Option<Timestamp> {
 /// Whether disruptions may start now: no windows means any time, else any window open.
 pub fn any_open(windows: &[Window], now: Timestamp) -> bool {
     windows.is_empty() || windows.iter().any(|w| w.is_open(now))
+}
+
+/// Why nothing may start at `now`, if one of `blackouts` holds it (the one ending last, when
+/// several overlap): its reason and when it ends.
+pub fn in_blackout(blackouts: &[Blackout], now: Timestamp) -> Option<String> {
+    let holding = blackouts
+        .iter()
+        .filter(|b| b.start.0 <= now && now < b.end.0)
+        .max_by_key(|b| b.end.0)?;
+    let reason = holding
+        .reason
+        .as_deref()
+        .map(|r| format!(" ({r})"))
+        .unwrap_or_default();
+    Some(format!("in a blackout{reason} until {}", holding.end.0))
 }
 
 fn weekday(day: ApiWeekday) -> Weekday {
@@ -302,5 +320,38 @@ mod tests {
         assert!(e.to_string().starts_with("windows[2].cron: "), "{e}");
         let e = parse(serde_json::json!({"start": "22:00"}));
         assert_eq!(e.field, "end");
+    }
+
+    #[test]
+    fn a_blackout_holds_from_its_start_until_its_end_and_says_why() {
+        let at = |s: &str| s.parse::<Timestamp>().expect("timestamp");
+        let blackout = |start: &str, end: &str, reason: Option<&str>| Blackout {
+            start: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(start)),
+            end: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at(end)),
+            reason: reason.map(str::to_owned),
+        };
+        let freezes = [
+            blackout(
+                "2026-12-20T00:00:00+01:00",
+                "2027-01-04T00:00:00+01:00",
+                Some("year-end freeze"),
+            ),
+            blackout("2027-01-02T00:00:00Z", "2027-01-10T00:00:00Z", None),
+        ];
+        assert_eq!(in_blackout(&freezes, at("2026-12-19T22:59:59Z")), None);
+        assert_eq!(
+            in_blackout(&freezes, at("2026-12-19T23:00:00Z")).as_deref(),
+            Some("in a blackout (year-end freeze) until 2027-01-03T23:00:00Z")
+        );
+        // Overlapping: the one that holds longest is said.
+        assert_eq!(
+            in_blackout(&freezes, at("2027-01-03T00:00:00Z")).as_deref(),
+            Some("in a blackout until 2027-01-10T00:00:00Z")
+        );
+        assert_eq!(
+            in_blackout(&freezes, at("2027-01-10T00:00:00Z")),
+            None,
+            "over at its end"
+        );
     }
 }

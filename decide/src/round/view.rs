@@ -180,6 +180,8 @@ pub(super) struct PolicyView<'a> {
     pub max_unhealthy: Option<usize>,
     pub window_open: bool,
     pub next_window: Option<Timestamp>,
+    /// Why it admits nothing now (one of its blackouts), if so.
+    pub blackout: Option<String>,
     pub rules: Rules,
     pub deadlines: ResolvedDeadlines,
 }
@@ -233,6 +235,7 @@ fn view<'a>(
         max_concurrent,
         max_unhealthy,
         window_open,
+        blackout: window::in_blackout(&policy.spec.blackouts, now),
         rules: rules(policy),
         deadlines: policy.spec.resolved_deadlines(),
         failures: None,
@@ -377,6 +380,7 @@ pub(super) fn cluster(
                     paused: p.policy.spec.paused,
                     window_open: p.window_open,
                     next_window: p.next_window,
+                    blackout: p.blackout.clone(),
                     allow_sole_control_plane: p.policy.spec.allow_sole_control_plane,
                     checks_workloads: p.policy.spec.checks_disruption_budgets(),
                     invalid: p.problem.clone(),
