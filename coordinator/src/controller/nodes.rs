@@ -81,9 +81,7 @@ impl Controller {
         }
         applied
     }
-}
 
-impl Controller {
     /// A Node write that failed: logged, and when the cluster refused it (its RBAC, an
     /// admission policy or webhook, validation) also a Warning Event on the Node, so that who
     /// looks at the node sees it; a refusal does not go away by retrying. Repeats count in

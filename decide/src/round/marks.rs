@@ -15,12 +15,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::ResourceExt;
-use nodeward_api::{
-    MaintenancePhase,
-    labels::{
-        DO_NOT_DISRUPT_ANNOTATION, EXCLUDE_FROM_REMEDIATION_LABEL, MARKS_ANNOTATION,
-        SCALE_DOWN_DISABLED_ANNOTATION,
-    },
+use nodeward_api::labels::{
+    DO_NOT_DISRUPT_ANNOTATION, EXCLUDE_FROM_REMEDIATION_LABEL, MARKS_ANNOTATION,
+    SCALE_DOWN_DISABLED_ANNOTATION,
 };
 
 use super::{NodeEdit, Plan, view::Index};
@@ -92,11 +89,7 @@ pub(super) fn decide(index: &Index, marks: &[Mark], plan: &mut Plan) {
     let under_way: std::collections::BTreeSet<&str> = index
         .maintenances
         .values()
-        .filter(|m| {
-            m.metadata.deletion_timestamp.is_none()
-                && m.phase() != MaintenancePhase::Pending
-                && !m.phase().is_finished()
-        })
+        .filter(|m| super::node_labels::under_way(m))
         .map(|m| m.spec.node_name.as_str())
         .collect();
     for (name, node) in &index.nodes {
@@ -163,6 +156,7 @@ pub fn apply(meta: &mut ObjectMeta, change: &MarksChange) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use nodeward_api::MaintenancePhase;
     use serde_json::json;
 
     use super::*;

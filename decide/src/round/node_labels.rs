@@ -38,11 +38,7 @@ pub(super) fn decide(index: &Index, plan: &mut Plan) {
             .annotations()
             .get(LABELS_BEFORE_ANNOTATION)
             .map(|r| serde_json::from_str(r).unwrap_or_default());
-        let active = maintenances.iter().find(|m| {
-            m.metadata.deletion_timestamp.is_none()
-                && m.phase() != MaintenancePhase::Pending
-                && !m.phase().is_finished()
-        });
+        let active = maintenances.iter().find(|m| under_way(m));
         let edit = match (active, recorded) {
             (Some(m), None) => begin(&config_of(index, m), node.labels(), &m.name_any()),
             (Some(m), Some(record)) if record.maintenance == m.name_any() => None,
@@ -66,6 +62,14 @@ pub(super) fn decide(index: &Index, plan: &mut Plan) {
             });
         }
     }
+}
+
+/// Whether `m` is under way on its node: admitted, not finished, not deleted. While it is, the
+/// node carries its labels and the other actors' marks ([`super::marks`]).
+pub(super) fn under_way(m: &NodeMaintenance) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && m.phase() != MaintenancePhase::Pending
+        && !m.phase().is_finished()
 }
 
 /// The `nodeLabels` of the policies that admitted `m`: their union, the first by name
