@@ -24,7 +24,10 @@ use serde_json::json;
 
 use nodeward_e2e::nodelab::Vm;
 
-use crate::support::{self, Departure, Lab, REBOOT};
+use crate::{
+    recorders::{self, Departure},
+    support::{self, Lab, REBOOT},
+};
 
 const GROUPS: [(&str, i32); 3] = [
     ("bench-low", 100),
@@ -151,7 +154,7 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
     // A group at a time: thirty sandboxes created at once overran the CRI's deadline on an
     // emulated VM.
     for (class, _) in GROUPS {
-        lab.apply(support::term_recorder(
+        lab.apply(recorders::term_recorder(
             &namespace,
             class,
             &node,
@@ -164,7 +167,7 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
     }
     support::wait_delay_lock(&lab.client, &vm).await?;
 
-    let departures = support::watch_departures(&lab.client, &namespace);
+    let departures = recorders::watch_departures(&lab.client, &namespace);
     let release = watch_drain_finished(&lab.client, &node);
     let boot = vm.boot_id().await?;
     let typed = Instant::now();

@@ -18,7 +18,10 @@ use nodeward_api::report::AgentMode;
 use nodeward_e2e::{Identity, controlplane::client_as, wait};
 use serde_json::json;
 
-use crate::support::{self, Lab, RELEASE};
+use crate::{
+    recorders,
+    support::{self, Lab, RELEASE},
+};
 
 /// The conditions the chart's agent writes on a real node, each of which a healthy node must
 /// have False (the filesystem and kernel-log detectors are off in a pod: host mode runs them).
@@ -137,9 +140,9 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
     );
     let namespace = lab.namespace("lab-chart").await?;
     let (one, two) = (&lab.lab.nodes[0], &lab.lab.nodes[1]);
-    lab.apply(support::term_recorder(&namespace, "on-one", one, 1, None))
+    lab.apply(recorders::term_recorder(&namespace, "on-one", one, 1, None))
         .await?;
-    lab.apply(support::term_recorder(&namespace, "on-two", two, 1, None))
+    lab.apply(recorders::term_recorder(&namespace, "on-two", two, 1, None))
         .await?;
     let on_one = lab.running(&namespace, "app=on-one", 1).await?.remove(0);
     let on_two = lab.running(&namespace, "app=on-two", 1).await?.remove(0);

@@ -14,7 +14,7 @@ use crate::support::{Lab, Pick, REBOOT, agent_pod};
 #[tokio::test]
 async fn the_chart_agent_reads_kernel_messages_from_the_hosts_journal_without_privilege()
 -> anyhow::Result<()> {
-    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
+    let (lab, node, vm) = Lab::beside(Pick::At(0)).await?;
 
     let pod = agent_pod(&lab.client, &node).await?;
     let container = pod

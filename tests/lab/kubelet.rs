@@ -10,7 +10,7 @@ use crate::support::{self, Lab, Pick, REBOOT};
 #[tokio::test]
 async fn a_stopped_or_crashing_kubelet_is_a_kubelet_problem_until_it_runs_again()
 -> anyhow::Result<()> {
-    let (lab, node, vm) = Lab::with_node(Pick::Last).await?;
+    let (lab, node, vm) = Lab::beside(Pick::Last).await?;
 
     // Stopped: the unit is inactive and healthz does not answer.
     vm.run("systemctl stop kubelet").await?;

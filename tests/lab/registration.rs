@@ -38,7 +38,7 @@ fn kubelet_dropin(kubeconfig: &str) -> String {
 #[tokio::test]
 async fn a_kubelet_that_cannot_register_is_unregistered_then_a_node_never_ready_times_out()
 -> anyhow::Result<()> {
-    let (lab, node, vm) = Lab::with_node(Pick::Last).await?;
+    let (lab, node, vm) = Lab::beside(Pick::Last).await?;
     lab.host_mode(&vm, HostCredential::Certificate).await?;
 
     // The kubelet runs but cannot reach the API server (its kubeconfig names a port nobody
@@ -80,7 +80,7 @@ async fn a_kubelet_that_cannot_register_is_unregistered_then_a_node_never_ready_
     wait::deleted(&policies, policy_name, REBOOT).await?;
     let policy: DisruptionPolicy = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": policy_name, "labels": {TEST_LABEL: "true"}},
+        "metadata": {"name": policy_name, "labels": {TEST_LABEL: lab.test_label()}},
         "spec": {
             "nodeSelector": {"matchLabels": {"nodelab.nodeward.io/vm": node}},
             "remediation": {"enabled": false, "nodeStartupTimeout": "30s", "startupAction": "None"},

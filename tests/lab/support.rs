@@ -1,14 +1,9 @@
-//! What the node-lab tests share: the lab, the chart installed once as users install it, one
-//! test at a time, workloads of busybox pods that record when they got SIGTERM.
+//! What the node-lab tests share: the lab, the chart installed once as users install it, each
+//! test's turn on it ([`turns`]) from a settled lab, what a test undoes, the host-mode agent.
 
-use std::{
-    collections::BTreeMap,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::StreamExt;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment},
     authentication::v1::TokenRequest,
@@ -17,7 +12,6 @@ use k8s_openapi::api::{
 use kube::{
     Api, Client, ResourceExt,
     api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
-    runtime::watcher,
 };
 use nodeward_api::{
     DisruptionPolicy, NodeMaintenance, NodeReport,
@@ -33,7 +27,10 @@ use nodeward_e2e::{
 };
 use serde_json::{Value, json};
 
-use crate::patching::APT_RESTORED;
+use crate::{
+    patching::APT_RESTORED,
+    turns::{self, Turn},
+};
 
 /// The chart's release and namespace in the lab.
 pub const RELEASE: &str = "nodeward";
@@ -108,13 +105,6 @@ pub const FIREWALL_TABLE: &str = "nodelab_test";
 /// A node's boot takes about a minute and a half under emulation; a drain up to two minutes.
 pub const REBOOT: Duration = Duration::from_secs(600);
 
-/// Lab tests change real nodes (reboots, a stopped kubelet, firewall rules): one at a time,
-/// and each starts from a settled lab.
-pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
-    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    ONE_AT_A_TIME.lock().await
-}
-
 pub struct Lab {
     pub lab: &'static NodeLab,
     pub client: Client,
@@ -122,7 +112,9 @@ pub struct Lab {
     /// the test ends, so a run's log tells where the lab's time goes.
     turn_began: Instant,
     ready_after: Duration,
-    _turn: tokio::sync::MutexGuard<'static, ()>,
+    /// What of the lab this test may change ([`turns`]).
+    turn: Turn,
+    _held: turns::Held,
 }
 
 impl Drop for Lab {
@@ -143,26 +135,31 @@ pub enum Pick {
 }
 
 impl Lab {
-    /// The lab, this test's turn on it, the chart installed, what an earlier test that failed
-    /// may have left undone, every node Ready with a Ready agent, both coordinators Ready, and
-    /// every VM's clock set to this machine's ([`nodelab::Vm::sync_clock`]).
+    /// The whole lab, this test's turn on it, the chart installed, what an earlier test that
+    /// failed may have left undone, every node Ready with a Ready agent, both coordinators
+    /// Ready, and every VM's clock set to this machine's ([`nodelab::Vm::sync_clock`]).
     pub async fn get() -> anyhow::Result<Self> {
-        let turn = exclusive().await;
+        Self::take(Turn::Whole).await
+    }
+
+    async fn take(turn: Turn) -> anyhow::Result<Self> {
+        let held = turns::take(turn).await;
         let turn_began = Instant::now();
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
         let client = controlplane::admin_client().await?;
         remove_stray_nodes(&client, &lab.nodes).await?;
-        install_chart(&client).await?;
+        install_chart(&client, &lab.nodes).await?;
         let mut this = Self {
             lab,
             client,
             turn_began,
             ready_after: Duration::ZERO,
-            _turn: turn,
+            turn,
+            _held: held,
         };
         this.reset().await?;
         this.settled().await?;
-        for vm in this.lab.vms() {
+        for vm in this.vms() {
             let off = vm.sync_clock().await?;
             println!("{}: clock set, it was {off:+.3} s off", vm.name);
         }
@@ -174,7 +171,8 @@ impl Lab {
     /// as the lab runs it, no test firewall table, no host-mode agent, no test maintenance,
     /// policy or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
-        delete_tests(&Api::<NodeMaintenance>::all(self.client.clone())).await?;
+        let ours = self.test_selector();
+        delete_tests(&Api::<NodeMaintenance>::all(self.client.clone()), &ours).await?;
         let nodes: Api<Node> = Api::all(self.client.clone());
         let undo = format!(
             "{KUBELET_SHUTDOWN_OFF}
@@ -190,7 +188,7 @@ impl Lab {
         );
         let unlabel = Patch::Merge(json!({"metadata": {"labels": {HOST_MODE_LABEL: null}}}));
         // Each VM at once: a command in a guest takes seconds under emulation.
-        futures::future::try_join_all(self.lab.vms().into_iter().map(|vm| {
+        futures::future::try_join_all(self.vms().into_iter().map(|vm| {
             let (nodes, undo, unlabel) = (&nodes, &undo, &unlabel);
             async move {
                 vm.run_when_up(undo, REBOOT).await?;
@@ -201,10 +199,10 @@ impl Lab {
             }
         }))
         .await?;
-        delete_tests(&Api::<DisruptionPolicy>::all(self.client.clone())).await?;
+        delete_tests(&Api::<DisruptionPolicy>::all(self.client.clone()), &ours).await?;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
-            .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
+            .list(&ListParams::default().labels(&ours))
             .await?;
         for namespace in left.items {
             self.delete_namespace(&namespace.name_any()).await?;
@@ -212,54 +210,125 @@ impl Lab {
         Ok(())
     }
 
-    /// The lab, and the node (with its VM) a test works on.
+    /// The whole lab, and the node (with its VM) a test works on.
     pub async fn with_node(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
         let lab = Self::get().await?;
-        let nodes = &lab.lab.nodes;
+        let node = lab.pick(pick)?;
+        let vm = lab.vm(&node);
+        Ok((lab, node, vm))
+    }
+
+    /// A turn on the lane of the node a test works on ([`turns`]): for a test that changes only
+    /// that VM and looks only at it, while the other lane's tests run beside it.
+    pub async fn beside(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
+        let index = match pick {
+            Pick::At(index) => index,
+            Pick::Last => {
+                let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
+                lab.nodes.len().saturating_sub(1)
+            }
+        };
+        let lab = Self::take(Turn::beside(index)).await?;
+        let node = lab.pick(pick)?;
+        let vm = lab.vm(&node);
+        Ok((lab, node, vm))
+    }
+
+    fn pick(&self, pick: Pick) -> anyhow::Result<String> {
+        let nodes = &self.lab.nodes;
         let node = match pick {
             Pick::At(index) => nodes.get(index),
             Pick::Last => nodes.last(),
         };
-        let node = node.cloned().context("the lab has too few nodes")?;
-        let vm = lab.vm(&node);
-        Ok((lab, node, vm))
+        node.cloned().context("the lab has too few nodes")
+    }
+
+    /// The VMs this test's turn may change: all of them, or its lane's.
+    fn vms(&self) -> Vec<Vm> {
+        let all = self.lab.vms();
+        let ours = self.turn.vms(all.len());
+        all.into_iter()
+            .enumerate()
+            .filter(|(i, _)| ours.contains(i))
+            .map(|(_, vm)| vm)
+            .collect()
+    }
+
+    /// The value of [`TEST_LABEL`] on what this test creates.
+    pub fn test_label(&self) -> &'static str {
+        self.turn.label()
+    }
+
+    /// The objects a test with this turn created, or (the whole lab's) any test's.
+    fn test_selector(&self) -> String {
+        match self.turn {
+            Turn::Whole => TEST_LABEL.to_owned(),
+            lane => format!("{TEST_LABEL}={}", lane.label()),
+        }
     }
 
     pub fn vm(&self, name: &str) -> Vm {
         self.lab.vm(name)
     }
 
-    /// Every node Ready and schedulable, every agent pod Ready.
+    /// Every node of this test's turn Ready and schedulable with a Ready agent pod (but where
+    /// an agent runs in host mode), every agent pod of the chart's current template, and the
+    /// coordinators Ready: both for a test on their nodes (its disruption takes one, the other
+    /// answers the eviction webhook), one for the others.
     pub async fn settled(&self) -> anyhow::Result<()> {
-        for vm in self.lab.vms() {
+        let vms = self.vms();
+        for vm in &vms {
             vm.wait_node_ready(&self.client, REBOOT).await?;
         }
         let daemonsets: Api<DaemonSet> = Api::namespaced(self.client.clone(), NAMESPACE);
         let name = format!("{RELEASE}-agent");
-        let nodes = self.lab.nodes.len() as i32;
-        wait::until(&daemonsets, &name, "every agent Ready", REBOOT, |ds| {
-            ds.and_then(|d| d.status.as_ref()).is_some_and(|s| {
-                s.number_ready == nodes && s.updated_number_scheduled == Some(nodes)
-            })
-        })
+        wait::until(
+            &daemonsets,
+            &name,
+            "every agent pod of the current template",
+            REBOOT,
+            |ds| {
+                ds.and_then(|d| d.status.as_ref())
+                    .is_some_and(|s| s.updated_number_scheduled == Some(s.desired_number_scheduled))
+            },
+        )
         .await?;
-        // Both coordinators answering: the agents' evictions pass their webhook (failure
-        // policy Fail), and a reboot drains the coordinator pods from their nodes.
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let nodes_api: Api<Node> = Api::all(self.client.clone());
+        for vm in &vms {
+            let node = nodes_api.get(&vm.name).await?;
+            if node.labels().contains_key(HOST_MODE_LABEL) {
+                continue;
+            }
+            let what = format!("the agent pod on {} Ready", vm.name);
+            wait::eventually(&what, REBOOT, || async {
+                let on_node = ListParams::default()
+                    .labels("app.kubernetes.io/component=agent")
+                    .fields(&format!("spec.nodeName={}", vm.name));
+                let ready = pods.list(&on_node).await?.items.iter().any(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && wait::condition_status(p, "Ready").as_deref() == Some("True")
+                });
+                Ok(ready.then_some(()))
+            })
+            .await?;
+        }
+        let coordinators = if self.turn == Turn::beside(0) { 1 } else { 2 };
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
         wait::until(
             &deployments,
             &format!("{RELEASE}-coordinator"),
-            "both coordinator replicas Ready",
+            &format!("{coordinators} coordinator replicas Ready"),
             REBOOT,
             |d| {
-                d.and_then(|d| d.status.as_ref())
-                    .is_some_and(|s| s.ready_replicas == Some(2) && s.updated_replicas == Some(2))
+                d.and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                    s.ready_replicas >= Some(coordinators) && s.updated_replicas == Some(2)
+                })
             },
         )
         .await?;
-        let nodes_api: Api<Node> = Api::all(self.client.clone());
-        for name in &self.lab.nodes {
-            wait::until(&nodes_api, name, "the node schedulable", REBOOT, |n| {
+        for vm in &vms {
+            wait::until(&nodes_api, &vm.name, "the node schedulable", REBOOT, |n| {
                 n.is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
             })
             .await?;
@@ -380,7 +449,8 @@ impl Lab {
         name: &str,
         spec: MaintenanceSpec<'_>,
     ) -> anyhow::Result<()> {
-        nodeward_e2e::fixtures::create_maintenance(&self.client, name, spec, "true").await
+        nodeward_e2e::fixtures::create_maintenance(&self.client, name, spec, self.test_label())
+            .await
     }
 
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {
@@ -442,7 +512,7 @@ impl Lab {
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(
-                    json!({"metadata": {"name": name, "labels": {TEST_LABEL: "true"}}}),
+                    json!({"metadata": {"name": name, "labels": {TEST_LABEL: self.test_label()}}}),
                 )?,
             )
             .await?;
@@ -501,171 +571,6 @@ impl Lab {
     }
 }
 
-/// A Deployment of `replicas` busybox pods on `node` with `priority_class`, each writing
-/// "<uptime> <pod> TERM" to the node's TERM log when it gets SIGTERM.
-pub fn term_recorder(
-    namespace: &str,
-    name: &str,
-    node: &str,
-    replicas: i32,
-    priority_class: Option<&str>,
-) -> Value {
-    let mut spec = pod_spec(node, name);
-    if let Some(class) = priority_class {
-        spec["priorityClassName"] = json!(class);
-    }
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
-        },
-    })
-}
-
-/// A DaemonSet of the same recorder, on `node` only.
-pub fn term_recorder_daemonset(namespace: &str, name: &str, node: &str) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec(node, name)},
-        },
-    })
-}
-
-fn pod_spec(node: &str, group: &str) -> Value {
-    // `sleep & wait` so that the trap runs as soon as the signal comes; a long sleep, because
-    // every wakeup forks, which an emulated VM running thirty of these pods pays for.
-    let script = format!(
-        "trap 'echo $(cut -d\" \" -f1 /proc/uptime) $HOSTNAME {group} TERM >> /log/term; exit 0' TERM; \
-         while :; do sleep 3600 & wait $!; done"
-    );
-    json!({
-        "nodeSelector": {"kubernetes.io/hostname": node},
-        "terminationGracePeriodSeconds": 30,
-        "containers": [{
-            "name": "busybox", "image": BUSYBOX, "imagePullPolicy": "Never",
-            "command": ["/bin/busybox", "sh", "-c", script],
-            "volumeMounts": [{"name": "log", "mountPath": "/log"}],
-            "resources": {"requests": {"cpu": "1m", "memory": "4Mi"}},
-        }],
-        "volumes": [{"name": "log", "hostPath": {"path": TERM_LOG_DIR, "type": "DirectoryOrCreate"}}],
-    })
-}
-
-/// The TERM log of a node: (uptime seconds, pod, group), in the order they were written.
-pub async fn term_log(vm: &Vm) -> anyhow::Result<Vec<(f64, String, String)>> {
-    let text = vm
-        .exec(&format!("cat {TERM_LOG_DIR}/term 2>/dev/null"))
-        .await?
-        .stdout;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            let uptime = words.next()?.parse().ok()?;
-            let pod = words.next()?.to_owned();
-            let group = words.next()?.to_owned();
-            Some((uptime, pod, group))
-        })
-        .collect())
-}
-
-/// Clears a node's TERM log.
-pub async fn clear_term_log(vm: &Vm) -> anyhow::Result<()> {
-    vm.run(&format!(
-        "mkdir -p {TERM_LOG_DIR} && : > {TERM_LOG_DIR}/term"
-    ))
-    .await?;
-    Ok(())
-}
-
-/// A pod's way out as the API server showed it, on the test's clock: when it was asked to go
-/// (an eviction or deletion set its deletionTimestamp, or removed it outright) and when it had
-/// stopped (the kubelet reported it Succeeded or Failed, or it was removed: what a drain
-/// waits for).
-#[derive(Clone, Debug)]
-pub struct Departure {
-    /// The pod's `app` label: its workload.
-    pub group: String,
-    pub asked: Option<Instant>,
-    pub stopped: Option<Instant>,
-    /// When a drain stops waiting for it: 10 s past its grace period's end (its
-    /// `deletionTimestamp`), as the agent's drain does (kubectl's
-    /// `--skip-wait-for-delete-timeout=10`).
-    pub let_go: Option<Instant>,
-    /// The reason of its first `DisruptionTarget` condition: who reached it first
-    /// (`EvictionByEvictionAPI`: an eviction; `TerminationByKubelet`: the kubelet's own
-    /// graceful node shutdown).
-    pub disrupted_by: Option<String>,
-}
-
-/// Starts watching the pods of `namespace`; what it saw, by pod name. Unlike the pods' own
-/// SIGTERM log this times what the drain did, not how long the kubelet took to act on it.
-pub fn watch_departures(
-    client: &Client,
-    namespace: &str,
-) -> Arc<Mutex<BTreeMap<String, Departure>>> {
-    let seen: Arc<Mutex<BTreeMap<String, Departure>>> = Arc::default();
-    let recorded = seen.clone();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    tokio::spawn(
-        watcher(pods, watcher::Config::default()).for_each(move |event| {
-            let (pod, deleted) = match event {
-                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
-                Ok(watcher::Event::Delete(p)) => (p, true),
-                _ => return futures::future::ready(()),
-            };
-            let now = Instant::now();
-            let terminal = matches!(
-                pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-                Some("Succeeded" | "Failed")
-            );
-            let mut seen = recorded.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = seen.entry(pod.name_any()).or_insert_with(|| Departure {
-                group: pod.labels().get("app").cloned().unwrap_or_default(),
-                asked: None,
-                stopped: None,
-                let_go: None,
-                disrupted_by: None,
-            });
-            if deleted || pod.metadata.deletion_timestamp.is_some() {
-                entry.asked.get_or_insert(now);
-            }
-            if let Some(deletion) = pod.metadata.deletion_timestamp.as_ref() {
-                // The API server's second-precision time, as an instant of this clock.
-                let ahead = deletion.0.duration_since(jiff::Timestamp::now());
-                let by = std::time::Duration::try_from(ahead.abs()).unwrap_or_default();
-                let end = if ahead.is_negative() {
-                    now.checked_sub(by).unwrap_or(now)
-                } else {
-                    now + by
-                };
-                entry
-                    .let_go
-                    .get_or_insert(end + std::time::Duration::from_secs(10));
-            }
-            if entry.disrupted_by.is_none() {
-                entry.disrupted_by = pod
-                    .status
-                    .iter()
-                    .flat_map(|s| s.conditions.iter().flatten())
-                    .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-                    .and_then(|c| c.reason.clone());
-            }
-            if deleted || terminal {
-                entry.stopped.get_or_insert(now);
-            }
-            futures::future::ready(())
-        }),
-    );
-    seen
-}
-
 /// The agent's kubelet, peer and reboot-required detectors run every 5 s and report what held
 /// 10 s (their defaults: 30 s and 60 s), so that a test sees a finding come and go in seconds;
 /// one custom check runs on the host (the agent's image has no shell, let alone systemctl).
@@ -685,6 +590,24 @@ const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
 /// host-run methods on real systemd; logind's Reboot itself is proven by the crate tests
 /// against the real logind.
 const REBOOT_BY_COMMAND: &str = "agent.rebootMethod=command";
+
+/// The coordinators stay off the lab's first VM, so that tests on its lane never disrupt one
+/// ([`turns`]); the rest is the chart's default affinity (one replica per node).
+fn coordinators_off_the_first(nodes: &[String]) -> String {
+    let theirs: Vec<&String> = nodes.iter().skip(1).collect();
+    format!(
+        "coordinator.affinity={}",
+        json!({
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nodelab.nodeward.io/vm", "operator": "In", "values": theirs}]}]}},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {
+                    "app.kubernetes.io/name": "nodeward", "app.kubernetes.io/instance": RELEASE,
+                    "app.kubernetes.io/component": "coordinator"}}}]},
+        })
+    )
+}
 
 /// The chart's agent stays off a node whose agent a test runs in host mode.
 const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
@@ -733,9 +656,10 @@ async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Re
 }
 
 /// The chart as users install it, once per test process (default values but for
-/// [`FAST_DETECTORS`]): the images were imported into every node's containerd under the names
+/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], the agent off host-mode nodes and the
+/// coordinators off the first VM): the images were imported into every node's containerd under the names
 /// the chart uses.
-async fn install_chart(client: &Client) -> anyhow::Result<()> {
+async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED
         .get_or_try_init(|| async {
@@ -750,6 +674,7 @@ async fn install_chart(client: &Client) -> anyhow::Result<()> {
                     .args(["--namespace", NAMESPACE, "--create-namespace"])
                     .args(["--set-json", FAST_DETECTORS])
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
+                    .args(["--set-json", &coordinators_off_the_first(nodes)])
                     .args(["--set", REBOOT_BY_COMMAND]))?;
             }
             // CRDs just created answer 429 ("storage is (re)initializing") for a moment.
@@ -790,14 +715,13 @@ pub fn has_shutdown_delay(locks: &[String]) -> bool {
         .any(|l| l.contains("shutdown") && l.contains("delay"))
 }
 
-/// Deletes the objects of `api` labelled as a test's, and waits until they are gone.
-async fn delete_tests<K>(api: &Api<K>) -> anyhow::Result<()>
+/// Deletes the objects of `api` a test left (those `selector` selects), and waits until they
+/// are gone.
+async fn delete_tests<K>(api: &Api<K>, selector: &str) -> anyhow::Result<()>
 where
     K: kube::Resource + Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + 'static,
 {
-    let left = api
-        .list(&ListParams::default().labels(&format!("{TEST_LABEL}=true")))
-        .await?;
+    let left = api.list(&ListParams::default().labels(selector)).await?;
     for object in left.items {
         wait::deleted(api, &object.name_any(), REBOOT).await?;
     }
