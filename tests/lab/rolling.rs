@@ -102,12 +102,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
             vm.name
         );
         let status = done.status.clone().unwrap_or_default();
-        assert_eq!(
-            status.boot_id.as_ref(),
-            Some(boot),
-            "{}: the boot it rebooted from",
-            vm.name
-        );
+        assert_rebooted_from_the_boot_before(vm, boot, &status).await?;
         // The health gate waited for the real kubelet: Succeeded after the node became Ready
         // again on its new boot.
         let node = nodes.get(&vm.name).await?;
@@ -175,6 +170,49 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
         wait::deleted(&maintenances, name, REBOOT).await?;
     }
     patching::restore_apt(&lab).await
+}
+
+/// The maintenance recorded the boot it rebooted from: the one before this one, in the VM's
+/// journal. That is the boot seen before the rollout (`seen_before`) unless the guest's kernel
+/// crashed and restarted in between, as emulated ones rarely do: said, not failed, as it is not
+/// nodeward's doing.
+async fn assert_rebooted_from_the_boot_before(
+    vm: &nodeward_e2e::nodelab::Vm,
+    seen_before: &str,
+    status: &nodeward_api::maintenance::NodeMaintenanceStatus,
+) -> anyhow::Result<()> {
+    let previous = previous_boot(vm).await?;
+    assert_eq!(
+        status.boot_id.as_deref().map(without_dashes),
+        Some(previous.clone()),
+        "{}: the boot it rebooted from",
+        vm.name
+    );
+    if previous != without_dashes(seen_before) {
+        println!(
+            "{}: booted more than once during the rollout (before it: {seen_before}; see its console log)",
+            vm.name
+        );
+    }
+    Ok(())
+}
+
+/// The id of the boot before the current one of `vm`, from its (persistent) journal, without
+/// dashes as the journal writes it.
+async fn previous_boot(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<String> {
+    let boots = vm.run("journalctl --list-boots --no-pager --quiet").await?;
+    boots
+        .lines()
+        .find_map(|line| {
+            let mut fields = line.split_whitespace();
+            (fields.next() == Some("-1")).then(|| fields.next().map(without_dashes))
+        })
+        .flatten()
+        .with_context(|| format!("{}: no boot before this one in {boots:?}", vm.name))
+}
+
+fn without_dashes(id: &str) -> String {
+    id.replace('-', "")
 }
 
 /// When each node's Ready condition became True, for every such change a watch of the nodes
