@@ -203,11 +203,12 @@ async fn previous_boot(vm: &nodeward_e2e::nodelab::Vm) -> anyhow::Result<String>
     let boots = vm.run("journalctl --list-boots --no-pager --quiet").await?;
     boots
         .lines()
-        .find_map(|line| {
-            let mut fields = line.split_whitespace();
-            (fields.next() == Some("-1")).then(|| fields.next().map(without_dashes))
-        })
-        .flatten()
+        .find_map(
+            |line| match line.split_whitespace().collect::<Vec<_>>()[..] {
+                ["-1", id, ..] => Some(without_dashes(id)),
+                _ => None,
+            },
+        )
         .with_context(|| format!("{}: no boot before this one in {boots:?}", vm.name))
 }
 

@@ -99,7 +99,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     let namespace = lab.namespace("lab-shutdown").await?;
     recorders::clear_term_log(&vm).await?;
     // One pod per group: under software emulation the kubelet takes tens of seconds to stop a
-    // pod, and the default plan's workloads stage has 69 s.
+    // pod, and the default plan's workloads stage has 92 s here.
     for (group, class) in [("low", "lab-low"), ("high", "lab-high")] {
         lab.apply(one_recorder(&namespace, group, &node, class))
             .await?;

@@ -134,6 +134,16 @@ pub enum Pick {
     Last,
 }
 
+impl Pick {
+    /// The index it picks among `nodes` nodes.
+    fn index(self, nodes: usize) -> usize {
+        match self {
+            Self::At(index) => index,
+            Self::Last => nodes.saturating_sub(1),
+        }
+    }
+}
+
 impl Lab {
     /// The whole lab, this test's turn on it, the chart installed, what an earlier test that
     /// failed may have left undone, every node Ready with a Ready agent, both coordinators
@@ -221,14 +231,11 @@ impl Lab {
     /// A turn on the lane of the node a test works on ([`turns`]): for a test that changes only
     /// that VM and looks only at it, while the other lane's tests run beside it.
     pub async fn beside(pick: Pick) -> anyhow::Result<(Self, String, Vm)> {
-        let index = match pick {
-            Pick::At(index) => index,
-            Pick::Last => {
-                let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
-                lab.nodes.len().saturating_sub(1)
-            }
-        };
-        let lab = Self::take(Turn::beside(index)).await?;
+        let nodes = tokio::task::spawn_blocking(nodelab::shared)
+            .await?
+            .nodes
+            .len();
+        let lab = Self::take(Turn::beside(pick.index(nodes))).await?;
         let node = lab.pick(pick)?;
         let vm = lab.vm(&node);
         Ok((lab, node, vm))
@@ -236,22 +243,17 @@ impl Lab {
 
     fn pick(&self, pick: Pick) -> anyhow::Result<String> {
         let nodes = &self.lab.nodes;
-        let node = match pick {
-            Pick::At(index) => nodes.get(index),
-            Pick::Last => nodes.last(),
-        };
-        node.cloned().context("the lab has too few nodes")
+        nodes
+            .get(pick.index(nodes.len()))
+            .cloned()
+            .context("the lab has too few nodes")
     }
 
     /// The VMs this test's turn may change: all of them, or its lane's.
     fn vms(&self) -> Vec<Vm> {
-        let all = self.lab.vms();
+        let mut all = self.lab.vms();
         let ours = self.turn.vms(all.len());
-        all.into_iter()
-            .enumerate()
-            .filter(|(i, _)| ours.contains(i))
-            .map(|(_, vm)| vm)
-            .collect()
+        all.drain(ours).collect()
     }
 
     /// The value of [`TEST_LABEL`] on what this test creates.
@@ -293,7 +295,6 @@ impl Lab {
             },
         )
         .await?;
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), NAMESPACE);
         let nodes_api: Api<Node> = Api::all(self.client.clone());
         for vm in &vms {
             let node = nodes_api.get(&vm.name).await?;
@@ -302,18 +303,15 @@ impl Lab {
             }
             let what = format!("the agent pod on {} Ready", vm.name);
             wait::eventually(&what, REBOOT, || async {
-                let on_node = ListParams::default()
-                    .labels("app.kubernetes.io/component=agent")
-                    .fields(&format!("spec.nodeName={}", vm.name));
-                let ready = pods.list(&on_node).await?.items.iter().any(|p| {
-                    p.metadata.deletion_timestamp.is_none()
-                        && wait::condition_status(p, "Ready").as_deref() == Some("True")
-                });
-                Ok(ready.then_some(()))
+                let pod = agent_pod(&self.client, &vm.name).await?;
+                Ok(
+                    (wait::condition_status(&pod, "Ready").as_deref() == Some("True"))
+                        .then_some(()),
+                )
             })
             .await?;
         }
-        let coordinators = if self.turn == Turn::beside(0) { 1 } else { 2 };
+        let coordinators = self.turn.coordinators_ready();
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), NAMESPACE);
         wait::until(
             &deployments,

@@ -43,6 +43,16 @@ impl Turn {
         }
     }
 
+    /// How many coordinator replicas must be Ready before a test with this turn starts: both
+    /// where it may disrupt one (the other answers the eviction webhook), one on the first
+    /// VM's lane (no coordinator runs there).
+    pub fn coordinators_ready(self) -> i32 {
+        match self {
+            Self::Lane(0) => 1,
+            _ => 2,
+        }
+    }
+
     /// The value of the test label on the objects a test with this turn creates: the reset of a
     /// lane deletes its own and leaves the other lane's.
     pub fn label(self) -> &'static str {
