@@ -118,12 +118,9 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
 
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let m = wait::until(&maintenances, &name, "Acting (drained)", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Acting, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     let status = m.status.clone().context("status")?;
     let phases: Vec<MaintenancePhase> = status.history.iter().map(|h| h.phase).collect();
     assert_eq!(
@@ -148,9 +145,8 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
             .any(|f| f == "nodeward.io/maintenance")
     );
     for pod in &pods {
-        let left = env.pods().get_opt(&pod.name_any()).await?;
         assert!(
-            left.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+            env.pod_evicted(&pod.name_any()).await?,
             "{} evicted",
             pod.name_any()
         );
@@ -191,12 +187,9 @@ async fn a_drain_only_maintenance_drains_holds_and_restores_on_deletion() -> any
     receiver.reply("/hook", 200, "ok");
 
     // Deleting it restores the node and frees the slot.
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await
-    .with_context(|| cluster.agent.output())?;
+    wait::deleted(&maintenances, &name, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
     wait::eventually("the Restored notification", TIMEOUT, || async {
         Ok((!notices("Restored").is_empty()).then_some(()))
@@ -216,18 +209,11 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
     let cluster = start(&env, &node, "").await?;
     let name = drain_only(&env, &node).await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let m = wait::until(&maintenances, &name, "Acting", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Acting, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     assert_eq!(m.status.and_then(|s| s.cordoned_by_nodeward), Some(false));
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await?;
+    wait::deleted(&maintenances, &name, TIMEOUT).await?;
     assert_eq!(
         node_state(&env.nodes().get(&node).await?),
         (true, false),
@@ -267,12 +253,9 @@ async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<(
     );
     assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
 
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await
-    .with_context(|| cluster.agent.output())?;
+    wait::deleted(&maintenances, &name, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     assert_eq!(node_state(&env.nodes().get(&node).await?), (false, false));
     env.wait_event(&name, "", "Cancelled").await?;
     env.cleanup_after(cluster).await
@@ -344,12 +327,9 @@ async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordo
         &Patch::Merge(json!({"spec": {"minAvailable": 0}})),
     )
     .await?;
-    let m = wait::until(&maintenances, &name, "Acting (drained)", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Acting, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     assert!(
         m.status.as_ref().is_some_and(|s| s
             .history
@@ -358,17 +338,10 @@ async fn a_node_whose_disruption_budget_allows_nothing_is_denied_and_never_cordo
         "admitted once the budget allowed it"
     );
     assert!(
-        env.pods()
-            .get_opt(&guarded.name_any())
-            .await?
-            .is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        env.pod_evicted(&guarded.name_any()).await?,
         "the pod was evicted"
     );
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await?;
+    wait::deleted(&maintenances, &name, TIMEOUT).await?;
     env.cleanup_after(cluster).await
 }
 
@@ -386,12 +359,9 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
 
     let name = drain_only(&env, &node).await?;
-    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Failed, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     let message = m.status.and_then(|s| s.message).unwrap_or_default();
     assert!(
         message.contains("the policy's drainTimeout (3s)")
@@ -402,21 +372,13 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
     slot_freed(&env, &policy).await?;
     env.wait_event(&name, "", "DrainFailed").await?;
     assert!(
-        env.pods()
-            .get_opt(&guarded.name_any())
-            .await?
-            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        !env.pod_evicted(&guarded.name_any()).await?,
         "the PDB-guarded pod stayed"
     );
 
     // Force set, but a second policy over the node forbids it: failed again, the pod stays.
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"onDrainTimeout": "Force"}})),
-        )
+    env.merge_policy_spec(&policy, json!({"onDrainTimeout": "Force"}))
         .await?;
     let careful = env
         .create_policy(
@@ -426,16 +388,9 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
         )
         .await?;
     let vetoed = named_drain_only(&env, &node, &format!("{node}-vetoed")).await?;
-    let m = wait::until(
-        &maintenances,
-        &vetoed,
-        "Failed (force vetoed)",
-        TIMEOUT,
-        |m| m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed),
-    )
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &vetoed, MaintenancePhase::Failed, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     let mut admitted = m.admitted_policies().to_vec();
     admitted.sort();
     assert_eq!(
@@ -444,31 +399,17 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
         "admitted under both policies"
     );
     assert!(
-        env.pods()
-            .get_opt(&guarded.name_any())
-            .await?
-            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        !env.pod_evicted(&guarded.name_any()).await?,
         "the PDB-guarded pod stayed: one policy forbids forcing"
     );
-    policies.delete(&careful, &DeleteParams::default()).await?;
-    wait::until(
-        &policies,
-        &careful,
-        "the careful policy gone",
-        TIMEOUT,
-        |p| p.is_none(),
-    )
-    .await?;
+    wait::deleted(&policies, &careful, TIMEOUT).await?;
 
     // Forced: every policy says Force, the same drain goes through, the pod deleted
     // despite its PDB.
     let forced = named_drain_only(&env, &node, &format!("{node}-forced")).await?;
-    let m = wait::until(&maintenances, &forced, "Acting (forced)", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Acting)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &forced, MaintenancePhase::Acting, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     let drained = m
         .status
         .as_ref()
@@ -482,9 +423,8 @@ async fn a_drain_past_its_timeout_fails_and_restores_the_node_unless_every_polic
         "{}",
         drained.message
     );
-    let left = env.pods().get_opt(&guarded.name_any()).await?;
     assert!(
-        left.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        env.pod_evicted(&guarded.name_any()).await?,
         "the guarded pod deleted"
     );
     assert_eq!(node_state(&env.nodes().get(&node).await?), (true, true));
@@ -513,12 +453,9 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     env.create_maintenance(&name, &node, "Manual", "Reboot")
         .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
-    })
-    .await
-    .with_context(|| cluster.agent.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Failed, TIMEOUT)
+        .await
+        .with_context(|| cluster.agent.output())?;
     let message = m.status.and_then(|s| s.message).unwrap_or_default();
     assert!(
         message.contains("connecting to the system bus")
@@ -736,12 +673,7 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
     solo_listed_as_a_risk(&env, &policies, &policy, &node).await?;
 
     // The rollout: the surge is planned at admission, raised once the node is cordoned.
-    policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
+    env.merge_policy_spec(&policy, json!({"paused": false}))
         .await?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(&maintenances, &name, "cart surging", TIMEOUT, |m| {
@@ -826,11 +758,7 @@ async fn a_single_replica_deployment_that_asks_surges_before_its_pod_goes_and_is
     );
     no_cart_pod_on(&env, &node).await?;
 
-    maintenances.delete(&name, &DeleteParams::default()).await?;
-    wait::until(&maintenances, &name, "the maintenance gone", TIMEOUT, |m| {
-        m.is_none()
-    })
-    .await?;
+    wait::deleted(&maintenances, &name, TIMEOUT).await?;
     env.cleanup_after((agent, coordinator, cart, solo)).await
 }
 

@@ -118,15 +118,7 @@ async fn six_nodes_reboot_two_at_a_time_and_a_blocking_pod_holds_one_back() -> a
         .await?;
     let coordinator = scene.coordinator.take().context("the coordinator")?;
     let env = scene.env;
-    for i in 0..NODES {
-        env.replicaset(
-            &format!("app-{i}"),
-            &env.node_name(i),
-            1,
-            &PodOptions::default(),
-        )
-        .await?;
-    }
+    app_per_node(&env, NODES).await?;
     env.replicaset(
         "batch",
         &env.node_name(BLOCKED),
@@ -443,6 +435,16 @@ fn admitted_after(next: &NodeMaintenance, done: &NodeMaintenance) -> anyhow::Res
     Ok(())
 }
 
+/// One single-replica ReplicaSet `app-<i>` bound to each of the first `count` nodes.
+async fn app_per_node(env: &TestEnv, count: usize) -> anyhow::Result<()> {
+    for i in 0..count {
+        let app = format!("app-{i}");
+        env.replicaset(&app, &env.node_name(i), 1, &PodOptions::default())
+            .await?;
+    }
+    Ok(())
+}
+
 async fn succeeded(api: &Api<NodeMaintenance>, name: &str) -> anyhow::Result<NodeMaintenance> {
     let within = Duration::from_secs(60);
     nodeward_e2e::wait::phase(api, name, MaintenancePhase::Succeeded, within).await
@@ -453,15 +455,7 @@ async fn power_off_and_delete_node_maintenances_end_as_they_should() -> anyhow::
     let env = TestEnv::alone("actions").await?;
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
         .await?;
-    for i in 0..2 {
-        env.replicaset(
-            &format!("app-{i}"),
-            &env.node_name(i),
-            1,
-            &PodOptions::default(),
-        )
-        .await?;
-    }
+    app_per_node(&env, 2).await?;
     env.create_policy(
         "actions",
         json!({"nodeSelector": {"matchLabels": {TEST_LABEL: env.id}}, "maxConcurrent": 2}),

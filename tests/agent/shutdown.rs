@@ -379,9 +379,8 @@ async fn a_pdb_blocked_pod_is_retried_until_its_stage_deadline_then_deleted() ->
         blocked_events[0].contains("DisruptionBudget"),
         "{blocked_events:?}"
     );
-    let still = env.pods().get_opt(&pod.name_any()).await?;
     assert!(
-        still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        env.pod_evicted(&pod.name_any()).await?,
         "deleted at the stage deadline"
     );
     env.cleanup_after(agent).await
@@ -743,8 +742,7 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
         done.cordoned_by_agent,
         "the first run's cordon is still recorded"
     );
-    let still = env.pods().get_opt(&pod.name_any()).await?;
-    assert!(still.is_none_or(|p| p.metadata.deletion_timestamp.is_some()));
+    assert!(env.pod_evicted(&pod.name_any()).await?);
     env.cleanup_after(second).await
 }
 

@@ -234,12 +234,7 @@ async fn a_lost_agents_maintenances_are_finished_and_its_node_restored_by_the_co
                     "metadata": {"annotations": {"nodeward.io/cordoned-by": format!("maintenance/{name}")}},
                     "spec": {"unschedulable": true, "taints": taints},
                 })).await?;
-        maintenances
-            .patch_status(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"phase": phase, "cordonedByNodeward": true}})),
-            )
+        env.merge_maintenance_status(name, json!({"phase": phase, "cordonedByNodeward": true}))
             .await?;
     }
     // Both agents die. The draining maintenance is finished for its agent at once (its last

@@ -146,15 +146,9 @@ async fn wait_denied(env: &TestEnv, name: &str, reason: &str) -> anyhow::Result<
 
 /// Plays the agents' part: marks a maintenance finished, as an agent does when done.
 async fn finish(env: &TestEnv, name: &str) -> anyhow::Result<()> {
-    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Succeeded", "finishedAt": jiff::Timestamp::now().to_string()}})),
-    )
-    .await
-    .with_context(|| format!("finishing {name}"))?;
-    Ok(())
+    let now = jiff::Timestamp::now().to_string();
+    env.merge_maintenance_status(name, json!({"phase": "Succeeded", "finishedAt": now}))
+        .await
 }
 
 /// Finishes every admitted maintenance after `hold`, as the agents would, until all of

@@ -64,12 +64,7 @@ async fn paused_appears_only_after_every_agent_in_scope_acknowledged() -> anyhow
     paused("True", None).await?;
 
     // Unpausing clears it and admission resumes.
-    policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
+    env.merge_policy_spec(&policy, json!({"paused": false}))
         .await?;
     paused("False", None).await?;
     wait_admitted(&env, &pending, TIMEOUT).await?;
@@ -258,16 +253,9 @@ async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_sti
     wait_admitted(&env, &admitted, TIMEOUT).await?;
 
     let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    let generation = policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": true}})),
-        )
-        .await?
-        .metadata
-        .generation
-        .context("generation")?;
+    let generation = env
+        .merge_policy_spec(&policy, json!({"paused": true}))
+        .await?;
     report_ack(&env, &n0, &policy, Some(generation)).await?;
     // Every agent acknowledged, but the admitted maintenance's agent starts it regardless.
     wait::until(
@@ -288,12 +276,7 @@ async fn a_pause_is_not_reported_while_a_maintenance_admitted_before_it_will_sti
     .await
     .with_context(|| coordinator.output())?;
     // It ends (as its agent would end it): now nothing in scope is disrupted.
-    Api::<NodeMaintenance>::all(env.client.clone())
-        .patch_status(
-            &admitted,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Succeeded"}})),
-        )
+    env.merge_maintenance_status(&admitted, json!({"phase": "Succeeded"}))
         .await?;
     wait::until(&policies, &policy, "Paused=True", TIMEOUT, |p| {
         p.and_then(|p| policy_condition(p, "Paused"))

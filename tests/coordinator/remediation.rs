@@ -153,21 +153,13 @@ async fn a_delete_node_maintenance_acting_without_an_admission_deletes_no_node()
     // Whoever may write the status moves it to Acting, the phase in which the coordinator
     // deletes a drained DeleteNode maintenance's node, without any admission.
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    maintenances
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
-        )
+    env.merge_maintenance_status(&name, json!({"phase": "Acting"}))
         .await?;
     let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;
-    let m = wait::until(&maintenances, &name, "Failed", TIMEOUT, |m| {
-        m.map(NodeMaintenance::phase) == Some(MaintenancePhase::Failed)
-    })
-    .await
-    .with_context(|| coordinator.output())?
-    .context("maintenance")?;
+    let m = wait::phase(&maintenances, &name, MaintenancePhase::Failed, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
     let message = m.status.and_then(|s| s.message).unwrap_or_default();
     assert!(message.contains("is not deleted"), "{message}");
     assert!(
@@ -205,12 +197,7 @@ async fn a_startup_deletion_waits_while_its_policy_is_paused() -> anyhow::Result
         env.nodes().get_opt(&name).await?.is_some(),
         "kept while paused"
     );
-    Api::<DisruptionPolicy>::all(env.client.clone())
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"paused": false}})),
-        )
+    env.merge_policy_spec(&policy, json!({"paused": false}))
         .await?;
     wait::until(&env.nodes(), &name, "the node deleted", TIMEOUT, |n| {
         n.is_none()
@@ -249,12 +236,7 @@ async fn a_delete_node_maintenance_deletes_no_node_created_again_under_the_name(
     let new_uid = env.nodes().get(&node).await?.uid().context("uid")?;
     assert_ne!(new_uid, old_uid);
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
-    maintenances
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
-        )
+    env.merge_maintenance_status(&name, json!({"phase": "Acting"}))
         .await?;
 
     let coordinator = start(&env, "c2", &[]).await?;
@@ -297,12 +279,7 @@ async fn delete_node_maintenances_remove_one_node_per_replacement_wait() -> anyh
         .await?;
     wait_denied(&env, &second, "BudgetExhausted").await?;
     // The first node drained (as its agent would report it): the coordinator deletes it.
-    maintenances
-        .patch_status(
-            &first,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Acting"}})),
-        )
+    env.merge_maintenance_status(&first, json!({"phase": "Acting"}))
         .await?;
     let deleted = wait::phase(&maintenances, &first, MaintenancePhase::Succeeded, TIMEOUT)
         .await

@@ -37,13 +37,7 @@ async fn a_request_outside_its_window_is_denied_and_admitted_once_a_window_opens
 
     // Open from an hour ago to an hour from now: admitted.
     let open = json!([{"start": clock(zone, -1)?, "end": clock(zone, 1)?, "timeZone": zone}]);
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"windows": open}})),
-        )
+    env.merge_policy_spec(&policy, json!({"windows": open}))
         .await?;
     wait_admitted(&env, &name, TIMEOUT)
         .await
@@ -84,13 +78,7 @@ async fn a_blackout_denies_whatever_the_windows_say_and_admits_once_it_is_over()
 
     // The freeze ended a minute ago: admitted.
     let over = json!([{"start": from_now(-60)?, "end": from_now(-1)?}]);
-    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
-    policies
-        .patch(
-            &policy,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"blackouts": over}})),
-        )
+    env.merge_policy_spec(&policy, json!({"blackouts": over}))
         .await?;
     wait_admitted(&env, &name, TIMEOUT)
         .await

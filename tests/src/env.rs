@@ -212,6 +212,16 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
+    /// Whether this test's pod `name` is gone or being deleted: evicted, as a drain leaves it.
+    pub async fn pod_evicted(&self, name: &str) -> anyhow::Result<bool> {
+        let pod = self
+            .pods()
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading pod {name}"))?;
+        Ok(pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some()))
+    }
+
     /// A test's environment ([`TestEnv::new`]) with one Ready kwok worker in `zone`, named
     /// `node_name(0)`; the environment and the node's name.
     pub async fn with_worker(test: &str, zone: &str) -> anyhow::Result<(Self, String)> {

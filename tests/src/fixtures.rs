@@ -5,7 +5,10 @@ use anyhow::Context;
 use k8s_openapi::{
     api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
 };
-use kube::{Api, api::PostParams};
+use kube::{
+    Api,
+    api::{Patch, PatchParams, PostParams},
+};
 use nodeward_api::{DisruptionPolicy, NodeMaintenance, NodeReport};
 use serde_json::{Value, json};
 
@@ -82,6 +85,37 @@ impl TestEnv {
             action,
         };
         create_maintenance(&self.client, name, spec, &self.id).await
+    }
+
+    /// Merges `spec` into the DisruptionPolicy `name`'s spec, as an operator's edit would;
+    /// returns the policy's new generation.
+    pub async fn merge_policy_spec(&self, name: &str, spec: Value) -> anyhow::Result<i64> {
+        let policy = Api::<DisruptionPolicy>::all(self.client.clone())
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": spec })),
+            )
+            .await
+            .with_context(|| format!("patching the spec of DisruptionPolicy {name}"))?;
+        policy
+            .metadata
+            .generation
+            .with_context(|| format!("DisruptionPolicy {name} has no generation"))
+    }
+
+    /// Merges `status` into the NodeMaintenance `name`'s status, as whoever may write it (an
+    /// agent, the coordinator, or a forger) would: for tests that play the other daemon.
+    pub async fn merge_maintenance_status(&self, name: &str, status: Value) -> anyhow::Result<()> {
+        Api::<NodeMaintenance>::all(self.client.clone())
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await
+            .with_context(|| format!("patching the status of NodeMaintenance {name}"))?;
+        Ok(())
     }
 }
 

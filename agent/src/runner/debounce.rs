@@ -148,35 +148,25 @@ mod tests {
         assert_eq!(d.reported().map(|r| r.finding.status), Some(Status::Ok));
     }
 
+    /// Observes `status`, with the message these tests give it, `secs` after `t0`
+    /// under the test's hold.
+    fn seen(d: &mut Debounced, t0: Instant, secs: u64, status: Status) -> Change {
+        let message = if status == Status::Ok { "fine" } else { "bad" };
+        d.observe(
+            finding(status, message),
+            t0 + Duration::from_secs(secs),
+            HOLD,
+        )
+    }
+
     #[test]
     fn a_problem_is_reported_only_after_it_held_for_the_duration() {
         let t0 = Instant::now();
         let mut d = Debounced::new();
         d.observe(finding(Status::Ok, "fine"), t0, HOLD);
-        assert_eq!(
-            d.observe(
-                finding(Status::Problem, "bad"),
-                t0 + Duration::from_secs(1),
-                HOLD
-            ),
-            Change::None
-        );
-        assert_eq!(
-            d.observe(
-                finding(Status::Problem, "bad"),
-                t0 + Duration::from_secs(20),
-                HOLD
-            ),
-            Change::None
-        );
-        assert_eq!(
-            d.observe(
-                finding(Status::Problem, "bad"),
-                t0 + Duration::from_secs(31),
-                HOLD
-            ),
-            Change::Status
-        );
+        assert_eq!(seen(&mut d, t0, 1, Status::Problem), Change::None);
+        assert_eq!(seen(&mut d, t0, 20, Status::Problem), Change::None);
+        assert_eq!(seen(&mut d, t0, 31, Status::Problem), Change::Status);
         let reported = d.reported().expect("reported");
         assert_eq!(reported.finding.status, Status::Problem);
         assert_eq!(reported.since, t0 + Duration::from_secs(31));
@@ -189,14 +179,11 @@ mod tests {
         d.observe(finding(Status::Ok, "fine"), t0, HOLD);
         for second in 1..200 {
             let observed = if second % 2 == 0 {
-                finding(Status::Problem, "bad")
+                Status::Problem
             } else {
-                finding(Status::Ok, "fine")
+                Status::Ok
             };
-            assert_eq!(
-                d.observe(observed, t0 + Duration::from_secs(second), HOLD),
-                Change::None
-            );
+            assert_eq!(seen(&mut d, t0, second, observed), Change::None);
         }
         assert_eq!(d.reported().map(|r| r.finding.status), Some(Status::Ok));
     }
@@ -210,44 +197,12 @@ mod tests {
             d.reported().map(|r| r.finding.status),
             Some(Status::Problem)
         );
-        assert_eq!(
-            d.observe(
-                finding(Status::Ok, "fine"),
-                t0 + Duration::from_secs(1),
-                HOLD
-            ),
-            Change::None
-        );
+        assert_eq!(seen(&mut d, t0, 1, Status::Ok), Change::None);
         // A relapse restarts the clock.
-        d.observe(
-            finding(Status::Problem, "bad"),
-            t0 + Duration::from_secs(10),
-            HOLD,
-        );
-        assert_eq!(
-            d.observe(
-                finding(Status::Ok, "fine"),
-                t0 + Duration::from_secs(11),
-                HOLD
-            ),
-            Change::None
-        );
-        assert_eq!(
-            d.observe(
-                finding(Status::Ok, "fine"),
-                t0 + Duration::from_secs(40),
-                HOLD
-            ),
-            Change::None
-        );
-        assert_eq!(
-            d.observe(
-                finding(Status::Ok, "fine"),
-                t0 + Duration::from_secs(41),
-                HOLD
-            ),
-            Change::Status
-        );
+        seen(&mut d, t0, 10, Status::Problem);
+        assert_eq!(seen(&mut d, t0, 11, Status::Ok), Change::None);
+        assert_eq!(seen(&mut d, t0, 40, Status::Ok), Change::None);
+        assert_eq!(seen(&mut d, t0, 41, Status::Ok), Change::Status);
     }
 
     #[test]
@@ -335,14 +290,9 @@ mod tests {
             Some(t0),
             "since is when the status changed"
         );
-        assert_eq!(
-            d.observe(
-                finding(Status::Problem, "sg-1, sg-2 missing"),
-                t0 + Duration::from_secs(2),
-                HOLD
-            ),
-            Change::None
-        );
+        let again = finding(Status::Problem, "sg-1, sg-2 missing");
+        let change = d.observe(again, t0 + Duration::from_secs(2), HOLD);
+        assert_eq!(change, Change::None);
     }
 
     #[test]
