@@ -1,11 +1,12 @@
-//! The coordinator's own clock: what the agent writes into a maintenance's status (its phase
-//! history, its start time) moves no deadline, so one node's identity cannot hold a budget
-//! slot for as long as it likes.
+//! The coordinator's own clock: what the agent writes into a maintenance's status moves no
+//! deadline, so one node's identity cannot hold a budget slot for as long as it likes. Its
+//! phase history and start time it may no longer rewrite at all (`phases.rs`); what it may
+//! write while Draining, its drain progress, it writes here as often as it likes.
 
 use super::*;
 
 #[tokio::test]
-async fn an_agent_rewriting_its_phase_history_cannot_hold_its_slot_past_the_drain_deadline()
+async fn an_agent_reporting_drain_progress_cannot_hold_its_slot_past_the_drain_deadline()
 -> anyhow::Result<()> {
     let (env, dir, documents, node, agent) = chart_and_agent_alone("clock").await?;
     env.heartbeats(std::slice::from_ref(&node)).await?;
@@ -40,8 +41,21 @@ async fn an_agent_rewriting_its_phase_history_cannot_hold_its_slot_past_the_drai
         .await?;
     let draining = std::time::Instant::now();
 
-    // The attack: every 3 s the agent writes that it began draining just now.
-    let mut rewrites = 0;
+    // Its history and start time are not the agent's to rewrite.
+    let now = jiff::Timestamp::now().to_string();
+    let rewrite = json!({"status": {
+        "history": [{"phase": "Admitted", "time": now}, {"phase": "Draining", "time": now}],
+        "startedAt": now}});
+    let said = refusal(
+        as_agent
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(rewrite))
+            .await,
+    );
+    assert!(said.starts_with("403"), "{said}");
+
+    // The attack: every 3 s the agent reports progress (one pod fewer, one more, ...): a live,
+    // busy drain as far as anything it writes says.
+    let mut reports = 0;
     let failed = loop {
         let current = maintenances.get(&name).await?;
         if current.phase() == MaintenancePhase::Failed {
@@ -49,23 +63,17 @@ async fn an_agent_rewriting_its_phase_history_cannot_hold_its_slot_past_the_drai
         }
         anyhow::ensure!(
             draining.elapsed() < Duration::from_secs(180),
-            "still {:?} after {:?}: the agent's history held it\n{}",
+            "still {:?} after {:?}: the agent's progress held it\n{}",
             current.phase(),
             draining.elapsed(),
             webhook.coordinator.output()
         );
-        let now = jiff::Timestamp::now().to_string();
+        let progress = json!({"status": {"podsTotal": 10, "podsRemaining": 5 + reports % 2}});
         as_agent
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {
-                    "history": [{"phase": "Admitted", "time": now}, {"phase": "Draining", "time": now}],
-                    "startedAt": now}})),
-            )
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(progress))
             .await
-            .context("the agent's rewrite of its history")?;
-        rewrites += 1;
+            .context("the agent's progress report")?;
+        reports += 1;
         tokio::time::sleep(Duration::from_secs(3)).await;
     };
     let took = draining.elapsed();
@@ -76,11 +84,11 @@ async fn an_agent_rewriting_its_phase_history_cannot_hold_its_slot_past_the_drai
         webhook.coordinator.output()
     );
     assert!(
-        took >= Duration::from_secs(55) && rewrites >= 10,
-        "failed after {took:?} and {rewrites} rewrites: not on the drain deadline"
+        took >= Duration::from_secs(55) && reports >= 10,
+        "failed after {took:?} and {reports} progress reports: not on the drain deadline"
     );
     println!(
-        "a maintenance held Draining by {rewrites} rewrites of its history failed {:.0} s after it began draining (deadlines.drain 60 s)",
+        "a maintenance held Draining by {reports} progress reports failed {:.0} s after it began draining (deadlines.drain 60 s)",
         took.as_secs_f64()
     );
     drop(webhook);

@@ -632,13 +632,15 @@ async fn maintenances_of_its_own_node(
             }})),
         )
         .await?;
-    maintenances
-        .patch_status(
-            &own,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Draining", "podsTotal": 1}})),
-        )
-        .await?;
+    for status in [json!({"phase": "Draining"}), json!({"podsTotal": 1})] {
+        maintenances
+            .patch_status(
+                &own,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": status })),
+            )
+            .await?;
+    }
     for (status, expected) in [
         (
             json!({"admission": {"admittedBy": "agent"}}),
@@ -715,6 +717,21 @@ async fn maintenances_of_its_own_node(
 /// change, what the refusal says.
 type Attack = (&'static str, &'static str, fn(&mut Node), &'static str);
 
+/// Puts the taint `key`(=`value`):`effect` on `node`.
+fn add_taint(node: &mut Node, key: &str, value: Option<&str>, effect: &str) {
+    let taints = node
+        .spec
+        .get_or_insert_with(Default::default)
+        .taints
+        .get_or_insert_with(Vec::new);
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: key.into(),
+        value: value.map(Into::into),
+        effect: effect.into(),
+        ..Default::default()
+    });
+}
+
 /// What the coordinator may not do to a Node, whatever a maintenance left on it.
 fn attacks_on_nodes() -> [Attack; 10] {
     [
@@ -746,17 +763,7 @@ fn attacks_on_nodes() -> [Attack; 10] {
         (
             "a pending taint that evicts",
             "a",
-            |n| {
-                n.spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: "nodeward.io/maintenance-pending".into(),
-                        effect: "NoSchedule".into(),
-                        ..Default::default()
-                    });
-            },
+            |n| add_taint(n, "nodeward.io/maintenance-pending", None, "NoSchedule"),
             "put on nodeward.io/maintenance-pending:PreferNoSchedule",
         ),
         (
@@ -784,33 +791,19 @@ fn attacks_on_nodes() -> [Attack; 10] {
         (
             "add a taint",
             "a",
-            |n| {
-                n.spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: "nodeward.io/maintenance".into(),
-                        effect: "NoExecute".into(),
-                        ..Default::default()
-                    });
-            },
+            |n| add_taint(n, "nodeward.io/maintenance", None, "NoExecute"),
             "may only remove nodeward.io/ taints",
         ),
         (
             "taint out of service without the record",
             "a",
             |n| {
-                n.spec
-                    .get_or_insert_with(Default::default)
-                    .taints
-                    .get_or_insert_with(Vec::new)
-                    .push(k8s_openapi::api::core::v1::Taint {
-                        key: "node.kubernetes.io/out-of-service".into(),
-                        value: Some("nodeshutdown".into()),
-                        effect: "NoExecute".into(),
-                        ..Default::default()
-                    });
+                add_taint(
+                    n,
+                    "node.kubernetes.io/out-of-service",
+                    Some("nodeshutdown"),
+                    "NoExecute",
+                )
             },
             "only with its record nodeward.io/out-of-service",
         ),

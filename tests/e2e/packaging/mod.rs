@@ -9,6 +9,7 @@ mod host_commands;
 mod identity;
 mod marks;
 mod metadata;
+mod phases;
 mod render;
 mod upgrades;
 mod webhook;

@@ -1,0 +1,226 @@
+//! The status fields of the phase it is in: on a maintenance of its own node the agent writes
+//! what the phase it is in gives it (the history by the phase it enters, the start time as the
+//! drain begins, the boot id as the action begins, the finish time as it ends, the drain's
+//! progress while Draining, the host runs of the phase's steps) and nothing else, so that its
+//! own unadmitted request carries no record of a drain or a reboot that never happened.
+
+use super::*;
+
+/// A write the agent tries on its maintenance: what it is, the status merged in, and what the
+/// refusal says (`None`: allowed).
+type Write = (&'static str, Value, Option<&'static str>);
+
+#[tokio::test]
+async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_in()
+-> anyhow::Result<()> {
+    let (env, documents, node, agent) = chart_and_agent("phases").await?;
+    let as_agent: Api<NodeMaintenance> = Api::all(agent);
+    let request = |name: &str| -> anyhow::Result<NodeMaintenance> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {"nodeward.io/node": node}},
+            "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodeward-agent"},
+        }))?)
+    };
+    // The policy in force first (it reaches the API server's admission a moment after its
+    // creation; a write it never saw would make the attempts below no-ops, which the API server
+    // does not admit again).
+    wait::eventually(
+        "the policy to refuse a free name",
+        Duration::from_secs(30),
+        || async {
+            let said = refusal(
+                as_agent
+                    .create(&PostParams::default(), &request("anything")?)
+                    .await,
+            );
+            Ok(said.starts_with("403").then_some(()))
+        },
+    )
+    .await?;
+    let own = format!("{node}-reboot-e2e00002");
+    as_agent
+        .create(&PostParams::default(), &request(&own)?)
+        .await?;
+    let run = |steps: &[&str]| -> Value {
+        steps
+            .iter()
+            .map(|step| json!({"step": step, "command": "true", "startedAt": "2026-11-28T10:00:00Z"}))
+            .collect()
+    };
+    let at = "2026-11-28T10:00:00Z";
+
+    // Its own request, not admitted: no record of anything that has not happened.
+    let pending: Vec<Write> = vec![
+        (
+            "a history of a drain",
+            json!({"history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": at}]}),
+            Some("only by the one entry of the phase it enters (Pending)"),
+        ),
+        (
+            "a start time",
+            json!({"startedAt": at}),
+            Some("startedAt and cordonedByNodeward only as it moves from Admitted to Draining"),
+        ),
+        (
+            "a finish time",
+            json!({"finishedAt": at}),
+            Some("finishedAt only as it ends"),
+        ),
+        (
+            "a boot id",
+            json!({"bootId": "0a1b2c3d"}),
+            Some("bootId only from Draining to Acting"),
+        ),
+        (
+            "a message",
+            json!({"message": "rebooted"}),
+            Some("a message only with a phase change"),
+        ),
+        (
+            "evicted workloads",
+            json!({"evictedWorkloads": [{"kind": "ReplicaSet", "namespace": "shop", "name": "web"}]}),
+            Some("only while it is Draining, not Pending"),
+        ),
+        (
+            "a host run",
+            json!({"hostRuns": run(&["Update"])}),
+            Some("(Pending: none)"),
+        ),
+        (
+            "a Drained condition",
+            json!({"conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "", "lastTransitionTime": at}]}),
+            Some("only the conditions NodeRestored"),
+        ),
+    ];
+    writes(&as_agent, &own, pending).await?;
+
+    // Admitted by "the coordinator" (the admin here), then Draining by the agent with its
+    // history entry and start time, as the agent moves it.
+    env.merge_maintenance_status(
+        &own,
+        json!({"phase": "Admitted", "history": [{"phase": "Admitted", "time": at}]}),
+    )
+    .await?;
+    let draining = json!({"phase": "Draining", "startedAt": at, "cordonedByNodeward": true,
+        "message": "tainted and cordoned; draining",
+        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}]});
+    merge(&as_agent, &own, draining).await?;
+    let draining: Vec<Write> = vec![
+        (
+            "its drain progress",
+            json!({"podsTotal": 3, "podsRemaining": 2}),
+            None,
+        ),
+        (
+            "the before-drain hook's run",
+            json!({"hostRuns": run(&["BeforeDrain"])}),
+            None,
+        ),
+        (
+            "the update's run",
+            json!({"hostRuns": run(&["BeforeDrain", "Update"])}),
+            Some("(Draining: BeforeDrain)"),
+        ),
+        (
+            "a later start",
+            json!({"startedAt": "2026-11-28T11:00:00Z"}),
+            Some("startedAt and cordonedByNodeward only"),
+        ),
+        (
+            "a boot id before acting",
+            json!({"bootId": "0a1b2c3d"}),
+            Some("bootId only from Draining to Acting"),
+        ),
+        (
+            "a history rewritten",
+            json!({"history": [{"phase": "Admitted", "time": "2026-11-28T11:00:00Z"}, {"phase": "Draining", "time": "2026-11-28T11:00:00Z"}]}),
+            Some("only by the one entry of the phase it enters"),
+        ),
+        (
+            "Drained before the drain ends",
+            json!({"conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "", "lastTransitionTime": at}]}),
+            Some("only the conditions NodeRestored"),
+        ),
+    ];
+    writes(&as_agent, &own, draining).await?;
+
+    // Acting, with the boot id and Drained as the drain ends; the progress is then history.
+    let acting = json!({"phase": "Acting", "bootId": "0a1b2c3d", "message": "drained; rebooting",
+        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
+        "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
+    merge(&as_agent, &own, acting).await?;
+    let acting: Vec<Write> = vec![
+        (
+            "the update's run",
+            json!({"hostRuns": run(&["BeforeDrain", "Update"])}),
+            None,
+        ),
+        (
+            "the before-drain hook's run again",
+            json!({"hostRuns": run(&["Update"])}),
+            Some("(Acting: AfterDrain, Update)"),
+        ),
+        (
+            "fewer pods left",
+            json!({"podsRemaining": 0}),
+            Some("only while it is Draining, not Acting"),
+        ),
+        (
+            "another boot id",
+            json!({"bootId": "ffffffff"}),
+            Some("bootId only from Draining to Acting"),
+        ),
+        (
+            "a finish time before the end",
+            json!({"finishedAt": at}),
+            Some("finishedAt only as it ends"),
+        ),
+    ];
+    writes(&as_agent, &own, acting).await?;
+    remove_chart(env, &documents).await
+}
+
+/// Tries each of `attempts` on the maintenance `name`: allowed, or refused saying what each
+/// expects.
+async fn writes(
+    api: &Api<NodeMaintenance>,
+    name: &str,
+    attempts: Vec<Write>,
+) -> anyhow::Result<()> {
+    for (what, status, refused) in attempts {
+        let result = api
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await;
+        match refused {
+            None => {
+                result.with_context(|| format!("{what}: refused"))?;
+            }
+            Some(expected) => {
+                let said = refusal(result);
+
+                assert!(
+                    said.starts_with("403") && said.contains(expected),
+                    "{what}: {said}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Merges `status` into the maintenance `name` as the agent.
+async fn merge(api: &Api<NodeMaintenance>, name: &str, status: Value) -> anyhow::Result<()> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await
+    .with_context(|| format!("the agent's write of {status} on {name}"))?;
+    Ok(())
+}
