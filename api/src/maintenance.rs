@@ -64,7 +64,7 @@ pub struct NodeMaintenanceSpec {
     pub requested_by: Option<String>,
     /// A human note shown in events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
+    #[schemars(length(max = SPEC_MESSAGE_LIMIT))]
     pub message: Option<String>,
     /// Replaces the drain plan of the matching policies for this maintenance only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -152,6 +152,9 @@ impl MaintenancePhase {
 /// The most phase transitions a status keeps (the CRD's `maxItems` for `history`): the oldest
 /// go first.
 pub const HISTORY_LIMIT: usize = 16;
+
+/// The longest note a maintenance's `spec.message` takes (the CRD's `maxLength`).
+pub const SPEC_MESSAGE_LIMIT: usize = 1024;
 
 impl NodeMaintenance {
     /// A maintenance of `node` as nodeward's own parts ask for one, labelled with the node's

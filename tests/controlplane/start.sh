@@ -212,6 +212,7 @@ cat >"$state/env" <<EOF
 KUBECONFIG=$state/admin.kubeconfig
 NODEWARD_API_SERVER=$server
 NODEWARD_CONTROLPLANE_BIN=$bin
+NODEWARD_ETCD=http://127.0.0.1:$etcd_port
 NODEWARD_CONTROLPLANE_START_MS=$elapsed_ms
 EOF
 touch "$state/ready"

@@ -78,6 +78,48 @@ fn wait_ready(
     Ok(())
 }
 
+/// etcd's database of the shared control plane: (bytes in use, bytes of its file), from its
+/// metrics `etcd_mvcc_db_total_size_in_use_in_bytes` and `etcd_mvcc_db_total_size_in_bytes`;
+/// for benchmarks of what writes cost it.
+pub fn etcd_database_bytes() -> anyhow::Result<(u64, u64)> {
+    let env_file = shared().state_dir.join("env");
+    let env =
+        fs::read_to_string(&env_file).with_context(|| format!("reading {}", env_file.display()))?;
+    let etcd = env
+        .lines()
+        .find_map(|l| l.strip_prefix("NODEWARD_ETCD="))
+        .with_context(|| {
+            format!(
+                "{} names no NODEWARD_ETCD (a control plane started by an older start.sh: start it again)",
+                env_file.display()
+            )
+        })?;
+    let output = std::process::Command::new("curl")
+        .args(["-fsS", "--max-time", "10", &format!("{etcd}/metrics")])
+        .output()
+        .context("running curl for etcd's metrics")?;
+    if !output.status.success() {
+        bail!(
+            "etcd's metrics at {etcd}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let metrics = String::from_utf8_lossy(&output.stdout);
+    let value = |name: &str| -> anyhow::Result<u64> {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            // Byte counts well below 2^53: the float is exact.
+            .map(|v| v as u64)
+            .with_context(|| format!("etcd's metrics have no {name}"))
+    };
+    Ok((
+        value("etcd_mvcc_db_total_size_in_use_in_bytes")?,
+        value("etcd_mvcc_db_total_size_in_bytes")?,
+    ))
+}
+
 /// Who a test client acts as.
 #[derive(Clone, Debug)]
 pub enum Identity {

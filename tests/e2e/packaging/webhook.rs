@@ -346,17 +346,22 @@ async fn a_flood_of_requests_from_one_node_is_refused_past_its_bound_and_stalls_
         EvictionWebhook::serving(&env, &dir, &documents, &["--leader-elect=false"]).await?;
     let pid = webhook.coordinator.child.id();
     let rss_before = rss_kib(pid)?;
+    let etcd_before = nodeward_e2e::controlplane::etcd_database_bytes()?;
 
     let flooding: Api<NodeMaintenance> = Api::all(agent.clone());
     let started = std::time::Instant::now();
     let refusals = std::sync::Mutex::new(Vec::new());
+    // Each as large as the agent may make it: the longest note the CRD takes.
+    let largest_message = "m".repeat(nodeward_api::maintenance::SPEC_MESSAGE_LIMIT);
+    let largest_message = largest_message.as_str();
     nodeward_e2e::concurrently(0..FLOOD, 32, |i| {
         let flooding = flooding.clone();
         let refusals = &refusals;
         let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
             "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {NODE_NAME_LABEL: node_a}},
-            "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodeward-agent"},
+            "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodeward-agent",
+                     "message": largest_message},
         }))
         .map_err(Into::into);
         async move {
@@ -434,13 +439,18 @@ async fn a_flood_of_requests_from_one_node_is_refused_past_its_bound_and_stalls_
     )
     .await?;
     let peak = status_kib(pid, "VmHWM")?;
+    let etcd_after = nodeward_e2e::controlplane::etcd_database_bytes()?;
     println!(
-        "{FLOOD} requests from one node's identity in {:.1} s: {stored} stored, {} refused; another node admitted {:.1} s after asking; {superseded} superseded; coordinator RSS {} MiB before, peak {} MiB (limit 256 MiB)",
+        "{FLOOD} requests from one node's identity in {:.1} s: {stored} stored, {} refused; another node admitted {:.1} s after asking; {superseded} superseded; coordinator RSS {} MiB before, peak {} MiB (limit 256 MiB); etcd in use {:.1} -> {:.1} MB, its file {:.1} -> {:.1} MB (the whole control plane's, other tests' writes included)",
         flooded_in.as_secs_f64(),
         refusals.len(),
         admitted_in.as_secs_f64(),
         rss_before / 1024,
-        peak / 1024
+        peak / 1024,
+        megabytes(etcd_before.0),
+        megabytes(etcd_after.0),
+        megabytes(etcd_before.1),
+        megabytes(etcd_after.1),
     );
     assert!(
         peak < 256 * 1024,
@@ -455,4 +465,9 @@ async fn a_flood_of_requests_from_one_node_is_refused_past_its_bound_and_stalls_
         )
         .await?;
     remove_chart(env, &documents).await
+}
+
+/// `bytes` in MB (10^6 bytes).
+fn megabytes(bytes: u64) -> f64 {
+    bytes as f64 / 1e6
 }
