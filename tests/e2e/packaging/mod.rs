@@ -11,6 +11,7 @@ mod marks;
 mod metadata;
 mod phases;
 mod render;
+mod tokens;
 mod upgrades;
 mod webhook;
 
