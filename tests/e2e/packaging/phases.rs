@@ -42,16 +42,37 @@ async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_
     as_agent
         .create(&PostParams::default(), &request(&own)?)
         .await?;
-    let run = |steps: &[&str]| -> Value {
-        steps
-            .iter()
-            .map(|step| json!({"step": step, "command": "true", "startedAt": "2026-11-28T10:00:00Z"}))
-            .collect()
-    };
-    let at = "2026-11-28T10:00:00Z";
+    let at = AT;
 
     // Its own request, not admitted: no record of anything that has not happened.
-    let pending: Vec<Write> = vec![
+    writes(&as_agent, &own, on_its_unadmitted_request()).await?;
+
+    // Admitted by "the coordinator" (the admin here), then Draining by the agent with its
+    // history entry and start time, as the agent moves it.
+    env.merge_maintenance_status(
+        &own,
+        json!({"phase": "Admitted", "history": [{"phase": "Admitted", "time": at}]}),
+    )
+    .await?;
+    let draining = json!({"phase": "Draining", "startedAt": at, "cordonedByNodeward": true,
+        "message": "tainted and cordoned; draining",
+        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}]});
+    merge(&as_agent, &own, draining).await?;
+    writes(&as_agent, &own, while_draining()).await?;
+
+    // Acting, with the boot id and Drained as the drain ends; the progress is then history.
+    let acting = json!({"phase": "Acting", "bootId": "0a1b2c3d", "message": "drained; rebooting",
+        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
+        "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
+    merge(&as_agent, &own, acting).await?;
+    writes(&as_agent, &own, while_acting()).await?;
+    remove_chart(env, &documents).await
+}
+
+/// What the agent tries on its own request before any admission.
+fn on_its_unadmitted_request() -> Vec<Write> {
+    let at = AT;
+    vec![
         (
             "a history of a drain",
             json!({"history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": at}]}),
@@ -92,21 +113,13 @@ async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_
             json!({"conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "", "lastTransitionTime": at}]}),
             Some("only the conditions NodeRestored"),
         ),
-    ];
-    writes(&as_agent, &own, pending).await?;
+    ]
+}
 
-    // Admitted by "the coordinator" (the admin here), then Draining by the agent with its
-    // history entry and start time, as the agent moves it.
-    env.merge_maintenance_status(
-        &own,
-        json!({"phase": "Admitted", "history": [{"phase": "Admitted", "time": at}]}),
-    )
-    .await?;
-    let draining = json!({"phase": "Draining", "startedAt": at, "cordonedByNodeward": true,
-        "message": "tainted and cordoned; draining",
-        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}]});
-    merge(&as_agent, &own, draining).await?;
-    let draining: Vec<Write> = vec![
+/// What the agent tries while its maintenance is Draining.
+fn while_draining() -> Vec<Write> {
+    let at = AT;
+    vec![
         (
             "its drain progress",
             json!({"podsTotal": 3, "podsRemaining": 2}),
@@ -142,15 +155,13 @@ async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_
             json!({"conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "", "lastTransitionTime": at}]}),
             Some("only the conditions NodeRestored"),
         ),
-    ];
-    writes(&as_agent, &own, draining).await?;
+    ]
+}
 
-    // Acting, with the boot id and Drained as the drain ends; the progress is then history.
-    let acting = json!({"phase": "Acting", "bootId": "0a1b2c3d", "message": "drained; rebooting",
-        "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
-        "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
-    merge(&as_agent, &own, acting).await?;
-    let acting: Vec<Write> = vec![
+/// What the agent tries while its maintenance is Acting.
+fn while_acting() -> Vec<Write> {
+    let at = AT;
+    vec![
         (
             "the update's run",
             json!({"hostRuns": run(&["BeforeDrain", "Update"])}),
@@ -176,9 +187,18 @@ async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_
             json!({"finishedAt": at}),
             Some("finishedAt only as it ends"),
         ),
-    ];
-    writes(&as_agent, &own, acting).await?;
-    remove_chart(env, &documents).await
+    ]
+}
+
+/// A time the writes below name.
+const AT: &str = "2026-11-28T10:00:00Z";
+
+/// The host runs of `steps`, just started.
+fn run(steps: &[&str]) -> Value {
+    steps
+        .iter()
+        .map(|step| json!({"step": step, "command": "true", "startedAt": AT}))
+        .collect()
 }
 
 /// Tries each of `attempts` on the maintenance `name`: allowed, or refused saying what each
