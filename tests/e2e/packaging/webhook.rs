@@ -350,35 +350,18 @@ async fn a_flood_of_requests_from_one_node_is_refused_past_its_bound_and_stalls_
 
     let flooding: Api<NodeMaintenance> = Api::all(agent.clone());
     let started = std::time::Instant::now();
-    let refusals = std::sync::Mutex::new(Vec::new());
     // Each as large as the agent may make it: the longest note the CRD takes.
     let largest_message = "m".repeat(nodeward_api::maintenance::SPEC_MESSAGE_LIMIT);
-    let largest_message = largest_message.as_str();
-    nodeward_e2e::concurrently(0..FLOOD, 32, |i| {
-        let flooding = flooding.clone();
-        let refusals = &refusals;
-        let maintenance: anyhow::Result<NodeMaintenance> = serde_json::from_value(json!({
+    let requests = (0..FLOOD).map(|i| {
+        serde_json::from_value::<NodeMaintenance>(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
             "metadata": {"name": format!("{node_a}-reboot-{i:08}"), "labels": {NODE_NAME_LABEL: node_a}},
             "spec": {"nodeName": node_a, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodeward-agent",
                      "message": largest_message},
         }))
-        .map_err(Into::into);
-        async move {
-            if let Err(e) = flooding.create(&PostParams::default(), &maintenance?).await {
-                refusals
-                    .lock()
-                    .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .push(refusal::<()>(Err(e)));
-            }
-            anyhow::Ok(())
-        }
-    })
-    .await?;
+    });
+    let refusals = flood(&flooding, requests.collect::<Result<_, _>>()?).await?;
     let flooded_in = started.elapsed();
-    let refusals = refusals
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("poisoned"))?;
     let bound = "may have at most 10 reboot requests at once and has 10";
     let stored = Api::<NodeMaintenance>::all(env.client.clone())
         .list(&ListParams::default().labels(&format!("{NODE_NAME_LABEL}={node_a}")))
@@ -467,6 +450,30 @@ async fn a_flood_of_requests_from_one_node_is_refused_past_its_bound_and_stalls_
     remove_chart(env, &documents).await
 }
 
+/// Creates every one of `objects` through `api`, 32 at once: what the API server refused.
+async fn flood<K>(api: &Api<K>, objects: Vec<K>) -> anyhow::Result<Vec<String>>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    let refusals = std::sync::Mutex::new(Vec::new());
+    nodeward_e2e::concurrently(objects, 32, |object| {
+        let refusals = &refusals;
+        async move {
+            if let Err(e) = api.create(&PostParams::default(), &object).await {
+                refusals
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned"))?
+                    .push(refusal::<()>(Err(e)));
+            }
+            anyhow::Ok(())
+        }
+    })
+    .await?;
+    refusals
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("poisoned"))
+}
+
 /// `bytes` in MB (10^6 bytes).
 fn megabytes(bytes: u64) -> f64 {
     bytes as f64 / 1e6
@@ -496,26 +503,9 @@ async fn a_flood_of_events_from_one_node_is_refused_past_its_allowance_and_anoth
     // About a Node, cluster-scoped: in the namespace `default`, as the API server wants.
     let events_a: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(agent_a, "default");
     let started = std::time::Instant::now();
-    let refusals = std::sync::Mutex::new(Vec::new());
-    nodeward_e2e::concurrently(0..EVENTS, 32, |n| {
-        let events_a = events_a.clone();
-        let refusals = &refusals;
-        let event = event(&node_a, n);
-        async move {
-            if let Err(e) = events_a.create(&PostParams::default(), &event?).await {
-                refusals
-                    .lock()
-                    .map_err(|_| anyhow::anyhow!("poisoned"))?
-                    .push(refusal::<()>(Err(e)));
-            }
-            anyhow::Ok(())
-        }
-    })
-    .await?;
+    let events = (0..EVENTS).map(|n| event(&node_a, n));
+    let refusals = flood(&events_a, events.collect::<anyhow::Result<_>>()?).await?;
     let took = started.elapsed();
-    let refusals = refusals
-        .into_inner()
-        .map_err(|_| anyhow::anyhow!("poisoned"))?;
     let published = EVENTS - refusals.len();
     // The allowance, and one more for each second the flood took.
     let most = 200 + took.as_secs() as usize + 1;
