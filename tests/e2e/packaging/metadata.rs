@@ -10,7 +10,10 @@ use k8s_openapi::api::events::v1::Event;
 use super::*;
 
 /// The identities the chart gives the agent of `node`, each named.
-async fn identities_of(env: &TestEnv, node: &str) -> anyhow::Result<Vec<(&'static str, Client)>> {
+pub(super) async fn identities_of(
+    env: &TestEnv,
+    node: &str,
+) -> anyhow::Result<Vec<(&'static str, Client)>> {
     let account = format!("{}-nodeward-agent", env.id);
     let pod_bound = agent_on(env, node).await?;
     let uid = env

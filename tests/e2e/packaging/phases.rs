@@ -13,60 +13,58 @@ type Write = (&'static str, Value, Option<&'static str>);
 #[tokio::test]
 async fn an_agent_writes_only_the_status_fields_of_the_phase_its_maintenance_is_in()
 -> anyhow::Result<()> {
-    let (env, documents, node, agent) = chart_and_agent("phases").await?;
-    let as_agent: Api<NodeMaintenance> = Api::all(agent);
-    let request = |name: &str| -> anyhow::Result<NodeMaintenance> {
-        Ok(serde_json::from_value(json!({
+    let (env, _dir, documents) = own_chart("phases").await?;
+    let node = env.node_name(0);
+    let identities = super::metadata::identities_of(&env, &node).await?;
+    held_to_its_own_node(&identities[0].1, &node, &env.node_name(1)).await?;
+    for (index, (how, agent)) in identities.into_iter().enumerate() {
+        let as_agent: Api<NodeMaintenance> = Api::all(agent);
+        let own = format!("{node}-reboot-e2e0000{index}");
+        let request: NodeMaintenance = serde_json::from_value(json!({
             "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {"nodeward.io/node": node}},
+            "metadata": {"name": own, "labels": {"nodeward.io/node": node}},
             "spec": {"nodeName": node, "reason": "Reboot", "action": "Reboot", "requestedBy": "nodeward-agent"},
-        }))?)
-    };
-    // The policy in force first (it reaches the API server's admission a moment after its
-    // creation; a write it never saw would make the attempts below no-ops, which the API server
-    // does not admit again).
-    wait::eventually(
-        "the policy to refuse a free name",
-        Duration::from_secs(30),
-        || async {
-            let said = refusal(
-                as_agent
-                    .create(&PostParams::default(), &request("anything")?)
-                    .await,
-            );
-            Ok(said.starts_with("403").then_some(()))
-        },
-    )
-    .await?;
-    let own = format!("{node}-reboot-e2e00002");
-    as_agent
-        .create(&PostParams::default(), &request(&own)?)
-        .await?;
-    let at = AT;
+        }))?;
+        as_agent
+            .create(&PostParams::default(), &request)
+            .await
+            .with_context(|| format!("{how}: its request"))?;
+        through_the_phases(&env, &as_agent, &own)
+            .await
+            .with_context(|| format!("as the agent with {how}"))?;
+    }
+    remove_chart(env, &documents).await
+}
 
+/// Tries what each phase gives the agent and what it does not, on its request `own`.
+async fn through_the_phases(
+    env: &TestEnv,
+    as_agent: &Api<NodeMaintenance>,
+    own: &str,
+) -> anyhow::Result<()> {
+    let at = AT;
     // Its own request, not admitted: no record of anything that has not happened.
-    writes(&as_agent, &own, on_its_unadmitted_request()).await?;
+    writes(as_agent, own, on_its_unadmitted_request()).await?;
 
     // Admitted by "the coordinator" (the admin here), then Draining by the agent with its
     // history entry and start time, as the agent moves it.
     env.merge_maintenance_status(
-        &own,
+        own,
         json!({"phase": "Admitted", "history": [{"phase": "Admitted", "time": at}]}),
     )
     .await?;
     let draining = json!({"phase": "Draining", "startedAt": at, "cordonedByNodeward": true,
         "message": "tainted and cordoned; draining",
         "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}]});
-    merge(&as_agent, &own, draining).await?;
-    writes(&as_agent, &own, while_draining()).await?;
+    merge(as_agent, own, draining).await?;
+    writes(as_agent, own, while_draining()).await?;
 
     // Acting, with the boot id and Drained as the drain ends; the progress is then history.
     let acting = json!({"phase": "Acting", "bootId": "0a1b2c3d", "message": "drained; rebooting",
         "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
         "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
-    merge(&as_agent, &own, acting).await?;
-    writes(&as_agent, &own, while_acting()).await?;
-    remove_chart(env, &documents).await
+    merge(as_agent, own, acting).await?;
+    writes(as_agent, own, while_acting()).await
 }
 
 /// What the agent tries on its own request before any admission.
@@ -222,8 +220,7 @@ async fn writes(
             }
             Some(expected) => {
                 let said = refusal(result);
-
-                assert!(
+                anyhow::ensure!(
                     said.starts_with("403") && said.contains(expected),
                     "{what}: {said}"
                 );
