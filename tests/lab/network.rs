@@ -36,18 +36,16 @@ async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_go
         "{}",
         found.message
     );
-    // The others reach one peer of two over UDP: one unreachable peer is not their problem.
+    // The others reach one peer of two over UDP: one unreachable peer is not their problem
+    // (waited for: an agent the kubelet restarted under the lab's load is briefly a second
+    // unreachable peer).
     for node in lab.lab.nodes.iter().filter(|n| **n != blocked) {
-        let report = lab.report(node).await?.status.unwrap_or_default();
-        let peers = report
-            .findings
-            .iter()
-            .find(|f| f.detector == "peers")
-            .cloned();
-        assert!(
-            peers.as_ref().is_some_and(|f| f.status == "False"),
-            "{node}: {peers:?}"
-        );
+        lab.cleared(
+            node,
+            "peers",
+            "one unreachable peer of two is not a problem",
+        )
+        .await?;
     }
 
     vm.run(&format!("nft delete table inet {FIREWALL_TABLE}"))
