@@ -1,9 +1,8 @@
-//! The admission webhook that keeps each agent's evictions to the pods of its own node, its
-//! reboot requests to a few at once ([`requests`]) and its Events to a bounded rate
-//! ([`events`]). A ValidatingAdmissionPolicy cannot do
+//! The admission webhook that keeps each agent's evictions to the pods of its own node, and
+//! its reboot requests to a few at once ([`requests`]). A ValidatingAdmissionPolicy cannot do
 //! either: an eviction's admission request carries the Eviction, not the pod, and a policy can
 //! neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
-//! only the agent's `pods/eviction`, NodeMaintenance and Event creations here; every coordinator
+//! only the agent's `pods/eviction` and NodeMaintenance creations here; every coordinator
 //! replica answers, leader or not.
 //!
 //! The decision is a pure function of the request and the pod's node; serving is HTTPS with
@@ -36,7 +35,6 @@ use tokio_rustls::{
 };
 
 pub mod certificate;
-pub mod events;
 pub mod keeper;
 pub mod requests;
 
@@ -226,11 +224,11 @@ pub async fn serve(
     let http = limits.http1();
     let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
     let per_connection = limits.clone();
-    let remembered = Arc::new(Remembered::default());
+    let recent = Arc::new(requests::Recent::default());
     let serving = listener::accept(listener, limits, move |stream, peer| {
         let acceptor = acceptor.clone();
         let client = client.clone();
-        let remembered = remembered.clone();
+        let recent = recent.clone();
         let http = http.clone();
         let limits = per_connection.clone();
         async move {
@@ -247,7 +245,7 @@ pub async fn serve(
                     }
                 };
             let answer = move |request| {
-                let answer = handle(request, client.clone(), remembered.clone());
+                let answer = handle(request, client.clone(), recent.clone());
                 async move {
                     tokio::time::timeout(request_timeout, answer)
                         .await
@@ -287,22 +285,14 @@ fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
-/// What the webhook remembers between answers: the requests it allowed moments ago, and each
-/// node's Event allowance.
-#[derive(Debug, Default)]
-struct Remembered {
-    requests: requests::Recent,
-    events: events::Allowances,
-}
-
 async fn handle(
     request: Request<Incoming>,
     client: Client,
-    remembered: Arc<Remembered>,
+    recent: Arc<requests::Recent>,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     if request.method() != Method::POST
-        || ![EVICTION_PATH, requests::REQUEST_PATH, events::EVENT_PATH].contains(&path.as_str())
+        || ![EVICTION_PATH, requests::REQUEST_PATH].contains(&path.as_str())
     {
         return reply(StatusCode::NOT_FOUND, "{}".to_owned());
     }
@@ -324,19 +314,9 @@ async fn handle(
             Ok(eviction) => Ok(answer_eviction(&eviction, client).await),
             Err(e) => Err(e),
         },
-        Ok(review) if path == events::EVENT_PATH => match events::parse(&review) {
-            Ok(event) => {
-                let verdict = remembered.events.review(&event, std::time::Instant::now());
-                if let Err(why) = &verdict {
-                    tracing::debug!(user = %event.caller.user, %why, "Event refused");
-                }
-                Ok(response(&event.uid, &verdict))
-            }
-            Err(e) => Err(e),
-        },
         Ok(review) => match requests::parse(&review) {
             Ok(asked) => {
-                let verdict = requests::review(&asked, &client, &remembered.requests).await;
+                let verdict = requests::review(&asked, &client, &recent).await;
                 if let Err(why) = &verdict {
                     tracing::warn!(user = %asked.caller.user, maintenance = %asked.name, %why, "reboot request refused");
                 }
