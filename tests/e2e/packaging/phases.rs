@@ -56,14 +56,19 @@ async fn through_the_phases(
     let draining = json!({"phase": "Draining", "startedAt": at, "cordonedByNodeward": true,
         "message": "tainted and cordoned; draining",
         "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}]});
-    merge(as_agent, own, draining).await?;
+    writes(
+        as_agent,
+        own,
+        vec![("the move to Draining", draining, None)],
+    )
+    .await?;
     writes(as_agent, own, while_draining()).await?;
 
     // Acting, with the boot id and Drained as the drain ends; the progress is then history.
     let acting = json!({"phase": "Acting", "bootId": "0a1b2c3d", "message": "drained; rebooting",
         "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
         "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
-    merge(as_agent, own, acting).await?;
+    writes(as_agent, own, vec![("the move to Acting", acting, None)]).await?;
     writes(as_agent, own, while_acting()).await
 }
 
@@ -227,17 +232,5 @@ async fn writes(
             }
         }
     }
-    Ok(())
-}
-
-/// Merges `status` into the maintenance `name` as the agent.
-async fn merge(api: &Api<NodeMaintenance>, name: &str, status: Value) -> anyhow::Result<()> {
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": status})),
-    )
-    .await
-    .with_context(|| format!("the agent's write of {status} on {name}"))?;
     Ok(())
 }
