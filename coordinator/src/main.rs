@@ -122,6 +122,15 @@ struct Run {
     /// How long a serving certificate is valid; renewed with a third of its life left.
     #[arg(long, default_value = "90d", value_parser = humantime::parse_duration)]
     webhook_cert_validity: Duration,
+    /// The agents' service-account user (system:serviceaccount:NAMESPACE:NAME): the webhook
+    /// grants it, where the API server asks (`--authorization-config`), the list and watch of
+    /// its own node's pods (/authorize/pod-reads).
+    #[arg(long, env = "NODEWARD_AGENT_USER")]
+    agent_user: Option<String>,
+    /// The group of host-mode agents' certificates (users nodeward:agent:NODE), granted the
+    /// same.
+    #[arg(long, env = "NODEWARD_AGENT_GROUP")]
+    agent_group: Option<String>,
     /// The agents' ValidatingAdmissionPolicy (and binding) of the release: once its binding is
     /// in force, the copy the chart installs before everything else on a first install
     /// (`<name>-bootstrap`) is removed.
@@ -195,6 +204,16 @@ fn validate(run: &Run) -> Result<(), String> {
         return Err(
             "--webhook-listen needs a certificate: --webhook-secret NAME (the coordinator keeps one) or --webhook-cert-dir DIR".to_owned(),
         );
+    }
+    if let Some(user) = &run.agent_user
+        && user
+            .strip_prefix("system:serviceaccount:")
+            .and_then(|account| account.split_once(':'))
+            .is_none_or(|(namespace, name)| namespace.is_empty() || name.is_empty())
+    {
+        return Err(format!(
+            "--agent-user ({user}) must be a service account's user, e.g. system:serviceaccount:nodeward-system:nodeward-agent"
+        ));
     }
     if run.webhook_cert_validity < Duration::from_secs(10) {
         return Err("--webhook-cert-validity must be at least 10s, e.g. 90d".to_owned());
@@ -359,10 +378,15 @@ async fn start_webhook(
         ));
     }
     let acceptor = webhook::acceptor(serving).map_err(Error::Webhook)?;
-    let (bound, serving) = webhook::serve(address, acceptor, client.clone(), Limits::default())
-        .await
-        .map_err(Error::Webhook)?;
-    tracing::info!(address = %bound, evictions = webhook::EVICTION_PATH, requests = webhook::requests::REQUEST_PATH, "serving the admission webhook");
+    let agents = webhook::pod_reads::Agents {
+        user: run.agent_user.clone(),
+        group: run.agent_group.clone(),
+    };
+    let (bound, serving) =
+        webhook::serve(address, acceptor, client.clone(), agents, Limits::default())
+            .await
+            .map_err(Error::Webhook)?;
+    tracing::info!(address = %bound, evictions = webhook::EVICTION_PATH, requests = webhook::requests::REQUEST_PATH, pod_reads = webhook::pod_reads::POD_READS_PATH, "serving the admission and authorization webhooks");
     tasks.spawn(serving);
     Ok(())
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Starts a real Kubernetes control plane on loopback for the tests: etcd, kube-apiserver (TLS,
-# Node+RBAC authorization, service-account issuer and keys), kube-controller-manager with the
-# controllers nodeward's tests rely on, kube-scheduler, and kwok simulating the nodes annotated
-# `kwok.x-k8s.io/node=fake` and the pods bound to them.
+# authorization by Node, RBAC and nodeward's pod-reads webhook, service-account issuer and
+# keys), kube-controller-manager with the controllers nodeward's tests rely on, kube-scheduler,
+# and kwok simulating the nodes annotated `kwok.x-k8s.io/node=fake` and the pods bound to them.
 #
 #   tests/controlplane/start.sh STATE_DIR [--parent-pid PID]
 #
@@ -100,6 +100,14 @@ keyUsage=digitalSignature,keyEncipherment"
 # kwok has its own user so that the audit log can leave out its heartbeats and lease renewals.
 new_cert kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth
 keyUsage=digitalSignature,keyEncipherment"
+# The pod-reads authorization webhook a test's coordinator serves (nodeward's
+# agent.podReads: authorizationWebhook) on a port fixed for this control plane's life.
+new_cert pod-reads-webhook "/CN=nodeward-pod-reads-webhook" "subjectAltName=IP:127.0.0.1
+extendedKeyUsage=serverAuth
+keyUsage=digitalSignature,keyEncipherment"
+mkdir -p "$pki/pod-reads-webhook"
+cp "$pki/pod-reads-webhook.crt" "$pki/pod-reads-webhook/tls.crt"
+cp "$pki/pod-reads-webhook.key" "$pki/pod-reads-webhook/tls.key"
 openssl_quiet genrsa -out "$pki/sa.key" 2048
 openssl_quiet rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub"
 
@@ -107,6 +115,7 @@ free_port etcd_port
 free_port etcd_peer_port
 free_port api_port
 free_port kwok_port
+free_port pod_reads_port
 server="https://127.0.0.1:$api_port"
 
 source "$(dirname "${BASH_SOURCE[0]}")/../kubeconfig.sh"
@@ -115,6 +124,49 @@ kubeconfig "$state/admin.kubeconfig.tmp" admin admin
 kubeconfig "$state/controller-manager.kubeconfig" controller-manager controller-manager
 kubeconfig "$state/scheduler.kubeconfig" scheduler scheduler
 kubeconfig "$state/kwok.kubeconfig" kwok kwok
+
+# Authorization as a cluster that runs nodeward's pod-reads webhook configures it: Node, RBAC,
+# then the webhook, asked only about reads of pods that RBAC did not allow, with no opinion
+# when no coordinator answers (as in every test but the one that starts it).
+cat >"$state/pod-reads-webhook.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nodeward-pod-reads
+  cluster:
+    server: https://127.0.0.1:$pod_reads_port/authorize/pod-reads
+    certificate-authority: $pki/ca.crt
+users:
+- name: kube-apiserver
+  user: {}
+contexts:
+- name: nodeward-pod-reads
+  context: {cluster: nodeward-pod-reads, user: kube-apiserver}
+current-context: nodeward-pod-reads
+EOF
+cat >"$state/authorization.yaml" <<EOF
+apiVersion: apiserver.config.k8s.io/v1
+kind: AuthorizationConfiguration
+authorizers:
+- type: Node
+  name: node
+- type: RBAC
+  name: rbac
+- type: Webhook
+  name: nodeward-pod-reads
+  webhook:
+    timeout: 3s
+    authorizedTTL: 10s
+    unauthorizedTTL: 1s
+    subjectAccessReviewVersion: v1
+    matchConditionSubjectAccessReviewVersion: v1
+    failurePolicy: NoOpinion
+    connectionInfo:
+      type: KubeConfigFile
+      kubeConfigFile: $state/pod-reads-webhook.kubeconfig
+    matchConditions:
+    - expression: has(request.resourceAttributes) && request.resourceAttributes.resource == 'pods' && request.resourceAttributes.verb in ['list', 'watch']
+EOF
 
 wait_for() { # description, deadline seconds, pid, command...
   local what=$1 deadline=$(($(date +%s) + $2)) pid=$3
@@ -150,7 +202,7 @@ start_apiserver() {
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
-    --authorization-mode Node,RBAC \
+    --authorization-config "$state/authorization.yaml" \
     --enable-admission-plugins NodeRestriction \
     --service-account-issuer https://kubernetes.default.svc \
     --api-audiences https://kubernetes.default.svc \
@@ -213,6 +265,8 @@ KUBECONFIG=$state/admin.kubeconfig
 NODEWARD_API_SERVER=$server
 NODEWARD_CONTROLPLANE_BIN=$bin
 NODEWARD_ETCD=http://127.0.0.1:$etcd_port
+NODEWARD_POD_READS_WEBHOOK_LISTEN=127.0.0.1:$pod_reads_port
+NODEWARD_POD_READS_WEBHOOK_CERT_DIR=$pki/pod-reads-webhook
 NODEWARD_CONTROLPLANE_START_MS=$elapsed_ms
 EOF
 touch "$state/ready"

@@ -78,22 +78,27 @@ fn wait_ready(
     Ok(())
 }
 
+/// `name` in the shared control plane's `env` file (written by start.sh once it is ready).
+pub fn env_value(name: &str) -> anyhow::Result<String> {
+    let env_file = shared().state_dir.join("env");
+    let env =
+        fs::read_to_string(&env_file).with_context(|| format!("reading {}", env_file.display()))?;
+    env.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+        .map(String::from)
+        .with_context(|| {
+            format!(
+                "{} names no {name} (a control plane started by an older start.sh: start it again)",
+                env_file.display()
+            )
+        })
+}
+
 /// etcd's database of the shared control plane: (bytes in use, bytes of its file), from its
 /// metrics `etcd_mvcc_db_total_size_in_use_in_bytes` and `etcd_mvcc_db_total_size_in_bytes`;
 /// for benchmarks of what writes cost it.
 pub fn etcd_database_bytes() -> anyhow::Result<(u64, u64)> {
-    let env_file = shared().state_dir.join("env");
-    let env =
-        fs::read_to_string(&env_file).with_context(|| format!("reading {}", env_file.display()))?;
-    let etcd = env
-        .lines()
-        .find_map(|l| l.strip_prefix("NODEWARD_ETCD="))
-        .with_context(|| {
-            format!(
-                "{} names no NODEWARD_ETCD (a control plane started by an older start.sh: start it again)",
-                env_file.display()
-            )
-        })?;
+    let etcd = env_value("NODEWARD_ETCD")?;
     let output = std::process::Command::new("curl")
         .args(["-fsS", "--max-time", "10", &format!("{etcd}/metrics")])
         .output()

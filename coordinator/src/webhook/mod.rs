@@ -3,7 +3,8 @@
 //! either: an eviction's admission request carries the Eviction, not the pod, and a policy can
 //! neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
 //! only the agent's `pods/eviction` and NodeMaintenance creations here; every coordinator
-//! replica answers, leader or not.
+//! replica answers, leader or not. The same server answers the API server's authorization
+//! webhook, where one is configured: each agent's reads of its own node's pods ([`pod_reads`]).
 //!
 //! The decision is a pure function of the request and the pod's node; serving is HTTPS with
 //! the certificate the coordinator keeps itself ([`keeper`]) or one from files
@@ -36,6 +37,7 @@ use tokio_rustls::{
 
 pub mod certificate;
 pub mod keeper;
+pub mod pod_reads;
 pub mod requests;
 
 pub use self::keeper::{CERTIFICATE_LOADED, Keeper};
@@ -68,21 +70,27 @@ impl Caller {
     }
 }
 
+impl Caller {
+    /// `user`, acting for the node its token claims (`claimed`) or its user name names.
+    pub fn of(user: String, claimed: Option<&str>) -> Self {
+        let named = user.strip_prefix(AGENT_USER_PREFIX);
+        Caller {
+            node: claimed
+                .or(named)
+                .filter(|n| !n.is_empty())
+                .map(String::from),
+            user,
+        }
+    }
+}
+
 /// The caller of an AdmissionReview's `request`.
 pub fn caller(request: &Value) -> Caller {
     let user = request["userInfo"]["username"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let claimed = request["userInfo"]["extra"][NODE_CLAIM][0].as_str();
-    let named = user.strip_prefix(AGENT_USER_PREFIX);
-    Caller {
-        node: claimed
-            .or(named)
-            .filter(|n| !n.is_empty())
-            .map(String::from),
-        user,
-    }
+    Caller::of(user, request["userInfo"]["extra"][NODE_CLAIM][0].as_str())
 }
 
 /// What the API server asked about one eviction.
@@ -215,6 +223,7 @@ pub async fn serve(
     address: SocketAddr,
     acceptor: TlsAcceptor,
     client: Client,
+    agents: pod_reads::Agents,
     limits: Limits,
 ) -> Result<(SocketAddr, impl Future<Output = ()>), String> {
     let listener = tokio::net::TcpListener::bind(address)
@@ -225,10 +234,12 @@ pub async fn serve(
     let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
     let per_connection = limits.clone();
     let recent = Arc::new(requests::Recent::default());
+    let agents = Arc::new(agents);
     let serving = listener::accept(listener, limits, move |stream, peer| {
         let acceptor = acceptor.clone();
         let client = client.clone();
         let recent = recent.clone();
+        let agents = agents.clone();
         let http = http.clone();
         let limits = per_connection.clone();
         async move {
@@ -245,7 +256,7 @@ pub async fn serve(
                     }
                 };
             let answer = move |request| {
-                let answer = handle(request, client.clone(), recent.clone());
+                let answer = handle(request, client.clone(), recent.clone(), agents.clone());
                 async move {
                     tokio::time::timeout(request_timeout, answer)
                         .await
@@ -289,10 +300,16 @@ async fn handle(
     request: Request<Incoming>,
     client: Client,
     recent: Arc<requests::Recent>,
+    agents: Arc<pod_reads::Agents>,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     if request.method() != Method::POST
-        || ![EVICTION_PATH, requests::REQUEST_PATH].contains(&path.as_str())
+        || ![
+            EVICTION_PATH,
+            requests::REQUEST_PATH,
+            pod_reads::POD_READS_PATH,
+        ]
+        .contains(&path.as_str())
     {
         return reply(StatusCode::NOT_FOUND, "{}".to_owned());
     }
@@ -310,6 +327,15 @@ async fn handle(
         }
     };
     let answered = match review {
+        Ok(review) if path == pod_reads::POD_READS_PATH => {
+            pod_reads::parse(review).map(|access| {
+                let verdict = pod_reads::decide(&access, &agents);
+                if verdict.is_err() && agents.include(&access.caller.user, &access.groups) {
+                    tracing::debug!(user = %access.caller.user, ?access.resource, "an agent's read not granted");
+                }
+                pod_reads::response(&verdict)
+            })
+        }
         Ok(review) if path == EVICTION_PATH => match parse(&review) {
             Ok(eviction) => Ok(answer_eviction(&eviction, client).await),
             Err(e) => Err(e),
@@ -329,7 +355,7 @@ async fn handle(
     match answered {
         Ok(answer) => reply(StatusCode::OK, answer.to_string()),
         Err(e) => {
-            tracing::warn!(error = %e, %path, "a webhook request that is not an AdmissionReview");
+            tracing::warn!(error = %e, %path, "a webhook request that is not a review");
             reply(StatusCode::BAD_REQUEST, json!({"error": e}).to_string())
         }
     }

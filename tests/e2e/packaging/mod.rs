@@ -10,6 +10,7 @@ mod identity;
 mod marks;
 mod metadata;
 mod phases;
+mod pod_reads;
 mod render;
 mod tokens;
 mod upgrades;
@@ -129,6 +130,29 @@ impl EvictionWebhook {
         dir: &Path,
         extra: &[&str],
     ) -> anyhow::Result<Self> {
+        let address = nodeward_e2e::daemon::free_address()?;
+        let secret = format!("--webhook-secret={release}-nodeward-coordinator-webhook-tls");
+        let service = format!("--webhook-service={release}-nodeward-coordinator-webhook");
+        let configuration = format!("--webhook-configuration={release}-nodeward-agent-evictions");
+        let mut args = vec![
+            secret.as_str(),
+            service.as_str(),
+            configuration.as_str(),
+            "--webhook-extra-dns=localhost",
+        ];
+        args.extend(extra);
+        Self::listening(env, release, dir, &address, &args).await
+    }
+
+    /// The release's coordinator serving on `address`, with `args` (its certificate among
+    /// them).
+    async fn listening(
+        env: &TestEnv,
+        release: &str,
+        dir: &Path,
+        address: &str,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
         let lease_name = format!("{release}-nodeward-coordinator");
         let now = jiff::Timestamp::now().to_string();
         let lease: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(json!({
@@ -153,9 +177,8 @@ impl EvictionWebhook {
             Identity::Token(token(env, &lease_name, None).await?),
             &kubeconfig,
         )?;
-        let address = nodeward_e2e::daemon::free_address()?;
         let port = address.rsplit(':').next().context("a port")?;
-        let mut args = vec![
+        let mut all = vec![
             "--lease-name",
             &lease_name,
             "--lease-duration",
@@ -165,19 +188,10 @@ impl EvictionWebhook {
             "--retry-period",
             "1m",
             "--webhook-listen",
-            &address,
+            address,
         ];
-        let secret = format!("--webhook-secret={release}-nodeward-coordinator-webhook-tls");
-        let service = format!("--webhook-service={release}-nodeward-coordinator-webhook");
-        let configuration = format!("--webhook-configuration={release}-nodeward-agent-evictions");
-        args.extend([
-            secret.as_str(),
-            service.as_str(),
-            configuration.as_str(),
-            "--webhook-extra-dns=localhost",
-        ]);
-        args.extend(extra);
-        let coordinator = nodeward_e2e::daemon::coordinator_as(env, &kubeconfig, &args)?;
+        all.extend(args);
+        let coordinator = nodeward_e2e::daemon::coordinator_as(env, &kubeconfig, &all)?;
         coordinator
             .wait_ready(Duration::from_secs(60))
             .await
@@ -301,12 +315,23 @@ impl EvictionWebhook {
 /// Two kwok nodes for `env`, and the chart rendered (release = the test's id) to schedule on
 /// them only, with its default policy over them only, applied server-side; the documents.
 async fn apply_chart_on_own_nodes(env: &TestEnv, dir: &Path) -> anyhow::Result<Vec<Value>> {
+    apply_chart_on_own_nodes_with(env, dir, &json!({})).await
+}
+
+/// As [`apply_chart_on_own_nodes`], with the values `overrides` over the test's.
+async fn apply_chart_on_own_nodes_with(
+    env: &TestEnv,
+    dir: &Path,
+    overrides: &Value,
+) -> anyhow::Result<Vec<Value>> {
     env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("b")])
         .await?;
     std::fs::create_dir_all(dir)?;
     let values = dir.join("values.yaml");
     std::fs::write(&values, serde_yaml::to_string(&own_nodes_values(env))?)?;
-    let documents = render(&env.id, &env.namespace, &[&values])?;
+    let more = dir.join("overrides.yaml");
+    std::fs::write(&more, serde_yaml::to_string(overrides)?)?;
+    let documents = render(&env.id, &env.namespace, &[&values, &more])?;
     // The CRDs are every test's (installed once per run); only the upgrade test changes them.
     // The first-install copy of the agents' policy (a hook) is left out: the release as it
     // stands once the coordinator has retired it.
@@ -479,21 +504,30 @@ async fn chart_and_agent_alone(
 /// A test's environment, its scratch directory, and the chart applied on its own two nodes
 /// ([`apply_chart_on_own_nodes`]).
 async fn own_chart(test: &str) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
-    own_chart_in(TestEnv::new(test).await?, test).await
+    own_chart_in(TestEnv::new(test).await?, test, &json!({})).await
+}
+
+/// As [`own_chart`], with the values `overrides` over the test's.
+async fn own_chart_with(
+    test: &str,
+    overrides: &Value,
+) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
+    own_chart_in(TestEnv::new(test).await?, test, overrides).await
 }
 
 /// As [`own_chart`], alone ([`TestEnv::alone`]): for a test whose coordinator decides, which
 /// would act on other tests' maintenances too.
 async fn own_chart_alone(test: &str) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
-    own_chart_in(TestEnv::alone(test).await?, test).await
+    own_chart_in(TestEnv::alone(test).await?, test, &json!({})).await
 }
 
 async fn own_chart_in(
     env: TestEnv,
     test: &str,
+    overrides: &Value,
 ) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
     let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", env.id));
-    let documents = apply_chart_on_own_nodes(&env, &dir).await?;
+    let documents = apply_chart_on_own_nodes_with(&env, &dir, overrides).await?;
     Ok((env, dir, documents))
 }
 
