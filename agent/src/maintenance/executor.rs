@@ -668,7 +668,7 @@ impl Executor {
     ) {
         let note = format!("{note} (correlation {})", uid(m));
         self.events
-            .publish(&m.object_ref(&()), type_, "Maintenance", reason, note)
+            .publish_briefly(m.object_ref(&()), type_, "Maintenance", reason, note)
             .await;
     }
 }

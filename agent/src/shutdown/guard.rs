@@ -610,11 +610,12 @@ impl Guard {
         Ok(())
     }
 
-    /// An Event about this node (best effort: a failure is logged).
+    /// An Event about this node (best effort: a failure is logged; a slow one does not hold the
+    /// shutdown).
     async fn event(&self, type_: EventType, reason: &str, note: String) {
         let node = crate::node_reference(&self.node);
         self.events
-            .publish(&node, type_, "Shutdown", reason, note)
+            .publish_briefly(node, type_, "Shutdown", reason, note)
             .await;
     }
 

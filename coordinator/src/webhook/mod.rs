@@ -1,10 +1,12 @@
-//! The admission webhook that keeps each agent's evictions to the pods of its own node, and
-//! its reboot requests to a few at once ([`requests`]). A ValidatingAdmissionPolicy cannot do
+//! The admission webhook that keeps each agent's evictions to the pods of its own node, its
+//! reboot requests to a few at once ([`requests`]) and its Events to a bounded rate
+//! ([`events`]). A ValidatingAdmissionPolicy cannot do
 //! either: an eviction's admission request carries the Eviction, not the pod, and a policy can
 //! neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
-//! only the agent's `pods/eviction` and NodeMaintenance creations here; every coordinator
-//! replica answers, leader or not. The same server answers the API server's authorization
-//! webhook, where one is configured: each agent's reads of its own node's pods ([`pod_reads`]).
+//! only the agent's `pods/eviction`, NodeMaintenance and Event creations here; every
+//! coordinator replica answers, leader or not. The same server answers the API server's
+//! authorization webhook, where one is configured: each agent's reads of its own node's pods
+//! ([`pod_reads`]).
 //!
 //! The decision is a pure function of the request and the pod's node; serving is HTTPS with
 //! the certificate the coordinator keeps itself ([`keeper`]) or one from files
@@ -36,6 +38,7 @@ use tokio_rustls::{
 };
 
 pub mod certificate;
+pub mod events;
 pub mod keeper;
 pub mod pod_reads;
 pub mod requests;
@@ -233,13 +236,14 @@ pub async fn serve(
     let http = limits.http1();
     let (handshake_timeout, request_timeout) = (limits.handshake_timeout, limits.request_timeout);
     let per_connection = limits.clone();
-    let recent = Arc::new(requests::Recent::default());
-    let agents = Arc::new(agents);
+    let shared = Arc::new(Shared {
+        agents,
+        ..Shared::default()
+    });
     let serving = listener::accept(listener, limits, move |stream, peer| {
         let acceptor = acceptor.clone();
         let client = client.clone();
-        let recent = recent.clone();
-        let agents = agents.clone();
+        let shared = shared.clone();
         let http = http.clone();
         let limits = per_connection.clone();
         async move {
@@ -256,7 +260,7 @@ pub async fn serve(
                     }
                 };
             let answer = move |request| {
-                let answer = handle(request, client.clone(), recent.clone(), agents.clone());
+                let answer = handle(request, client.clone(), shared.clone());
                 async move {
                     tokio::time::timeout(request_timeout, answer)
                         .await
@@ -296,17 +300,26 @@ fn reply(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     response
 }
 
+/// What every answer shares: the requests allowed moments ago, each node's Event allowance,
+/// and who the agents are.
+#[derive(Debug, Default)]
+struct Shared {
+    requests: requests::Recent,
+    events: events::Allowances,
+    agents: pod_reads::Agents,
+}
+
 async fn handle(
     request: Request<Incoming>,
     client: Client,
-    recent: Arc<requests::Recent>,
-    agents: Arc<pod_reads::Agents>,
+    shared: Arc<Shared>,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     if request.method() != Method::POST
         || ![
             EVICTION_PATH,
             requests::REQUEST_PATH,
+            events::EVENT_PATH,
             pod_reads::POD_READS_PATH,
         ]
         .contains(&path.as_str())
@@ -329,8 +342,8 @@ async fn handle(
     let answered = match review {
         Ok(review) if path == pod_reads::POD_READS_PATH => {
             pod_reads::parse(review).map(|access| {
-                let verdict = pod_reads::decide(&access, &agents);
-                if verdict.is_err() && agents.include(&access.caller.user, &access.groups) {
+                let verdict = pod_reads::decide(&access, &shared.agents);
+                if verdict.is_err() && shared.agents.include(&access.caller.user, &access.groups) {
                     tracing::debug!(user = %access.caller.user, ?access.resource, "an agent's read not granted");
                 }
                 pod_reads::response(&verdict)
@@ -340,9 +353,19 @@ async fn handle(
             Ok(eviction) => Ok(answer_eviction(&eviction, client).await),
             Err(e) => Err(e),
         },
+        Ok(review) if path == events::EVENT_PATH => match events::parse(&review) {
+            Ok(event) => {
+                let verdict = shared.events.review(&event, std::time::Instant::now());
+                if let Err(why) = &verdict {
+                    tracing::debug!(user = %event.caller.user, %why, "Event refused");
+                }
+                Ok(response(&event.uid, &verdict))
+            }
+            Err(e) => Err(e),
+        },
         Ok(review) => match requests::parse(&review) {
             Ok(asked) => {
-                let verdict = requests::review(&asked, &client, &recent).await;
+                let verdict = requests::review(&asked, &client, &shared.requests).await;
                 if let Err(why) = &verdict {
                     tracing::warn!(user = %asked.caller.user, maintenance = %asked.name, %why, "reboot request refused");
                 }

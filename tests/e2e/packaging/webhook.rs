@@ -478,3 +478,60 @@ where
 fn megabytes(bytes: u64) -> f64 {
     bytes as f64 / 1e6
 }
+
+/// One node's agent identity publishes Events about its own Node as fast as it can: the
+/// webhook lets through its allowance (200 at once, then one a second) and refuses the rest
+/// with the reason; another node's agent publishes meanwhile.
+#[tokio::test]
+async fn a_flood_of_events_from_one_node_is_refused_past_its_allowance_and_another_node_publishes()
+-> anyhow::Result<()> {
+    const EVENTS: usize = 400;
+    let (env, dir, documents, node_a, agent_a) = chart_and_agent_alone("events").await?;
+    let node_b = env.node_name(1);
+    let agent_b = agent_on(&env, &node_b).await?;
+    let webhook =
+        EvictionWebhook::serving(&env, &dir, &documents, &["--leader-elect=false"]).await?;
+    let event = |node: &str, n: usize| -> anyhow::Result<k8s_openapi::api::events::v1::Event> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}.{n:04}")},
+            "eventTime": "2026-11-28T10:00:00.000000Z",
+            "reportingController": "nodeward-agent", "reportingInstance": node,
+            "action": "Detect", "reason": "E2E", "type": "Normal", "note": "a flood",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }))?)
+    };
+    // About a Node, cluster-scoped: in the namespace `default`, as the API server wants.
+    let events_a: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(agent_a, "default");
+    let started = std::time::Instant::now();
+    let events = (0..EVENTS).map(|n| event(&node_a, n));
+    let refusals = flood(&events_a, events.collect::<anyhow::Result<_>>()?).await?;
+    let took = started.elapsed();
+    let published = EVENTS - refusals.len();
+    // The allowance, and one more for each second the flood took.
+    let most = 200 + took.as_secs() as usize + 1;
+    assert!(
+        (200..=most).contains(&published),
+        "{published} published in {took:?}; {:?}\n{}",
+        refusals.first(),
+        webhook.coordinator.output()
+    );
+    let bound = format!("nodeward-agent on node {node_a} may publish at most 200 Events at once");
+    assert!(
+        refusals
+            .iter()
+            .all(|r| r.starts_with("403") && r.contains(&bound)),
+        "{:?}",
+        refusals.iter().find(|r| !r.contains(&bound))
+    );
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(agent_b, "default")
+        .create(&PostParams::default(), &event(&node_b, 0)?)
+        .await
+        .context("another node's Event during the flood")?;
+    println!(
+        "{EVENTS} Events from one node's identity in {:.1} s: {published} published, {} refused",
+        took.as_secs_f64(),
+        refusals.len()
+    );
+    drop(webhook);
+    remove_chart(env, &documents).await
+}
