@@ -78,7 +78,9 @@ pub struct NodeMaintenanceSpec {
     pub hooks: Option<Hooks>,
 }
 
-#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash,
+)]
 pub enum MaintenanceReason {
     /// The node needs a reboot (kernel or package update).
     Reboot,

@@ -250,6 +250,42 @@ async fn a_control_plane_node_is_not_disrupted_while_another_is_not_ready() -> a
 }
 
 #[tokio::test]
+async fn a_reasons_budget_holds_that_reason_while_others_use_the_rest_of_max_concurrent()
+-> anyhow::Result<()> {
+    let env = scenario("by-reason", &vec![NodeSpec::worker("a"); 3]).await?;
+    let (a, b, c) = (env.node_name(0), env.node_name(1), env.node_name(2));
+    env.create_policy(
+        "pool",
+        json!({"maxConcurrent": 2, "maxConcurrentByReason": {"Remediation": 1}}),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    // One repair takes the repairs' budget: the next waits, saying so.
+    env.create_maintenance("a-repair", &a, "Remediation", "DrainOnly")
+        .await?;
+    wait_admitted(&env, "a-repair", TIMEOUT).await?;
+    env.create_maintenance("b-repair", &b, "Remediation", "DrainOnly")
+        .await?;
+    let denied = wait_denied(&env, "b-repair", "BudgetExhausted").await?;
+    assert!(
+        denied.contains(&format!(
+            "allows 1 Remediation maintenances at once and has 1 ({a})"
+        )),
+        "{denied}"
+    );
+    // An admin's maintenance takes the rest of maxConcurrent meanwhile.
+    env.create_maintenance("c-manual", &c, "Manual", "DrainOnly")
+        .await?;
+    wait_admitted(&env, "c-manual", TIMEOUT).await?;
+    // The first repair done, the second goes (with the admin's, two at once).
+    finish(&env, "a-repair").await?;
+    wait_admitted(&env, "b-repair", TIMEOUT).await?;
+    env.cleanup_after(coordinator).await
+}
+
+#[tokio::test]
 async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_waits()
 -> anyhow::Result<()> {
     let env = scenario("others", &vec![NodeSpec::worker("a"); 3]).await?;

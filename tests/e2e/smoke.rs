@@ -113,6 +113,11 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "priority.min must not be greater than priority.max",
         ),
         (
+            json!({"maxConcurrentByReason": {"Remediation": "150%"}}),
+            "spec.maxConcurrentByReason.Remediation",
+            "maxConcurrentByReason.Remediation must be an integer >= 0 or a percentage",
+        ),
+        (
             json!({"blackouts": [{"start": "2027-01-02T00:00:00Z", "end": "2027-01-01T00:00:00Z"}]}),
             "spec.blackouts[0]",
             "a blackout's end must be after its start",

@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Duration, drain::DrainPlan};
 
+mod by_reason;
 mod status;
+pub use by_reason::ReasonBudgets;
 pub use status::*;
 
 /// CEL for "an integer >= 0 or a percentage from 0% to 100%".
@@ -58,6 +60,9 @@ pub struct DisruptionPolicySpec {
     #[serde(default = "default_max_concurrent")]
     #[x_kube(validation = Rule::new(COUNT_OR_PERCENT_RULE).message("maxConcurrent must be an integer >= 0 or a percentage from \"0%\" to \"100%\", e.g. 1 or \"10%\""))]
     pub max_concurrent: IntOrString,
+    /// Tighter limits for nodeward's maintenances of one reason, within `maxConcurrent`.
+    #[serde(default, skip_serializing_if = "ReasonBudgets::is_empty")]
+    pub max_concurrent_by_reason: ReasonBudgets,
     /// Remediation stops while more matched nodes than this are unhealthy (count or
     /// percentage, rounded down).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use nodeward_api::policy::ResolvedDeadlines;
+use nodeward_api::{MaintenanceReason, policy::ResolvedDeadlines};
 
 /// What admission needs to know of a node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,6 +40,9 @@ pub struct PolicyState {
     /// The nodes its selector matches.
     pub matched: BTreeSet<String>,
     pub max_concurrent: usize,
+    /// `maxConcurrentByReason`, resolved: the most of nodeward's maintenances of a reason at
+    /// once.
+    pub max_by_reason: BTreeMap<MaintenanceReason, usize>,
     pub max_unhealthy: Option<usize>,
     pub paused: bool,
     /// Whether one of its windows is open now (true when it has none).
@@ -71,6 +74,8 @@ pub struct Cluster {
     /// cluster autoscaler or Karpenter, fenced by medik8s), with who: they count against the
     /// budgets as nodeward's own do.
     pub others: BTreeMap<String, String>,
+    /// The nodes of `disrupted` by the reasons of the maintenances that disrupt them.
+    pub by_reason: BTreeMap<MaintenanceReason, BTreeSet<String>>,
 }
 
 impl Cluster {
@@ -105,6 +110,24 @@ impl Cluster {
             .collect()
     }
 
+    /// Marks `node` disrupted by a maintenance of `reason`.
+    pub fn disrupt(&mut self, node: &str, reason: MaintenanceReason) {
+        self.disrupted.insert(node.to_owned());
+        self.by_reason
+            .entry(reason)
+            .or_default()
+            .insert(node.to_owned());
+    }
+
+    /// Forgets that `node` is disrupted by a maintenance of `reason` (it was the one being
+    /// decided).
+    pub fn undisrupt(&mut self, node: &str, reason: MaintenanceReason) {
+        self.disrupted.remove(node);
+        if let Some(nodes) = self.by_reason.get_mut(&reason) {
+            nodes.remove(node);
+        }
+    }
+
     /// `node` as a denial names it: with the other actor disrupting it, if one is.
     pub fn named(&self, node: &str) -> String {
         match self.others.get(node) {
@@ -119,9 +142,16 @@ impl Cluster {
 pub struct Pending {
     pub maintenance: String,
     pub node: String,
-    /// Reason `Remediation` (subject to `maxUnhealthy`).
-    pub remediation: bool,
+    /// Its reason (`Remediation` is subject to `maxUnhealthy`; each to its
+    /// `maxConcurrentByReason`).
+    pub reason: MaintenanceReason,
     /// Whether the node's agent carries it out (a coordinator action, such as deleting a node
     /// that never became Ready, needs none).
     pub needs_agent: bool,
+}
+
+impl Pending {
+    pub fn is_remediation(&self) -> bool {
+        self.reason == MaintenanceReason::Remediation
+    }
 }

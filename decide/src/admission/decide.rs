@@ -55,6 +55,8 @@ pub fn decide(cluster: &Cluster, not_ready: &BTreeSet<String>, pending: &Pending
 mod tests {
     use std::collections::BTreeMap;
 
+    use nodeward_api::MaintenanceReason;
+
     use super::*;
 
     fn decide(cluster: &Cluster, pending: &Pending) -> Decision {
@@ -87,6 +89,7 @@ mod tests {
             nodes,
             disrupted: BTreeSet::new(),
             others: BTreeMap::new(),
+            by_reason: BTreeMap::new(),
         }
     }
 
@@ -95,6 +98,7 @@ mod tests {
             name: name.into(),
             matched,
             max_concurrent,
+            max_by_reason: BTreeMap::new(),
             max_unhealthy: None,
             paused: false,
             window_open: true,
@@ -116,7 +120,7 @@ mod tests {
         Pending {
             maintenance: format!("m-{node}"),
             node: node.into(),
-            remediation: false,
+            reason: MaintenanceReason::Manual,
             needs_agent: true,
         }
     }
@@ -144,6 +148,48 @@ mod tests {
         // The NotReady node itself may be repaired within the budget.
         c.disrupted.clear();
         assert_eq!(reason(&decide(&c, &pending("w3"))), "Admit");
+    }
+
+    #[test]
+    fn a_reasons_budget_holds_its_reason_within_max_concurrent() {
+        let mut c = cluster(4, 0);
+        c.policies[0].max_concurrent = 3;
+        c.policies[0]
+            .max_by_reason
+            .insert(MaintenanceReason::Remediation, 1);
+        c.disrupt("w0", MaintenanceReason::Remediation);
+        let repair = Pending {
+            reason: MaintenanceReason::Remediation,
+            ..pending("w1")
+        };
+        let d = decide(&c, &repair);
+        assert_eq!(reason(&d), "BudgetExhausted");
+        if let Decision::Deny(Denial { message, rule, .. }) = &d {
+            assert_eq!(*rule, "budget");
+            assert_eq!(
+                message,
+                "policy all allows 1 Remediation maintenances at once and has 1 (w0)"
+            );
+        }
+        // Another reason takes what is left of maxConcurrent.
+        assert_eq!(reason(&decide(&c, &pending("w1"))), "Admit");
+        c.disrupt("w1", MaintenanceReason::Manual);
+        c.disrupt("w2", MaintenanceReason::Reboot);
+        assert_eq!(
+            reason(&decide(&c, &pending("w3"))),
+            "BudgetExhausted",
+            "maxConcurrent still holds"
+        );
+        // A half-done admission decided again is not held back by itself (the round takes
+        // its node out first, as here).
+        c.undisrupt("w1", MaintenanceReason::Manual);
+        c.undisrupt("w2", MaintenanceReason::Reboot);
+        c.undisrupt("w0", MaintenanceReason::Remediation);
+        let own = Pending {
+            reason: MaintenanceReason::Remediation,
+            ..pending("w0")
+        };
+        assert_eq!(reason(&decide(&c, &own)), "Admit");
     }
 
     #[test]
@@ -221,9 +267,9 @@ mod tests {
             node(&mut c, n).unhealthy = true;
         }
         let mut p = pending("w0");
-        p.remediation = true;
+        p.reason = MaintenanceReason::Remediation;
         assert_eq!(reason(&decide(&c, &p)), "TooManyUnhealthy");
-        p.remediation = false;
+        p.reason = MaintenanceReason::Reboot;
         assert_eq!(
             reason(&decide(&c, &p)),
             "Admit",
@@ -240,7 +286,7 @@ mod tests {
         c.disrupted.insert("w1".into());
         assert_eq!(reason(&decide(&c, &pending("w1"))), "Blocked");
         let repair = Pending {
-            remediation: true,
+            reason: MaintenanceReason::Remediation,
             ..pending("w0")
         };
         assert_eq!(
@@ -337,7 +383,7 @@ mod tests {
             }),
             ("quorum", |c, _| node(c, "cp1").ready = false),
             ("maxUnhealthy", |c, p| {
-                p.remediation = true;
+                p.reason = MaintenanceReason::Remediation;
                 c.policies[0].max_unhealthy = Some(0);
                 node(c, "w0").unhealthy = true;
             }),

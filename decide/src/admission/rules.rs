@@ -135,7 +135,7 @@ pub const RULES: &[Rule] = &[
     Rule {
         name: "budget",
         reasons: &[denial::BUDGET_EXHAUSTED],
-        input: "spec.maxConcurrent against the admitted, unfinished maintenances, the NotReady nodes and the nodes other actors disrupt",
+        input: "spec.maxConcurrent against the admitted, unfinished maintenances, the NotReady nodes and the nodes other actors disrupt; spec.maxConcurrentByReason against those of the maintenance's reason",
         check: budgets_allow,
     },
     Rule {
@@ -237,7 +237,12 @@ fn not_in_blackout(i: &Inputs) -> Verdict {
 /// No blocker (an alert, a blocking pod) holds the node, unless it is being repaired.
 fn not_blocked(i: &Inputs) -> Verdict {
     // Remediation is not held back: a failing node's own alerts must not stop its repair.
-    match i.node.blocker.as_ref().filter(|_| !i.pending.remediation) {
+    match i
+        .node
+        .blocker
+        .as_ref()
+        .filter(|_| !i.pending.is_remediation())
+    {
         Some(blocker) => Err((
             denial::BLOCKED,
             format!("disruption of {} is blocked: {blocker}", i.pending.node),
@@ -320,7 +325,7 @@ fn quorum_allows(i: &Inputs) -> Verdict {
 
 /// A repair goes only while no policy counts more unhealthy nodes than its `maxUnhealthy`.
 fn health_allows(i: &Inputs) -> Verdict {
-    if !i.pending.remediation {
+    if !i.pending.is_remediation() {
         return Ok(());
     }
     for p in i.policies {
@@ -342,27 +347,60 @@ fn health_allows(i: &Inputs) -> Verdict {
     Ok(())
 }
 
-/// Every policy counting the node has a disruption left in its `maxConcurrent`.
+/// Every policy counting the node has a disruption left in its `maxConcurrent`, and one for a
+/// maintenance of this reason in its `maxConcurrentByReason`.
 fn budgets_allow(i: &Inputs) -> Verdict {
+    let reason = i.pending.reason;
     for p in i.policies {
         let in_use = i.cluster.in_use(p, i.not_ready, Some(&i.pending.node));
         if in_use.len() >= p.max_concurrent {
-            let count = in_use.len();
-            let mut names: Vec<String> =
-                in_use.iter().take(5).map(|n| i.cluster.named(n)).collect();
-            if count > names.len() {
-                names.push("...".to_owned());
-            }
-            return Err((
-                denial::BUDGET_EXHAUSTED,
-                format!(
-                    "policy {} allows {} disrupted nodes at once and has {count} ({})",
-                    p.name,
-                    p.max_concurrent,
-                    names.join(", ")
-                ),
+            return Err(exhausted(
+                i.cluster,
+                &p.name,
+                &format!("{} disrupted nodes", p.max_concurrent),
+                &in_use,
+            ));
+        }
+        let Some(&limit) = p.max_by_reason.get(&reason) else {
+            continue;
+        };
+        let of_reason: BTreeSet<&String> = i
+            .cluster
+            .by_reason
+            .get(&reason)
+            .into_iter()
+            .flatten()
+            .filter(|n| p.matched.contains(*n))
+            .collect();
+        if of_reason.len() >= limit {
+            return Err(exhausted(
+                i.cluster,
+                &p.name,
+                &format!("{limit} {reason:?} maintenances"),
+                &of_reason,
             ));
         }
     }
     Ok(())
+}
+
+/// The denial of a policy whose budget of `allowed` is taken by `in_use`.
+fn exhausted(
+    cluster: &Cluster,
+    policy: &str,
+    allowed: &str,
+    in_use: &BTreeSet<&String>,
+) -> (&'static str, String) {
+    let count = in_use.len();
+    let mut names: Vec<String> = in_use.iter().take(5).map(|n| cluster.named(n)).collect();
+    if count > names.len() {
+        names.push("...".to_owned());
+    }
+    (
+        denial::BUDGET_EXHAUSTED,
+        format!(
+            "policy {policy} allows {allowed} at once and has {count} ({})",
+            names.join(", ")
+        ),
+    )
 }

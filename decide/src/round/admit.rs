@@ -99,12 +99,12 @@ pub(super) fn admit_pending(
             .get(&node)
             .is_some_and(|by| by.len() == 1 && by.contains(&uid));
         if only_self {
-            cluster.disrupted.remove(&node);
+            cluster.undisrupt(&node, m.spec.reason);
         }
         let request = Pending {
             maintenance: name.clone(),
             node: node.clone(),
-            remediation: m.spec.reason == MaintenanceReason::Remediation,
+            reason: m.spec.reason,
             // Deleting a dead node is the coordinator's alone: there is nothing to drain.
             needs_agent: !(m.spec.action == MaintenanceAction::DeleteNode
                 && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
@@ -116,7 +116,7 @@ pub(super) fn admit_pending(
                     .get(&node)
                     .map(|n| (n.uid.clone(), n.surges.clone()))
                     .unwrap_or_default();
-                cluster.disrupted.insert(node);
+                cluster.disrupt(&node, m.spec.reason);
                 let mut new_slots_in = Vec::new();
                 for policy in &policies {
                     let list = slots.entry(policy.clone()).or_default();
@@ -149,7 +149,7 @@ pub(super) fn admit_pending(
                 // write out, and the slots go only after it.
                 let holds_slots = slots.values().flatten().any(|s| s.uid == uid);
                 if holds_slots {
-                    cluster.disrupted.insert(node);
+                    cluster.disrupt(&node, m.spec.reason);
                 }
                 plan.deny.push(Denial {
                     maintenance: name,

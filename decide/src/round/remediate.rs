@@ -126,13 +126,13 @@ pub(super) fn admit_without_agent(
     let pending = Pending {
         maintenance: format!("coordinator action on {node}"),
         node: node.to_owned(),
-        remediation: true,
+        reason: MaintenanceReason::Remediation,
         // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
     };
     match decide(deciding, not_ready, &pending) {
         Decision::Admit { .. } => {
-            deciding.disrupted.insert(node.to_owned());
+            deciding.disrupt(node, MaintenanceReason::Remediation);
             Ok(())
         }
         Decision::Deny(denied) => Err(denied.message),

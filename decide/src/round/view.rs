@@ -8,7 +8,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube_core::{Resource, ResourceExt};
 use nodeward_api::{
-    DisruptionPolicy, MaintenanceAction, MaintenancePhase, NodeMaintenance, NodeReport,
+    DisruptionPolicy, MaintenanceAction, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    NodeReport,
     fleet::LEASE_PREFIX,
     labels::CONTROL_PLANE_ROLE_LABEL,
     node::is_ready,
@@ -177,6 +178,7 @@ pub(super) struct PolicyView<'a> {
     /// Its failure budget as of now, if it has one.
     pub failures: Option<Spending>,
     pub max_concurrent: usize,
+    pub max_by_reason: BTreeMap<MaintenanceReason, usize>,
     pub max_unhealthy: Option<usize>,
     pub window_open: bool,
     pub next_window: Option<Timestamp>,
@@ -220,6 +222,17 @@ fn view<'a>(
         problems.push(e.to_string());
         0
     });
+    let max_by_reason = policy
+        .spec
+        .max_concurrent_by_reason
+        .limits()
+        .filter_map(|(reason, field, limit)| {
+            budget::resolve(field, limit, matched.len(), Rounding::DownAtLeastOne)
+                .map_err(|e| problems.push(e.to_string()))
+                .ok()
+                .map(|count| (reason, count))
+        })
+        .collect();
     let max_unhealthy = policy.spec.max_unhealthy.as_ref().and_then(|limit| {
         budget::resolve("maxUnhealthy", limit, matched.len(), Rounding::Down)
             .map_err(|e| problems.push(e.to_string()))
@@ -233,6 +246,7 @@ fn view<'a>(
         matched,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
         max_concurrent,
+        max_by_reason,
         max_unhealthy,
         window_open,
         blackout: window::in_blackout(&policy.spec.blackouts, now),
@@ -322,6 +336,28 @@ pub(super) fn was_ready_before(node: &Node) -> bool {
     })
 }
 
+/// The nodes `disrupted_by` maintenances, by those maintenances' reasons (a slot whose
+/// maintenance is gone counts under none).
+fn by_reason(
+    index: &Index,
+    disrupted_by: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<MaintenanceReason, BTreeSet<String>> {
+    let mut by_reason: BTreeMap<MaintenanceReason, BTreeSet<String>> = BTreeMap::new();
+    for m in index.maintenances.values() {
+        let node = &m.spec.node_name;
+        let disrupts = disrupted_by
+            .get(node)
+            .is_some_and(|uids| m.uid().is_some_and(|uid| uids.contains(&uid)));
+        if disrupts {
+            by_reason
+                .entry(m.spec.reason)
+                .or_default()
+                .insert(node.clone());
+        }
+    }
+    by_reason
+}
+
 /// The cluster as admission sees it: every node's state, each policy with the nodes it
 /// counts (matched, and those holding one of its `slots` though no longer matched), and the
 /// nodes `disrupted_by` some maintenance. A node is unhealthy if it is not Ready or is in
@@ -376,6 +412,7 @@ pub(super) fn cluster(
                     name: p.name.clone(),
                     matched,
                     max_concurrent: p.max_concurrent,
+                    max_by_reason: p.max_by_reason.clone(),
                     max_unhealthy: p.max_unhealthy,
                     paused: p.policy.spec.paused,
                     window_open: p.window_open,
@@ -394,6 +431,7 @@ pub(super) fn cluster(
             })
             .collect(),
         disrupted: disrupted_by.keys().cloned().collect(),
+        by_reason: by_reason(index, disrupted_by),
         others: index
             .nodes
             .iter()
