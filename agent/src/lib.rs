@@ -73,3 +73,14 @@ pub enum Error {
     #[error(transparent)]
     Runtime(#[from] nodeward_runtime::Error),
 }
+
+impl Error {
+    /// The write the cluster refused, if that is what went wrong
+    /// ([`nodeward_runtime::ApiError::is_refusal`]).
+    pub fn refusal(&self) -> Option<&nodeward_runtime::ApiError> {
+        match self {
+            Self::Kube(e) if e.is_refusal() => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -64,7 +64,18 @@ impl ApiError {
             _ => None,
         }
     }
+
+    /// Whether the cluster refused the write (RBAC, an admission policy or webhook,
+    /// validation): retrying does not make it go through, so the daemons show it to whoever
+    /// looks at the object, not only in their logs.
+    pub fn is_refusal(&self) -> bool {
+        matches!(self.code(), Some(400 | 403 | 422))
+    }
 }
+
+/// The reason of the Warning Event a daemon publishes about an object when the cluster
+/// refuses its write to it.
+pub const WRITE_REFUSED: &str = "WriteRefused";
 
 /// A client error in one line: an API server's answer as its message with code and reason.
 pub fn brief(e: &kube::Error) -> String {

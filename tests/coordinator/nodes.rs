@@ -219,43 +219,15 @@ async fn a_node_under_maintenance_carries_the_other_actors_marks_and_keeps_an_ad
 
 #[tokio::test]
 async fn a_node_write_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow::Result<()> {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let env = scenario("refused", &[NodeSpec::worker("a")]).await?;
     let node = env.node_name(0);
-    // The cluster's own rule, beside the chart's: no Node of this test gets this label
-    // (labelled as the test's release, so that its cleanup deletes it).
-    let name = format!("{}-no-refused-label", env.id);
-    let metadata = json!({"name": name, "labels": {"app.kubernetes.io/instance": env.id}});
-    let prefix = format!("{}-", env.id);
-    nodeward_e2e::env::apply(
-        &Api::<ValidatingAdmissionPolicy>::all(env.client.clone()),
-        "ValidatingAdmissionPolicy",
-        &name,
-        &json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-            "metadata": metadata,
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
-                    "operations": ["UPDATE"], "resources": ["nodes"]}]},
-                "matchConditions": [{"name": "this-test", "expression": format!("request.name.startsWith('{prefix}')")}],
-                "validations": [{"expression": "!('example.com/refused' in object.metadata.?labels.orValue({}))",
-                    "message": "this cluster does not allow example.com/refused on nodes"}],
-            },
-        }),
-    )
-    .await?;
-    nodeward_e2e::env::apply(
-        &Api::<ValidatingAdmissionPolicyBinding>::all(env.client.clone()),
-        "ValidatingAdmissionPolicyBinding",
-        &name,
-        &json!({
-            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": metadata,
-            "spec": {"policyName": name, "validationActions": ["Deny"]},
-        }),
+    // The cluster's own rule, beside the chart's: no Node of this test gets this label.
+    env.refusing_policy(
+        "no-refused-label",
+        json!([{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]}]),
+        &format!("request.name.startsWith('{}-')", env.id),
+        "!('example.com/refused' in object.metadata.?labels.orValue({}))",
+        "this cluster does not allow example.com/refused on nodes",
     )
     .await?;
     // In force once it refuses the admin too (the API server loads policies a moment later).

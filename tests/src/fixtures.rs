@@ -87,6 +87,54 @@ impl TestEnv {
         create_maintenance(&self.client, name, spec, &self.id).await
     }
 
+    /// A ValidatingAdmissionPolicy of the cluster's own beside the chart's, named `name` after
+    /// the test (and labelled as its release, so that its cleanup deletes it): requests to
+    /// `resource_rules` for which `when` holds are refused with `message` unless `allowed`
+    /// holds. The API server enforces it a moment later: wait for a refusal before relying on
+    /// it.
+    pub async fn refusing_policy(
+        &self,
+        name: &str,
+        resource_rules: Value,
+        when: &str,
+        allowed: &str,
+        message: &str,
+    ) -> anyhow::Result<()> {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let name = format!("{}-{name}", self.id);
+        let metadata = json!({"name": name, "labels": {"app.kubernetes.io/instance": self.id}});
+        crate::env::apply(
+            &Api::<ValidatingAdmissionPolicy>::all(self.client.clone()),
+            "ValidatingAdmissionPolicy",
+            &name,
+            &json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+                "metadata": metadata,
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": {"resourceRules": resource_rules},
+                    "matchConditions": [{"name": "this-test", "expression": when}],
+                    "validations": [{"expression": allowed, "message": message}],
+                },
+            }),
+        )
+        .await?;
+        crate::env::apply(
+            &Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone()),
+            "ValidatingAdmissionPolicyBinding",
+            &name,
+            &json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+                "metadata": metadata,
+                "spec": {"policyName": name, "validationActions": ["Deny"]},
+            }),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Merges `spec` into the DisruptionPolicy `name`'s spec, as an operator's edit would;
     /// returns the policy's new generation.
     pub async fn merge_policy_spec(&self, name: &str, spec: Value) -> anyhow::Result<i64> {

@@ -22,7 +22,7 @@ use nodeward_api::{
     update::HostRun,
 };
 use nodeward_runtime::{
-    ApiError, cordon,
+    ApiError, WRITE_REFUSED, cordon,
     events::Events,
     stop::{self, Stopping},
     write::{self, Part},
@@ -94,6 +94,12 @@ impl Executor {
             for m in maintenances {
                 if let Err(e) = self.advance(&m, &store, &mut this_boot).await {
                     tracing::warn!(maintenance = %m.name_any(), correlation = %uid(&m), error = %e, "maintenance step failed; retrying");
+                    if let Some(refused) = e.refusal() {
+                        let note =
+                            format!("the API server refused nodeward-agent's write: {refused}");
+                        self.event(&m, EventType::Warning, WRITE_REFUSED, note)
+                            .await;
+                    }
                 }
             }
         }

@@ -30,7 +30,7 @@ use nodeward_api::{
     report::{AgentMode, Finding as ReportedFinding, KernelLogSource},
 };
 use nodeward_runtime::{
-    ApiError,
+    ApiError, WRITE_REFUSED,
     events::Events,
     stop::{self, Stopping},
     write::{self, Part},
@@ -280,6 +280,7 @@ impl Reporter {
             let mut failed = false;
             if let Err(e) = self.write_conditions(&snapshot).await {
                 tracing::warn!(error = %e, node = %self.identity.node_name, "writing node conditions failed; will retry");
+                self.refused(&e).await;
                 failed = true;
             }
             if report_due {
@@ -293,6 +294,7 @@ impl Reporter {
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");
+                        self.refused(&e).await;
                         failed = true;
                     }
                 }
@@ -458,6 +460,21 @@ impl Reporter {
         let applied = write::apply(nodes, name, Part::Status, AGENT_FIELD_MANAGER, &status).await;
         self.metrics.api_write("nodes/status", applied.is_written());
         Ok(applied.or_gone()?)
+    }
+
+    /// A write the cluster refused, as a Warning Event about the Node: who looks at it sees
+    /// why its conditions or report do not change (repeats count in the Event's series).
+    async fn refused(&mut self, e: &crate::Error) {
+        let Some(refused) = e.refusal() else { return };
+        let node = crate::node_reference(&self.identity.node_name);
+        let note = format!("the API server refused nodeward-agent's write: {refused}");
+        let published = self
+            .events
+            .publish(&node, EventType::Warning, "Report", WRITE_REFUSED, note)
+            .await;
+        if let Some(published) = published {
+            self.metrics.api_write("events", published);
+        }
     }
 
     /// Publishes Events about `reference`, within the rate limit.

@@ -88,7 +88,7 @@ impl Controller {
     /// the Event's series.
     fn refused(&self, node: &str, uid: &str, what: &str, e: &nodeward_runtime::ApiError) {
         tracing::warn!(%node, error = %e, "{what} not changed");
-        if matches!(e.code(), Some(400 | 403 | 422)) {
+        if e.is_refusal() {
             let mut object = Node::default();
             object.metadata.name = Some(node.to_owned());
             object.metadata.uid = Some(uid.to_owned());

@@ -213,6 +213,54 @@ async fn a_deleted_node_report_is_written_again_within_a_heartbeat() -> anyhow::
     env.cleanup_after(agent).await
 }
 
+#[tokio::test]
+async fn a_report_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow::Result<()> {
+    let (env, node, agent) =
+        one_node_with_agent("agent-report-refused", "zone-b", "300ms", "2s").await?;
+    agent.wait_ready().await?;
+    // The cluster's own rule: no report of this node is written any more.
+    env.refusing_policy(
+        "no-report",
+        serde_json::json!([{"apiGroups": ["nodeward.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodereports", "nodereports/status"]}]),
+        &format!("request.name == '{node}'"),
+        "false",
+        "this cluster takes no NodeReport of this node",
+    )
+    .await?;
+    // In force once it refuses the admin too; then the agent writes its report again.
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let mut again = reports.get(&node).await?;
+    again.metadata = kube::api::ObjectMeta {
+        name: Some(node.clone()),
+        ..Default::default()
+    };
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
+        let refused = match reports.create(&dry, &again).await {
+            Err(kube::Error::Api(status)) => status.message.contains("takes no NodeReport"),
+            _ => false,
+        };
+        Ok(refused.then_some(()))
+    })
+    .await?;
+    reports.delete(&node, &DeleteParams::default()).await?;
+    let event = env
+        .wait_event(&node, "regarding.kind=Node", "WriteRefused")
+        .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("the API server refused nodeward-agent's write")
+            && note.contains("this cluster takes no NodeReport of this node"),
+        "the cluster's words in the Event: {note}"
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    env.cleanup_after(agent).await
+}
+
 /// The established TCP connections process `pid` holds to `port` on the loopback address,
 /// read from the kernel's socket table of its network namespace.
 fn connections_to(pid: u32, port: u16) -> anyhow::Result<usize> {
