@@ -1,6 +1,7 @@
-//! The security-group detector against a stand-in for the EC2-compatible instance metadata
-//! service that speaks its real HTTP paths: IMDSv2 (session token from `PUT
-//! /latest/api/token`, required on reads) and IMDSv1/OpenStack (no token).
+//! The security-group detector against AWS's own emulator of the EC2 instance metadata service
+//! (amazon-ec2-metadata-mock, IMDSv2 with its session tokens), and, for what the emulator
+//! cannot do (a service without tokens as OpenStack's, malformed, failing and slow replies), a
+//! stand-in that speaks the same HTTP paths.
 
 use std::{
     convert::Infallible,
@@ -115,12 +116,21 @@ fn detector(url: &str, expected: &[&str]) -> Detector {
         .expect("the detector is on when groups are expected")
 }
 
+/// Against AWS's own emulator of the service, IMDSv2 only (a read without a session token is
+/// refused), serving `groups` as the instance's security groups.
+async fn emulated(groups: &str) -> nodeward_e2e::imds::Emulator {
+    nodeward_e2e::imds::Emulator::start(
+        serde_json::json!({"security-groups": groups}),
+        &["--imdsv2"],
+    )
+    .await
+    .expect("ec2-metadata-mock starts")
+}
+
 #[tokio::test]
 async fn imdsv2_missing_group_is_a_problem_naming_it_and_present_groups_pass() {
-    let behaviour = Behaviour::imdsv2("default\nk8s-workers");
-    let url = serve(behaviour.clone()).await;
-
-    let found = detector(&url, &["k8s-workers", "k8s-nodeports", "default"])
+    let imds = emulated("default\nk8s-workers").await;
+    let found = detector(&imds.url, &["k8s-workers", "k8s-nodeports", "default"])
         .observe_bounded()
         .await;
     assert_eq!(found.status, Status::Problem, "{found:?}");
@@ -131,8 +141,8 @@ async fn imdsv2_missing_group_is_a_problem_naming_it_and_present_groups_pass() {
         "not a member of k8s-nodeports (member of: default, k8s-workers)"
     );
 
-    behaviour.lock().expect("lock").body = "default\nk8s-workers\nk8s-nodeports\n";
-    let found = detector(&url, &["k8s-workers", "k8s-nodeports"])
+    let imds = emulated("default\nk8s-workers\nk8s-nodeports").await;
+    let found = detector(&imds.url, &["k8s-workers", "k8s-nodeports"])
         .observe_bounded()
         .await;
     assert_eq!(found.status, Status::Ok, "{found:?}");

@@ -11,6 +11,7 @@ pub mod helm;
 pub mod history;
 pub mod http;
 pub mod identities;
+pub mod imds;
 pub mod journald;
 pub mod logind;
 pub mod machine;
