@@ -1,8 +1,7 @@
 //! The admission webhook that keeps each agent's evictions to the pods of its own node, its
 //! reboot requests to a few at once ([`requests`]) and its Events to a bounded rate
-//! ([`events`]). A ValidatingAdmissionPolicy cannot do
-//! either: an eviction's admission request carries the Eviction, not the pod, and a policy can
-//! neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
+//! ([`events`]). A ValidatingAdmissionPolicy can do none of it: an eviction's admission request
+//! carries the Eviction, not the pod, and a policy can neither read the pod nor count objects. The chart's ValidatingWebhookConfiguration sends
 //! only the agent's `pods/eviction`, NodeMaintenance and Event creations here; every
 //! coordinator replica answers, leader or not. The same server answers the API server's
 //! authorization webhook, where one is configured: each agent's reads of its own node's pods
@@ -71,9 +70,7 @@ impl Caller {
             )
         })
     }
-}
 
-impl Caller {
     /// `user`, acting for the node its token claims (`claimed`) or its user name names.
     pub fn of(user: String, claimed: Option<&str>) -> Self {
         let named = user.strip_prefix(AGENT_USER_PREFIX);
