@@ -223,6 +223,39 @@ async fn an_admin_cordon_survives_the_maintenance() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_step_the_cluster_refuses_is_a_warning_event_on_the_maintenance() -> anyhow::Result<()> {
+    let (env, node) = TestEnv::alone_with_worker("maint-refused", "a").await?;
+    policy(&env, json!({})).await?;
+    let name = format!("{node}-drain");
+    // The cluster's own rule: the agent (here with the admin's identity) may not change this
+    // maintenance; the coordinator admits it under its own.
+    env.refusing_policy(
+        "no-agent-step",
+        json!([{"apiGroups": ["nodeward.io"], "apiVersions": ["*"], "operations": ["UPDATE"],
+            "resources": ["nodemaintenances", "nodemaintenances/status"]}]),
+        &format!("request.name == '{name}' && request.userInfo.username == 'nodeward-test-admin'"),
+        "false",
+        "this cluster lets nobody but the coordinator change this maintenance",
+    )
+    .await?;
+    let cluster = start(&env, &node, "").await?;
+    named_drain_only(&env, &node, &name).await?;
+    let event = env
+        .wait_event(&name, "regarding.kind=NodeMaintenance", "WriteRefused")
+        .await
+        .with_context(|| cluster.agent.output())?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("the API server refused nodeward-agent's write")
+            && note
+                .contains("this cluster lets nobody but the coordinator change this maintenance"),
+        "the cluster's words in the Event: {note}"
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    env.cleanup_after(cluster).await
+}
+
+#[tokio::test]
 async fn a_maintenance_deleted_mid_drain_restores_the_node() -> anyhow::Result<()> {
     let (env, node) = TestEnv::alone_with_worker("maint-cancel", "a").await?;
     env.guarded_pod("guarded", &node).await?;
