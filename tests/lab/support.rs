@@ -401,11 +401,13 @@ impl Lab {
         vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
             .await?;
         install_agent_binary(vm).await?;
-        vm.run(
+        // A daemon-reload on a guest emulated beside another lane's took over 60 s once.
+        vm.run_within(
             "set -e
             chmod 0600 /etc/nodeward/kubeconfig
             systemctl daemon-reload
             systemctl enable --now nodeward-agent.service",
+            Duration::from_secs(180),
         )
         .await?;
 

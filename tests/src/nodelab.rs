@@ -347,7 +347,13 @@ impl Vm {
 
     /// Runs `script`, which must succeed; its standard output.
     pub async fn run(&self, script: &str) -> anyhow::Result<String> {
-        let output = self.exec(script).await?;
+        self.run_within(script, Duration::from_secs(60)).await
+    }
+
+    /// As [`Self::run`], within `timeout`: for what systemd does at its own pace on a loaded
+    /// emulated guest (a daemon-reload, a unit started).
+    pub async fn run_within(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
+        let output = self.exec_with(script, timeout).await?;
         anyhow::ensure!(
             output.code == 0,
             "{script:?} in {} exited {}: {}{}",
