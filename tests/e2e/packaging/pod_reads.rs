@@ -119,7 +119,8 @@ async fn with_the_authorization_webhook_an_agent_reads_only_its_own_nodes_pods()
         );
     }
 
-    // Any pod's token names its node: the webhook grants only the agents.
+    // Any pod's token names its node: the webhook grants only the agents (the API server does
+    // not even ask it about a tenant's reads).
     let tenant = client_as(Identity::Token(token(&env, "default", Some(&on_a)).await?)).await?;
     let said = listed(&Api::all(tenant), Some(&own)).await;
     let said = said.err().unwrap_or_else(|| "not refused".to_owned());
@@ -127,6 +128,5 @@ async fn with_the_authorization_webhook_an_agent_reads_only_its_own_nodes_pods()
         said.starts_with("403"),
         "a tenant's pod-bound token: {said}"
     );
-    assert!(said.contains("it is not a nodeward agent"), "{said}");
     env.cleanup().await
 }
