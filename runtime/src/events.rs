@@ -237,27 +237,21 @@ impl Events {
             events.publish(&about, type_, action, &reason, note).await;
         })
     }
-
-    /// Publishes, waiting at most [`EVENT_WAIT`]; past it the Event goes on in the background.
-    /// For the paths that must go on (a drain, a shutdown): an API server, or an admission
-    /// webhook on Events, answering slowly holds none of them.
-    pub async fn publish_briefly(
-        &self,
-        about: ObjectReference,
-        type_: EventType,
-        action: &'static str,
-        reason: &str,
-        note: String,
-    ) {
-        let publishing = self.spawn(about, type_, action, reason, note);
-        if tokio::time::timeout(EVENT_WAIT, publishing).await.is_err() {
-            tracing::debug!(%reason, "an Event takes longer than {EVENT_WAIT:?}; going on without waiting for it");
-        }
-    }
 }
 
-/// How long [`Events::publish_briefly`] waits for an Event.
+/// How long [`briefly`] waits for an Event.
 pub const EVENT_WAIT: Duration = Duration::from_secs(1);
+
+/// Waits for an Event [`Events::spawn`] publishes, at most [`EVENT_WAIT`]; past it the Event
+/// goes on in the background. For the paths that must go on (a drain, a shutdown): an API
+/// server, or an admission webhook on Events, answering slowly holds none of them.
+pub async fn briefly(publishing: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(EVENT_WAIT, publishing).await.is_err() {
+        tracing::debug!(
+            "an Event takes longer than {EVENT_WAIT:?}; going on without waiting for it"
+        );
+    }
+}
 
 /// The API server refuses an Event whose note is over 1024 bytes (and the Event is lost);
 /// a longer one (a drain's list of the pods it left) is cut at a character boundary, saying so.

@@ -673,9 +673,10 @@ impl Executor {
         note: String,
     ) {
         let note = format!("{note} (correlation {})", uid(m));
-        self.events
-            .publish_briefly(m.object_ref(&()), type_, "Maintenance", reason, note)
-            .await;
+        let publishing = self
+            .events
+            .spawn(m.object_ref(&()), type_, "Maintenance", reason, note);
+        nodeward_runtime::events::briefly(publishing).await;
     }
 }
 

@@ -614,8 +614,7 @@ impl Guard {
     /// shutdown).
     async fn event(&self, type_: EventType, reason: &str, note: String) {
         let node = crate::node_reference(&self.node);
-        self.events
-            .publish_briefly(node, type_, "Shutdown", reason, note)
+        nodeward_runtime::events::briefly(self.events.spawn(node, type_, "Shutdown", reason, note))
             .await;
     }
 
