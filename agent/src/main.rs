@@ -363,6 +363,16 @@ fn maintain(
         auto_reboots: auto_reboot_tx,
         forced_auto_reboot: auto_reboot_flag,
     }));
+    let cloud = &config.detectors.cloud_notices;
+    if cloud.enabled && cloud.maintenance {
+        tasks.spawn(nodeward_agent::maintenance::cloud_request::run(
+            client.clone(),
+            events.clone(),
+            node_name.to_owned(),
+            boot_id.to_owned(),
+            cloud.clone(),
+        ));
+    }
     tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
         client.clone(),
         events,

@@ -43,6 +43,9 @@ pub mod node {
     pub const CONTAINER_RUNTIME_UNHEALTHY: &str = "ContainerRuntimeUnhealthy";
     /// The container runtime's unit restarted again and again (node-problem-detector's type).
     pub const FREQUENT_CONTAINERD_RESTART: &str = "FrequentContainerdRestart";
+    /// The cloud announced that it takes the node down (a spot interruption, a scheduled
+    /// reboot, stop or retirement) or recommends moving off it (a rebalance recommendation).
+    pub const CLOUD_DISRUPTION_SCHEDULED: &str = "CloudDisruptionScheduled";
     /// Reported in the NodeReport and as an Event, never as a condition: a node that never
     /// registered has no Node object to carry one.
     pub const KUBELET_UNREGISTERED: &str = "KubeletUnregistered";
@@ -76,6 +79,7 @@ pub mod node {
         CPER_HARDWARE_ERROR_FATAL,
         CONTAINER_RUNTIME_UNHEALTHY,
         FREQUENT_CONTAINERD_RESTART,
+        CLOUD_DISRUPTION_SCHEDULED,
     ];
     /// Condition types others own (the kubelet, the network plugin, the coordinator), which a
     /// custom check or kernel-log pattern may not take.

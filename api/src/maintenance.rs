@@ -76,6 +76,16 @@ pub struct NodeMaintenanceSpec {
     /// Host commands around this maintenance; replace the policies' `hooks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hooks: Option<Hooks>,
+    /// When the node goes down whatever nodeward decides: a cloud provider's notice (a spot
+    /// interruption, a scheduled stop or reboot). The coordinator admits such a maintenance
+    /// ahead of the others and without waiting for a window, a blocker, a
+    /// PodDisruptionBudget, the control plane's quorum or a free budget slot (the disruption
+    /// comes anyway, and a drain first is gentler); it still counts in every budget, so
+    /// nodeward starts nothing else while they are full. Only `paused` holds it. A `DrainOnly`
+    /// maintenance with it ends once the node has booted again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("disruptionDeadline is immutable; delete this NodeMaintenance and create a new one"))]
+    pub disruption_deadline: Option<Time>,
 }
 
 #[derive(
@@ -180,6 +190,7 @@ impl NodeMaintenance {
                 drain_plan: None,
                 update: None,
                 hooks: None,
+                disruption_deadline: None,
             },
         );
         maintenance.metadata.labels = crate::labels::naming_node(node);

@@ -1,5 +1,5 @@
 //! The admission rules as documented (docs/coordinator.md, "Admission rules") are the rules the
-//! code checks: the same names, reasons and inputs, in the same order. A rule added, removed or
+//! code checks: the same names, reasons, inputs and waivers, in the same order. A rule added, removed or
 //! reworded in `RULES` fails this test until the table is written again (the failure prints it).
 
 use nodeward_decide::admission::rules::RULES;
@@ -9,11 +9,18 @@ const BEGIN: &str =
 const END: &str = "<!-- end admission-rules -->";
 
 fn table() -> String {
-    let mut out = String::from("| rule | denies with | decides on |\n|---|---|---|\n");
+    let mut out = String::from(
+        "| rule | denies with | decides on | with a `disruptionDeadline` |\n|---|---|---|---|\n",
+    );
     for rule in RULES {
         let reasons: Vec<String> = rule.reasons.iter().map(|r| format!("`{r}`")).collect();
+        let deadline = if rule.waived_when_unavoidable {
+            "waived"
+        } else {
+            "applies"
+        };
         out.push_str(&format!(
-            "| `{}` | {} | {} |\n",
+            "| `{}` | {} | {} | {deadline} |\n",
             rule.name,
             reasons.join(", "),
             rule.input

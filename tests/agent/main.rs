@@ -5,6 +5,7 @@
 //! its environment alone (`TestEnv::alone`); the others overlap.
 
 mod check;
+mod cloud_notices;
 mod kubelet;
 mod listeners;
 mod maintenance;

@@ -5,6 +5,7 @@
 //! [`Section`], which detectors the section enables. Adding one is its module and one line in
 //! the registry below.
 
+pub mod cloud_notices;
 pub mod cluster;
 pub mod command;
 pub mod container_runtime;
@@ -13,6 +14,7 @@ pub mod custom;
 pub mod dns;
 pub mod filesystem;
 mod finding;
+pub mod imds;
 pub mod interfaces;
 pub mod journal_log;
 pub mod kernel_log;
@@ -41,6 +43,7 @@ use tokio::{
 
 pub use self::finding::{Finding, Name, Status};
 use self::{
+    cloud_notices::CloudNoticesConfig,
     cluster::ClusterContext,
     container_runtime::ContainerRuntimeConfig,
     custom::CustomCheckConfig,
@@ -86,6 +89,7 @@ registry! {
     "rebootRequired" reboot_required: RebootConfig,
     "filesystem" filesystem: FilesystemConfig,
     "securityGroups" security_groups: SecurityGroupsConfig,
+    "cloudNotices" cloud_notices: CloudNoticesConfig,
     "kubelet" kubelet: KubeletConfig,
     "containerRuntime" container_runtime: ContainerRuntimeConfig,
     "peers" peers: PeersConfig,

@@ -1,15 +1,14 @@
 //! Security groups: the groups this node must be a member of, against what the EC2-compatible
-//! instance metadata service (AWS, OpenStack) says. Uses an IMDSv2 session token when the
-//! service offers one, and plain IMDSv1 requests otherwise (OpenStack).
+//! instance metadata service (AWS, OpenStack) says.
 
 use std::{collections::BTreeSet, time::Duration};
 
-use hyper::{Method, StatusCode};
+use hyper::StatusCode;
 use nodeward_api::conditions::node::SECURITY_GROUP_PROBLEM;
 
-use super::{AgentContext, Detector, Finding, Section, Status};
+pub use super::imds::Answer;
+use super::{AgentContext, Detector, Finding, Section, Status, imds::Session};
 use crate::flags::{self, Flag};
-use crate::http;
 
 super::section! {
     pub struct SecurityGroupsConfig {
@@ -59,52 +58,12 @@ impl Section for SecurityGroupsConfig {
 }
 
 pub const DETECTOR: &str = "security-groups";
-pub const TOKEN_PATH: &str = "/latest/api/token";
 pub const GROUPS_PATH: &str = "/latest/meta-data/security-groups";
-const TOKEN_TTL_HEADER: &str = "X-aws-ec2-metadata-token-ttl-seconds";
-const TOKEN_HEADER: &str = "X-aws-ec2-metadata-token";
-
-/// What the metadata service answered for the groups path.
-#[derive(Debug)]
-pub enum Answer {
-    Reply {
-        status: StatusCode,
-        body: bytes::Bytes,
-    },
-    Failed(String),
-}
 
 pub async fn observe(config: &SecurityGroupsConfig) -> Finding {
-    let base = config.metadata_url.trim_end_matches('/');
-    // IMDSv2: a PUT for a session token. Services without it (OpenStack, IMDSv1-only) answer
-    // 404/405 or nothing useful; then the groups are read without a token.
-    let token = match http::request(
-        Method::PUT,
-        &format!("{base}{TOKEN_PATH}"),
-        &[(TOKEN_TTL_HEADER, "60")],
-    )
-    .await
-    {
-        Ok(reply) if reply.status == StatusCode::OK => String::from_utf8(reply.body.to_vec())
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_graphic())),
-        _ => None,
-    };
-    let headers: Vec<(&str, &str)> = token
-        .as_deref()
-        .map(|t| (TOKEN_HEADER, t))
-        .into_iter()
-        .collect();
-    let url = format!("{base}{GROUPS_PATH}");
-    let answer = match http::request(Method::GET, &url, &headers).await {
-        Ok(reply) => Answer::Reply {
-            status: reply.status,
-            body: reply.body,
-        },
-        Err(e) => Answer::Failed(e.to_string()),
-    };
-    evaluate(&config.expected, &url, answer)
+    let session = Session::open(&config.metadata_url).await;
+    let answer = session.get(GROUPS_PATH).await;
+    evaluate(&config.expected, &session.url(GROUPS_PATH), answer)
 }
 
 /// Parses the reply: one group name per line. Anything that is not a plain list of names

@@ -226,6 +226,7 @@ impl Executor {
             workloads: workloads::judged(m),
             host: self.host_state(m, runs).await,
             acted: this_boot.acted.contains(&uid(m)),
+            goes_down_anyway: m.spec.disruption_deadline.is_some(),
         };
         Ok((facts, gate))
     }
@@ -427,6 +428,9 @@ impl Executor {
         drained: Result<String, String>,
     ) -> Result<(), crate::Error> {
         let message = match m.spec.action {
+            MaintenanceAction::DrainOnly if m.spec.disruption_deadline.is_some() => {
+                "drained ahead of its disruptionDeadline; the maintenance ends once the node has booted again"
+            }
             MaintenanceAction::DrainOnly => {
                 "drained; the node stays drained until this maintenance is deleted"
             }

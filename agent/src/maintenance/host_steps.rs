@@ -219,6 +219,7 @@ mod tests {
             drain_plan: None,
             update,
             hooks: None,
+            disruption_deadline: None,
         };
         let policy: DisruptionPolicySpec = serde_json::from_value(serde_json::json!({
             "update": {"preset": "Dnf"},

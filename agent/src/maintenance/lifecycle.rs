@@ -3,7 +3,8 @@
 //!
 //! Admitted → (finalizer, taint, cordon) Draining → (drain) Acting → the action:
 //! `DrainOnly` stays Acting (drained, holding its slot) until the object is deleted, then the
-//! node is restored; `Reboot` reboots through logind and, after the next boot, Verifying until
+//! node is restored (one the cloud takes down anyway, `spec.disruptionDeadline`, goes on to
+//! Verifying once the node has booted again, and ends like a reboot); `Reboot` reboots through logind and, after the next boot, Verifying until
 //! the health gate holds, then the node is restored and Succeeded; `PowerOff` is Succeeded
 //! just before logind powers off; `DeleteNode` waits in Acting for the coordinator to delete
 //! the Node. A reboot whose drain evicted pods waits, once healthy, with the node back in
@@ -48,6 +49,9 @@ pub struct Facts {
     pub host: HostState,
     /// This agent asked for the reboot (or power-off) in this boot.
     pub acted: bool,
+    /// The node goes down whatever nodeward does (`spec.disruptionDeadline`, a cloud's
+    /// notice): a drained `DrainOnly` ends once the node has booted again.
+    pub goes_down_anyway: bool,
 }
 
 /// Where the workloads a reboot's drain evicted stand, as the coordinator judged them.
@@ -142,6 +146,7 @@ pub fn step(f: Facts) -> Step {
         (Admitted, _) => Step::Prepare,
         (Draining, _) => Step::Drain,
         (Acting, MaintenanceAction::Reboot) if f.rebooted => Step::Verify,
+        (Acting, MaintenanceAction::DrainOnly) if f.rebooted && f.goes_down_anyway => Step::Verify,
         (Acting, MaintenanceAction::Reboot) if f.host == HostState::NoReboot => Step::SkipReboot,
         (Acting, MaintenanceAction::Reboot | MaintenanceAction::PowerOff) => Step::Act,
         (Verifying, _) if f.healthy || f.back_in_service => match f.workloads {
@@ -220,6 +225,7 @@ mod tests {
             workloads: Workloads::NotNeeded,
             host: HostState::Clear,
             acted: false,
+            goes_down_anyway: false,
         }
     }
 
@@ -414,6 +420,30 @@ mod tests {
         assert_eq!(step(facts(Acting, DrainOnly)), Step::Wait);
         assert_eq!(step(facts(Acting, DeleteNode)), Step::Wait);
         assert_eq!(step(facts(Acting, PowerOff)), Step::Act);
+        // Drained ahead of a cloud's notice: the cloud's reboot or stop and start ends it.
+        let noticed = Facts {
+            goes_down_anyway: true,
+            ..facts(Acting, DrainOnly)
+        };
+        assert_eq!(step(noticed), Step::Wait, "not down yet");
+        let back = Facts {
+            rebooted: true,
+            ..noticed
+        };
+        assert_eq!(step(back), Step::Verify);
+        assert_eq!(
+            step(Facts {
+                rebooted: true,
+                ..facts(Acting, DrainOnly)
+            }),
+            Step::Wait,
+            "an operator's DrainOnly holds through reboots until deleted"
+        );
+        let healthy = Facts {
+            healthy: true,
+            ..facts(Verifying, DrainOnly)
+        };
+        assert_eq!(step(healthy), Step::Complete);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! executor that drives it; the agent's side of the workload gate.
 
 mod back_in_service;
+pub mod cloud_request;
 pub mod executor;
 mod health_gate;
 pub mod host_runner;
@@ -9,6 +10,7 @@ pub mod host_steps;
 pub mod lifecycle;
 pub mod reboot_method;
 pub mod reboot_request;
+mod request;
 pub mod update;
 pub mod watch;
 pub mod workloads;

@@ -5,22 +5,17 @@
 
 use std::time::Duration;
 
-use kube::{Api, Client, runtime::events::EventType};
+use kube::{Client, runtime::events::EventType};
 use nodeward_api::{
     MaintenanceAction, MaintenanceReason, NodeMaintenance, conditions::node::REBOOT_REQUIRED,
     labels::AGENT_FIELD_MANAGER,
 };
-use nodeward_runtime::{
-    backoff::Backoff,
-    events::Events,
-    write::{self, Outcome},
-};
+use nodeward_runtime::{backoff::Backoff, events::Events};
 use tokio::sync::watch;
 
 use crate::{detect::Status, runner::Snapshot};
 
-/// The maintenance name for a reboot of `node` in the boot `boot_id` (a DNS subdomain of at
-/// most 253 characters).
+/// The maintenance name for a reboot of `node` in the boot `boot_id`.
 pub fn name(node: &str, boot_id: &str) -> String {
     let boot: String = boot_id
         .chars()
@@ -28,10 +23,7 @@ pub fn name(node: &str, boot_id: &str) -> String {
         .take(8)
         .collect::<String>()
         .to_ascii_lowercase();
-    let suffix = format!("-reboot-{boot}");
-    let keep = 253usize.saturating_sub(suffix.len());
-    let node: String = node.chars().take(keep).collect();
-    format!("{}{suffix}", node.trim_end_matches(['-', '.']))
+    super::request::name(node, "reboot", &boot)
 }
 
 /// Whether the snapshot says a reboot is required.
@@ -98,8 +90,7 @@ pub async fn run(
 const RETRY_FIRST: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(600);
 
-/// Creates the request; an existing one (asked before in this boot) is as good. The error is
-/// what the API server said.
+/// Files the reboot request; the error is what the API server said.
 async fn request(client: &Client, node: &str, name: &str) -> Result<(), String> {
     let maintenance = NodeMaintenance::request(
         name,
@@ -109,22 +100,7 @@ async fn request(client: &Client, node: &str, name: &str) -> Result<(), String> 
         AGENT_FIELD_MANAGER,
         "the node reports RebootRequired".to_owned(),
     );
-    let api = Api::<NodeMaintenance>::all(client.clone());
-    match write::create(&api, &maintenance).await {
-        Outcome::Written(_) => {
-            tracing::info!(maintenance = %name, "reboot required: asked the coordinator for a reboot");
-            Ok(())
-        }
-        Outcome::Conflict(_) => {
-            tracing::info!(maintenance = %name, "reboot required: already asked for in this boot");
-            Ok(())
-        }
-        // What the API server said, or what kept the request from it.
-        Outcome::Gone(e) | Outcome::Failed(e) => Err(match &e.source {
-            kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
-            _ => e.to_string(),
-        }),
-    }
+    super::request::file(client, &maintenance).await
 }
 
 #[cfg(test)]

@@ -102,7 +102,7 @@ conditions::node::WRITTEN_BY_AGENT), those the agent.config of these values adds
 conditions of the node-problem-detector monitor files in agent.npd.configs.
 */}}
 {{- define "nodeward.agent.conditionTypes" -}}
-{{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" "KernelDeadlock" "XfsShutdown" "CperHardwareErrorFatal" "ContainerRuntimeUnhealthy" "FrequentContainerdRestart" }}
+{{- $types := list "NetworkProblem" "PeerConnectivityProblem" "SecurityGroupProblem" "KubeletProblem" "RebootRequired" "ReadonlyFilesystem" "KernelDeadlock" "XfsShutdown" "CperHardwareErrorFatal" "ContainerRuntimeUnhealthy" "FrequentContainerdRestart" "CloudDisruptionScheduled" }}
 {{- $detectors := (.Values.agent.config | default dict).detectors | default dict }}
 {{- range ($detectors.custom | default list) }}
 {{- $types = append $types .condition }}

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use jiff::Timestamp;
 use nodeward_api::{MaintenanceReason, policy::ResolvedDeadlines};
 
 /// What admission needs to know of a node.
@@ -148,9 +149,16 @@ pub struct Pending {
     /// Whether the node's agent carries it out (a coordinator action, such as deleting a node
     /// that never became Ready, needs none).
     pub needs_agent: bool,
+    /// When its node goes down whatever nodeward decides (`spec.disruptionDeadline`).
+    pub disruption_deadline: Option<Timestamp>,
 }
 
 impl Pending {
+    /// Whether the disruption comes anyway: see [`super::rules::Rule::waived_when_unavoidable`].
+    pub fn is_unavoidable(&self) -> bool {
+        self.disruption_deadline.is_some()
+    }
+
     pub fn is_remediation(&self) -> bool {
         self.reason == MaintenanceReason::Remediation
     }

@@ -122,6 +122,7 @@ mod tests {
             node: node.into(),
             reason: MaintenanceReason::Manual,
             needs_agent: true,
+            disruption_deadline: None,
         }
     }
 
@@ -190,6 +191,52 @@ mod tests {
             ..pending("w0")
         };
         assert_eq!(reason(&decide(&c, &own)), "Admit");
+    }
+
+    #[test]
+    fn a_node_going_down_anyway_waits_only_for_its_agent_and_a_pause() {
+        let mut c = cluster(3, 1);
+        c.policies[0].max_concurrent = 1;
+        c.policies[0].window_open = false;
+        c.disrupt("w0", MaintenanceReason::Reboot);
+        node(&mut c, "w1").blocker = Some("pod a/b blocks reboots".into());
+        node(&mut c, "w1").workload = Some("PodDisruptionBudget a/pdb allows 0".into());
+        node(&mut c, "cp0").ready = false;
+        let notice = |node: &str| Pending {
+            disruption_deadline: Some(jiff::Timestamp::UNIX_EPOCH),
+            ..pending(node)
+        };
+        assert_eq!(reason(&decide(&c, &pending("w1"))), denial::OUTSIDE_WINDOW);
+        // Outside its window, blocked, its PodDisruptionBudget spent, the budget full and a
+        // control-plane node down: the cloud takes it anyway, so it is drained first.
+        assert_eq!(reason(&decide(&c, &notice("w1"))), "Admit");
+        // What it cannot go without: its agent (who drains it), and an operator's pause.
+        node(&mut c, "w1").agent_unavailable = Some("node w1 has no agent heartbeat".into());
+        assert_eq!(
+            reason(&decide(&c, &notice("w1"))),
+            denial::AGENT_UNAVAILABLE
+        );
+        node(&mut c, "w1").agent_unavailable = None;
+        c.policies[0].paused = true;
+        assert_eq!(reason(&decide(&c, &notice("w1"))), denial::PAUSED);
+        // The rules it is let through are the table's, by name.
+        let waived: Vec<&str> = RULES
+            .iter()
+            .filter(|r| r.waived_when_unavoidable)
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(
+            waived,
+            [
+                "failureBudget",
+                "window",
+                "blackout",
+                "blocker",
+                "workloads",
+                "quorum",
+                "budget"
+            ]
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Admission: pending maintenances decided oldest first, each admission counting against the
+//! Admission: pending maintenances decided oldest first (those whose node goes down anyway
+//! before them, soonest first), each admission counting against the
 //! ones after it. One loop serves both the full round and the admission-only round that
 //! decides maintenances created since ([`admit_new`]), so both decide alike by construction.
 
@@ -25,10 +26,13 @@ pub(super) fn pending_oldest_first<'a>(
     let mut unfinished: Vec<&NodeMaintenance> = maintenances
         .filter(|m| !m.phase().is_finished() && m.meta().deletion_timestamp.is_none())
         .collect();
-    // By reference: a key owning the name would clone it at every comparison.
+    // By reference: a key owning the name would clone it at every comparison. A node going
+    // down anyway comes first, the soonest first: its drain cannot wait for the others.
     unfinished.sort_by(|a, b| {
         let key = |m: &'a NodeMaintenance| {
             (
+                m.spec.disruption_deadline.is_none(),
+                m.spec.disruption_deadline.as_ref().map(|t| t.0),
                 timestamp(m.metadata.creation_timestamp.as_ref()),
                 m.metadata.name.as_deref(),
             )
@@ -108,6 +112,7 @@ pub(super) fn admit_pending(
             // Deleting a dead node is the coordinator's alone: there is nothing to drain.
             needs_agent: !(m.spec.action == MaintenanceAction::DeleteNode
                 && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
+            disruption_deadline: m.spec.disruption_deadline.as_ref().map(|t| t.0),
         };
         match decide::decide(cluster, not_ready, &request) {
             Decision::Admit { policies } => {

@@ -264,6 +264,14 @@ impl MaintenanceFixture {
         self
     }
 
+    /// Its node goes down at `seconds` whatever nodeward decides (a cloud's notice).
+    pub fn deadline(mut self, seconds: i64) -> Self {
+        self.0.spec.disruption_deadline = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(seconds)),
+        );
+        self
+    }
+
     /// Asked by remediation.
     pub fn remediation(mut self) -> Self {
         self.0.spec.reason = MaintenanceReason::Remediation;

@@ -129,6 +129,7 @@ pub(super) fn admit_without_agent(
         reason: MaintenanceReason::Remediation,
         // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
+        disruption_deadline: None,
     };
     match decide(deciding, not_ready, &pending) {
         Decision::Admit { .. } => {

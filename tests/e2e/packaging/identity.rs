@@ -438,6 +438,7 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
         "{said}"
     );
     let pinned = format!("{node}-reboot-0a1b2c3d");
+    let cloud = format!("{node}-cloud-0a1b2c3d");
     for (attack, name, extra, expected) in [
         (
             "a drain plan of its own",
@@ -450,6 +451,30 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
             pinned.as_str(),
             json!({"reason": "Remediation"}),
             "may ask only for Reboot maintenances",
+        ),
+        (
+            "a reboot with a disruption deadline, which skips windows and budgets",
+            pinned.as_str(),
+            json!({"disruptionDeadline": "2026-11-29T08:22:00Z"}),
+            "may ask only for Reboot maintenances",
+        ),
+        (
+            "a drain without a cloud's notice, which would hold the node",
+            cloud.as_str(),
+            json!({"action": "DrainOnly", "reason": "Shutdown"}),
+            "may ask only for Reboot maintenances",
+        ),
+        (
+            "a drain ahead of the cloud under a free name",
+            "anything",
+            json!({"action": "DrainOnly", "reason": "Shutdown", "disruptionDeadline": "2026-11-29T08:22:00Z"}),
+            "-cloud-KEY with a disruptionDeadline",
+        ),
+        (
+            "a drain ahead of the cloud as a Manual one",
+            cloud.as_str(),
+            json!({"action": "DrainOnly", "reason": "Manual", "disruptionDeadline": "2026-11-29T08:22:00Z"}),
+            "DrainOnly ones (reason Reboot or Shutdown) with a disruptionDeadline",
         ),
     ] {
         let said = refusal(
@@ -466,6 +491,10 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
         .create(&PostParams::default(), &maintenance(&pinned, json!({}))?)
         .await
         .context("the pinned name")?;
+    let ahead = json!({"action": "DrainOnly", "reason": "Shutdown", "disruptionDeadline": "2026-11-29T08:22:00Z"});
+    let ahead = maintenance(&format!("{node}-cloud-8b749b32"), ahead)?;
+    let created = maintenances.create(&PostParams::default(), &ahead).await;
+    created.context("a drain ahead of a cloud's notice, as the agent asks for one")?;
     // Pending is the coordinator's to leave: not to Draining, Acting or Succeeded.
     for phase in ["Admitted", "Draining", "Acting", "Succeeded"] {
         let said = refusal(

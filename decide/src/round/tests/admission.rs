@@ -35,6 +35,45 @@ fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
 }
 
 #[test]
+fn nodes_going_down_anyway_are_admitted_first_soonest_first_and_past_a_full_budget() {
+    let mut objects = cluster(5);
+    objects.maintenances = vec![
+        maintenance("old", "n0").created(10).build(),
+        maintenance("later", "n1").created(50).deadline(400).build(),
+        maintenance("sooner", "n2")
+            .created(60)
+            .deadline(300)
+            .build(),
+        maintenance("older", "n3").created(5).build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = round.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    // The pool allows 2: both notices take them, and the operators' ones wait.
+    assert_eq!(admitted, ["sooner", "later"]);
+    assert!(
+        round.deny.iter().all(|d| d.reason == "BudgetExhausted"),
+        "{:?}",
+        round.deny
+    );
+    // With the budget already full, a notice is still admitted, and counted.
+    objects.maintenances = vec![
+        maintenance("a", "n0").admitted_by(&["pool"]).build(),
+        maintenance("b", "n1").admitted_by(&["pool"]).build(),
+        maintenance("spot", "n2").deadline(260).build(),
+    ];
+    objects.policies = vec![
+        policy(json!({"maxConcurrent": 2}))
+            .slot("a", "n0")
+            .slot("b", "n1")
+            .build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = round.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["spot"]);
+    assert_eq!(round.budget_use["pool"], (3, 2));
+}
+
+#[test]
 fn nodes_other_actors_disrupt_use_the_budget_but_not_their_own_maintenances() {
     let mut objects = cluster(4);
     // Karpenter is taking n0 away and an admin cordoned n1: the policy's two slots are used.
