@@ -61,8 +61,8 @@ pub async fn run(
             let name = request.metadata.name.clone().unwrap_or_default();
             if !asked.contains(&name) {
                 match super::request::file(&client, &request).await {
-                    Ok(()) => {
-                        tracing::info!(maintenance = %name, notice = %due.message, "draining ahead of the cloud");
+                    Ok(filed) => {
+                        tracing::info!(maintenance = %name, notice = %due.message, ?filed, "asked to drain ahead of the cloud");
                         asked.insert(name);
                         backoff.reset();
                     }

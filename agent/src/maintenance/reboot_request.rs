@@ -13,6 +13,7 @@ use nodeward_api::{
 use nodeward_runtime::{backoff::Backoff, events::Events};
 use tokio::sync::watch;
 
+use super::request::Filed;
 use crate::{detect::Status, runner::Snapshot};
 
 /// The maintenance name for a reboot of `node` in the boot `boot_id`.
@@ -100,7 +101,15 @@ async fn request(client: &Client, node: &str, name: &str) -> Result<(), String> 
         AGENT_FIELD_MANAGER,
         "the node reports RebootRequired".to_owned(),
     );
-    super::request::file(client, &maintenance).await
+    match super::request::file(client, &maintenance).await? {
+        Filed::Created => {
+            tracing::info!(maintenance = %name, "reboot required: asked the coordinator for a reboot");
+        }
+        Filed::Existed => {
+            tracing::info!(maintenance = %name, "reboot required: already asked for in this boot");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

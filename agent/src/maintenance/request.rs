@@ -14,20 +14,21 @@ pub fn name(node: &str, kind: &str, key: &str) -> String {
     format!("{}{suffix}", node.trim_end_matches(['-', '.']))
 }
 
-/// Creates `maintenance`; one that exists already (asked for before) is as good. The error is
-/// what the API server said, or what kept the request from it.
-pub async fn file(client: &Client, maintenance: &NodeMaintenance) -> Result<(), String> {
+/// Whether a request was created now or had been before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filed {
+    Created,
+    /// Asked for before (in this boot, or for this notice): as good.
+    Existed,
+}
+
+/// Creates `maintenance`. The error is what the API server said, or what kept the request
+/// from it.
+pub async fn file(client: &Client, maintenance: &NodeMaintenance) -> Result<Filed, String> {
     let api = Api::<NodeMaintenance>::all(client.clone());
-    let name = maintenance.metadata.name.as_deref().unwrap_or_default();
     match write::create(&api, maintenance).await {
-        Outcome::Written(_) => {
-            tracing::info!(maintenance = %name, "asked the coordinator for a maintenance");
-            Ok(())
-        }
-        Outcome::Conflict(_) => {
-            tracing::info!(maintenance = %name, "already asked for");
-            Ok(())
-        }
+        Outcome::Written(_) => Ok(Filed::Created),
+        Outcome::Conflict(_) => Ok(Filed::Existed),
         Outcome::Gone(e) | Outcome::Failed(e) => Err(match &e.source {
             kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
             _ => e.to_string(),
