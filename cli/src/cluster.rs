@@ -6,6 +6,7 @@ use std::{path::Path, sync::Arc};
 
 use k8s_openapi::api::{
     authentication::v1::SelfSubjectReview, coordination::v1::Lease, core::v1::Node,
+    events::v1::Event,
 };
 use kube::{
     Api, Client, Resource, ResourceExt,
@@ -208,10 +209,53 @@ pub async fn status(client: &Client) -> Result<String, Error> {
     Ok(status::render(&objects, jiff::Timestamp::now()))
 }
 
-/// `why NODE`.
+/// `why NODE`, with the writes about it the cluster refused.
 pub async fn why(client: &Client, node: &str) -> Result<String, Error> {
     let objects = watched(client).await?;
-    why::explain(node, &objects, jiff::Timestamp::now()).map_err(|e| Error::Refused(vec![e]))
+    let now = jiff::Timestamp::now();
+    let mut out = why::explain(node, &objects, now).map_err(|e| Error::Refused(vec![e]))?;
+    match refused_writes(client, node).await {
+        Ok(refused) => out.push_str(&why::refusal_lines(&refused, now)),
+        // Events are the operator's to read or not: what is known is still said.
+        Err(e) => out.push_str(&format!("(refused writes not looked up: {e})\n")),
+    }
+    Ok(out)
+}
+
+/// The Warning Events nodeward's daemons published about `node` because the cluster refused
+/// their writes (the coordinator's Node changes, the agent's reports).
+async fn refused_writes(client: &Client, node: &str) -> Result<Vec<why::Refused>, ApiError> {
+    let events: Api<Event> = Api::all(client.clone());
+    let listed = events
+        .list(&ListParams::default().fields(&format!(
+            "regarding.kind=Node,regarding.name={node},type=Warning"
+        )))
+        .await
+        .map_err(|e| ApiError::new("listing", format!("the Events about node {node}"), e))?;
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|e| {
+            matches!(
+                e.reason.as_deref(),
+                Some(nodeward_runtime::NODE_WRITE_REFUSED | nodeward_runtime::WRITE_REFUSED)
+            )
+        })
+        .map(|e| why::Refused {
+            by: e.reporting_controller.unwrap_or_default(),
+            // A repeated refusal is one Event with a series: its last time is the newest.
+            at: e
+                .series
+                .map(|s| {
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(s.last_observed_time.0)
+                })
+                .or(e
+                    .event_time
+                    .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.0)))
+                .or(e.deprecated_last_timestamp),
+            note: e.note.unwrap_or_default(),
+        })
+        .collect())
 }
 
 /// Every kind a coordinator's round watches, listed once (the lookups a round makes before it

@@ -355,6 +355,43 @@ fn pending_line(out: &mut String, m: &NodeMaintenance, objects: &Objects, plan: 
 }
 
 /// How long ago `t` was, to the second.
+/// A write of nodeward's about the node that the cluster refused, as the Warning Event of the
+/// daemon that tried says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// Who tried (the Event's reporting controller).
+    pub by: String,
+    pub at: Option<Time>,
+    pub note: String,
+}
+
+/// The most refusals `why` shows, newest first.
+pub const REFUSALS_SHOWN: usize = 3;
+
+/// The lines of the newest refused writes, or none when nothing was refused: a write the
+/// cluster refuses does not go away by retrying, and the maintenance may go on without it.
+pub fn refusal_lines(refused: &[Refused], now: Timestamp) -> String {
+    let mut out = String::new();
+    if refused.is_empty() {
+        return out;
+    }
+    let mut newest: Vec<&Refused> = refused.iter().collect();
+    newest.sort_by(|a, b| b.at.as_ref().map(|t| t.0).cmp(&a.at.as_ref().map(|t| t.0)));
+    let _ = writeln!(
+        out,
+        "writes the cluster refused ({} Warning Events; kubectl get events --field-selector regarding.name=NODE):",
+        refused.len()
+    );
+    for r in newest.into_iter().take(REFUSALS_SHOWN) {
+        let when =
+            r.at.as_ref()
+                .map(|t| format!(" {} ago", ago(t, now)))
+                .unwrap_or_default();
+        let _ = writeln!(out, "  {}{when}: {}", r.by, r.note);
+    }
+    out
+}
+
 fn ago(t: &Time, now: Timestamp) -> String {
     let seconds = u64::try_from(now.duration_since(t.0).as_secs()).unwrap_or(0);
     humantime::format_duration(Duration::from_secs(seconds)).to_string()
@@ -367,6 +404,37 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn refused_writes_are_shown_newest_first_and_nothing_when_none() {
+        assert_eq!(refusal_lines(&[], now()), "");
+        let refused = |by: &str, seconds: i64, note: &str| Refused {
+            by: by.into(),
+            at: Some(Time(
+                now()
+                    .checked_sub(jiff::SignedDuration::from_secs(seconds))
+                    .expect("time"),
+            )),
+            note: note.into(),
+        };
+        let text = refusal_lines(
+            &[
+                refused("nodeward-coordinator", 600, "old"),
+                refused(
+                    "nodeward-agent",
+                    60,
+                    "the API server refused the agent's report",
+                ),
+                refused("nodeward-coordinator", 120, "labels refused"),
+                refused("nodeward-coordinator", 3000, "oldest"),
+            ],
+            now(),
+        );
+        assert_eq!(
+            text,
+            "writes the cluster refused (4 Warning Events; kubectl get events --field-selector regarding.name=NODE):\n  nodeward-agent 1m ago: the API server refused the agent's report\n  nodeward-coordinator 2m ago: labels refused\n  nodeward-coordinator 10m ago: old\n"
+        );
+    }
 
     fn now() -> Timestamp {
         "2026-11-25T12:10:00Z".parse().expect("a time")

@@ -76,6 +76,9 @@ impl ApiError {
 /// The reason of the Warning Event a daemon publishes about an object when the cluster
 /// refuses its write to it.
 pub const WRITE_REFUSED: &str = "WriteRefused";
+/// The reason of the coordinator's Warning Event on a Node when the cluster refuses its change
+/// of the Node (its labels, marks, taints).
+pub const NODE_WRITE_REFUSED: &str = "NodeWriteRefused";
 
 /// A client error in one line: an API server's answer as its message with code and reason.
 pub fn brief(e: &kube::Error) -> String {

@@ -264,5 +264,21 @@ async fn a_node_write_the_cluster_refuses_is_a_warning_event_on_the_node() -> an
         "the cluster's words in the Event: {note}"
     );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
+    // `kubectl nodeward why` says it too, though the maintenance goes on.
+    let why = tokio::process::Command::new(nodeward_e2e::daemon::cli_binary())
+        .arg("--kubeconfig")
+        .arg(&controlplane::shared().kubeconfig)
+        .args(["why", &node])
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&why.stdout);
+    assert!(
+        why.status.success()
+            && said.contains("writes the cluster refused (")
+            && said.contains("nodeward-coordinator ")
+            && said.contains("this cluster does not allow example.com/refused on nodes"),
+        "{said}{}",
+        String::from_utf8_lossy(&why.stderr)
+    );
     env.cleanup_after(coordinator).await
 }

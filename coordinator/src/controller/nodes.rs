@@ -102,8 +102,7 @@ impl Controller {
     }
 }
 
-/// The reason of the Event about a Node write the cluster refused.
-pub const NODE_WRITE_REFUSED: &str = "NodeWriteRefused";
+pub use nodeward_runtime::NODE_WRITE_REFUSED;
 
 /// What became of a Node change that reports whether it changed anything.
 fn changed_node(changed: &Result<bool, nodeward_runtime::ApiError>) -> Applied {
