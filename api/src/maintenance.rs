@@ -86,6 +86,12 @@ pub struct NodeMaintenanceSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self == oldSelf").message("disruptionDeadline is immutable; delete this NodeMaintenance and create a new one"))]
     pub disruption_deadline: Option<Time>,
+    /// An emergency (a patch for an exploited flaw): the coordinator admits it ahead of the
+    /// other pending maintenances and without waiting for a maintenance window or a reboot
+    /// blocker; never past a budget, a PodDisruptionBudget, the control plane's quorum, a
+    /// blackout, a halted rollout or a pause. Agents may not ask for one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub urgent: bool,
 }
 
 #[derive(
@@ -191,6 +197,7 @@ impl NodeMaintenance {
                 update: None,
                 hooks: None,
                 disruption_deadline: None,
+                urgent: false,
             },
         );
         maintenance.metadata.labels = crate::labels::naming_node(node);

@@ -69,12 +69,14 @@ pub async fn requester(client: &Client) -> String {
         .unwrap_or_else(|| "kubectl-nodeward".to_owned())
 }
 
-/// `reboot` / `drain`: a maintenance of each node that exists and has none under way.
+/// `reboot` / `patch` / `drain`: a maintenance of each node that exists and has none under
+/// way (`urgent`: an emergency).
 pub async fn request(
     client: &Client,
     nodes: &[String],
     verb: Verb,
     message: Option<&str>,
+    urgent: bool,
 ) -> Result<(), Error> {
     let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
     let existing = every_maintenance(&maintenances).await?;
@@ -97,14 +99,21 @@ pub async fn request(
             refused.push(why);
             continue;
         }
-        let m = request::maintenance(node, verb, &by, message, jiff::Timestamp::now());
+        let m = request::maintenance(node, verb, &by, message, urgent, jiff::Timestamp::now());
         match maintenances.create(&PostParams::default(), &m).await {
             Ok(created) => println!(
                 "nodemaintenance/{} created: {node} is {} once the coordinator admits it (kubectl nodeward why {node})",
                 created.name_any(),
-                match verb {
-                    Verb::Reboot => "drained and rebooted",
-                    Verb::Drain => "drained until `kubectl nodeward cancel` ends it",
+                match (verb, urgent) {
+                    (Verb::Reboot, false) => "drained and rebooted",
+                    (Verb::Reboot, true) =>
+                        "drained and rebooted, urgently (no window or reboot blocker waited for)",
+                    (Verb::Patch, false) => "drained, updated by its policy's update and rebooted",
+                    (Verb::Patch, true) =>
+                        "drained, updated by its policy's update and rebooted, urgently (no window or reboot blocker waited for)",
+                    (Verb::Drain, false) => "drained until `kubectl nodeward cancel` ends it",
+                    (Verb::Drain, true) =>
+                        "drained until `kubectl nodeward cancel` ends it, urgently (no window or reboot blocker waited for)",
                 }
             ),
             Err(e) => refused.push(

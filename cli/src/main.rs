@@ -22,27 +22,46 @@ struct Cli {
     verb: Command,
 }
 
+/// What `reboot`, `patch` and `drain` take.
+#[derive(clap::Args)]
+struct Asked {
+    #[arg(required = true, value_name = "NODE")]
+    nodes: Vec<String>,
+    /// A note for the maintenance and its Events.
+    #[arg(long)]
+    message: Option<String>,
+    /// An emergency (a patch for an exploited flaw): admitted outside the maintenance windows
+    /// and past reboot blockers, first among the pending; never past a budget, a
+    /// PodDisruptionBudget, quorum, a blackout, a halted rollout or a pause.
+    #[arg(long)]
+    urgent: bool,
+}
+
+impl Asked {
+    async fn request(self, client: &kube::Client, verb: Verb) -> Result<(), Error> {
+        cluster::request(
+            client,
+            &self.nodes,
+            verb,
+            self.message.as_deref(),
+            self.urgent,
+        )
+        .await
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Policies with their budget use, maintenances with their phase, unhealthy nodes.
     Status,
     /// Drain and reboot each NODE, one maintenance each, admitted under the policies' budgets
     /// and windows; the node is uncordoned once its health gate passes.
-    Reboot {
-        #[arg(required = true, value_name = "NODE")]
-        nodes: Vec<String>,
-        /// A note for the maintenance and its Events.
-        #[arg(long)]
-        message: Option<String>,
-    },
+    Reboot(Asked),
+    /// As `reboot`, named as a patch: the policy's update runs once the node is drained, and
+    /// the node reboots if the update asks for it (or always, as the policy says).
+    Patch(Asked),
     /// Drain each NODE and keep it drained until `cancel` (or `uncordon`) ends it.
-    Drain {
-        #[arg(required = true, value_name = "NODE")]
-        nodes: Vec<String>,
-        /// A note for the maintenance and its Events.
-        #[arg(long)]
-        message: Option<String>,
-    },
+    Drain(Asked),
     /// End each NODE's maintenance under way (deletes it): the node's agent undoes the taint
     /// and cordon nodeward made; a cordon someone else made stays.
     Cancel {
@@ -142,12 +161,9 @@ async fn run(cli: Cli) -> Result<(), Error> {
     let client = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     match cli.verb {
         Command::Status => print!("{}", cluster::status(&client).await?),
-        Command::Reboot { nodes, message } => {
-            cluster::request(&client, &nodes, Verb::Reboot, message.as_deref()).await?;
-        }
-        Command::Drain { nodes, message } => {
-            cluster::request(&client, &nodes, Verb::Drain, message.as_deref()).await?;
-        }
+        Command::Reboot(asked) => asked.request(&client, Verb::Reboot).await?,
+        Command::Patch(asked) => asked.request(&client, Verb::Patch).await?,
+        Command::Drain(asked) => asked.request(&client, Verb::Drain).await?,
         Command::Cancel { nodes } | Command::Uncordon { nodes } => {
             cluster::cancel(&client, &nodes).await?;
         }

@@ -1,4 +1,4 @@
-//! What `reboot` and `drain` ask for: one NodeMaintenance per node with reason `Manual`, named
+//! What `reboot`, `patch` and `drain` ask for: one NodeMaintenance per node with reason `Manual`, named
 //! for the node, the verb and the time, and refused for a node that already has one under way
 //! (the coordinator admits one maintenance per node at a time; a second would only wait).
 
@@ -17,6 +17,9 @@ const MESSAGE_LIMIT: usize = 1024;
 pub enum Verb {
     /// Drain, reboot, and uncordon once the health gate passes.
     Reboot,
+    /// Drain, run the policy's update, reboot if it asks (or always, as the policy says), and
+    /// uncordon once the health gate passes: a reboot by another name, for the record.
+    Patch,
     /// Drain and hold the node drained until the maintenance is cancelled.
     Drain,
 }
@@ -24,7 +27,7 @@ pub enum Verb {
 impl Verb {
     fn action(self) -> MaintenanceAction {
         match self {
-            Self::Reboot => MaintenanceAction::Reboot,
+            Self::Reboot | Self::Patch => MaintenanceAction::Reboot,
             Self::Drain => MaintenanceAction::DrainOnly,
         }
     }
@@ -32,31 +35,36 @@ impl Verb {
     fn word(self) -> &'static str {
         match self {
             Self::Reboot => "reboot",
+            Self::Patch => "patch",
             Self::Drain => "drain",
         }
     }
 }
 
-/// The maintenance of `node` that `verb` creates at `now` for `requested_by`.
+/// The maintenance of `node` that `verb` creates at `now` for `requested_by` (`urgent`: an
+/// emergency, admitted outside windows and past reboot blockers).
 pub fn maintenance(
     node: &str,
     verb: Verb,
     requested_by: &str,
     message: Option<&str>,
+    urgent: bool,
     now: Timestamp,
 ) -> NodeMaintenance {
     let message = message.map_or_else(
         || format!("kubectl nodeward {} {node}", verb.word()),
         |m| cut(m, MESSAGE_LIMIT),
     );
-    NodeMaintenance::request(
+    let mut m = NodeMaintenance::request(
         &name(node, verb, now),
         node,
         MaintenanceReason::Manual,
         verb.action(),
         &cut(requested_by, REQUESTED_BY_LIMIT),
         message,
-    )
+    );
+    m.spec.urgent = urgent;
+    m
 }
 
 /// `<node>-<verb>-<UTC time>`, the node's part shortened where the whole would be too long.
@@ -115,7 +123,7 @@ mod tests {
 
     #[test]
     fn a_reboot_is_a_manual_maintenance_named_for_node_verb_and_time() {
-        let m = maintenance("w1", Verb::Reboot, "alice", None, at());
+        let m = maintenance("w1", Verb::Reboot, "alice", None, false, at());
         assert_eq!(m.name_any(), "w1-reboot-20261125-120501");
         assert_eq!(m.spec.node_name, "w1");
         assert_eq!(m.spec.reason, MaintenanceReason::Manual);
@@ -125,9 +133,14 @@ mod tests {
             m.spec.message.as_deref(),
             Some("kubectl nodeward reboot w1")
         );
-        let drain = maintenance("w1", Verb::Drain, "alice", Some("disk swap"), at());
+        let drain = maintenance("w1", Verb::Drain, "alice", Some("disk swap"), false, at());
         assert_eq!(drain.spec.action, MaintenanceAction::DrainOnly);
         assert_eq!(drain.spec.message.as_deref(), Some("disk swap"));
+        assert!(!m.spec.urgent && !drain.spec.urgent);
+        let patch = maintenance("w1", Verb::Patch, "alice", None, true, at());
+        assert_eq!(patch.name_any(), "w1-patch-20261125-120501");
+        assert_eq!(patch.spec.action, MaintenanceAction::Reboot);
+        assert!(patch.spec.urgent, "an emergency");
     }
 
     #[test]
@@ -138,6 +151,7 @@ mod tests {
             Verb::Drain,
             &"u".repeat(400),
             Some(&"é".repeat(900)),
+            false,
             at(),
         );
         let name = m.name_any();
@@ -150,8 +164,8 @@ mod tests {
 
     #[test]
     fn a_node_with_a_maintenance_under_way_is_refused_a_second() {
-        let mut open = maintenance("w1", Verb::Drain, "alice", None, at());
-        let mut done = maintenance("w2", Verb::Reboot, "alice", None, at());
+        let mut open = maintenance("w1", Verb::Drain, "alice", None, false, at());
+        let mut done = maintenance("w2", Verb::Reboot, "alice", None, false, at());
         done.status = Some(NodeMaintenanceStatus {
             phase: MaintenancePhase::Succeeded,
             ..NodeMaintenanceStatus::default()

@@ -9,18 +9,22 @@ const BEGIN: &str =
 const END: &str = "<!-- end admission-rules -->";
 
 fn table() -> String {
-    let mut out = String::from(
-        "| rule | denies with | decides on | with a `disruptionDeadline` |\n|---|---|---|---|\n",
-    );
+    let mut out =
+        String::from("| rule | denies with | decides on | waived for |\n|---|---|---|---|\n");
     for rule in RULES {
         let reasons: Vec<String> = rule.reasons.iter().map(|r| format!("`{r}`")).collect();
-        let deadline = if rule.waived_when_unavoidable {
-            "waived"
+        let waived: Vec<String> = rule
+            .waived_for
+            .iter()
+            .map(|e| format!("`{}`", e.field()))
+            .collect();
+        let waived = if waived.is_empty() {
+            "none".to_owned()
         } else {
-            "applies"
+            waived.join(", ")
         };
         out.push_str(&format!(
-            "| `{}` | {} | {} | {deadline} |\n",
+            "| `{}` | {} | {} | {waived} |\n",
             rule.name,
             reasons.join(", "),
             rule.input

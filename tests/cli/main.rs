@@ -196,6 +196,22 @@ async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason(
             .await?
             .contains("no maintenance under way")
     );
+    // patch --urgent: a Reboot maintenance named as a patch, marked an emergency.
+    let said = ok(&["patch", &n0, "--urgent"]).await?;
+    assert!(
+        said.contains("urgently (no window or reboot blocker waited for)"),
+        "{said}"
+    );
+    let patches = of_node(&env, &n0).await?;
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    let patch = &patches[0];
+    assert!(
+        patch.name_any().starts_with(&format!("{n0}-patch-")),
+        "{}",
+        patch.name_any()
+    );
+    assert_eq!(patch.spec.action, MaintenanceAction::Reboot);
+    assert!(patch.spec.urgent);
 
     env.cleanup_after(coordinator).await
 }

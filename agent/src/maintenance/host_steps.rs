@@ -220,6 +220,7 @@ mod tests {
             update,
             hooks: None,
             disruption_deadline: None,
+            urgent: false,
         };
         let policy: DisruptionPolicySpec = serde_json::from_value(serde_json::json!({
             "update": {"preset": "Dnf"},

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
+
+use super::rules::Exception;
 use nodeward_api::{MaintenanceReason, policy::ResolvedDeadlines};
 
 /// What admission needs to know of a node.
@@ -151,12 +153,17 @@ pub struct Pending {
     pub needs_agent: bool,
     /// When its node goes down whatever nodeward decides (`spec.disruptionDeadline`).
     pub disruption_deadline: Option<Timestamp>,
+    /// An emergency (`spec.urgent`).
+    pub urgent: bool,
 }
 
 impl Pending {
-    /// Whether the disruption comes anyway: see [`super::rules::Rule::waived_when_unavoidable`].
-    pub fn is_unavoidable(&self) -> bool {
-        self.disruption_deadline.is_some()
+    /// Whether it claims `exception` (see [`super::rules::Rule::waived_for`]).
+    pub fn is(&self, exception: Exception) -> bool {
+        match exception {
+            Exception::Unavoidable => self.disruption_deadline.is_some(),
+            Exception::Urgent => self.urgent,
+        }
     }
 
     pub fn is_remediation(&self) -> bool {

@@ -11,7 +11,7 @@ use nodeward_api::conditions::denial;
 
 pub use super::cluster::{Cluster, NodeState, Pending, PolicyState};
 use super::rules::{self, Inputs};
-pub use super::rules::{Denial, MAX_POLICIES_PER_NODE, RULES};
+pub use super::rules::{Denial, Exception, MAX_POLICIES_PER_NODE, RULES};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -123,6 +123,7 @@ mod tests {
             reason: MaintenanceReason::Manual,
             needs_agent: true,
             disruption_deadline: None,
+            urgent: false,
         }
     }
 
@@ -222,7 +223,7 @@ mod tests {
         // The rules it is let through are the table's, by name.
         let waived: Vec<&str> = RULES
             .iter()
-            .filter(|r| r.waived_when_unavoidable)
+            .filter(|r| r.waived_for.contains(&Exception::Unavoidable))
             .map(|r| r.name)
             .collect();
         assert_eq!(
@@ -237,6 +238,44 @@ mod tests {
                 "budget"
             ]
         );
+    }
+
+    #[test]
+    fn an_urgent_one_skips_windows_and_blockers_and_nothing_else() {
+        let mut c = cluster(3, 0);
+        c.policies[0].window_open = false;
+        node(&mut c, "w1").blocker = Some("pod a/b blocks reboots".into());
+        let urgent = |node: &str| Pending {
+            urgent: true,
+            ..pending(node)
+        };
+        assert_eq!(reason(&decide(&c, &pending("w1"))), denial::OUTSIDE_WINDOW);
+        assert_eq!(reason(&decide(&c, &urgent("w1"))), "Admit");
+        // Never past a budget, a PodDisruptionBudget, a blackout, a halt or a pause.
+        c.policies[0].max_concurrent = 1;
+        c.disrupt("w0", MaintenanceReason::Reboot);
+        assert_eq!(reason(&decide(&c, &urgent("w1"))), denial::BUDGET_EXHAUSTED);
+        c.undisrupt("w0", MaintenanceReason::Reboot);
+        node(&mut c, "w1").workload = Some("PodDisruptionBudget a/pdb allows 0".into());
+        assert_eq!(
+            reason(&decide(&c, &urgent("w1"))),
+            denial::WORKLOAD_NOT_READY
+        );
+        node(&mut c, "w1").workload = None;
+        c.policies[0].blackout = Some("year-end freeze until 2027-01-04".into());
+        assert_eq!(reason(&decide(&c, &urgent("w1"))), denial::IN_BLACKOUT);
+        c.policies[0].blackout = None;
+        c.policies[0].halted = Some("2 failed".into());
+        assert_eq!(reason(&decide(&c, &urgent("w1"))), denial::ROLLOUT_HALTED);
+        c.policies[0].halted = None;
+        c.policies[0].paused = true;
+        assert_eq!(reason(&decide(&c, &urgent("w1"))), denial::PAUSED);
+        let urgent_waives: Vec<&str> = RULES
+            .iter()
+            .filter(|r| r.waived_for.contains(&Exception::Urgent))
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(urgent_waives, ["window", "blocker"]);
     }
 
     #[test]

@@ -43,17 +43,18 @@ pub struct Rule {
     pub reasons: &'static [&'static str],
     /// What it decides on, and where the coordinator gets that.
     pub input: &'static str,
-    /// Whether a maintenance whose node goes down anyway (`spec.disruptionDeadline`, a cloud's
-    /// notice) is admitted without it: waiting for a window, a blocker, a
-    /// PodDisruptionBudget, quorum or a free slot only means the disruption comes undrained.
-    pub waived_when_unavoidable: bool,
+    /// The maintenances admitted without it: one whose node goes down anyway
+    /// (`spec.disruptionDeadline`, a cloud's notice) waits for no window, blocker,
+    /// PodDisruptionBudget, quorum or free slot (waiting only means the disruption comes
+    /// undrained); an urgent one for no window or blocker.
+    pub waived_for: &'static [Exception],
     check: fn(&Inputs) -> Verdict,
 }
 
 impl Rule {
     /// The rule applied to `inputs`.
     pub fn judge(&self, inputs: &Inputs) -> Result<(), Denial> {
-        if self.waived_when_unavoidable && inputs.pending.is_unavoidable() {
+        if self.waived_for.iter().any(|e| inputs.pending.is(*e)) {
             return Ok(());
         }
         (self.check)(inputs).map_err(|(reason, message)| Denial {
@@ -61,6 +62,25 @@ impl Rule {
             reason,
             message,
         })
+    }
+}
+
+/// What lets a maintenance through a rule that holds the others ([`Rule::waived_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exception {
+    /// Its node goes down anyway (`spec.disruptionDeadline`).
+    Unavoidable,
+    /// An emergency (`spec.urgent`).
+    Urgent,
+}
+
+impl Exception {
+    /// The spec field that claims it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Unavoidable => "disruptionDeadline",
+            Self::Urgent => "urgent",
+        }
     }
 }
 
@@ -77,91 +97,91 @@ pub const RULES: &[Rule] = &[
         name: NODE,
         reasons: &[denial::BLOCKED],
         input: "the Node and the admitted maintenances: the node exists and has none admitted",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: node_free,
     },
     Rule {
         name: "policiesValid",
         reasons: &[denial::BLOCKED],
         input: "every DisruptionPolicy selecting the node: its selector, limits and windows are valid, and at most 128 select it",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: policies_valid,
     },
     Rule {
         name: "paused",
         reasons: &[denial::PAUSED],
         input: "spec.paused of those policies",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: not_paused,
     },
     Rule {
         name: "failureBudget",
         reasons: &[denial::ROLLOUT_HALTED],
         input: "spec.failureBudget of those policies: the Failed maintenances each admitted within its window, since its last resume",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable],
         check: not_halted,
     },
     Rule {
         name: "window",
         reasons: &[denial::OUTSIDE_WINDOW],
         input: "spec.windows of those policies, and the time",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable, Exception::Urgent],
         check: window_open,
     },
     Rule {
         name: "blackout",
         reasons: &[denial::IN_BLACKOUT],
         input: "spec.blackouts of those policies, and the time",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable],
         check: not_in_blackout,
     },
     Rule {
         name: "blocker",
         reasons: &[denial::BLOCKED],
         input: "spec.rebootBlockers: pods on the node and firing Prometheus alerts, looked up before the round (not for Remediation)",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable, Exception::Urgent],
         check: not_blocked,
     },
     Rule {
         name: "agent",
         reasons: &[denial::AGENT_UNAVAILABLE],
         input: "the node agent's Lease: a recent heartbeat (for maintenances an agent carries out)",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: agent_available,
     },
     Rule {
         name: "workloads",
         reasons: &[denial::WORKLOAD_NOT_READY],
         input: "the PodDisruptionBudgets of the node's pods (spec.workloadGate.checkDisruptionBudgets)",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable],
         check: workloads_allow,
     },
     Rule {
         name: "quorum",
         reasons: &[denial::QUORUM_PROTECTED],
         input: "the control-plane Nodes: every other one Ready and undisrupted, and never the only one unless spec.allowSoleControlPlane",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable],
         check: quorum_allows,
     },
     Rule {
         name: "maxUnhealthy",
         reasons: &[denial::TOO_MANY_UNHEALTHY],
         input: "the nodes' health by spec.remediation against spec.maxUnhealthy (Remediation only)",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: health_allows,
     },
     Rule {
         name: "budget",
         reasons: &[denial::BUDGET_EXHAUSTED],
         input: "spec.maxConcurrent against the admitted, unfinished maintenances, the NotReady nodes and the nodes other actors disrupt; spec.maxConcurrentByReason against those of the maintenance's reason",
-        waived_when_unavoidable: true,
+        waived_for: &[Exception::Unavoidable],
         check: budgets_allow,
     },
     Rule {
         name: "podsKnown",
         reasons: &[denial::WORKLOAD_NOT_READY],
         input: "the scan of the node's pods for the Deployments an admission surges",
-        waived_when_unavoidable: false,
+        waived_for: &[],
         check: pods_known,
     },
 ];

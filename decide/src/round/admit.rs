@@ -1,5 +1,5 @@
 //! Admission: pending maintenances decided oldest first (those whose node goes down anyway
-//! before them, soonest first), each admission counting against the
+//! before them, soonest first, then the urgent ones), each admission counting against the
 //! ones after it. One loop serves both the full round and the admission-only round that
 //! decides maintenances created since ([`admit_new`]), so both decide alike by construction.
 
@@ -27,12 +27,14 @@ pub(super) fn pending_oldest_first<'a>(
         .filter(|m| !m.phase().is_finished() && m.meta().deletion_timestamp.is_none())
         .collect();
     // By reference: a key owning the name would clone it at every comparison. A node going
-    // down anyway comes first, the soonest first: its drain cannot wait for the others.
+    // down anyway comes first, the soonest first: its drain cannot wait for the others; then
+    // the urgent ones.
     unfinished.sort_by(|a, b| {
         let key = |m: &'a NodeMaintenance| {
             (
                 m.spec.disruption_deadline.is_none(),
                 m.spec.disruption_deadline.as_ref().map(|t| t.0),
+                !m.spec.urgent,
                 timestamp(m.metadata.creation_timestamp.as_ref()),
                 m.metadata.name.as_deref(),
             )
@@ -113,6 +115,7 @@ pub(super) fn admit_pending(
             needs_agent: !(m.spec.action == MaintenanceAction::DeleteNode
                 && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
             disruption_deadline: m.spec.disruption_deadline.as_ref().map(|t| t.0),
+            urgent: m.spec.urgent,
         };
         match decide::decide(cluster, not_ready, &request) {
             Decision::Admit { policies } => {

@@ -272,6 +272,12 @@ impl MaintenanceFixture {
         self
     }
 
+    /// An emergency (`spec.urgent`).
+    pub fn urgent(mut self) -> Self {
+        self.0.spec.urgent = true;
+        self
+    }
+
     /// Asked by remediation.
     pub fn remediation(mut self) -> Self {
         self.0.spec.reason = MaintenanceReason::Remediation;

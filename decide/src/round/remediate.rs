@@ -130,6 +130,7 @@ pub(super) fn admit_without_agent(
         // The coordinator acts itself: such a node has no agent to speak of.
         needs_agent: false,
         disruption_deadline: None,
+        urgent: false,
     };
     match decide(deciding, not_ready, &pending) {
         Decision::Admit { .. } => {

@@ -471,10 +471,10 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
             "-cloud-KEY with a disruptionDeadline",
         ),
         (
-            "a drain ahead of the cloud as a Manual one",
-            cloud.as_str(),
-            json!({"action": "DrainOnly", "reason": "Manual", "disruptionDeadline": "2026-11-29T08:22:00Z"}),
-            "DrainOnly ones (reason Reboot or Shutdown) with a disruptionDeadline",
+            "an urgent reboot, which skips windows and blockers",
+            pinned.as_str(),
+            json!({"urgent": true}),
+            "may not ask for an urgent maintenance",
         ),
     ] {
         let said = refusal(

@@ -35,7 +35,7 @@ fn pending_maintenances_are_admitted_oldest_first_up_to_the_budget() {
 }
 
 #[test]
-fn nodes_going_down_anyway_are_admitted_first_soonest_first_and_past_a_full_budget() {
+fn nodes_going_down_anyway_go_first_soonest_first_and_past_a_full_budget_then_urgent_ones() {
     let mut objects = cluster(5);
     objects.maintenances = vec![
         maintenance("old", "n0").created(10).build(),
@@ -45,16 +45,24 @@ fn nodes_going_down_anyway_are_admitted_first_soonest_first_and_past_a_full_budg
             .deadline(300)
             .build(),
         maintenance("older", "n3").created(5).build(),
+        maintenance("urgent", "n4").created(70).urgent().build(),
     ];
     let round = plan(&objects, &mut Memory::default(), t(200));
     let admitted: Vec<&str> = round.admit.iter().map(|a| a.maintenance.as_str()).collect();
-    // The pool allows 2: both notices take them, and the operators' ones wait.
+    // The pool allows 2: both notices take them, and the others wait.
     assert_eq!(admitted, ["sooner", "later"]);
     assert!(
         round.deny.iter().all(|d| d.reason == "BudgetExhausted"),
         "{:?}",
         round.deny
     );
+    // Without the notices, the urgent one goes before the older ones.
+    objects
+        .maintenances
+        .retain(|m| m.spec.disruption_deadline.is_none());
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let admitted: Vec<&str> = round.admit.iter().map(|a| a.maintenance.as_str()).collect();
+    assert_eq!(admitted, ["urgent", "older"]);
     // With the budget already full, a notice is still admitted, and counted.
     objects.maintenances = vec![
         maintenance("a", "n0").admitted_by(&["pool"]).build(),
