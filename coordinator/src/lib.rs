@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod policy_bootstrap;
 pub mod publish;
 pub mod webhook;
+pub mod workload_watch;
 pub mod workloads;
 
 /// Everything that can go wrong in the coordinator, with what was being done.

@@ -1,10 +1,11 @@
 //! The lookups behind the workload gates: for admission ([`nodeward_decide::admission::workload`]),
 //! every PodDisruptionBudget and the pods of those that allow no disruption now, made only
 //! while some maintenance is pending; between nodes ([`nodeward_decide::round::workload_gate`]), the
-//! controllers a Verifying reboot evicted pods of, read one by one. Each answer is reused for
-//! a moment (rounds can follow each other closely), so an idle cluster costs nothing and a
-//! rollout one list of budgets, one list per exhausted budget and a read per evicted workload
-//! every few seconds.
+//! controllers a Verifying reboot evicted pods of, read one by one, and watched while waited
+//! for ([`crate::workload_watch`]: a change wakes a round). Each answer is reused for a moment
+//! (rounds can follow each other closely) unless its watch saw a change, so an idle cluster
+//! costs nothing and a rollout one list of budgets, one list per exhausted budget and a read
+//! per evicted workload and change.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -23,6 +24,8 @@ use k8s_openapi::{
 };
 use kube::{Api, Client, ResourceExt, api::ListParams, core::Selector};
 use nodeward_api::maintenance::WorkloadRef;
+
+use crate::workload_watch::{Followed, Wake};
 
 use nodeward_decide::{
     admission::workload,
@@ -52,6 +55,8 @@ pub type Held = Result<BTreeMap<String, String>, String>;
 
 pub struct Lookups {
     client: Client,
+    /// Watches of the evicted workloads waited for, which mark their answers stale.
+    followed: Followed,
     last: Option<(Instant, Held)>,
     /// Evicted workloads' availability, by workload.
     available: HashMap<WorkloadRef, (Instant, Seen)>,
@@ -62,8 +67,9 @@ pub struct Lookups {
 }
 
 impl Lookups {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, wake: Wake) -> Self {
         Self {
+            followed: Followed::new(client.clone(), wake),
             client,
             last: None,
             available: HashMap::new(),
@@ -136,8 +142,10 @@ impl Lookups {
         &mut self,
         workloads: &BTreeSet<WorkloadRef>,
     ) -> BTreeMap<WorkloadRef, Seen> {
-        self.available
-            .retain(|w, (at, _)| at.elapsed() < TTL && workloads.contains(w));
+        let changed = self.followed.follow(workloads);
+        self.available.retain(|w, (at, _)| {
+            at.elapsed() < TTL && workloads.contains(w) && !changed.contains(w)
+        });
         let missing: Vec<WorkloadRef> = workloads
             .iter()
             .filter(|w| !self.available.contains_key(*w))

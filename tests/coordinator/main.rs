@@ -14,6 +14,7 @@ mod nodes;
 mod pause_and_blockers;
 mod remediation;
 mod windows;
+mod workload_gate;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -60,14 +61,12 @@ fn election(identity: &str) -> [&str; 8] {
 /// coordinator identity ([`daemon::coordinator`]), its log named for it.
 async fn start(env: &TestEnv, identity: &str, extra: &[&str]) -> anyhow::Result<Daemon> {
     let chart = nodeward_e2e::identities::coordinator(env).await?;
-    let mut args: Vec<&str> = vec![
-        "run",
-        "--lease-namespace",
-        &env.namespace,
-        "--resync",
-        "1s",
-        "--kubeconfig",
-    ];
+    let mut args: Vec<&str> = vec!["run", "--lease-namespace", &env.namespace];
+    // Deciding every second, unless the test says otherwise.
+    if !extra.contains(&"--resync") {
+        args.extend(["--resync", "1s"]);
+    }
+    args.push("--kubeconfig");
     let kubeconfig = chart.kubeconfig.display().to_string();
     args.extend([kubeconfig.as_str(), "--lease-name", &chart.lease_name]);
     args.extend(election(identity));

@@ -91,7 +91,10 @@ impl Controller {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
             blockers: Lookups::new(client.clone()),
-            workloads: workloads::Lookups::new(client.clone()),
+            workloads: workloads::Lookups::new(client.clone(), {
+                let changed = changed.clone();
+                Arc::new(move || changed.anything())
+            }),
             writer: Writer {
                 client,
                 identity,

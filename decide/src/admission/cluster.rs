@@ -5,8 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
-
-use super::rules::Exception;
 use nodeward_api::{MaintenanceReason, policy::ResolvedDeadlines};
 
 /// What admission needs to know of a node.
@@ -168,5 +166,24 @@ impl Pending {
 
     pub fn is_remediation(&self) -> bool {
         self.reason == MaintenanceReason::Remediation
+    }
+}
+
+/// What lets a maintenance through a rule that holds the others ([`super::rules::Rule::waived_for`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exception {
+    /// Its node goes down anyway (`spec.disruptionDeadline`).
+    Unavoidable,
+    /// An emergency (`spec.urgent`).
+    Urgent,
+}
+
+impl Exception {
+    /// The spec field that claims it.
+    pub fn field(self) -> &'static str {
+        match self {
+            Self::Unavoidable => "disruptionDeadline",
+            Self::Urgent => "urgent",
+        }
     }
 }

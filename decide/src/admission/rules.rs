@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 
 use nodeward_api::conditions::denial;
 
+pub use super::cluster::Exception;
 use super::cluster::{Cluster, NodeState, Pending, PolicyState};
 
 /// What every rule decides on: the cluster, its NotReady nodes (taken once per round), the node
@@ -62,25 +63,6 @@ impl Rule {
             reason,
             message,
         })
-    }
-}
-
-/// What lets a maintenance through a rule that holds the others ([`Rule::waived_for`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exception {
-    /// Its node goes down anyway (`spec.disruptionDeadline`).
-    Unavoidable,
-    /// An emergency (`spec.urgent`).
-    Urgent,
-}
-
-impl Exception {
-    /// The spec field that claims it.
-    pub fn field(self) -> &'static str {
-        match self {
-            Self::Unavoidable => "disruptionDeadline",
-            Self::Urgent => "urgent",
-        }
     }
 }
 
