@@ -25,6 +25,13 @@ use serde_json::json;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// AWS's emulator, IMDSv2 only, run with `args` (a subcommand and its flags, space-separated).
+async fn emulated(args: &str) -> anyhow::Result<Emulator> {
+    let mut args: Vec<&str> = args.split(' ').collect();
+    args.push("--imdsv2");
+    Emulator::start(json!({}), &args).await
+}
+
 fn detector(url: &str) -> Detector {
     let mut config = Config::default();
     config.detectors.cloud_notices = CloudNoticesConfig {
@@ -60,18 +67,7 @@ fn from_now(seconds: i64) -> anyhow::Result<Timestamp> {
 async fn the_emulators_spot_interruption_event_and_rebalance_are_read_as_announced()
 -> anyhow::Result<()> {
     let at = from_now(120)?;
-    let spot = Emulator::start(
-        json!({}),
-        &[
-            "spot",
-            "--imdsv2",
-            "--action",
-            "stop",
-            "--time",
-            &at.to_string(),
-        ],
-    )
-    .await?;
+    let spot = emulated(&format!("spot --action stop --time {at}")).await?;
     let found = detector(&spot.url).observe_bounded().await;
     is(&found, Status::Problem, "SpotInterruption");
     assert!(
@@ -82,17 +78,9 @@ async fn the_emulators_spot_interruption_event_and_rebalance_are_read_as_announc
     );
     assert_eq!(found.condition, "CloudDisruptionScheduled");
 
-    let events = Emulator::start(
-        json!({}),
-        &[
-            "events",
-            "--imdsv2",
-            "--code",
-            "system-maintenance",
-            "--not-before",
-            &at.to_string(),
-        ],
-    )
+    let events = emulated(&format!(
+        "events --code system-maintenance --not-before {at}"
+    ))
     .await?;
     let found = detector(&events.url).observe_bounded().await;
     is(&found, Status::Problem, "ScheduledMaintenance");
@@ -102,18 +90,7 @@ async fn the_emulators_spot_interruption_event_and_rebalance_are_read_as_announc
         )),
         "{found:?}"
     );
-    let canceled = Emulator::start(
-        json!({}),
-        &[
-            "events",
-            "--imdsv2",
-            "--code",
-            "system-reboot",
-            "--state",
-            "canceled",
-        ],
-    )
-    .await?;
+    let canceled = emulated("events --code system-reboot --state canceled").await?;
     is(
         &detector(&canceled.url).observe_bounded().await,
         Status::Ok,
@@ -265,18 +242,7 @@ async fn a_spot_interruption_drains_its_node_before_the_notices_time_outside_any
     let pods = env.running_pods("app", 2).await?;
     let policy = closed_window_policy(&env).await?;
     let at = from_now(120)?;
-    let service = Emulator::start(
-        json!({}),
-        &[
-            "spot",
-            "--imdsv2",
-            "--action",
-            "terminate",
-            "--time",
-            &at.to_string(),
-        ],
-    )
-    .await?;
+    let service = emulated(&format!("spot --action terminate --time {at}")).await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let agent = agent(&env, &node, &service.url, "1h")?;
     coordinator.wait_ready(TIMEOUT).await?;
@@ -347,17 +313,9 @@ async fn a_scheduled_reboot_becomes_a_maintenance_once_it_is_drain_ahead_away() 
     env.create_policy("pool", json!({"maxConcurrent": 1}))
         .await?;
     let not_before = from_now(30 * 60)?;
-    let service = Emulator::start(
-        json!({}),
-        &[
-            "events",
-            "--imdsv2",
-            "--code",
-            "system-reboot",
-            "--not-before",
-            &not_before.to_string(),
-        ],
-    )
+    let service = emulated(&format!(
+        "events --code system-reboot --not-before {not_before}"
+    ))
     .await?;
     let coordinator = nodeward_e2e::daemon::coordinator(&env, &[]).await?;
     let agent = agent(&env, &node, &service.url, "45m")?;
