@@ -357,27 +357,35 @@ async fn blocked_protocols_and_isolation_are_detected_between_namespaces() -> an
     env.cleanup().await
 }
 
-/// The peer directory the coordinator published lists every node at its InternalIP; returns
-/// it (node, address).
+/// The peer directory the coordinator published lists every node at its InternalIP (waited
+/// for: the slices are rewritten as agents come and go); returns it (node, address).
 async fn in_the_directory(
     env: &TestEnv,
     topology: &Topology,
     names: &[String],
 ) -> anyhow::Result<Vec<(String, String)>> {
     let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.namespace);
-    let published: Vec<(String, String)> = slices
-        .list(&ListParams::default().labels("kubernetes.io/service-name=nodeward-agents"))
-        .await?
-        .items
+    let expected: Vec<(String, String)> = names
         .iter()
-        .flat_map(|s| s.endpoints.iter())
-        .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.clone())))
+        .enumerate()
+        .map(|(i, name)| (name.clone(), topology.address(i).to_string()))
         .collect();
-    for (i, name) in names.iter().enumerate() {
-        assert!(
-            published.contains(&(name.clone(), topology.address(i).to_string())),
-            "{name} at its InternalIP in the peer directory: {published:?}"
-        );
-    }
-    Ok(published)
+    wait::eventually(
+        "every node at its InternalIP in the peer directory",
+        TIMEOUT,
+        || async {
+            let published: Vec<(String, String)> = slices
+                .list(&ListParams::default().labels("kubernetes.io/service-name=nodeward-agents"))
+                .await?
+                .items
+                .iter()
+                .flat_map(|s| s.endpoints.iter())
+                .filter_map(|e| Some((e.node_name.clone()?, e.addresses.first()?.clone())))
+                .collect();
+            let all = expected.iter().all(|e| published.contains(e));
+            Ok(all.then_some(published))
+        },
+    )
+    .await
+    .with_context(|| format!("expected {expected:?}"))
 }
