@@ -104,17 +104,7 @@ pub async fn request(
             Ok(created) => println!(
                 "nodemaintenance/{} created: {node} is {} once the coordinator admits it (kubectl nodeward why {node})",
                 created.name_any(),
-                match (verb, urgent) {
-                    (Verb::Reboot, false) => "drained and rebooted",
-                    (Verb::Reboot, true) =>
-                        "drained and rebooted, urgently (no window or reboot blocker waited for)",
-                    (Verb::Patch, false) => "drained, updated by its policy's update and rebooted",
-                    (Verb::Patch, true) =>
-                        "drained, updated by its policy's update and rebooted, urgently (no window or reboot blocker waited for)",
-                    (Verb::Drain, false) => "drained until `kubectl nodeward cancel` ends it",
-                    (Verb::Drain, true) =>
-                        "drained until `kubectl nodeward cancel` ends it, urgently (no window or reboot blocker waited for)",
-                }
+                request::outcome(verb, urgent)
             ),
             Err(e) => refused.push(
                 ApiError::new("creating", format!("NodeMaintenance {}", m.name_any()), e)

@@ -41,6 +41,20 @@ impl Verb {
     }
 }
 
+/// What becomes of a node `verb` asked for, as `reboot`/`patch`/`drain` print it.
+pub fn outcome(verb: Verb, urgent: bool) -> String {
+    let what = match verb {
+        Verb::Reboot => "drained and rebooted",
+        Verb::Patch => "drained, updated by its policy's update and rebooted",
+        Verb::Drain => "drained until `kubectl nodeward cancel` ends it",
+    };
+    if urgent {
+        format!("{what}, urgently (no window or reboot blocker waited for)")
+    } else {
+        what.to_owned()
+    }
+}
+
 /// The maintenance of `node` that `verb` creates at `now` for `requested_by` (`urgent`: an
 /// emergency, admitted outside windows and past reboot blockers).
 pub fn maintenance(

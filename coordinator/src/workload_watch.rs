@@ -107,12 +107,7 @@ async fn watch(
                 .await
                 .ok()
                 .flatten()
-                .and_then(|rs| {
-                    rs.owner_references()
-                        .iter()
-                        .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                        .map(|o| o.name.clone())
-                });
+                .and_then(|rs| deployment_of(&rs));
             match owner {
                 Some(deployment) => {
                     named::<Deployment>(Api::namespaced(client, &namespace), &deployment, changed)
@@ -153,4 +148,12 @@ where
             }
         }
     }
+}
+
+/// The Deployment that controls `rs`, if any.
+pub fn deployment_of(rs: &ReplicaSet) -> Option<String> {
+    rs.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Deployment")
+        .map(|o| o.name.clone())
 }

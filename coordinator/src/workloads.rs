@@ -246,11 +246,7 @@ async fn available(client: &Client, workload: &WorkloadRef) -> Looked {
                 Err(e) => return Some(Err(e)),
                 Ok(rs) => rs?,
             };
-            let deployment = rs
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                .map(|o| o.name.clone());
+            let deployment = crate::workload_watch::deployment_of(&rs);
             match deployment {
                 Some(d) => get::<Deployment>(client, ns, &d)
                     .await
