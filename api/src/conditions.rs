@@ -175,6 +175,9 @@ pub mod denial {
     pub const WORKLOAD_NOT_READY: &str = "WorkloadNotReady";
     /// A policy selecting the node spent its `failureBudget` and was not resumed since.
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";
+    /// One of the `gates` of a policy selecting the node does not hold (its expression is
+    /// false or fails, or its object is missing or could not be read); the message names it.
+    pub const GATE_CLOSED: &str = "GateClosed";
 }
 
 #[cfg(test)]

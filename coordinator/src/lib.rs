@@ -1,7 +1,7 @@
 //! nodeward-coordinator: decides which nodes may be disrupted now, under cluster-wide limits.
 //! The decisions are pure functions in [`nodeward_decide`]; this crate is the daemon around
 //! them: leader election on a Lease ([`election`]), the lookups a round needs before it decides
-//! ([`blockers`], [`workloads`]), the control loop that watches the cluster and writes the
+//! ([`blockers`], [`gates`], [`workloads`]), the control loop that watches the cluster and writes the
 //! decisions ([`controller`]), what the leader publishes for the agents ([`publish`]) and the
 //! eviction webhook ([`webhook`]).
 
@@ -10,6 +10,7 @@ pub mod controller;
 pub mod election;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gates;
 pub mod metrics;
 pub mod policy_bootstrap;
 pub mod publish;

@@ -16,6 +16,7 @@ pub mod blockers;
 pub mod dead;
 pub mod deadlines;
 pub mod failures;
+pub mod gates;
 pub mod health;
 pub mod pause;
 pub mod round;

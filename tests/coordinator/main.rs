@@ -10,6 +10,7 @@
 mod agents;
 mod budgets;
 mod cleanup;
+mod gates;
 mod nodes;
 mod pause_and_blockers;
 mod remediation;
@@ -124,6 +125,18 @@ async fn wait_admitted(
     })
     .await?
     .context("the maintenance disappeared")
+}
+
+/// Waits until `name` is admitted (the coordinator's log in the error if not), then cleans up.
+async fn admitted_then_clean_up(
+    env: TestEnv,
+    name: &str,
+    coordinator: Daemon,
+) -> anyhow::Result<()> {
+    wait_admitted(&env, name, TIMEOUT)
+        .await
+        .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
 }
 
 async fn wait_denied(env: &TestEnv, name: &str, reason: &str) -> anyhow::Result<String> {
@@ -318,4 +331,23 @@ fn pending_tainted(node: Option<&Node>) -> bool {
 /// The node's label `key`, and whether it carries annotation `annotation`.
 async fn label_of(env: &TestEnv, node: &str, key: &str) -> anyhow::Result<Option<String>> {
     Ok(env.nodes().get(node).await?.labels().get(key).cloned())
+}
+
+/// A Deployment or ReplicaSet `web` of one replica whose pod has nowhere to run: 0 of 1
+/// available until it is scaled to 0.
+fn web_with_nowhere_to_run() -> Value {
+    json!({
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {
+                    "nodeSelector": {"e2e.nodeward.io/nowhere": "true"},
+                    "containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}],
+                },
+            },
+        },
+    })
 }

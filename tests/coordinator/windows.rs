@@ -40,10 +40,7 @@ async fn a_request_outside_its_window_is_denied_and_admitted_once_a_window_opens
     let open = json!([{"start": clock(zone, -1)?, "end": clock(zone, 1)?, "timeZone": zone}]);
     env.merge_policy_spec(&policy, json!({"windows": open}))
         .await?;
-    wait_admitted(&env, &name, TIMEOUT)
-        .await
-        .with_context(|| coordinator.output())?;
-    env.cleanup_after(coordinator).await
+    admitted_then_clean_up(env, &name, coordinator).await
 }
 
 #[tokio::test]
@@ -81,10 +78,7 @@ async fn a_blackout_denies_whatever_the_windows_say_and_admits_once_it_is_over()
     let over = json!([{"start": from_now(-60)?, "end": from_now(-1)?}]);
     env.merge_policy_spec(&policy, json!({"blackouts": over}))
         .await?;
-    wait_admitted(&env, &name, TIMEOUT)
-        .await
-        .with_context(|| coordinator.output())?;
-    env.cleanup_after(coordinator).await
+    admitted_then_clean_up(env, &name, coordinator).await
 }
 
 #[tokio::test]

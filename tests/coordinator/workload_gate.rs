@@ -15,20 +15,7 @@ async fn a_workload_back_ends_the_wait_at_once_without_waiting_for_a_resync() ->
     // A ReplicaSet whose pod has nowhere to run: 0 of 1 available.
     let replica_sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
         Api::namespaced(env.client.clone(), &env.namespace);
-    let web = serde_json::from_value(json!({
-        "metadata": {"name": "web"},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "web"}},
-            "template": {
-                "metadata": {"labels": {"app": "web"}},
-                "spec": {
-                    "nodeSelector": {"e2e.nodeward.io/nowhere": "true"},
-                    "containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}],
-                },
-            },
-        },
-    }))?;
+    let web = serde_json::from_value(web_with_nowhere_to_run())?;
     replica_sets.create(&PostParams::default(), &web).await?;
     let coordinator = start(&env, "c1", &["--resync", "10m"]).await?;
     coordinator.wait_ready(TIMEOUT).await?;

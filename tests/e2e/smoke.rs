@@ -144,8 +144,52 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "should match",
         ),
     ];
+    assert_refused(&env, &policies, "bad", cases).await?;
+
+    // Valid: a percentage, a window crossing midnight in an IANA zone, a cron window.
+    let good = policy(
+        &format!("{}-good", env.id),
+        json!({
+            "maxConcurrent": "10%",
+            "maxUnhealthy": 3,
+            "windows": [
+                {"days": ["Sat", "Sun"], "start": "22:00", "end": "06:00", "timeZone": "Europe/Berlin"},
+                {"cron": "0 2 * * *", "duration": "2h"},
+            ],
+            "blackouts": [{"start": "2026-12-20T00:00:00+01:00", "end": "2027-01-04T00:00:00+01:00", "reason": "year-end freeze"}],
+            "gates": [{"name": "ceph-healthy", "expression": "object.status.ceph.health == 'HEALTH_OK'",
+                "object": {"apiVersion": "ceph.rook.io/v1", "kind": "CephCluster", "namespace": "rook-ceph", "name": "rook-ceph"}}],
+            "nodeLabels": {
+                "beforeDrain": [
+                    {"key": "node.kubernetes.io/exclude-from-external-load-balancers", "value": "true"},
+                    {"key": "example.com/state", "value": "draining"},
+                ],
+                "afterSuccess": [{"key": "example.com/state", "value": "ready"}],
+                "annotate": true,
+            },
+        }),
+    );
+    let created = policies.create(&PostParams::default(), &good).await?;
+    assert_eq!(created.spec.windows.len(), 2);
+    assert_eq!(created.spec.blackouts.len(), 1);
+    assert_eq!(created.spec.gates[0].object.kind, "CephCluster");
+    assert!(!created.spec.paused, "paused defaults to false");
+    policies
+        .delete(&created.name_any(), &DeleteParams::default())
+        .await?;
+    env.cleanup().await
+}
+
+/// Each of `cases` (a spec, the field the API server must name, what it must say) is refused
+/// with 422 and that message.
+async fn assert_refused<const N: usize>(
+    env: &TestEnv,
+    policies: &Api<DisruptionPolicy>,
+    prefix: &str,
+    cases: [(serde_json::Value, &str, &str); N],
+) -> anyhow::Result<()> {
     for (index, (spec, field, message)) in cases.into_iter().enumerate() {
-        let name = format!("{}-bad-{index}", env.id);
+        let name = format!("{}-{prefix}-{index}", env.id);
         let err = policies
             .create(&PostParams::default(), &policy(&name, spec.clone()))
             .await
@@ -161,35 +205,53 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
         );
     }
 
-    // Valid: a percentage, a window crossing midnight in an IANA zone, a cron window.
-    let good = policy(
-        &format!("{}-good", env.id),
-        json!({
-            "maxConcurrent": "10%",
-            "maxUnhealthy": 3,
-            "windows": [
-                {"days": ["Sat", "Sun"], "start": "22:00", "end": "06:00", "timeZone": "Europe/Berlin"},
-                {"cron": "0 2 * * *", "duration": "2h"},
-            ],
-            "blackouts": [{"start": "2026-12-20T00:00:00+01:00", "end": "2027-01-04T00:00:00+01:00", "reason": "year-end freeze"}],
-            "nodeLabels": {
-                "beforeDrain": [
-                    {"key": "node.kubernetes.io/exclude-from-external-load-balancers", "value": "true"},
-                    {"key": "example.com/state", "value": "draining"},
-                ],
-                "afterSuccess": [{"key": "example.com/state", "value": "ready"}],
-                "annotate": true,
-            },
-        }),
-    );
-    let created = policies.create(&PostParams::default(), &good).await?;
-    assert_eq!(created.spec.windows.len(), 2);
-    assert_eq!(created.spec.blackouts.len(), 1);
-    assert!(!created.spec.paused, "paused defaults to false");
-    policies
-        .delete(&created.name_any(), &DeleteParams::default())
-        .await?;
+    Ok(())
+}
+
+/// Gates the API server refuses: duplicate names, too many, an empty or overlong expression,
+/// a malformed object reference.
+#[tokio::test]
+async fn api_server_refuses_invalid_gates() -> anyhow::Result<()> {
+    let env = TestEnv::new("gates").await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let cases = [
+        (
+            json!({"gates": [gate("web"), gate("web")]}),
+            "spec.gates",
+            "gates[].name must be unique within the policy",
+        ),
+        (
+            json!({"gates": (0..17).map(|i| gate(&format!("g{i}"))).collect::<Vec<_>>()}),
+            "spec.gates",
+            "must have at most 16 items",
+        ),
+        (
+            json!({"gates": [{"name": "web", "expression": "",
+                "object": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}}]}),
+            "spec.gates[0].expression",
+            "should be at least 1 chars long",
+        ),
+        (
+            json!({"gates": [{"name": "web", "expression": "x".repeat(1025),
+                "object": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}}]}),
+            "spec.gates[0].expression",
+            "may not be more than 1024 bytes",
+        ),
+        (
+            json!({"gates": [{"name": "web", "expression": "true",
+                "object": {"apiVersion": "apps/v1/extra", "kind": "deployment", "name": "web"}}]}),
+            "spec.gates[0].object.apiVersion",
+            "should match",
+        ),
+    ];
+    assert_refused(&env, &policies, "gate", cases).await?;
     env.cleanup().await
+}
+
+/// A valid gate named `name` on Deployment `web`.
+fn gate(name: &str) -> serde_json::Value {
+    json!({"name": name, "expression": "true",
+        "object": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "web"}})
 }
 
 #[tokio::test]

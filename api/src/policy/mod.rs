@@ -13,8 +13,10 @@ use serde::{Deserialize, Serialize};
 use crate::{Duration, drain::DrainPlan};
 
 mod by_reason;
+mod gate;
 mod status;
 pub use by_reason::ReasonBudgets;
+pub use gate::{EXPRESSION_LIMIT, GATES_LIMIT, Gate, GateObject};
 pub use status::*;
 
 /// CEL for "an integer >= 0 or a percentage from 0% to 100%".
@@ -102,6 +104,13 @@ pub struct DisruptionPolicySpec {
     /// Conditions under which no reboot is admitted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot_blockers: Option<RebootBlockers>,
+    /// Conditions on cluster state that must all hold before a maintenance in scope is
+    /// admitted (not a remediation, nor one whose node goes down anyway): CEL expressions over
+    /// named objects, read before each decision.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = GATES_LIMIT))]
+    #[x_kube(validation = Rule::new("self.all(g, self.exists_one(h, h.name == g.name))").message("gates[].name must be unique within the policy"))]
+    pub gates: Vec<Gate>,
     /// What must hold after a reboot before the node is uncordoned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_gate: Option<HealthGate>,

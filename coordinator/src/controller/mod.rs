@@ -61,6 +61,7 @@ pub struct Controller {
     denied_at: HashMap<String, Instant>,
     remediated_at: HashMap<String, Instant>,
     blockers: Lookups,
+    gates: crate::gates::Reads,
     workloads: workloads::Lookups,
     /// What the last full round left, while everything it decided was written.
     standing: Option<Standing>,
@@ -91,6 +92,7 @@ impl Controller {
         let events = Events::new(client.clone(), COORDINATOR_FIELD_MANAGER, identity.clone());
         Self {
             blockers: Lookups::new(client.clone()),
+            gates: crate::gates::Reads::new(client.clone()),
             workloads: workloads::Lookups::new(client.clone(), {
                 let changed = changed.clone();
                 Arc::new(move || changed.anything())
@@ -233,6 +235,14 @@ impl Controller {
         );
         if !lookups.is_empty() {
             objects.blockers = self.blockers.blocked(&lookups).await;
+        }
+        let gated = nodeward_decide::gates::wanted(
+            &objects.maintenances,
+            &objects.policies,
+            blockers::by_labels(&objects.nodes),
+        );
+        if !gated.is_empty() {
+            objects.gates = self.gates.read(&gated).await;
         }
         (objects.workloads, objects.scans) = self.look_ahead(&objects.maintenances).await;
         let surged = round::surge::wanted(&objects.maintenances);

@@ -292,6 +292,7 @@ impl Stores {
             reports: self.reports.state(),
             leases: self.leases.state(),
             blockers: BTreeMap::new(),
+            gates: BTreeMap::new(),
             workloads: BTreeMap::new(),
             availability: BTreeMap::new(),
             scans: BTreeMap::new(),

@@ -62,6 +62,8 @@ pub struct PolicyState {
     pub deadlines: ResolvedDeadlines,
     /// Why it is halted ([`crate::failures`]): its failure budget is spent.
     pub halted: Option<String>,
+    /// Why one of its `gates` holds the rollout ([`crate::gates`]).
+    pub gate_closed: Option<String>,
 }
 
 /// The cluster as admission sees it.

@@ -109,6 +109,7 @@ mod tests {
             invalid: None,
             deadlines: nodeward_api::policy::Deadlines::resolve(None),
             halted: None,
+            gate_closed: None,
         }
     }
 
@@ -233,6 +234,7 @@ mod tests {
                 "window",
                 "blackout",
                 "blocker",
+                "gate",
                 "workloads",
                 "quorum",
                 "budget"
@@ -443,7 +445,7 @@ mod tests {
     #[test]
     fn each_rule_denies_under_its_name_with_its_reasons() {
         type Breaks = fn(&mut Cluster, &mut Pending);
-        let cases: [(&str, Breaks); 13] = [
+        let cases: [(&str, Breaks); 14] = [
             ("node", |c, _| {
                 c.disrupted.insert("cp0".into());
             }),
@@ -460,6 +462,9 @@ mod tests {
             }),
             ("blocker", |c, _| {
                 node(c, "cp0").blocker = Some("pod db/primary-0".into());
+            }),
+            ("gate", |c, _| {
+                c.policies[0].gate_closed = Some("gate ceph (gates[0]): not read yet".into());
             }),
             ("agent", |c, _| {
                 node(c, "cp0").agent_unavailable = Some("no heartbeat".into());

@@ -125,6 +125,13 @@ pub const RULES: &[Rule] = &[
         check: not_blocked,
     },
     Rule {
+        name: "gate",
+        reasons: &[denial::GATE_CLOSED],
+        input: "spec.gates of those policies: CEL expressions over the objects they name, read before the round (not for Remediation)",
+        waived_for: &[Exception::Unavoidable],
+        check: gates_open,
+    },
+    Rule {
         name: "agent",
         reasons: &[denial::AGENT_UNAVAILABLE],
         input: "the node agent's Lease: a recent heartbeat (for maintenances an agent carries out)",
@@ -269,6 +276,22 @@ fn not_blocked(i: &Inputs) -> Verdict {
             denial::BLOCKED,
             format!("disruption of {} is blocked: {blocker}", i.pending.node),
         )),
+        None => Ok(()),
+    }
+}
+
+/// Every gate of every policy holds, unless the node is being repaired (a failing node can be
+/// why a gate's object is unhealthy).
+fn gates_open(i: &Inputs) -> Verdict {
+    if i.pending.is_remediation() {
+        return Ok(());
+    }
+    match i
+        .policies
+        .iter()
+        .find_map(|p| Some((p, p.gate_closed.as_ref()?)))
+    {
+        Some((p, why)) => Err((denial::GATE_CLOSED, format!("policy {}: {why}", p.name))),
         None => Ok(()),
     }
 }

@@ -178,8 +178,9 @@ pub(super) fn admit_pending(
 /// maintenances' nodes, `workloads` the nodes a PodDisruptionBudget holds back now.
 ///
 /// Returns `None` when `standing` cannot decide them: a node or policy it does not know, a
-/// policy whose spec or slots differ from what it decided on (another writer came first), or
-/// a window that opened or closed since.
+/// policy whose spec or slots differ from what it decided on (another writer came first), a
+/// window that opened or closed since, or a gated policy of a new maintenance's node (its
+/// gates' objects are read for full rounds).
 pub fn admit_new(
     standing: &mut Standing,
     policies: &[Arc<DisruptionPolicy>],
@@ -214,15 +215,7 @@ pub fn admit_new(
     let (pending, _) = pending_oldest_first(new.iter().map(AsRef::as_ref));
     for m in &pending {
         let uid = m.uid()?;
-        // Whether it supersedes an older request of its node is a full round's to see.
-        if agent_request(m) {
-            return None;
-        }
-        // A half-done admission (a slot already written for it) is a full round's to decide.
-        if by_name
-            .values()
-            .any(|p| slots::of(p).iter().any(|s| s.uid == uid))
-        {
+        if left_to_a_full_round(m, &uid, standing, &by_name) {
             return None;
         }
         let state = standing.cluster.nodes.get_mut(&m.spec.node_name)?;
@@ -276,4 +269,27 @@ pub fn admit_new(
         plan.policy_status.insert(name.clone(), status);
     }
     Some(plan)
+}
+
+/// Whether a full round, not [`admit_new`], has to decide the new maintenance `m` (with `uid`).
+fn left_to_a_full_round(
+    m: &NodeMaintenance,
+    uid: &str,
+    standing: &Standing,
+    by_name: &BTreeMap<String, &DisruptionPolicy>,
+) -> bool {
+    // Whether it supersedes an older request of its node is a full round's to see.
+    agent_request(m)
+        // A half-done admission (a slot already written for it).
+        || by_name
+            .values()
+            .any(|p| slots::of(p).iter().any(|s| s.uid == uid))
+        // A gate of a policy of its node: gates are read before a full round, only for the
+        // nodes pending then.
+        || standing.cluster.policies.iter().any(|state| {
+            state.matched.contains(&m.spec.node_name)
+                && by_name
+                    .get(&state.name)
+                    .is_some_and(|p| !p.spec.gates.is_empty())
+        })
 }

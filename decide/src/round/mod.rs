@@ -69,6 +69,8 @@ pub struct Objects {
     pub leases: Vec<Arc<Lease>>,
     /// Why a disruption of a node is blocked now (see [`crate::blockers`]), by node.
     pub blockers: BTreeMap<String, String>,
+    /// The objects of the policies' gates as read before the round ([`crate::gates::wanted`]).
+    pub gates: BTreeMap<nodeward_api::policy::GateObject, crate::gates::Looked>,
     /// Which PodDisruptionBudget holds a node back now (see [`crate::workloads`]), by node.
     pub workloads: BTreeMap<String, String>,
     /// The availability of the workloads Verifying reboots evicted ([`workload_gate::wanted`]).

@@ -25,6 +25,7 @@ use crate::{
     },
     deadlines::{agent_unavailable, awaiting_replacement},
     failures::{self, Spending},
+    gates,
     health::{ObservedCondition, Rules, UnhealthyRule},
 };
 
@@ -67,6 +68,11 @@ impl<'a> Index<'a> {
             .iter()
             .map(|p| {
                 let mut view = view(p, &nodes, now);
+                if !p.spec.gates.is_empty() {
+                    let judged = gates::judge(&p.spec.gates, &objects.gates);
+                    view.gate_closed = judged.closed;
+                    view.add_problems(judged.problems);
+                }
                 view.failures = p.spec.failure_budget.as_ref().map(|budget| {
                     let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
                     failures::spending(&view.name, budget, maintenances, now)
@@ -184,8 +190,22 @@ pub(super) struct PolicyView<'a> {
     pub next_window: Option<Timestamp>,
     /// Why it admits nothing now (one of its blackouts), if so.
     pub blackout: Option<String>,
+    /// Why one of its gates holds the rollout now, if one does.
+    pub gate_closed: Option<String>,
     pub rules: Rules,
     pub deadlines: ResolvedDeadlines,
+}
+
+impl PolicyView<'_> {
+    /// Adds `problems` to what is wrong with the policy's spec.
+    fn add_problems(&mut self, problems: Vec<String>) {
+        if problems.is_empty() {
+            return;
+        }
+        let mut all: Vec<String> = self.problem.take().into_iter().collect();
+        all.extend(problems);
+        self.problem = Some(all.join("; "));
+    }
 }
 
 fn name_of<K: Resource>(object: &K) -> &str {
@@ -250,6 +270,7 @@ fn view<'a>(
         max_unhealthy,
         window_open,
         blackout: window::in_blackout(&policy.spec.blackouts, now),
+        gate_closed: None,
         rules: rules(policy),
         deadlines: policy.spec.resolved_deadlines(),
         failures: None,
@@ -427,6 +448,7 @@ pub(super) fn cluster(
                         .as_ref()
                         .filter(|f| f.halted())
                         .map(Spending::message),
+                    gate_closed: p.gate_closed.clone(),
                 }
             })
             .collect(),

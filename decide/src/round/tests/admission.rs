@@ -588,3 +588,97 @@ fn an_active_maintenance_of_a_deleted_node_ends_once_the_deletion_is_confirmed()
     assert_eq!(second.end.len(), 1);
     assert_eq!(second.end[0].phase, MaintenancePhase::Cancelled);
 }
+
+/// A policy `pool` allowing 2 at once with one gate on Deployment `shop/web`.
+fn gated_policy(expression: &str) -> Arc<DisruptionPolicy> {
+    policy(json!({"maxConcurrent": 2, "gates": [{"name": "web-available",
+        "object": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "web"},
+        "expression": expression}]}))
+    .build()
+}
+
+fn web(available: i64) -> BTreeMap<nodeward_api::policy::GateObject, crate::gates::Looked> {
+    let object = nodeward_api::policy::GateObject {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        namespace: Some("shop".into()),
+        name: "web".into(),
+    };
+    let found = json!({"spec": {"replicas": 3}, "status": {"availableReplicas": available}});
+    BTreeMap::from([(object, crate::gates::Looked::Found(found))])
+}
+
+#[test]
+fn a_closed_gate_denies_all_but_a_repair_and_a_node_going_down_anyway() {
+    let mut objects = cluster(4);
+    objects.policies = vec![gated_policy(
+        "object.status.availableReplicas == object.spec.replicas",
+    )];
+    objects.maintenances = vec![
+        maintenance("reboot", "n0").created(10).build(),
+        maintenance("repair", "n1")
+            .created(20)
+            .remediation()
+            .build(),
+        maintenance("spot", "n2").created(30).deadline(400).build(),
+    ];
+    objects.gates = web(2);
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(admitted(&round), ["spot", "repair"]);
+    assert_eq!(round.deny.len(), 1, "{:?}", round.deny);
+    assert_eq!(round.deny[0].reason, "GateClosed");
+    assert_eq!(
+        round.deny[0].message,
+        "policy pool: gate web-available (gates[0]): object.status.availableReplicas == object.spec.replicas is false of Deployment shop/web"
+    );
+    // Available again: the reboot goes.
+    objects.maintenances.truncate(1);
+    objects.gates = web(3);
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(admitted(&round), ["reboot"]);
+}
+
+#[test]
+fn a_gate_that_does_not_compile_makes_its_policy_invalid_with_the_field_named() {
+    let mut objects = cluster(2);
+    objects.policies = vec![gated_policy("object.status.((")];
+    objects.maintenances = vec![maintenance("m0", "n0").build()];
+    objects.gates = web(3);
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    assert_eq!(round.deny[0].reason, "Blocked");
+    let valid = round.policy_status["pool"]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Valid")
+        .expect("Valid");
+    assert_eq!(valid.status, "False");
+    assert!(
+        valid
+            .message
+            .starts_with("gates[0].expression: not a CEL expression"),
+        "{}",
+        valid.message
+    );
+}
+
+#[test]
+fn a_new_maintenance_under_a_gated_policy_is_left_to_a_full_round() {
+    let mut objects = cluster(3);
+    objects.policies = vec![gated_policy("true")];
+    objects.gates = web(3);
+    let round = plan(&objects, &mut Memory::default(), t(200));
+    let mut standing = round.standing.clone();
+    let new = [maintenance("m0", "n0").build()];
+    assert!(
+        admit_new(
+            &mut standing,
+            &objects.policies,
+            &new,
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            t(201),
+        )
+        .is_none()
+    );
+}
