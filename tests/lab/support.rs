@@ -677,17 +677,31 @@ async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> 
                     .args(["--set-json", &coordinators_off_the_first(nodes)])
                     .args(["--set", REBOOT_BY_COMMAND]))?;
             }
-            // CRDs just created answer 429 ("storage is (re)initializing") for a moment.
-            let maintenances: Api<NodeMaintenance> = Api::all(client.clone());
-            wait::eventually("the NodeMaintenance API served", REBOOT, || async {
-                maintenances.list(&ListParams::default().limit(1)).await?;
-                Ok(Some(()))
-            })
-            .await?;
-            anyhow::Ok(())
+            // CRDs just created answer 429 ("storage is (re)initializing") for a moment, each
+            // its own (a lab run that began with the network test failed on one not waited for).
+            served::<NodeMaintenance>(client).await?;
+            served::<DisruptionPolicy>(client).await?;
+            served::<NodeReport>(client).await
         })
         .await?;
     Ok(())
+}
+
+/// Waits until the API of `K` (a cluster-scoped kind) answers a list.
+async fn served<K>(client: &Client) -> anyhow::Result<()>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let what = format!("the {} API served", K::kind(&()));
+    wait::eventually(&what, REBOOT, || async {
+        api.list(&ListParams::default().limit(1)).await?;
+        Ok(Some(()))
+    })
+    .await
 }
 
 /// nodeward's logind inhibitor locks in `vm`, one `systemd-inhibit --list` line each (who, uid,
