@@ -2,8 +2,11 @@
 //! logind, the real coordinator) under a Deployment of one replica per node whose pods take
 //! `--ready-after` to become Ready, at `maxConcurrent: 1`, with the workload gate on (the
 //! default) and off (`checkDisruptionBudgets` and `waitForEvicted` false). Per mode: the wall
-//! time from the maintenances' creation to the last Succeeded (median of `--runs`), and the
-//! fewest Ready replicas seen during the rollout. With `--pdb` a PodDisruptionBudget of
+//! time from the maintenances' creation to the last Succeeded (median of `--runs`), the
+//! fewest Ready replicas seen during the rollout, and the ideal: the sum over the nodes of
+//! their own work and their workload's return (from Admitted until both the health gate's
+//! `for` after Verifying has passed and its evicted replica is Ready again), against which the
+//! wall time shows what coordinating adds. With `--pdb` a PodDisruptionBudget of
 //! `minAvailable: nodes - 1` covers the Deployment.
 //!
 //!   cargo build --release -p nodeward-agent -p nodeward-coordinator -p nodeward-bench
@@ -11,9 +14,20 @@
 //!
 //! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
+use anyhow::Context;
 use clap::Parser;
+use futures::StreamExt;
+use kube::{
+    Api, ResourceExt,
+    runtime::{WatchStreamExt, watcher},
+};
+use nodeward_api::{MaintenancePhase, NodeMaintenance};
 use nodeward_e2e::{
     NodeSpec, TestEnv,
     daemon::Daemon,
@@ -42,10 +56,99 @@ struct Args {
     coordinator: String,
 }
 
-/// One rollout: its wall time and the fewest Ready replicas.
+/// One rollout: its wall time, the fewest Ready replicas, and its ideal ([`ideal`]).
 struct Rollout {
     wall: Duration,
     fewest: usize,
+    ideal: Ideal,
+}
+
+/// The health gate's `for` of the bench's policy.
+const HEALTH_GATE_FOR: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
+
+/// When this process saw each maintenance enter each phase (a watch: the API server's own
+/// times have whole seconds).
+type PhasesSeen = Arc<Mutex<BTreeMap<(String, MaintenancePhase), jiff::Timestamp>>>;
+
+fn watch_phases(env: &TestEnv) -> (PhasesSeen, tokio::task::JoinHandle<()>) {
+    let seen: PhasesSeen = Arc::default();
+    let recorded = seen.clone();
+    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let task = tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(m) = event else { continue };
+            let phase = m.phase();
+            recorded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry((m.name_any(), phase))
+                .or_insert_with(jiff::Timestamp::now);
+        }
+    });
+    (seen, task)
+}
+
+/// A rollout against its ideal.
+#[derive(Default)]
+struct Ideal {
+    /// The sum over the nodes of Admitted until the later of Verifying + the health gate's
+    /// `for` and its evicted replica Ready again.
+    total: f64,
+    /// Per node: Succeeded after that point (the wait the gates add beyond the workload's own
+    /// return).
+    succeeded_after: Vec<f64>,
+    /// Between one node's Succeeded and the next one's Admitted.
+    gaps: Vec<f64>,
+}
+
+fn ideal(
+    names: &[String],
+    phases: &BTreeMap<(String, MaintenancePhase), jiff::Timestamp>,
+    timeline: &[(jiff::Timestamp, usize)],
+) -> anyhow::Result<Ideal> {
+    let at = |name: &String, phase| {
+        phases
+            .get(&(name.clone(), phase))
+            .copied()
+            .with_context(|| format!("{name} never seen {phase:?}"))
+    };
+    let mut spans = Vec::new();
+    for name in names {
+        let (admitted, verifying, succeeded) = (
+            at(name, MaintenancePhase::Admitted)?,
+            at(name, MaintenancePhase::Verifying)?,
+            at(name, MaintenancePhase::Succeeded)?,
+        );
+        // Its evicted replica Ready again: the first count that rose since it was back (with
+        // the gate off, the next node's drain may already have taken another one).
+        let back = timeline
+            .windows(2)
+            .find(|w| w[1].0 >= verifying && w[1].1 > w[0].1)
+            .map_or(succeeded, |w| w[1].0);
+        let done = back.max(verifying.checked_add(HEALTH_GATE_FOR)?);
+        spans.push((admitted, done, succeeded));
+    }
+    spans.sort_by_key(|(admitted, _, _)| *admitted);
+    let secs = |d: jiff::SignedDuration| d.as_secs_f64();
+    let mut ideal = Ideal::default();
+    for (i, (admitted, done, succeeded)) in spans.iter().enumerate() {
+        ideal.total += secs(done.duration_since(*admitted));
+        ideal
+            .succeeded_after
+            .push(secs(succeeded.duration_since(*done)));
+        if let Some((next, _, _)) = spans.get(i + 1) {
+            ideal.gaps.push(secs(next.duration_since(*succeeded)));
+        }
+    }
+    Ok(ideal)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 #[tokio::main]
@@ -72,23 +175,40 @@ async fn main() -> anyhow::Result<()> {
         for run in 0..args.runs {
             let r = rollout(&args, &gate).await?;
             println!(
-                "{mode} run {}: {:.1} s, fewest Ready {} of {}",
+                "{mode} run {}: {:.1} s, fewest Ready {} of {}, ideal {:.1} s",
                 run + 1,
                 r.wall.as_secs_f64(),
                 r.fewest,
-                args.nodes
+                args.nodes,
+                r.ideal.total
             );
             rollouts.push(r);
         }
         let mut walls: Vec<f64> = rollouts.iter().map(|r| r.wall.as_secs_f64()).collect();
         walls.sort_by(f64::total_cmp);
         let fewest = rollouts.iter().map(|r| r.fewest).min().unwrap_or(0);
+        let mut ratios: Vec<f64> = rollouts
+            .iter()
+            .map(|r| r.wall.as_secs_f64() / r.ideal.total)
+            .collect();
+        let mut ideals: Vec<f64> = rollouts.iter().map(|r| r.ideal.total).collect();
+        let mut after: Vec<f64> = rollouts
+            .iter()
+            .flat_map(|r| r.ideal.succeeded_after.clone())
+            .collect();
+        let mut gaps: Vec<f64> = rollouts.iter().flat_map(|r| r.ideal.gaps.clone()).collect();
         println!(
-            "{mode}: median {:.1} s (range {:.1}-{:.1} s), fewest Ready in any run {fewest} of {}",
+            "{mode}: median {:.1} s (range {:.1}-{:.1} s), fewest Ready in any run {fewest} of {}; ideal median {:.1} s, wall/ideal median {:.2}; per node, Succeeded after its own work and its replica's return: median {:.2} s (max {:.2} s), then the next Admitted: median {:.2} s (max {:.2} s)",
             walls[walls.len() / 2],
             walls[0],
             walls[walls.len() - 1],
-            args.nodes
+            args.nodes,
+            median(&mut ideals),
+            median(&mut ratios),
+            median(&mut after),
+            after.last().copied().unwrap_or(f64::NAN),
+            median(&mut gaps),
+            gaps.last().copied().unwrap_or(f64::NAN),
         );
     }
     Ok(())
@@ -115,6 +235,7 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     })
     .await?;
     watch.arm();
+    let (phases, phase_watch) = watch_phases(&env);
     let coordinator = Daemon::start(
         &args.coordinator,
         &format!("{}-coordinator", env.id),
@@ -146,6 +267,18 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     let wall = started.elapsed();
     let seen = watch.readiness();
     let fewest = seen.fewest.unwrap_or(0);
+    // The watch may see the last Succeeded after the rollout's own wait did.
+    nodeward_e2e::wait::eventually("every Succeeded seen", Duration::from_secs(10), || async {
+        let phases = phases.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(names
+            .iter()
+            .all(|n| phases.contains_key(&(n.clone(), MaintenancePhase::Succeeded)))
+            .then_some(()))
+    })
+    .await?;
+    phase_watch.abort();
+    let phases = phases.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let ideal = ideal(&names, &phases, &seen.timeline)?;
     if std::env::var_os("WORKLOAD_GATE_TIMELINE").is_some() {
         println!("Ready replicas over the rollout: {:?}", seen.timeline);
         let api: kube::Api<nodeward_api::NodeMaintenance> = kube::Api::all(env.client.clone());
@@ -173,5 +306,9 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     }
     drop((machines, coordinator, watch));
     env.cleanup().await?;
-    Ok(Rollout { wall, fewest })
+    Ok(Rollout {
+        wall,
+        fewest,
+        ideal,
+    })
 }
