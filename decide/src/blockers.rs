@@ -40,13 +40,7 @@ pub fn wanted(
     if policies.iter().all(|p| p.spec.reboot_blockers.is_none()) {
         return lookups;
     }
-    for m in maintenances {
-        if m.phase() != MaintenancePhase::Pending
-            || m.metadata.deletion_timestamp.is_some()
-            || m.spec.reason == MaintenanceReason::Remediation
-        {
-            continue;
-        }
+    for m in maintenances.iter().filter(|m| looked_up_for(m)) {
         for policy in policies {
             let Some(blockers) = &policy.spec.reboot_blockers else {
                 continue;
@@ -65,6 +59,14 @@ pub fn wanted(
         }
     }
     lookups
+}
+
+/// Whether the lookups before a round (blockers, [`crate::gates`]) are made for `m`: pending,
+/// not being deleted, and not a Remediation (neither holds a repair back).
+pub fn looked_up_for(m: &NodeMaintenance) -> bool {
+    m.phase() == MaintenancePhase::Pending
+        && m.metadata.deletion_timestamp.is_none()
+        && m.spec.reason != MaintenanceReason::Remediation
 }
 
 /// [`wanted`]'s `selects` from the Nodes' labels (an invalid selector selects: the policy is

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cel::{Context, ExecutionError, Program, Value};
 use nodeward_api::{
-    DisruptionPolicy, MaintenancePhase, MaintenanceReason, NodeMaintenance,
+    DisruptionPolicy, NodeMaintenance,
     policy::{Gate, GateObject},
 };
 
@@ -48,13 +48,10 @@ pub fn wanted(
     if gated.is_empty() {
         return objects;
     }
-    for m in maintenances {
-        if m.phase() != MaintenancePhase::Pending
-            || m.metadata.deletion_timestamp.is_some()
-            || m.spec.reason == MaintenanceReason::Remediation
-        {
-            continue;
-        }
+    for m in maintenances
+        .iter()
+        .filter(|m| crate::blockers::looked_up_for(m))
+    {
         for policy in &gated {
             if selects(policy, &m.spec.node_name) == Some(true) {
                 objects.extend(policy.spec.gates.iter().map(|g| g.object.clone()));

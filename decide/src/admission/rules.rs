@@ -218,12 +218,16 @@ fn not_paused(i: &Inputs) -> Verdict {
     }
 }
 
+/// The first of the node's policies for which `why` gives a reason, with it.
+fn first_policy<'a>(
+    i: &Inputs<'a>,
+    why: impl Fn(&'a PolicyState) -> Option<&'a String>,
+) -> Option<(&'a PolicyState, &'a String)> {
+    i.policies.iter().find_map(|p| Some((*p, why(p)?)))
+}
+
 fn not_halted(i: &Inputs) -> Verdict {
-    match i
-        .policies
-        .iter()
-        .find_map(|p| Some((p, p.halted.as_ref()?)))
-    {
+    match first_policy(i, |p| p.halted.as_ref()) {
         Some((p, why)) => Err((
             denial::ROLLOUT_HALTED,
             format!(
@@ -253,11 +257,7 @@ fn window_open(i: &Inputs) -> Verdict {
 
 /// No policy is in one of its blackouts.
 fn not_in_blackout(i: &Inputs) -> Verdict {
-    match i
-        .policies
-        .iter()
-        .find_map(|p| Some((p, p.blackout.as_ref()?)))
-    {
+    match first_policy(i, |p| p.blackout.as_ref()) {
         Some((p, why)) => Err((denial::IN_BLACKOUT, format!("policy {} is {why}", p.name))),
         None => Ok(()),
     }
@@ -286,11 +286,7 @@ fn gates_open(i: &Inputs) -> Verdict {
     if i.pending.is_remediation() {
         return Ok(());
     }
-    match i
-        .policies
-        .iter()
-        .find_map(|p| Some((p, p.gate_closed.as_ref()?)))
-    {
+    match first_policy(i, |p| p.gate_closed.as_ref()) {
         Some((p, why)) => Err((denial::GATE_CLOSED, format!("policy {}: {why}", p.name))),
         None => Ok(()),
     }
