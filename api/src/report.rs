@@ -86,6 +86,12 @@ pub struct NodeReportStatus {
     #[schemars(length(max = PEER_SIGHTINGS_LIMIT))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
     pub peer_sightings: Vec<PeerSighting>,
+    /// The agent's self-fencing, while it keeps a watchdog armed: the coordinator treats this
+    /// node as down when it goes silent (the out-of-service taint, a DeleteNode without a
+    /// drain) only while this is set, and only once the fencing and the watchdog's reset are
+    /// over ([`Fencing`]). An agent that stops feeding its watchdog on purpose clears it first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing: Option<Fencing>,
     /// The last kernel log record published as an Event: a restarted agent publishes only
     /// newer ones of the same boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -153,6 +159,26 @@ pub const FINDINGS_LIMIT: usize = 128;
 
 /// The most peer sightings a NodeReport lists (the CRD's `maxItems`).
 pub const PEER_SIGHTINGS_LIMIT: usize = 32;
+
+/// How the agent fences its node: it feeds a watchdog, and stops once it has been
+/// `fenceAfterSeconds` without the API server and without an answer from any peer; the watchdog
+/// then resets the machine within `timeoutSeconds`. So a node cut off from everything stops
+/// running its pods before anything else may start them, and a node cut off from the API server
+/// only, which its peers still reach, is neither fenced nor treated as down.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Fencing {
+    /// The watchdog device the agent feeds, e.g. `/dev/watchdog`.
+    #[schemars(length(min = 1, max = 256))]
+    pub device: String,
+    /// How long without the API server and without any peer before the agent stops feeding
+    /// the watchdog.
+    #[schemars(range(min = 10, max = 86400))]
+    pub fence_after_seconds: i32,
+    /// How long after the last feeding the watchdog resets the machine.
+    #[schemars(range(min = 1, max = 600))]
+    pub timeout_seconds: i32,
+}
 
 /// One peer whose reachability this agent saw change.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]

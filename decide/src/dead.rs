@@ -2,8 +2,10 @@
 //! `node.kubernetes.io/out-of-service` taint, a DeleteNode that needs no drain): NotReady for
 //! a while, its own agent silent, and, where other agents probe their peers, some live peer
 //! lists it as unreachable now and none reached it since it went NotReady. A node that is
-//! merely cut off from the API server still answers its peers, and is not dead. Pure functions
-//! over plain data.
+//! merely cut off from the API server still answers its peers, and is not dead. And it must be
+//! known to be down: only a node whose agent fences itself ([`Fencing`]) is, once the fencing
+//! and its watchdog's reset are over; any other may still be running its pods, and only an
+//! operator who knows it is off marks it. Pure functions over plain data.
 //!
 //! A peer lists a node when a probe of it fails and probes it again every round while it is
 //! listed (`agent/src/detect/peers/sightings.rs`): an unreachable entry holds now, whenever it
@@ -13,6 +15,19 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+
+/// Added to a fencing node's wait: clocks that disagree (the agent writes its heartbeat by its
+/// own clock), the agent's own checking interval, a peer's report of a late answer on its way.
+pub const FENCE_MARGIN: Duration = Duration::from_secs(30);
+
+/// A node's self-fencing, as its agent announced it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fencing {
+    /// How long without the API server and without any peer before it stops its watchdog.
+    pub after: Duration,
+    /// How long the watchdog then takes to reset the machine.
+    pub watchdog: Duration,
+}
 
 /// What is known of a node that may be dead.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,10 +41,34 @@ pub struct Evidence {
     pub sightings: Vec<(String, bool, Timestamp)>,
     /// Whether any live agent in the cluster probes its peers at all.
     pub peers_exist: bool,
+    /// When its agent was last heard from (its heartbeat).
+    pub heard: Option<Timestamp>,
+    /// How its agent fences it, if it does.
+    pub fencing: Option<Fencing>,
+}
+
+/// When a node whose agent fences is down at the latest: its agent has gone without the API
+/// server since it was last heard from, and without any peer since it went NotReady (a peer
+/// that heard from it after that lists it reachable, and it is not dead at all), so it has
+/// stopped feeding its watchdog `after` later, and the watchdog has reset it by `watchdog` after
+/// that.
+pub fn down_by(e: &Evidence, fencing: Fencing) -> Timestamp {
+    let since = e
+        .heard
+        .map_or(e.not_ready_since, |h| h.max(e.not_ready_since));
+    let wait = fencing.after + fencing.watchdog + FENCE_MARGIN;
+    since.checked_add(wait).unwrap_or(Timestamp::MAX)
 }
 
 /// Dead (why) or not (why not). `grace` is how long it must have been NotReady.
 pub fn judge(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, String> {
+    let looks = looks_dead(e, now, grace)?;
+    known_down(e, &looks, now)
+}
+
+/// Whether it looks dead (why) or not (why not): NotReady, silent, unreachable. Whether it is
+/// known to be down is [`known_down`]'s.
+pub fn looks_dead(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, String> {
     if e.ready {
         return Err("it is Ready".to_owned());
     }
@@ -75,6 +114,29 @@ pub fn judge(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, St
     ))
 }
 
+/// Whether a node that looks dead (`looks`: why) is known to be down: its agent fences it and
+/// the fencing and the watchdog's reset are over. Dead (why) or not yet (why not).
+pub fn known_down(e: &Evidence, looks: &str, now: Timestamp) -> Result<String, String> {
+    let Some(fencing) = e.fencing else {
+        return Err(format!(
+            "{looks}; but its agent does not fence it (NodeReport status.fencing), so it may still be running its pods: once it is known to be off, an operator marks it (kubectl taint node NODE node.kubernetes.io/out-of-service=nodeshutdown:NoExecute)"
+        ));
+    };
+    let down = down_by(e, fencing);
+    if now < down {
+        return Err(format!(
+            "{looks}; its agent fences it after {}s without the API server and its peers, and its watchdog resets it {}s later: down by {down}",
+            fencing.after.as_secs(),
+            fencing.watchdog.as_secs()
+        ));
+    }
+    Ok(format!(
+        "{looks}, fenced by its agent ({}s without the API server and its peers, then its watchdog's {}s)",
+        fencing.after.as_secs(),
+        fencing.watchdog.as_secs()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,8 +152,15 @@ mod tests {
             agent_unavailable: Some("its agent is silent".into()),
             sightings: vec![("p1".into(), false, t(100)), ("p2".into(), false, t(120))],
             peers_exist: true,
+            heard: Some(t(-30)),
+            fencing: Some(FENCING),
         }
     }
+
+    const FENCING: Fencing = Fencing {
+        after: Duration::from_secs(60),
+        watchdog: Duration::from_secs(30),
+    };
 
     const GRACE: Duration = Duration::from_secs(60);
 
@@ -101,9 +170,47 @@ mod tests {
         assert!(
             why.contains("NotReady for 200s")
                 && why.contains("its agent is silent")
-                && why.contains("unreachable from 2 peer(s): p1, p2"),
+                && why.contains("unreachable from 2 peer(s): p1, p2")
+                && why.contains("fenced by its agent"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_node_whose_agent_does_not_fence_is_never_dead_and_an_operator_is_told_how() {
+        let unfenced = Evidence {
+            fencing: None,
+            ..dead_looking()
+        };
+        let why = judge(&unfenced, t(100_000), GRACE).expect_err("not known to be down");
+        assert!(
+            why.contains("does not fence") && why.contains("node.kubernetes.io/out-of-service"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_fencing_node_is_dead_once_its_fencing_and_its_watchdog_are_over() {
+        // NotReady at 0, last heard at -30: the fencing (60 s), the watchdog (30 s) and the
+        // margin (30 s) run from the later of the two.
+        assert_eq!(down_by(&dead_looking(), FENCING), t(120));
+        let why = judge(&dead_looking(), t(119), GRACE).expect_err("still fencing");
+        assert!(why.contains("down by"), "{why}");
+        assert!(judge(&dead_looking(), t(120), GRACE).is_ok());
+        // Heard from after it went NotReady (its kubelet stopped first): from then.
+        let heard_late = Evidence {
+            heard: Some(t(50)),
+            ..dead_looking()
+        };
+        assert_eq!(down_by(&heard_late, FENCING), t(170));
+        assert!(judge(&heard_late, t(169), GRACE).is_err());
+        assert!(judge(&heard_late, t(170), GRACE).is_ok());
+        // Never heard from: from when it went NotReady.
+        let never = Evidence {
+            heard: None,
+            ..dead_looking()
+        };
+        assert_eq!(down_by(&never, FENCING), t(120));
     }
 
     #[test]

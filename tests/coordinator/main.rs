@@ -296,6 +296,20 @@ async fn silence_agent(env: &TestEnv, node: &str, age: Duration) -> anyhow::Resu
     env.heartbeats_at(&[node.to_owned()], then).await
 }
 
+/// Writes into `node`'s report that its agent fences it (as an agent with a watchdog does): 60 s
+/// without the API server and its peers, then a 30 s watchdog.
+async fn announce_fencing(env: &TestEnv, node: &str) -> anyhow::Result<()> {
+    Api::<NodeReport>::all(env.client.clone())
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"fencing": {
+                "device": "/dev/watchdog", "fenceAfterSeconds": 60, "timeoutSeconds": 30}}})),
+        )
+        .await?;
+    Ok(())
+}
+
 /// Writes what `peer`'s agent reports of its peers, as of now: `seen` (node, answers), and
 /// that its peer detector runs; and renews its Lease.
 async fn report_sightings(env: &TestEnv, peer: &str, seen: &[(&str, bool)]) -> anyhow::Result<()> {

@@ -340,7 +340,8 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     // n0 dies: its peers' probes of it go unanswered (reported first: a coordinator that
     // saw n0 dead before any agent probed peers would rightly act without asking them),
     // nothing runs it any more (kwok lets it go), it has been NotReady for ten minutes, and
-    // its agent silent as long.
+    // its agent, which fences it, silent as long. First without the fencing: nothing marks
+    // a node that may still be running its pods.
     report_sightings(&env, &n1, &[(&n0, false), (&n2, true)]).await?;
     env.merge_node(
         &n0,
@@ -350,6 +351,24 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     let ten_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(10);
     set_condition(&env, &n0, "Ready", "False", ten_minutes_ago).await?;
     silence_agent(&env, &n0, Duration::from_secs(900)).await?;
+    let waits = env
+        .wait_event(&n0, "", "OutOfServiceWaits")
+        .await
+        .with_context(|| coordinator.output())?;
+    let why = waits.note.unwrap_or_default();
+    assert!(
+        why.contains("does not fence") && why.contains("kubectl taint node"),
+        "{why}"
+    );
+    let n0_now = env.nodes().get(&n0).await?;
+    assert!(
+        !n0_now.spec.and_then(|s| s.taints).is_some_and(|t| t
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service")),
+        "a node whose agent does not fence was marked out of service: {}",
+        coordinator.output()
+    );
+    announce_fencing(&env, &n0).await?;
 
     let tainted = wait::until(
         &env.nodes(),
@@ -428,6 +447,7 @@ async fn a_delete_node_remediation_of_a_dead_node_completes_without_its_agent() 
     let fifteen_minutes_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_mins(15);
     set_condition(&env, &n0, "Ready", "False", fifteen_minutes_ago).await?;
     silence_agent(&env, &n0, Duration::from_secs(900)).await?;
+    announce_fencing(&env, &n0).await?;
     report_sightings(&env, &n1, &[(&n0, false)]).await?;
     let coordinator = start(&env, "c1", &[]).await?;
     coordinator.wait_ready(TIMEOUT).await?;

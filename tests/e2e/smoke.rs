@@ -190,22 +190,32 @@ async fn assert_refused<const N: usize>(
 ) -> anyhow::Result<()> {
     for (index, (spec, field, message)) in cases.into_iter().enumerate() {
         let name = format!("{}-{prefix}-{index}", env.id);
-        let err = policies
+        let created = policies
             .create(&PostParams::default(), &policy(&name, spec.clone()))
-            .await
-            .expect_err(&format!("the API server accepted the invalid spec {spec}"));
-        let kube::Error::Api(status) = &err else {
-            panic!("expected an API error for {spec}, got {err:?}");
-        };
-        assert_eq!(status.code, 422, "{spec}: {status:?}");
-        assert!(
-            status.message.contains(field) && status.message.contains(message),
-            "for {spec} the API server said {:?}; expected it to name {field} and say {message:?}",
-            status.message
-        );
+            .await;
+        assert_unprocessable(created, &format!("the spec {spec}"), field, message);
     }
 
     Ok(())
+}
+
+/// That the API server refused a write (422), naming `field` and saying `message`.
+fn assert_unprocessable<T: std::fmt::Debug>(
+    written: Result<T, kube::Error>,
+    what: &str,
+    field: &str,
+    message: &str,
+) {
+    let err = written.expect_err(&format!("the API server accepted {what}"));
+    let kube::Error::Api(status) = &err else {
+        panic!("expected an API error for {what}, got {err:?}");
+    };
+    assert_eq!(status.code, 422, "{what}: {status:?}");
+    assert!(
+        status.message.contains(field) && status.message.contains(message),
+        "for {what} the API server said {:?}; expected it to name {field} and say {message:?}",
+        status.message
+    );
 }
 
 /// Gates the API server refuses: duplicate names, too many, an empty or overlong expression,
@@ -382,4 +392,56 @@ async fn daemonset_pods_are_bound_to_each_matching_node() -> anyhow::Result<()> 
             .all(|p| p.owner_references().iter().any(|o| o.kind == "DaemonSet"))
     );
     env.cleanup().await
+}
+
+/// A fencing claim the API server refuses: a fencing time under 10 s or a watchdog past 600 s
+/// (the coordinator would wait on a claim it cannot trust), an empty device.
+#[tokio::test]
+async fn api_server_refuses_a_fencing_claim_out_of_bounds() -> anyhow::Result<()> {
+    use kube::api::{Patch, PatchParams};
+    use nodeward_api::NodeReport;
+
+    let env = TestEnv::new("fencing").await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let name = format!("{}-node", env.id);
+    reports
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                "metadata": {"name": name}, "spec": {"nodeName": name}}))?,
+        )
+        .await?;
+    let fencing = |device: &str, after: i64, timeout: i64| json!({"status": {"fencing": {"device": device, "fenceAfterSeconds": after, "timeoutSeconds": timeout}}});
+    for (claim, field, message) in [
+        (
+            fencing("/dev/watchdog", 5, 30),
+            "status.fencing.fenceAfterSeconds",
+            "should be greater than or equal to 10",
+        ),
+        (
+            fencing("/dev/watchdog", 60, 601),
+            "status.fencing.timeoutSeconds",
+            "should be less than or equal to 600",
+        ),
+        (
+            fencing("", 60, 30),
+            "status.fencing.device",
+            "should be at least 1 chars long",
+        ),
+    ] {
+        let written = reports
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&claim))
+            .await;
+        assert_unprocessable(written, &format!("the claim {claim}"), field, message);
+    }
+    reports
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(fencing("/dev/watchdog", 60, 30)),
+        )
+        .await?;
+    reports.delete(&name, &DeleteParams::default()).await?;
+    Ok(())
 }

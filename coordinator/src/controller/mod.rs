@@ -69,6 +69,8 @@ pub struct Controller {
     arrived: HashMap<String, Instant>,
     /// When the loop waited on the API server, to tell admissions' own share.
     api_waits: api_waits::ApiWaits,
+    /// Why each dead-looking node waits for its out-of-service taint, as last told in an Event.
+    out_of_service_said: BTreeMap<String, String>,
     settings: Settings,
 }
 
@@ -113,6 +115,7 @@ impl Controller {
             standing: None,
             arrived: HashMap::new(),
             api_waits: api_waits::ApiWaits::default(),
+            out_of_service_said: BTreeMap::new(),
             settings,
         }
     }
@@ -212,9 +215,7 @@ impl Controller {
         }
         let standing = std::mem::take(&mut plan.standing);
         self.report_risks(&objects, &plan);
-        for (node, why) in &plan.out_of_service_waits {
-            tracing::debug!(%node, %why, "a dead node waits for its out-of-service taint");
-        }
+        self.say_out_of_service_waits(&objects, &plan.out_of_service_waits);
         if plan.superseded.len() == round::SUPERSEDED_PER_ROUND {
             // More may wait: the next round ends the next ones.
             self.writer.changed.anything();

@@ -3,8 +3,10 @@
 //! Each is a read-modify-write of the Node with its resourceVersion, only on the Node with the
 //! uid the round decided on ([`nodeward_runtime::cordon`]).
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::events::EventType;
+use kube::{ResourceExt, runtime::events::EventType};
 use nodeward_runtime::cordon;
 
 use super::Controller;
@@ -40,6 +42,32 @@ impl Controller {
             Err(e) => self.refused(node, uid, "its out-of-service taint", &e),
         }
         applied
+    }
+
+    /// Tells why a dead-looking node is not marked out of service (yet), once per change: an
+    /// Event on the Node (its agent does not fence it, its fencing is not over, the budget or
+    /// a pause holds it).
+    pub(super) fn say_out_of_service_waits(
+        &mut self,
+        objects: &round::Objects,
+        waits: &[(String, String)],
+    ) {
+        let mut said = BTreeMap::new();
+        for (node, why) in waits {
+            if self.out_of_service_said.get(node) != Some(why)
+                && let Some(object) = objects.nodes.iter().find(|n| n.name_any() == *node)
+            {
+                tracing::info!(%node, %why, "a dead-looking node waits for its out-of-service taint");
+                self.writer.event(
+                    object.as_ref(),
+                    EventType::Warning,
+                    "OutOfServiceWaits",
+                    why.clone(),
+                );
+            }
+            said.insert(node.clone(), why.clone());
+        }
+        self.out_of_service_said = said;
     }
 
     /// Sets or removes the labels and annotations nodeward keeps on a node around its

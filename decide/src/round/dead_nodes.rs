@@ -1,19 +1,26 @@
 //! Which NotReady nodes are dead ([`crate::dead`]): the evidence gathered from the round's
 //! objects, the peers' sightings among it.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
 use nodeward_api::{fleet::PEER_DETECTOR, node::is_ready};
 
 use super::{timestamp, view::Index};
 use crate::{
-    dead::{self, Evidence},
+    dead::{self, Evidence, Fencing},
     deadlines::agent_unavailable,
 };
 
-/// The dead nodes, each with why.
-pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str, String> {
+/// The dead nodes, each with why; and those that look dead but are not known to be down (their
+/// agents do not fence them, or the fencing is not over), each with why.
+#[derive(Debug, Default)]
+pub(super) struct Judged<'a> {
+    pub dead: BTreeMap<&'a str, String>,
+    pub not_known_down: BTreeMap<&'a str, String>,
+}
+
+pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
     let not_ready: Vec<&str> = index
         .nodes
         .iter()
@@ -21,7 +28,7 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str,
         .map(|(name, _)| *name)
         .collect();
     if not_ready.is_empty() {
-        return BTreeMap::new();
+        return Judged::default();
     }
     // What live agents saw of their peers: only an agent that still reports speaks for them.
     let mut sightings: BTreeMap<&str, Vec<(String, bool, Timestamp)>> = BTreeMap::new();
@@ -50,7 +57,7 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str,
             ));
         }
     }
-    let mut dead = BTreeMap::new();
+    let mut judged = Judged::default();
     for name in not_ready {
         let node = index.nodes[name];
         let deadlines = index.deadlines_of_node(name);
@@ -60,21 +67,41 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> BTreeMap<&'a str,
                 || timestamp(node.metadata.creation_timestamp.as_ref()),
                 |t| t.0,
             );
+        let heard = index.heartbeat(name);
         let evidence = Evidence {
             ready: false,
             not_ready_since,
-            agent_unavailable: agent_unavailable(
-                name,
-                index.heartbeat(name),
-                now,
-                deadlines.agent_heartbeat,
-            ),
+            agent_unavailable: agent_unavailable(name, heard, now, deadlines.agent_heartbeat),
             sightings: sightings.remove(name).unwrap_or_default(),
             peers_exist,
+            heard,
+            fencing: index
+                .reports
+                .get(name)
+                .and_then(|r| fencing(r.status.as_ref()?.fencing.as_ref()?)),
         };
-        if let Ok(why) = dead::judge(&evidence, now, deadlines.agent_heartbeat) {
-            dead.insert(name, why);
-        }
+        let Ok(looks) = dead::looks_dead(&evidence, now, deadlines.agent_heartbeat) else {
+            continue;
+        };
+        match dead::known_down(&evidence, &looks, now) {
+            Ok(why) => judged.dead.insert(name, why),
+            Err(why) => judged.not_known_down.insert(name, why),
+        };
     }
-    dead
+    judged
+}
+
+/// An agent's announced fencing in plain durations; one the CRD's bounds would refuse (an
+/// object stored before them) counts as no fencing, never as a shorter wait.
+fn fencing(f: &nodeward_api::report::Fencing) -> Option<Fencing> {
+    let seconds = |s: i32| {
+        u64::try_from(s)
+            .ok()
+            .filter(|s| *s > 0)
+            .map(Duration::from_secs)
+    };
+    Some(Fencing {
+        after: seconds(f.fence_after_seconds)?,
+        watchdog: seconds(f.timeout_seconds)?,
+    })
 }

@@ -44,6 +44,20 @@ pub fn report(node: &str, heartbeat: i64) -> Arc<NodeReport> {
     )
 }
 
+/// `report` with its agent fencing the node: 60 s without the API server and its peers, then a
+/// 30 s watchdog.
+pub fn fencing(report: Arc<NodeReport>) -> Arc<NodeReport> {
+    let mut report = report.as_ref().clone();
+    if let Some(status) = report.status.as_mut() {
+        status.fencing = Some(nodeward_api::report::Fencing {
+            device: "/dev/watchdog".into(),
+            fence_after_seconds: 60,
+            timeout_seconds: 30,
+        });
+    }
+    Arc::new(report)
+}
+
 /// The Lease of `node`'s agent, renewed at `t(renewed)`.
 pub fn lease(node: &str, renewed: i64) -> Arc<k8s_openapi::api::coordination::v1::Lease> {
     Arc::new(

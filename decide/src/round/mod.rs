@@ -314,13 +314,14 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     let mut slots = slots::kept(&index, memory, &mut plan.confirm_gone);
     let disrupted_by = slots::disrupted_by(&index, &slots);
     let health = remediate::assess(&index, memory, now, &mut plan.unhealthy_nodes);
+    let judged = dead_nodes::judged(&index, now);
     let mut cluster = view::cluster(
         &index,
         &objects.blockers,
         &health.unhealthy,
         &slots,
         &disrupted_by,
-        &dead_nodes::judged(&index, now),
+        &judged.dead,
         now,
     );
     for (node, why) in &objects.workloads {
@@ -349,7 +350,7 @@ pub fn plan(objects: &Objects, memory: &mut Memory, now: Timestamp) -> Plan {
     overdue::take_over(&index, memory, &disrupted_by, now, &mut plan);
     let gates = remediate::remediate(&index, &health, &cluster, memory, now, &mut plan);
     plan.started_late = remediate::started_late(&index);
-    out_of_service::decide(&index, &cluster, &mut plan);
+    out_of_service::decide(&index, &cluster, &judged.not_known_down, &mut plan);
     pending_taint::decide(&index, &mut plan);
     node_labels::decide(&index, &mut plan);
     marks::decide(&index, &objects.marks, &mut plan);

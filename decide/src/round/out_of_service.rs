@@ -2,7 +2,10 @@
 //! `remediation.outOfServiceTaint` selects a dead node, the coordinator taints it
 //! `node.kubernetes.io/out-of-service` (its pods are deleted and their volumes detached, so
 //! stateful pods start elsewhere), decided like any remediation; and it takes its own taint
-//! away once the node is Ready again.
+//! away once the node is Ready again. A node that looks dead but is not known to be down (its
+//! agent does not fence it, or its fencing is not over) waits, and the round says why.
+
+use std::collections::BTreeMap;
 
 use kube_core::ResourceExt;
 use nodeward_api::{
@@ -17,7 +20,14 @@ use super::{
 };
 use crate::admission::decide::Cluster;
 
-pub(super) fn decide(index: &Index, cluster: &Cluster, plan: &mut Plan) {
+/// `not_known_down`: the nodes that look dead but whose agents do not fence them (or not yet
+/// long enough), each with why: where a policy asks for the taint they wait, and say why.
+pub(super) fn decide(
+    index: &Index,
+    cluster: &Cluster,
+    not_known_down: &BTreeMap<&str, String>,
+    plan: &mut Plan,
+) {
     let mut deciding: Option<Deciding> = None;
     for (name, node) in &index.nodes {
         let ours = node.annotations().contains_key(OUT_OF_SERVICE_ANNOTATION);
@@ -36,7 +46,8 @@ pub(super) fn decide(index: &Index, cluster: &Cluster, plan: &mut Plan) {
             });
             continue;
         }
-        let Some(why) = cluster.nodes.get(*name).and_then(|n| n.dead.as_ref()) else {
+        let dead = cluster.nodes.get(*name).and_then(|n| n.dead.as_ref());
+        let Some(why) = dead.or_else(|| not_known_down.get(*name)) else {
             continue;
         };
         let wanted_by = index.policies.iter().find(|p| {
@@ -50,6 +61,11 @@ pub(super) fn decide(index: &Index, cluster: &Cluster, plan: &mut Plan) {
         let Some(policy) = wanted_by.filter(|_| !tainted) else {
             continue;
         };
+        if dead.is_none() {
+            plan.out_of_service_waits
+                .push(((*name).to_owned(), why.clone()));
+            continue;
+        }
         match admit_without_agent(cluster, &mut deciding, name) {
             Ok(()) => plan.out_of_service.push(OutOfService {
                 node: (*name).to_owned(),

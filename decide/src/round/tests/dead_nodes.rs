@@ -2,14 +2,15 @@
 
 use super::*;
 
-/// Three nodes: n0 NotReady since long before `t(0)` with its agent silent, n1 and n2 alive;
-/// `n0_answers` is what n1's last probe of n0 (at `t(100)`) got.
+/// Three nodes: n0 NotReady since long before `t(0)` with its agent silent (last heard at
+/// `t(-1000)`, when it announced its fencing), n1 and n2 alive; `n0_answers` is what n1's last
+/// probe of n0 (at `t(100)`) got.
 fn one_dead_looking_node(spec: serde_json::Value, n0_answers: bool) -> Objects {
     let mut objects = cluster(3);
     objects.policies = vec![policy(spec).build()];
     objects.nodes[0] = node("n0").not_ready().build();
     objects.reports = vec![
-        report("n0", -1000),
+        fencing(report("n0", -1000)),
         report_seeing("n1", 150, &[("n0", n0_answers, 100), ("n2", true, 100)]),
         report("n2", 150),
     ];
@@ -45,6 +46,34 @@ fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
     assert!(
         cut_off.out_of_service.is_empty(),
         "a peer still reaches it: {cut_off:?}"
+    );
+
+    // Its agent does not fence it: it may still run its pods, and nothing marks it.
+    let mut unfenced = one_dead_looking_node(spec.clone(), false);
+    unfenced.reports[0] = report("n0", -1000);
+    let round = plan(&unfenced, &mut Memory::default(), t(200));
+    assert!(round.out_of_service.is_empty(), "{round:?}");
+    assert!(
+        round
+            .out_of_service_waits
+            .iter()
+            .any(|(n, why)| n == "n0" && why.contains("does not fence")),
+        "{:?}",
+        round.out_of_service_waits
+    );
+
+    // Silent for 100 s (past the policy's agentHeartbeat of 60 s), but its fencing (60 s), its
+    // watchdog (30 s) and the margin (30 s) since are not over yet.
+    let quick = json!({"maxConcurrent": 1, "deadlines": {"agentHeartbeat": "60s"},
+        "remediation": {"enabled": true, "outOfServiceTaint": true}});
+    let mut recent = one_dead_looking_node(quick, false);
+    recent.reports[0] = fencing(report("n0", 100));
+    let round = plan(&recent, &mut Memory::default(), t(200));
+    assert!(round.out_of_service.is_empty(), "{round:?}");
+    assert!(
+        round.out_of_service_waits[0].1.contains("down by"),
+        "{:?}",
+        round.out_of_service_waits
     );
 
     let without = json!({"maxConcurrent": 1, "remediation": {"enabled": true}});
@@ -128,6 +157,12 @@ fn a_delete_node_of_a_dead_node_needs_no_agent_and_goes_straight_to_acting() {
         (round.overdue[0].to, round.overdue[0].reason),
         (MaintenancePhase::Acting, "NodeDead")
     );
+    // Not without its fencing: the node may still run its pods, and deleting its Node would
+    // start them elsewhere.
+    let mut unfenced = objects.clone();
+    unfenced.reports[0] = report("n0", -1000);
+    let round = plan(&unfenced, &mut Memory::default(), t(201));
+    assert!(round.overdue.is_empty(), "{round:?}");
     // A Reboot of it still needs its agent.
     objects.maintenances = vec![maintenance("m0", "n0").remediation().build()];
     let round = plan(&objects, &mut Memory::default(), t(200));
