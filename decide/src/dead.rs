@@ -60,12 +60,6 @@ pub fn down_by(e: &Evidence, fencing: Fencing) -> Timestamp {
     since.checked_add(wait).unwrap_or(Timestamp::MAX)
 }
 
-/// Dead (why) or not (why not). `grace` is how long it must have been NotReady.
-pub fn judge(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, String> {
-    let looks = looks_dead(e, now, grace)?;
-    known_down(e, &looks, now)
-}
-
 /// Whether it looks dead (why) or not (why not): NotReady, silent, unreachable. Whether it is
 /// known to be down is [`known_down`]'s.
 pub fn looks_dead(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, String> {
@@ -140,6 +134,13 @@ pub fn known_down(e: &Evidence, looks: &str, now: Timestamp) -> Result<String, S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Dead (why) or not (why not), as the round judges it: looks dead, then known to be down.
+    /// `grace` is how long it must have been NotReady.
+    fn judge(e: &Evidence, now: Timestamp, grace: Duration) -> Result<String, String> {
+        let looks = looks_dead(e, now, grace)?;
+        known_down(e, &looks, now)
+    }
 
     fn t(second: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + second).expect("in range")
