@@ -5,9 +5,10 @@
 //! Each section belongs to the part of the agent it configures, which defines its fields,
 //! defaults and checks: a detector's in its `detect` module, `notifications` in `notify`,
 //! `shutdownGuard` in `shutdown`, `reporting` in `report`, `reboot` in
-//! `maintenance::reboot_method`, `npd` (node-problem-detector files) in `npd`. Each detector has `interval` (how
-//! often it runs), `timeout` (after which the run counts as Unknown) and `for` (how long a new
-//! verdict must hold before it is reported or cleared).
+//! `maintenance::reboot_method`, `npd` (node-problem-detector files) in `npd`, `fencing` (the
+//! watchdog) in `fencing`. Each detector has `interval` (how often it runs), `timeout` (after
+//! which the run counts as Unknown) and `for` (how long a new verdict must hold before it is
+//! reported or cleared).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +17,7 @@ use serde::Deserialize;
 use crate::{
     Error,
     detect::Detectors,
+    fencing::FencingConfig,
     flags::{self, Given, Placed},
     host_stats::HostStatsConfig,
     maintenance::reboot_method::RebootConfig,
@@ -38,6 +40,7 @@ pub struct Config {
     pub notifications: NotificationsConfig,
     pub reboot: RebootConfig,
     pub npd: NpdConfig,
+    pub fencing: FencingConfig,
 }
 
 impl Config {
@@ -100,6 +103,11 @@ impl Config {
         self.detectors.validate("detectors")?;
         self.host_stats.validate("hostStats")?;
         self.reboot.validate("reboot")?;
+        self.fencing.validate(
+            "fencing",
+            self.reporting.heartbeat_interval,
+            self.detectors.peers.enabled,
+        )?;
         self.notifications.validate("notifications")
     }
 }
@@ -117,6 +125,7 @@ impl Config {
             &crate::maintenance::reboot_method::flags(),
         ));
         flags.extend(Placed::at("npd", &npd::flags()));
+        flags.extend(Placed::at("fencing", &crate::fencing::flags()));
         flags
     }
 
@@ -555,5 +564,46 @@ detectors:
             err.to_string().contains("/nonexistent/nodeward.yaml"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn fencing_is_refused_where_a_healthy_node_would_fence_or_no_peer_could_be_asked() {
+        let on = Config::parse("fencing: {enabled: true}").expect("the defaults fit");
+        assert_eq!(on.fencing.fence_after.as_secs(), 600);
+        for (text, says) in [
+            (
+                "fencing: {enabled: true}\nreporting: {heartbeatInterval: 6m}",
+                "fencing.fenceAfter: must be at least twice reporting.heartbeatInterval (360s)",
+            ),
+            (
+                "fencing: {enabled: true, fenceAfter: 5s}",
+                "fencing.fenceAfter: must be from 10s to 24h",
+            ),
+            (
+                "fencing: {enabled: true, timeout: 0s}",
+                "fencing.timeout: must be whole seconds from 1s to 600s",
+            ),
+            (
+                "fencing: {enabled: true, timeout: 1500ms}",
+                "fencing.timeout: must be whole seconds",
+            ),
+            (
+                "fencing: {enabled: true, device: ''}",
+                "fencing.device: name the watchdog device",
+            ),
+            (
+                "fencing: {enabled: true}\ndetectors: {peers: {enabled: false}}",
+                "fencing.enabled: fencing asks the peers",
+            ),
+            (
+                "fencing: {enabled: true, after: 1m}",
+                "unknown field `after`",
+            ),
+        ] {
+            let err = Config::parse(text).expect_err(text);
+            assert!(err.contains(says), "{text}: {err}");
+        }
+        // Off, nothing is checked.
+        Config::parse("fencing: {timeout: 0s}").expect("off");
     }
 }

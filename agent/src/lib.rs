@@ -8,6 +8,7 @@ pub mod check;
 pub mod config;
 pub mod detect;
 mod drain;
+pub mod fencing;
 pub mod flags;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -3,7 +3,7 @@
 //! a few hundred bytes; the NodeReport, kilobytes, is written only when something in it
 //! changes. The Lease is owned by the Node, so it goes with it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::{
     api::{coordination::v1::Lease, core::v1::Node},
@@ -31,6 +31,40 @@ pub struct Liveness {
     pub node: String,
     pub every: Duration,
     pub metrics: std::sync::Arc<Metrics>,
+    pub contact: ApiContact,
+}
+
+/// When the API server last took this agent's heartbeat (a Lease renewal, a NodeReport with
+/// its heartbeat time): the instant just before the time written was taken, so never later
+/// than what the coordinator counts as heard. The fencing counts from it.
+#[derive(Clone, Debug)]
+pub struct ApiContact(std::sync::Arc<tokio::sync::watch::Sender<Option<Instant>>>);
+
+impl Default for ApiContact {
+    fn default() -> Self {
+        Self(std::sync::Arc::new(tokio::sync::watch::channel(None).0))
+    }
+}
+
+impl ApiContact {
+    /// A heartbeat taken at `sent` was written.
+    pub fn took(&self, sent: Instant) {
+        self.0.send_if_modified(|last| {
+            let later = last.is_none_or(|l| sent > l);
+            if later {
+                *last = Some(sent);
+            }
+            later
+        });
+    }
+
+    pub fn last(&self) -> Option<Instant> {
+        *self.0.borrow()
+    }
+
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<Option<Instant>> {
+        self.0.subscribe()
+    }
 }
 
 impl Liveness {
@@ -50,10 +84,12 @@ impl Liveness {
         let mut owner: Option<OwnerReference> = None;
         let mut created = None;
         loop {
+            let sent = Instant::now();
             let renewed = self.renew(&leases, &name, &mut owner).await;
             self.metrics.api_write("leases", renewed.is_ok());
             let wait = match renewed {
                 Ok(lease) => {
+                    self.contact.took(sent);
                     let creation = lease.metadata.creation_timestamp;
                     if created.is_some() && created != creation {
                         owner = None;

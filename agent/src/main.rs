@@ -7,8 +7,9 @@ use nodeward_agent::{
     Error, background, check,
     config::Config,
     detect,
+    fencing::Fencer,
     flags::{Given, Placed},
-    liveness::Liveness,
+    liveness::{ApiContact, Liveness},
     metrics::Metrics,
     policies::Follow,
     report::{Identity, Reporter},
@@ -238,6 +239,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         ));
     }
     let (own_node, own_node_writer) = reflector::store();
+    let contact = ApiContact::default();
     writers.spawn(
         Liveness {
             client: client.clone(),
@@ -245,6 +247,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
             node: node_name.clone(),
             every: config.reporting.heartbeat_interval,
             metrics: metrics.clone(),
+            contact: contact.clone(),
         }
         .run(stopping.clone()),
     );
@@ -261,10 +264,23 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let detectors = config.detectors.enabled(Some(&started.agent));
     let writing = detectors.iter().map(|d| d.condition.to_string()).collect();
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
-    let reporter = Reporter::new(client.clone(), identity, metrics, readiness)
+    let fencer = Fencer::of(
+        &config.fencing,
+        &config.detectors.peers,
+        &started.agent,
+        &client,
+        &metrics,
+        contact.clone(),
+    );
+    let mut reporter = Reporter::new(client.clone(), identity, metrics, readiness)
         .with_recheck(config.reporting.heartbeat_interval)
-        .writing(writing);
-    let reporter = reporter.publishing(started.for_reports);
+        .writing(writing)
+        .telling(contact)
+        .publishing(started.for_reports);
+    if let Some(fencer) = fencer {
+        reporter = reporter.announcing(fencer.claim.clone());
+        writers.spawn(fencer.run(stopping.clone()));
+    }
     let pauses = maintain(
         &config,
         &client,

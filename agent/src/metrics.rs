@@ -141,6 +141,9 @@ pub struct Metrics {
     /// Of those, the bookmarks (the API server's periodic note of its resourceVersion).
     pub watch_bookmarks: Family<ResourceLabels, Counter>,
     pub probes: Family<ProbeLabels, Counter>,
+    /// 0: this node does not fence itself; 1: its watchdog is armed and fed; 2: fencing (the
+    /// watchdog is no longer fed).
+    pub fencing: Gauge,
     /// CPU, memory, filesystems and interfaces of the host ([`crate::host_stats`]).
     pub host: HostMetrics,
 }
@@ -202,8 +205,15 @@ impl Metrics {
             "Peer probes sent, by protocol and result",
             probes.clone(),
         );
+        let fencing = Gauge::default();
+        registry.register(
+            "fencing",
+            "0: the node does not fence itself; 1: its watchdog is armed and fed; 2: fencing it (the watchdog is no longer fed)",
+            fencing.clone(),
+        );
         let host = HostMetrics::register(&mut registry);
         Self {
+            fencing,
             registry,
             host,
             finding,

@@ -161,23 +161,29 @@ pub const FINDINGS_LIMIT: usize = 128;
 pub const PEER_SIGHTINGS_LIMIT: usize = 32;
 
 /// How the agent fences its node: it feeds a watchdog, and stops once it has been
-/// `fenceAfterSeconds` without the API server and without an answer from any peer; the watchdog
-/// then resets the machine within `timeoutSeconds`. So a node cut off from everything stops
-/// running its pods before anything else may start them, and a node cut off from the API server
-/// only, which its peers still reach, is neither fenced nor treated as down.
+/// `fenceAfterSeconds` without the API server while no more than half of `agents` (itself
+/// among them) answered its probes; the watchdog then resets the machine within
+/// `timeoutSeconds`. So a node cut off from the API server and from most of its peers stops
+/// running its pods before anything else may start them; a node cut off from the API server
+/// only, or a fleet whose API server is down, goes on. Peers that are still live record its
+/// probes (`peerSightings[].probedAt`), so that the coordinator knows it is running.
 #[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Fencing {
     /// The watchdog device the agent feeds, e.g. `/dev/watchdog`.
     #[schemars(length(min = 1, max = 256))]
     pub device: String,
-    /// How long without the API server and without any peer before the agent stops feeding
-    /// the watchdog.
+    /// How long without the API server (and without a majority of `agents` answering) before
+    /// the agent stops feeding the watchdog.
     #[schemars(range(min = 10, max = 86400))]
     pub fence_after_seconds: i32,
     /// How long after the last feeding the watchdog resets the machine.
     #[schemars(range(min = 1, max = 600))]
     pub timeout_seconds: i32,
+    /// The agents the fencing counts, itself among them: without the API server it goes on
+    /// feeding the watchdog while more than half of them answer.
+    #[schemars(range(min = 1, max = 100000))]
+    pub agents: i32,
 }
 
 /// One peer whose reachability this agent saw change.
@@ -191,6 +197,10 @@ pub struct PeerSighting {
     pub reachable: bool,
     /// Since when.
     pub time: Time,
+    /// When the peer's agent, cut off from the API server, last probed this one to count its
+    /// peers for its fencing: it was running then, whatever this agent's probes of it find.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probed_at: Option<Time>,
 }
 
 /// One detector's verdict, with the same type/status/reason/message shape as a Node condition.

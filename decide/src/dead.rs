@@ -7,6 +7,12 @@
 //! and its watchdog's reset are over; any other may still be running its pods, and only an
 //! operator who knows it is off marks it. Pure functions over plain data.
 //!
+//! A fencing agent cut off from the API server probes every peer, and goes on feeding its
+//! watchdog while more than half of the agents it counts answer (so a fleet whose API server is
+//! down does not reset itself). Peers record those probes: a live one's record moves the time
+//! by which the node is down, and while more than half of the agents are silent, the answers
+//! may have come from them, so no node is known to be down.
+//!
 //! A peer lists a node when a probe of it fails and probes it again every round while it is
 //! listed (`agent/src/detect/peers/sightings.rs`): an unreachable entry holds now, whenever it
 //! began, as long as the peer's agent is alive; a reachable one records when the node answered
@@ -27,6 +33,9 @@ pub struct Fencing {
     pub after: Duration,
     /// How long the watchdog then takes to reset the machine.
     pub watchdog: Duration,
+    /// The agents it counts, itself among them: cut off from the API server, it goes on while
+    /// more than half of them answer its probes.
+    pub agents: u32,
 }
 
 /// What is known of a node that may be dead.
@@ -45,17 +54,25 @@ pub struct Evidence {
     pub heard: Option<Timestamp>,
     /// How its agent fences it, if it does.
     pub fencing: Option<Fencing>,
+    /// When live peers last had a probe from its agent counting its peers for its fencing:
+    /// each peer with the time.
+    pub probed: Vec<(String, Timestamp)>,
+    /// How many other agents are silent: its probes may have been answered by them unseen.
+    pub silent_others: usize,
 }
 
-/// When a node whose agent fences is down at the latest: its agent has gone without the API
-/// server since it was last heard from, and without any peer since it went NotReady (a peer
-/// that heard from it after that lists it reachable, and it is not dead at all), so it has
-/// stopped feeding its watchdog `after` later, and the watchdog has reset it by `watchdog` after
-/// that.
+/// When a node whose agent fences is down at the latest: counted from the latest of when it
+/// was last heard from, when it went NotReady and the last of its probes a live peer recorded
+/// (an answer it may count for `after`), its agent has stopped feeding its watchdog `after`
+/// later, and the watchdog has reset it by `watchdog` after that. (While the silent agents are
+/// too few to be a majority: [`known_down`].)
 pub fn down_by(e: &Evidence, fencing: Fencing) -> Timestamp {
     let since = e
-        .heard
-        .map_or(e.not_ready_since, |h| h.max(e.not_ready_since));
+        .probed
+        .iter()
+        .map(|(_, at)| *at)
+        .chain(e.heard)
+        .fold(e.not_ready_since, Timestamp::max);
     let wait = fencing.after + fencing.watchdog + FENCE_MARGIN;
     since.checked_add(wait).unwrap_or(Timestamp::MAX)
 }
@@ -116,6 +133,13 @@ pub fn known_down(e: &Evidence, looks: &str, now: Timestamp) -> Result<String, S
             "{looks}; but its agent does not fence it (NodeReport status.fencing), so it may still be running its pods: once it is known to be off, an operator marks it (kubectl taint node NODE node.kubernetes.io/out-of-service=nodeshutdown:NoExecute)"
         ));
     };
+    let silent = e.silent_others.saturating_add(1);
+    if silent.saturating_mul(2) > fencing.agents as usize {
+        return Err(format!(
+            "{looks}; but {silent} of the {} agents its fencing counts are silent, and without the API server it goes on while more than half of them answer: the silent ones may be answering it",
+            fencing.agents
+        ));
+    }
     let down = down_by(e, fencing);
     if now < down {
         return Err(format!(
@@ -155,12 +179,15 @@ mod tests {
             peers_exist: true,
             heard: Some(t(-30)),
             fencing: Some(FENCING),
+            probed: Vec::new(),
+            silent_others: 0,
         }
     }
 
     const FENCING: Fencing = Fencing {
         after: Duration::from_secs(60),
         watchdog: Duration::from_secs(30),
+        agents: 5,
     };
 
     const GRACE: Duration = Duration::from_secs(60);
@@ -212,6 +239,39 @@ mod tests {
             ..dead_looking()
         };
         assert_eq!(down_by(&never, FENCING), t(120));
+    }
+
+    #[test]
+    fn a_probe_of_its_fencing_that_a_live_peer_recorded_moves_the_time_it_is_down_by() {
+        // It counted the peer's answer at 150 for its 60 s: the watchdog and the margin after.
+        let probed = Evidence {
+            probed: vec![("p1".into(), t(150)), ("p2".into(), t(100))],
+            ..dead_looking()
+        };
+        assert_eq!(down_by(&probed, FENCING), t(270));
+        assert!(judge(&probed, t(269), GRACE).is_err());
+        assert!(judge(&probed, t(270), GRACE).is_ok());
+    }
+
+    #[test]
+    fn no_node_is_known_down_while_the_silent_agents_could_be_the_majority_it_counts() {
+        // 5 agents counted: itself and one other silent are 2, no majority; itself and two
+        // others are 3, which may be answering it, as when the API server's side of a
+        // partition is the smaller one.
+        let two = Evidence {
+            silent_others: 1,
+            ..dead_looking()
+        };
+        assert!(judge(&two, t(200), GRACE).is_ok());
+        let three = Evidence {
+            silent_others: 2,
+            ..dead_looking()
+        };
+        let why = judge(&three, t(100_000), GRACE).expect_err("may have a majority");
+        assert!(
+            why.contains("3 of the 5 agents its fencing counts are silent"),
+            "{why}"
+        );
     }
 
     #[test]

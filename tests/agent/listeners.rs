@@ -73,7 +73,8 @@ async fn a_thousand_stalled_connections_do_not_exhaust_the_agents_health_and_met
 #[tokio::test]
 async fn a_thousand_silent_connections_do_not_exhaust_the_peer_probe_port() -> anyhow::Result<()> {
     let port = nodeward_e2e::daemon::free_port()?;
-    let responding = tokio::spawn(nodeward_agent::detect::peers::respond(None, port).await?);
+    let responding =
+        tokio::spawn(nodeward_agent::detect::peers::respond(None, port, |_| {}).await?);
     let target = SocketAddr::from(([127, 0, 0, 1], port));
     let siege = Siege::start(IpAddr::from(NEIGHBOUR), target, SIEGE, b"").await?;
     let limits = Limits::default();

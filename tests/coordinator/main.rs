@@ -297,14 +297,15 @@ async fn silence_agent(env: &TestEnv, node: &str, age: Duration) -> anyhow::Resu
 }
 
 /// Writes into `node`'s report that its agent fences it (as an agent with a watchdog does): 60 s
-/// without the API server and its peers, then a 30 s watchdog.
+/// without the API server and most of the 10 agents it counts, then a 30 s watchdog.
 async fn announce_fencing(env: &TestEnv, node: &str) -> anyhow::Result<()> {
     Api::<NodeReport>::all(env.client.clone())
         .patch_status(
             node,
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"fencing": {
-                "device": "/dev/watchdog", "fenceAfterSeconds": 60, "timeoutSeconds": 30}}})),
+                "device": "/dev/watchdog", "fenceAfterSeconds": 60, "timeoutSeconds": 30,
+                "agents": 10}}})),
         )
         .await?;
     Ok(())

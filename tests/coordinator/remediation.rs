@@ -362,9 +362,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     );
     let n0_now = env.nodes().get(&n0).await?;
     assert!(
-        !n0_now.spec.and_then(|s| s.taints).is_some_and(|t| t
-            .iter()
-            .any(|t| t.key == "node.kubernetes.io/out-of-service")),
+        wait::out_of_service_taint(Some(&n0_now)).is_none(),
         "a node whose agent does not fence was marked out of service: {}",
         coordinator.output()
     );
@@ -416,13 +414,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
     set_condition(&env, &n0, "Ready", "True", jiff::Timestamp::now()).await?;
     wait::until(&env.nodes(), &n0, "the taint taken away", TIMEOUT, |n| {
         n.is_some_and(|n| {
-            !n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| {
-                    t.iter()
-                        .any(|t| t.key == "node.kubernetes.io/out-of-service")
-                })
+            wait::out_of_service_taint(Some(n)).is_none()
                 && !n.annotations().contains_key("nodeward.io/out-of-service")
         })
     })

@@ -412,22 +412,27 @@ async fn api_server_refuses_a_fencing_claim_out_of_bounds() -> anyhow::Result<()
                 "metadata": {"name": name}, "spec": {"nodeName": name}}))?,
         )
         .await?;
-    let fencing = |device: &str, after: i64, timeout: i64| json!({"status": {"fencing": {"device": device, "fenceAfterSeconds": after, "timeoutSeconds": timeout}}});
+    let fencing = |device: &str, after: i64, timeout: i64, agents: i64| json!({"status": {"fencing": {"device": device, "fenceAfterSeconds": after, "timeoutSeconds": timeout, "agents": agents}}});
     for (claim, field, message) in [
         (
-            fencing("/dev/watchdog", 5, 30),
+            fencing("/dev/watchdog", 5, 30, 3),
             "status.fencing.fenceAfterSeconds",
             "should be greater than or equal to 10",
         ),
         (
-            fencing("/dev/watchdog", 60, 601),
+            fencing("/dev/watchdog", 60, 601, 3),
             "status.fencing.timeoutSeconds",
             "should be less than or equal to 600",
         ),
         (
-            fencing("", 60, 30),
+            fencing("", 60, 30, 3),
             "status.fencing.device",
             "should be at least 1 chars long",
+        ),
+        (
+            fencing("/dev/watchdog", 60, 30, 0),
+            "status.fencing.agents",
+            "should be greater than or equal to 1",
         ),
     ] {
         let written = reports
@@ -439,7 +444,7 @@ async fn api_server_refuses_a_fencing_claim_out_of_bounds() -> anyhow::Result<()
         .patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(fencing("/dev/watchdog", 60, 30)),
+            &Patch::Merge(fencing("/dev/watchdog", 60, 30, 3)),
         )
         .await?;
     reports.delete(&name, &DeleteParams::default()).await?;

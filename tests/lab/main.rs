@@ -4,6 +4,7 @@
 
 mod bench;
 mod chart;
+mod fencing;
 mod host;
 mod kernel;
 mod kubelet;

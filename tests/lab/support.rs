@@ -28,6 +28,7 @@ use nodeward_e2e::{
 use serde_json::{Value, json};
 
 use crate::{
+    fencing::{CUT_OFF_RESTORED, FENCING},
     patching::APT_RESTORED,
     turns::{self, Turn},
 };
@@ -188,6 +189,7 @@ impl Lab {
             "{KUBELET_SHUTDOWN_OFF}
             {REGISTRATION_RESTORED}
             {APT_RESTORED}
+            {CUT_OFF_RESTORED}
             systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
             if [ -e /etc/systemd/system/nodeward-agent.service ]; then
               systemctl disable --now nodeward-agent.service
@@ -210,6 +212,7 @@ impl Lab {
         }))
         .await?;
         delete_tests(&Api::<DisruptionPolicy>::all(self.client.clone()), &ours).await?;
+        crate::fencing::restore_default_policy(&self.client).await?;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
         let left = namespaces
             .list(&ListParams::default().labels(&ours))
@@ -577,8 +580,9 @@ impl Lab {
 /// systemctl). The two checks on the host, the reboot sentinel's every 15 s and the custom
 /// one's every 30 s, run less often: each is a transient systemd unit, which cost an emulated
 /// guest 0.8 s (systemd, D-Bus and journald); every 5 s that was a sixth of a VM's CPU.
-/// Everything else is the chart's default.
-const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
+/// The agents renew their Leases every 10 s (the chart's default is 5 minutes), which the
+/// lab's fencing needs ([`FENCING`]). Everything else is the chart's default.
+const FAST_DETECTORS: &str = r#"agent.config={"reporting":{"heartbeatInterval":"10s"},"detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"},
     "rebootRequired":{"interval":"15s","timeout":"15s"},
@@ -659,7 +663,7 @@ async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Re
 }
 
 /// The chart as users install it, once per test process (default values but for
-/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], the agent off host-mode nodes and the
+/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], [`FENCING`], the agent off host-mode nodes and the
 /// coordinators off the first VM): the images were imported into every node's containerd under the names
 /// the chart uses.
 async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> {
@@ -678,7 +682,8 @@ async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> 
                     .args(["--set-json", FAST_DETECTORS])
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
                     .args(["--set-json", &coordinators_off_the_first(nodes)])
-                    .args(["--set", REBOOT_BY_COMMAND]))?;
+                    .args(["--set", REBOOT_BY_COMMAND])
+                    .args(["--set", FENCING]))?;
             }
             // CRDs just created answer 429 ("storage is (re)initializing") for a moment, each
             // its own (a lab run that began with the network test failed on one not waited for).

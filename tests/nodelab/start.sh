@@ -189,7 +189,8 @@ curl -fsS -o /dev/null --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pk
 # five minutes to start a handful of pods. Both run on one host thread per VM (thread=single):
 # with a thread per vCPU a guest's live kernel patching (int3 text pokes) raced the other vCPU
 # and panicked the guest at boot, and six busy threads on two cores only thrashed. A guest that
-# panics all the same restarts (panic=10) instead of hanging until the lab's deadline.
+# panics all the same restarts (panic=10) instead of hanging until the lab's deadline. Each has
+# a hardware watchdog (an emulated Intel 6300ESB) that resets it, for the agents' fencing.
 accel=tcg,thread=single
 run_vm() { # index: runs the VM, powers it on again when asked, until the lab stops
   local i=$1 name="lab$1" dir="$state/lab$1"
@@ -213,6 +214,7 @@ run_vm() { # index: runs the VM, powers it on again when asked, until the lab st
       -chardev "socket,id=qga,path=$dir/qga.sock,server=on,wait=off" \
       -device virtio-serial -device "virtserialport,chardev=qga,name=org.qemu.guest_agent.0" \
       -qmp "unix:$dir/qmp.sock,server=on,wait=off" \
+      -device i6300esb -action watchdog=reset \
       >>"$dir/qemu.log" 2>&1 || true
     echo "$(date +%s) off" >>"$dir/power.log"
     # Powered off: stays off until a test powers it on again.

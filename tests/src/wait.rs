@@ -111,6 +111,19 @@ pub fn condition_status<K: serde::Serialize>(object: &K, type_: &str) -> Option<
         .map(str::to_owned)
 }
 
+/// A Node's out-of-service taint (`node.kubernetes.io/out-of-service`), if it has one.
+pub fn out_of_service_taint(
+    node: Option<&k8s_openapi::api::core::v1::Node>,
+) -> Option<&k8s_openapi::api::core::v1::Taint> {
+    node?
+        .spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == nodeward_api::labels::OUT_OF_SERVICE_TAINT)
+}
+
 /// A Node's condition of `type_`: its status and reason.
 pub fn node_condition(
     node: Option<&k8s_openapi::api::core::v1::Node>,

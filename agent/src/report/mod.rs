@@ -9,6 +9,9 @@
 pub mod conditions;
 pub mod events;
 pub mod floods;
+mod nodereport;
+
+pub use nodereport::new_report;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,16 +21,14 @@ use std::{
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeCondition as Condition, NodeStatus},
-    apimachinery::pkg::apis::meta::v1::{OwnerReference, Time},
+    apimachinery::pkg::apis::meta::v1::Time,
     jiff::Timestamp,
 };
-use kube::{Api, Client, Resource, api::GetParams, runtime::events::EventType};
-use nodeward_api::bounds::{MESSAGE_LIMIT, cut};
+use kube::{Api, Client, Resource, runtime::events::EventType};
 use nodeward_api::{
-    NodeReport, NodeReportStatus,
     labels::AGENT_FIELD_MANAGER,
     report::PauseAcknowledgement,
-    report::{AgentMode, Finding as ReportedFinding, KernelLogSource},
+    report::{AgentMode, KernelLogSource},
 };
 use nodeward_runtime::{
     ApiError, WRITE_REFUSED,
@@ -48,9 +49,11 @@ use crate::{
     detect::kernel_log::{LogEvent, LogName, NodeEvent},
     detect::peers::Sightings,
     detect::{ForReports, Status},
+    fencing::Claim,
     flags::{self, Flag},
+    liveness::ApiContact,
     metrics::{Metrics, TypeLabels},
-    runner::{Current, Snapshot},
+    runner::Snapshot,
     server::Readiness,
 };
 
@@ -147,6 +150,10 @@ pub struct Reporter {
     /// The condition types this agent's detectors write (until each first reports, the Node's
     /// is kept as it is); another that the agent applied before is removed.
     writing: BTreeSet<String>,
+    /// The fencing the report announces, when the agent fences its node.
+    claim: Option<Claim>,
+    /// Told of each heartbeat the API server took.
+    contact: ApiContact,
 }
 
 impl Reporter {
@@ -173,7 +180,21 @@ impl Reporter {
             recheck: DEFAULT_HEARTBEAT,
             floods: floods::Floods::new(LOG_EVENT_BURST, LOG_EVENT_REFILL),
             writing: BTreeSet::new(),
+            claim: None,
+            contact: ApiContact::default(),
         }
+    }
+
+    /// Tells `contact` of each heartbeat the API server took.
+    pub fn telling(mut self, contact: ApiContact) -> Self {
+        self.contact = contact;
+        self
+    }
+
+    /// Announces the fencing `claim` wants (and takes it back before the agent stops).
+    pub fn announcing(mut self, claim: Claim) -> Self {
+        self.claim = Some(claim);
+        self
     }
 
     /// The condition types the detectors write ([`Detector::condition`]).
@@ -219,6 +240,8 @@ impl Reporter {
         let mut kernel_open = true;
         let mut sightings = self.sightings.as_ref().map(Sightings::changes);
         let mut sightings_open = sightings.is_some();
+        let mut claims = self.claim.as_ref().map(Claim::changes);
+        let mut claims_open = claims.is_some();
         let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         let mut report_due = true;
         let mut retry_at: Option<tokio::time::Instant> = None;
@@ -228,7 +251,16 @@ impl Reporter {
         loop {
             tokio::select! {
                 // Between writes: a write under way is finished first.
-                () = stop::asked(&mut stopping) => return,
+                () = stop::asked(&mut stopping) => {
+                    self.take_back_claim(&snapshots, &pauses).await;
+                    return;
+                }
+                changed = async { claims.as_mut()?.changed().await.ok() }, if claims_open => {
+                    match changed {
+                        Some(()) => report_due = true,
+                        None => claims_open = false,
+                    }
+                }
                 changed = snapshots.changed() => {
                     if changed.is_err() {
                         return;
@@ -277,34 +309,49 @@ impl Reporter {
             }
             let snapshot = snapshots.borrow_and_update().clone();
             retry_at = None;
-            let mut failed = false;
-            if let Err(e) = self.write_conditions(&snapshot).await {
-                tracing::warn!(error = %e, node = %self.identity.node_name, "writing node conditions failed; will retry");
-                self.refused(&e).await;
-                failed = true;
-            }
-            if report_due {
-                let acknowledged = pauses.borrow_and_update().clone();
-                let result = self.write_report(&snapshot, &acknowledged).await;
-                self.metrics.api_write("nodereports/status", result.is_ok());
-                match result {
-                    Ok(()) => {
-                        report_due = false;
-                        self.readiness.pass(FIRST_REPORT);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");
-                        self.refused(&e).await;
-                        failed = true;
-                    }
-                }
-            }
+            let acknowledged = report_due.then(|| pauses.borrow_and_update().clone());
+            let failed = self
+                .write(&snapshot, acknowledged.as_deref(), &mut report_due)
+                .await;
             if failed {
                 retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
             } else {
                 backoff.reset();
             }
         }
+    }
+
+    /// Writes the node's conditions and, when `acknowledged` (the pauses obeyed) is given, the
+    /// NodeReport (no longer due once written); whether a write failed.
+    async fn write(
+        &mut self,
+        snapshot: &Snapshot,
+        acknowledged: Option<&[PauseAcknowledgement]>,
+        report_due: &mut bool,
+    ) -> bool {
+        let mut failed = false;
+        if let Err(e) = self.write_conditions(snapshot).await {
+            tracing::warn!(error = %e, node = %self.identity.node_name, "writing node conditions failed; will retry");
+            self.refused(&e).await;
+            failed = true;
+        }
+        let Some(acknowledged) = acknowledged else {
+            return failed;
+        };
+        let result = self.write_report(snapshot, acknowledged).await;
+        self.metrics.api_write("nodereports/status", result.is_ok());
+        match result {
+            Ok(()) => {
+                *report_due = false;
+                self.readiness.pass(FIRST_REPORT);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, node = %self.identity.node_name, "writing the NodeReport failed; will retry");
+                self.refused(&e).await;
+                failed = true;
+            }
+        }
+        failed
     }
 
     /// Publishes `first` of the followed logs' Events and those already queued behind it
@@ -498,190 +545,6 @@ impl Reporter {
             }
         }
     }
-
-    async fn write_report(
-        &mut self,
-        snapshot: &Snapshot,
-        pauses: &[PauseAcknowledgement],
-    ) -> Result<(), Error> {
-        let reports: Api<NodeReport> = Api::all(self.client.clone());
-        let name = self.identity.node_name.clone();
-        if !self.report_owned {
-            self.report_owned = self.ensure_report(&reports).await?;
-        }
-        let findings: Vec<ReportedFinding> = snapshot
-            .values()
-            .filter(|c| c.finding.status != Status::Skipped)
-            .map(reported)
-            .collect();
-        let problems = findings.iter().filter(|f| f.status == "True").count();
-        // Only the fields the reporter owns: the shutdown guard owns the inhibitor and the
-        // shutdown under a field manager of its own.
-        let status = NodeReportStatus {
-            agent_version: Some(env!("CARGO_PKG_VERSION").to_owned()),
-            mode: Some(self.identity.mode),
-            boot_id: self.identity.boot_id.clone(),
-            heartbeat_time: Some(Time(Timestamp::now())),
-            problems: i32::try_from(problems).unwrap_or(i32::MAX),
-            findings,
-            pause_acknowledgements: pauses.to_vec(),
-            peer_sightings: self
-                .sightings
-                .as_ref()
-                .map(Sightings::latest)
-                .unwrap_or_default(),
-            kernel_log: self.kernel_position(),
-            journal_log: self.journal_positions(),
-            ..NodeReportStatus::default()
-        };
-        let applied =
-            write::apply(&reports, &name, Part::Status, AGENT_FIELD_MANAGER, &status).await;
-        let report = match applied {
-            write::Outcome::Written(report) => report,
-            write::Outcome::Gone(e) => {
-                // Deleted (with its Node, whose dependent it is, or by hand): the retry makes
-                // it again.
-                self.report_owned = false;
-                return Err(e.into());
-            }
-            write::Outcome::Conflict(e) | write::Outcome::Failed(e) => return Err(e.into()),
-        };
-        // Report-only findings (an unregistered kubelet, events-only checks) have no Node
-        // condition: their Events go on the NodeReport, named as the Node is.
-        let report_only = aggregate(
-            snapshot
-                .values()
-                .map(|c| &c.finding)
-                .filter(|f| !self.on_node(&f.condition)),
-        );
-        if report_only != self.report_only {
-            let before = std::mem::replace(&mut self.report_only, report_only.clone());
-            self.publish(&report.object_ref(&()), transitions(&before, &report_only))
-                .await;
-        }
-        Ok(())
-    }
-
-    /// Where the kernel log's Events stand, for the report (none before the first).
-    fn kernel_position(&self) -> Option<nodeward_api::report::KernelLogPosition> {
-        let (source, places) = &self.published;
-        Some(nodeward_api::report::KernelLogPosition {
-            boot_id: self.identity.boot_id.clone()?,
-            source: *source,
-            sequence: i64::try_from(*places.get(&LogName::Kernel)?).ok()?,
-        })
-    }
-
-    /// Where each journal monitor's Events stand, for the report.
-    fn journal_positions(&self) -> Vec<nodeward_api::report::JournalLogPosition> {
-        let Some(boot_id) = &self.identity.boot_id else {
-            return Vec::new();
-        };
-        self.published
-            .1
-            .iter()
-            .filter_map(|(log, place)| match log {
-                LogName::Journal(identifier) => Some(nodeward_api::report::JournalLogPosition {
-                    identifier: identifier.clone(),
-                    boot_id: boot_id.clone(),
-                    sequence: i64::try_from(*place).ok()?,
-                }),
-                LogName::Kernel => None,
-            })
-            .collect()
-    }
-
-    /// Whether the NodeReport is gone, read from the API server's cache. A failed read says
-    /// no: the next write or look finds out.
-    async fn report_deleted(&self) -> bool {
-        let reports: Api<NodeReport> = Api::all(self.client.clone());
-        match reports
-            .get_metadata_opt_with(&self.identity.node_name, &GetParams::any())
-            .await
-        {
-            Ok(found) => found.is_none(),
-            Err(e) => {
-                tracing::debug!(error = %e, node = %self.identity.node_name, "looking for the NodeReport failed");
-                false
-            }
-        }
-    }
-
-    /// Creates the NodeReport if it is missing and makes its Node its owner once the Node
-    /// exists (so that deleting the Node deletes the report). Returns whether it is owned.
-    async fn ensure_report(&self, reports: &Api<NodeReport>) -> Result<bool, Error> {
-        let name = &self.identity.node_name;
-        let object = format!("NodeReport {name}");
-        let node = Api::<Node>::all(self.client.clone())
-            .get_opt(name)
-            .await
-            .map_err(|e| ApiError::new("reading", format!("node {name}"), e))?;
-        let owner = node.and_then(|n| n.metadata.uid).map(|uid| OwnerReference {
-            api_version: "v1".into(),
-            kind: "Node".into(),
-            name: name.clone(),
-            uid,
-            ..OwnerReference::default()
-        });
-        let existing = reports
-            .get_opt(name)
-            .await
-            .map_err(|e| ApiError::new("reading", object.clone(), e))?;
-        match existing {
-            None => {
-                let mut report = new_report(name);
-                report.metadata.owner_references = owner.clone().map(|o| vec![o]);
-                let created = write::create(reports, &report).await;
-                self.metrics.api_write("nodereports", created.is_written());
-                match created {
-                    write::Outcome::Written(_) => {}
-                    write::Outcome::Conflict(_) => return Ok(false),
-                    write::Outcome::Gone(e) | write::Outcome::Failed(e) => return Err(e.into()),
-                }
-            }
-            Some(report)
-                if owner.is_some()
-                    && report
-                        .metadata
-                        .owner_references
-                        .as_ref()
-                        .is_none_or(Vec::is_empty) =>
-            {
-                if let Some(owner) = &owner {
-                    let applied =
-                        write::apply_owner(reports, name, AGENT_FIELD_MANAGER, owner).await;
-                    self.metrics.api_write("nodereports", applied.is_written());
-                    applied.required()?;
-                }
-            }
-            Some(_) => {}
-        }
-        Ok(owner.is_some())
-    }
-}
-
-fn reported(current: &Current) -> ReportedFinding {
-    let f = &current.finding;
-    ReportedFinding {
-        type_: f.condition.to_string(),
-        status: f.status.condition_status().to_owned(),
-        reason: cut(&f.reason, 1024),
-        message: cut(&f.message, MESSAGE_LIMIT),
-        detector: f.detector.to_string(),
-        since: Time(Timestamp::try_from(current.since).unwrap_or_else(|_| Timestamp::now())),
-    }
-}
-
-/// A new, empty NodeReport for `node`, labelled with its name (for list selectors).
-pub fn new_report(node: &str) -> NodeReport {
-    let mut report = NodeReport::new(
-        node,
-        nodeward_api::NodeReportSpec {
-            node_name: node.to_owned(),
-        },
-    );
-    report.metadata.labels = nodeward_api::labels::naming_node(node);
-    report
 }
 
 #[cfg(test)]

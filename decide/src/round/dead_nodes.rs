@@ -32,10 +32,13 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
     }
     // What live agents saw of their peers: only an agent that still reports speaks for them.
     let mut sightings: BTreeMap<&str, Vec<(String, bool, Timestamp)>> = BTreeMap::new();
+    let mut probed: BTreeMap<&str, Vec<(String, Timestamp)>> = BTreeMap::new();
     let mut peers_exist = false;
+    let mut silent: Vec<&str> = Vec::new();
     for (peer, report) in &index.reports {
         let limit = index.deadlines_of_node(peer).agent_heartbeat;
         if agent_unavailable(peer, index.heartbeat(peer), now, limit).is_some() {
+            silent.push(peer);
             continue;
         }
         let status = report.status.as_ref();
@@ -55,6 +58,12 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
                 s.reachable,
                 s.time.0,
             ));
+            if let Some(at) = &s.probed_at {
+                probed
+                    .entry(s.node.as_str())
+                    .or_default()
+                    .push(((*peer).to_owned(), at.0));
+            }
         }
     }
     let mut judged = Judged::default();
@@ -78,7 +87,11 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
             fencing: index
                 .reports
                 .get(name)
-                .and_then(|r| fencing(r.status.as_ref()?.fencing.as_ref()?)),
+                .and_then(|r| r.status.as_ref())
+                .filter(|s| of_this_boot(s.boot_id.as_deref(), node))
+                .and_then(|s| fencing(s.fencing.as_ref()?)),
+            probed: probed.remove(name).unwrap_or_default(),
+            silent_others: silent.iter().filter(|s| **s != name).count(),
         };
         let Ok(looks) = dead::looks_dead(&evidence, now, deadlines.agent_heartbeat) else {
             continue;
@@ -89,6 +102,21 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
         };
     }
     judged
+}
+
+/// Whether a report's boot is the one the Node's kubelet reports: an announcement of an
+/// earlier boot is not the word of an agent running now (it may never have come back).
+fn of_this_boot(reported: Option<&str>, node: &k8s_openapi::api::core::v1::Node) -> bool {
+    let kubelet = node
+        .status
+        .as_ref()
+        .and_then(|s| s.node_info.as_ref())
+        .map(|i| i.boot_id.as_str())
+        .filter(|b| !b.is_empty());
+    match kubelet {
+        Some(kubelet) => reported == Some(kubelet),
+        None => true,
+    }
 }
 
 /// An agent's announced fencing in plain durations; one the CRD's bounds would refuse (an
@@ -103,5 +131,6 @@ fn fencing(f: &nodeward_api::report::Fencing) -> Option<Fencing> {
     Some(Fencing {
         after: seconds(f.fence_after_seconds)?,
         watchdog: seconds(f.timeout_seconds)?,
+        agents: u32::try_from(f.agents).ok().filter(|a| *a > 0)?,
     })
 }

@@ -44,8 +44,8 @@ pub fn report(node: &str, heartbeat: i64) -> Arc<NodeReport> {
     )
 }
 
-/// `report` with its agent fencing the node: 60 s without the API server and its peers, then a
-/// 30 s watchdog.
+/// `report` with its agent fencing the node: 60 s without the API server and most of the 10
+/// agents it counts, then a 30 s watchdog.
 pub fn fencing(report: Arc<NodeReport>) -> Arc<NodeReport> {
     let mut report = report.as_ref().clone();
     if let Some(status) = report.status.as_mut() {
@@ -53,6 +53,7 @@ pub fn fencing(report: Arc<NodeReport>) -> Arc<NodeReport> {
             device: "/dev/watchdog".into(),
             fence_after_seconds: 60,
             timeout_seconds: 30,
+            agents: 10,
         });
     }
     Arc::new(report)

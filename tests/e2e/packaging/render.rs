@@ -129,6 +129,27 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
     let without_pod = &find(&without, "DaemonSet")?["spec"]["template"]["spec"];
     assert_eq!(logind_conf_read_only(without_pod), Some(true));
 
+    // Fencing: the watchdog device mounted, which only a privileged container may use.
+    let fenced = &find(&all, "DaemonSet")?["spec"]["template"]["spec"];
+    assert_eq!(
+        fenced["containers"][0]["securityContext"]["privileged"],
+        true
+    );
+    let watchdog = fenced["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "watchdog");
+    assert_eq!(
+        watchdog.map(|v| &v["hostPath"]),
+        Some(&json!({"path": "/dev/watchdog1", "type": "CharDevice"}))
+    );
+    let config = find(&all, "ConfigMap")?["data"]["agent.yaml"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(config.contains("fenceAfter: 2m"), "{config}");
+
     coordinator_spread_and_hardened(&defaults)?;
     agent_accepts_what_is_rendered(&dir, &[("default", &defaults), ("all-on", &all)])?;
     Ok(())

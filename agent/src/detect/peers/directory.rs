@@ -37,6 +37,17 @@ impl Directory {
         peers.into_iter().map(|(n, a)| (n.clone(), a)).collect()
     }
 
+    /// The node whose agent is at `address`.
+    pub fn node_at(&self, address: IpAddr) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flatten()
+            .find(|(_, a)| a.to_canonical() == address)
+            .map(|(n, _)| n.clone())
+    }
+
     /// Whether `node` is a known peer.
     pub fn contains(&self, node: &str) -> bool {
         self.0

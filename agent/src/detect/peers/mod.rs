@@ -22,7 +22,7 @@ use crate::{
     metrics::{Metrics, ProbeLabels},
 };
 pub use directory::Directory;
-pub use probe::{Protocol, probe};
+pub use probe::{Protocol, probe, probe_fencing};
 pub use respond::{answer, respond};
 pub use sightings::Sightings;
 
@@ -120,8 +120,16 @@ impl Section for PeersConfig {
                     .clone()
                     .follow(on.client.clone(), on.namespace.to_owned()),
             );
-            tasks.spawn(respond(self.listen_address, self.port).await?);
             let sightings = Sightings::default();
+            let fencing_probe = {
+                let (directory, sightings) = (directory.clone(), sightings.clone());
+                move |from| {
+                    if let Some(node) = directory.node_at(from) {
+                        sightings.probed(&node, jiff::Timestamp::now());
+                    }
+                }
+            };
+            tasks.spawn(respond(self.listen_address, self.port, fencing_probe).await?);
             let background = Background {
                 context: None,
                 for_reports: ForReports {

@@ -34,6 +34,9 @@ impl Protocol {
 
 pub(super) const PING: &str = "NWPING ";
 pub(super) const PONG: &str = "NWPONG ";
+/// After the nonce of a fencing probe: the prober, cut off from the API server, counts who
+/// answers, and the peer records that it probed ([`super::Sightings::probed`]).
+pub(super) const FENCING_MARK: &str = " fencing";
 /// Probes are tiny; anything longer is not ours.
 pub(super) const MAX_PROBE: usize = 64;
 
@@ -50,24 +53,41 @@ pub async fn probe(
 ) -> Result<(), String> {
     let attempt = async {
         match protocol {
-            Protocol::Tcp => probe_tcp(SocketAddr::new(address, port)).await,
+            Protocol::Tcp => probe_tcp(SocketAddr::new(address, port), "").await,
             Protocol::Udp => probe_udp(SocketAddr::new(address, port)).await,
             Protocol::Icmp => probe_icmp(address, timeout).await,
         }
     };
+    within(timeout, attempt).await
+}
+
+/// A fencing probe of `address`: over TCP only (its handshake shows the peer whose probe it
+/// records is the one at the address).
+pub async fn probe_fencing(address: IpAddr, port: u16, timeout: Duration) -> Result<(), String> {
+    within(
+        timeout,
+        probe_tcp(SocketAddr::new(address, port), FENCING_MARK),
+    )
+    .await
+}
+
+async fn within(
+    timeout: Duration,
+    attempt: impl Future<Output = Result<(), String>>,
+) -> Result<(), String> {
     match tokio::time::timeout(timeout, attempt).await {
         Ok(result) => result,
         Err(_) => Err(format!("no answer within {timeout:?}")),
     }
 }
 
-async fn probe_tcp(target: SocketAddr) -> Result<(), String> {
+async fn probe_tcp(target: SocketAddr, mark: &str) -> Result<(), String> {
     let nonce = nonce();
     let mut stream = TcpStream::connect(target)
         .await
         .map_err(|e| e.to_string())?;
     stream
-        .write_all(format!("{PING}{nonce}\n").as_bytes())
+        .write_all(format!("{PING}{nonce}{mark}\n").as_bytes())
         .await
         .map_err(|e| e.to_string())?;
     let mut line = String::new();

@@ -10,15 +10,16 @@ use tokio::{
     net::{TcpListener, TcpStream, UdpSocket},
 };
 
-use super::probe::{MAX_PROBE, PING, PONG};
+use super::probe::{FENCING_MARK, MAX_PROBE, PING, PONG};
 use crate::Error;
 use nodeward_runtime::listener::{self, Limits};
 
 /// Answers TCP and UDP probes on `port` of `address` (None: all addresses, IPv4 and IPv6)
-/// until dropped.
+/// until dropped; tells `fencing_probe` the address of each fencing probe answered over TCP.
 pub async fn respond(
     address: Option<IpAddr>,
     port: u16,
+    fencing_probe: impl Fn(IpAddr) + Clone + Send + 'static,
 ) -> Result<impl Future<Output = ()>, Error> {
     let (tcp, udp) = match address {
         Some(ip) => bind(SocketAddr::new(ip, port)).await?,
@@ -30,7 +31,9 @@ pub async fn respond(
     };
     Ok(async move {
         // Each probe connection gets 5 s to send its line (answer_tcp).
-        let tcp_loop = listener::accept(tcp, Limits::default(), |stream, _| answer_tcp(stream));
+        let tcp_loop = listener::accept(tcp, Limits::default(), |stream, from| {
+            answer_tcp(stream, from.ip().to_canonical(), fencing_probe.clone())
+        });
         let udp_loop = async {
             let mut buffer = [0u8; MAX_PROBE];
             loop {
@@ -56,7 +59,7 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, UdpSocket), Error> {
     Ok((tcp, udp))
 }
 
-async fn answer_tcp(stream: TcpStream) {
+async fn answer_tcp(stream: TcpStream, from: IpAddr, fencing_probe: impl Fn(IpAddr)) {
     let (reader, mut writer) = stream.into_split();
     let mut line = Vec::new();
     let mut reader = BufReader::new(reader.take(MAX_PROBE as u64));
@@ -65,7 +68,9 @@ async fn answer_tcp(stream: TcpStream) {
         && let Some(mut pong) = answer(&line)
     {
         pong.push(b'\n');
-        let _ = writer.write_all(&pong).await;
+        if writer.write_all(&pong).await.is_ok() && is_fencing(&line) {
+            fencing_probe(from);
+        }
     }
 }
 
@@ -73,8 +78,18 @@ async fn answer_tcp(stream: TcpStream) {
 /// a probe. Never longer than the probe: the responder amplifies nothing.
 pub fn answer(probe: &[u8]) -> Option<Vec<u8>> {
     let probe = probe.get(..probe.len().min(MAX_PROBE))?;
-    let nonce = std::str::from_utf8(probe).ok()?.strip_prefix(PING)?;
-    Some(format!("{PONG}{}", nonce.trim_end()).into_bytes())
+    let nonce = std::str::from_utf8(probe)
+        .ok()?
+        .strip_prefix(PING)?
+        .trim_end();
+    let nonce = nonce.strip_suffix(FENCING_MARK).unwrap_or(nonce);
+    Some(format!("{PONG}{nonce}").into_bytes())
+}
+
+/// Whether a probe is a fencing probe.
+fn is_fencing(probe: &[u8]) -> bool {
+    std::str::from_utf8(probe)
+        .is_ok_and(|p| p.starts_with(PING) && p.trim_end().ends_with(FENCING_MARK))
 }
 
 #[cfg(test)]
@@ -82,10 +97,15 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::detect::peers::probe::{Protocol, probe};
+    use crate::detect::peers::probe::{Protocol, probe, probe_fencing};
 
     #[tokio::test]
-    async fn tcp_and_udp_probes_are_answered_with_their_nonce() {
+    async fn probes_are_answered_with_their_nonce_and_fencing_ones_over_tcp_recorded() {
+        let recorded: std::sync::Arc<std::sync::Mutex<Vec<IpAddr>>> = Default::default();
+        let record = {
+            let recorded = recorded.clone();
+            move |ip| recorded.lock().expect("lock").push(ip)
+        };
         // A port free for UDP may be taken for TCP by a test running beside this one: try
         // another then.
         let mut tries = 0;
@@ -94,7 +114,7 @@ mod tests {
                 .and_then(|s| s.local_addr())
                 .expect("port")
                 .port();
-            match respond(None, port).await {
+            match respond(None, port, record.clone()).await {
                 Ok(responder) => break (port, responder),
                 Err(e) if tries < 10 => {
                     tries += 1;
@@ -108,6 +128,17 @@ mod tests {
         let timeout = Duration::from_secs(2);
         assert_eq!(probe(Protocol::Tcp, local, port, timeout).await, Ok(()));
         assert_eq!(probe(Protocol::Udp, local, port, timeout).await, Ok(()));
+        assert!(
+            recorded.lock().expect("lock").is_empty(),
+            "not fencing probes"
+        );
+        assert_eq!(probe_fencing(local, port, timeout).await, Ok(()));
+        // Recorded once the answer is sent, as the prober reads it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while recorded.lock().expect("lock").is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(*recorded.lock().expect("lock"), [local]);
         task.abort();
     }
 }

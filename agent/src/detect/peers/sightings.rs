@@ -10,13 +10,32 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use nodeward_api::report::{PEER_SIGHTINGS_LIMIT, PeerSighting};
 use tokio::sync::watch;
 
-/// Each listed peer: whether it answers now, and since when.
-type Listed = BTreeMap<String, (bool, Timestamp)>;
+/// How often a peer's fencing probes move its recorded time (each move is a report write):
+/// the coordinator's margin after a fencing node's last recorded probe covers it.
+pub const PROBED_REFRESH: SignedDuration = SignedDuration::from_secs(15);
+
+/// What this agent holds of one listed peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    /// Whether it answers now, and since when.
+    reachable: bool,
+    since: Timestamp,
+    /// When it last sent a fencing probe (cut off from the API server, counting its peers).
+    probed_at: Option<Timestamp>,
+}
+
+impl Entry {
+    fn latest(&self) -> Timestamp {
+        self.probed_at.map_or(self.since, |p| p.max(self.since))
+    }
+}
+
+type Listed = BTreeMap<String, Entry>;
 
 /// Shared by the peer detector (which records) and the reporter (which publishes, told of
 /// every change).
@@ -39,16 +58,59 @@ impl Sightings {
     /// Records a probe of `node` at `at`: a failure lists it as unreachable (since `at`, if it
     /// was not already), an answer from a listed one marks it reachable again.
     pub fn record(&self, node: &str, reachable: bool, at: Timestamp) {
-        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
-        let changed = match listed.get(node) {
-            Some((was, _)) if *was == reachable => false,
+        self.change(|listed| match listed.get_mut(node) {
+            Some(e) if e.reachable == reachable => false,
             None if reachable => false,
-            _ => {
-                listed.insert(node.to_owned(), (reachable, at));
-                trim(&mut listed);
+            Some(e) => {
+                e.reachable = reachable;
+                e.since = at;
                 true
             }
-        };
+            None => {
+                let entry = Entry {
+                    reachable,
+                    since: at,
+                    probed_at: None,
+                };
+                listed.insert(node.to_owned(), entry);
+                true
+            }
+        });
+    }
+
+    /// Records a fencing probe `node` sent at `at` (and answered): it is running, whatever
+    /// this agent's own probes of it find. Moved at most every [`PROBED_REFRESH`].
+    pub fn probed(&self, node: &str, at: Timestamp) {
+        self.change(|listed| match listed.get_mut(node) {
+            Some(e) => {
+                let due = e
+                    .probed_at
+                    .is_none_or(|p| at.duration_since(p) >= PROBED_REFRESH);
+                if due {
+                    e.probed_at = Some(at);
+                }
+                due
+            }
+            None => {
+                let entry = Entry {
+                    reachable: true,
+                    since: at,
+                    probed_at: Some(at),
+                };
+                listed.insert(node.to_owned(), entry);
+                true
+            }
+        });
+    }
+
+    /// Applies `change` (which says whether it changed anything), keeps the list bounded and
+    /// tells of the change.
+    fn change(&self, change: impl FnOnce(&mut Listed) -> bool) {
+        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = change(&mut listed);
+        if changed {
+            trim(&mut listed);
+        }
         drop(listed);
         if changed {
             self.changed.send_modify(|n| *n += 1);
@@ -57,14 +119,11 @@ impl Sightings {
 
     /// Forgets peers that are no longer peers (they left the directory).
     pub fn keep_only(&self, is_peer: impl Fn(&str) -> bool) {
-        let mut listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
-        let before = listed.len();
-        listed.retain(|node, _| is_peer(node));
-        let changed = listed.len() != before;
-        drop(listed);
-        if changed {
-            self.changed.send_modify(|n| *n += 1);
-        }
+        self.change(|listed| {
+            let before = listed.len();
+            listed.retain(|node, _| is_peer(node));
+            listed.len() != before
+        });
     }
 
     /// The peers listed as unreachable: probed again every round.
@@ -73,7 +132,7 @@ impl Sightings {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .filter(|(_, (reachable, _))| !reachable)
+            .filter(|(_, e)| !e.reachable)
             .map(|(node, _)| node.clone())
             .collect()
     }
@@ -81,13 +140,14 @@ impl Sightings {
     /// The list as published, newest change first.
     pub fn latest(&self) -> Vec<PeerSighting> {
         let listed = self.listed.lock().unwrap_or_else(|p| p.into_inner());
-        let mut all: Vec<(&String, &(bool, Timestamp))> = listed.iter().collect();
-        all.sort_by(|a, b| b.1.1.cmp(&a.1.1).then_with(|| a.0.cmp(b.0)));
+        let mut all: Vec<(&String, &Entry)> = listed.iter().collect();
+        all.sort_by(|a, b| b.1.latest().cmp(&a.1.latest()).then_with(|| a.0.cmp(b.0)));
         all.into_iter()
-            .map(|(node, (reachable, at))| PeerSighting {
+            .map(|(node, e)| PeerSighting {
                 node: node.clone(),
-                reachable: *reachable,
-                time: Time(*at),
+                reachable: e.reachable,
+                time: Time(e.since),
+                probed_at: e.probed_at.map(Time),
             })
             .collect()
     }
@@ -98,13 +158,13 @@ impl Sightings {
     }
 }
 
-/// Keeps the list within [`PEER_SIGHTINGS_LIMIT`]: the peers reached again go first, oldest
-/// first, then the oldest unreachable ones.
+/// Keeps the list within [`PEER_SIGHTINGS_LIMIT`]: the peers reachable go first, the one with
+/// the oldest news first, then the oldest unreachable ones.
 fn trim(listed: &mut Listed) {
     while listed.len() > PEER_SIGHTINGS_LIMIT {
         let oldest = listed
             .iter()
-            .min_by_key(|(node, (reachable, at))| (!*reachable, *at, (*node).clone()))
+            .min_by_key(|(node, e)| (!e.reachable, e.latest(), (*node).clone()))
             .map(|(node, _)| node.clone());
         match oldest {
             Some(node) => listed.remove(&node),
@@ -175,5 +235,32 @@ mod tests {
         );
         sightings.keep_only(|node| node != "extra");
         assert!(sightings.latest().iter().all(|s| s.node != "extra"));
+    }
+
+    #[test]
+    fn a_fencing_probe_is_recorded_whatever_the_peers_reachability_and_moves_at_most_every_refresh()
+    {
+        let sightings = Sightings::default();
+        let changes = sightings.changes();
+        sightings.probed("cut-off", t(100));
+        let latest = sightings.latest();
+        assert_eq!(latest.len(), 1);
+        assert!(latest[0].reachable);
+        assert_eq!(latest[0].probed_at, Some(Time(t(100))));
+        sightings.probed("cut-off", t(110));
+        assert_eq!(
+            sightings.latest()[0].probed_at,
+            Some(Time(t(100))),
+            "within the refresh"
+        );
+        assert_eq!(*changes.borrow(), 1);
+        sightings.probed("cut-off", t(115));
+        assert_eq!(sightings.latest()[0].probed_at, Some(Time(t(115))));
+        // Its inbound rules broke: this agent's probes of it fail, its own still arrive.
+        sightings.record("cut-off", false, t(120));
+        let latest = sightings.latest();
+        assert!(!latest[0].reachable);
+        assert_eq!(latest[0].probed_at, Some(Time(t(115))), "kept");
+        assert_eq!(*changes.borrow(), 3);
     }
 }

@@ -62,6 +62,27 @@ fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
         round.out_of_service_waits
     );
 
+    // Announced on a boot before the one the kubelet reports: the agent never came back.
+    let mut rebooted = one_dead_looking_node(spec.clone(), false);
+    let mut node = rebooted.nodes[0].as_ref().clone();
+    if let Some(status) = node.status.as_mut() {
+        status.node_info = Some(k8s_openapi::api::core::v1::NodeSystemInfo {
+            boot_id: "boot-2".into(),
+            ..Default::default()
+        });
+    }
+    rebooted.nodes[0] = Arc::new(node);
+    let round = plan(&rebooted, &mut Memory::default(), t(200));
+    assert!(round.out_of_service.is_empty(), "{round:?}");
+    assert!(round.out_of_service_waits[0].1.contains("does not fence"));
+    let mut n0 = rebooted.reports[0].as_ref().clone();
+    if let Some(status) = n0.status.as_mut() {
+        status.boot_id = Some("boot-2".into());
+    }
+    rebooted.reports[0] = Arc::new(n0);
+    let round = plan(&rebooted, &mut Memory::default(), t(200));
+    assert_eq!(round.out_of_service.len(), 1, "announced on this boot");
+
     // Silent for 100 s (past the policy's agentHeartbeat of 60 s), but its fencing (60 s), its
     // watchdog (30 s) and the margin (30 s) since are not over yet.
     let quick = json!({"maxConcurrent": 1, "deadlines": {"agentHeartbeat": "60s"},
@@ -85,6 +106,51 @@ fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
     assert!(
         off.out_of_service.is_empty(),
         "only where a policy asks for it"
+    );
+}
+
+#[test]
+fn a_fencing_nodes_probes_recorded_by_live_peers_and_silent_agents_hold_the_taint() {
+    let spec =
+        json!({"maxConcurrent": 1, "remediation": {"enabled": true, "outOfServiceTaint": true}});
+    let waits_for = |objects: &Objects, what: &str| {
+        let round = plan(objects, &mut Memory::default(), t(200));
+        assert!(round.out_of_service.is_empty(), "{round:?}");
+        assert!(
+            round
+                .out_of_service_waits
+                .iter()
+                .any(|(n, why)| n == "n0" && why.contains(what)),
+            "{what}: {:?}",
+            round.out_of_service_waits
+        );
+    };
+    // n1 recorded a probe of n0's fencing at 150: n0 may count that answer for its 60 s.
+    let mut probed = one_dead_looking_node(spec.clone(), false);
+    let mut n1 = probed.reports[1].as_ref().clone();
+    if let Some(status) = n1.status.as_mut() {
+        status.peer_sightings[0].probed_at = Some(Time(t(150)));
+    }
+    probed.reports[1] = Arc::new(n1);
+    waits_for(&probed, "down by");
+    assert_eq!(
+        plan(&probed, &mut Memory::default(), t(270))
+            .out_of_service
+            .len(),
+        1
+    );
+
+    // n0 counts 3 agents and n2 is silent too: n2 may be answering n0's probes unseen.
+    let mut partitioned = one_dead_looking_node(spec, false);
+    let mut n0 = partitioned.reports[0].as_ref().clone();
+    if let Some(fencing) = n0.status.as_mut().and_then(|s| s.fencing.as_mut()) {
+        fencing.agents = 3;
+    }
+    partitioned.reports[0] = Arc::new(n0);
+    partitioned.reports[2] = report("n2", -1000);
+    waits_for(
+        &partitioned,
+        "2 of the 3 agents its fencing counts are silent",
     );
 }
 

@@ -1,0 +1,327 @@
+//! Fencing on a real node: the chart's agent feeds the VM's hardware watchdog (an emulated Intel
+//! 6300ESB); cut off from the API server and from its peers, it stops, and the watchdog resets
+//! the machine. Only then does the coordinator mark the node out of service, and a stateful
+//! pod that waits out an unreachable node starts on another one.
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::{
+    Api, ResourceExt,
+    api::{ListParams, Patch, PatchParams, PostParams},
+};
+use nodeward_api::DisruptionPolicy;
+use nodeward_e2e::{nodelab::Vm, wait};
+use serde_json::json;
+
+use crate::support::{BUSYBOX, FIREWALL_TABLE, Lab, Pick, REBOOT, TEST_LABEL};
+
+/// The lab's fencing (the chart's values): the agents renew their Leases every 10 s, stop
+/// feeding the watchdog 20 s cut off, and the watchdog resets 30 s later.
+pub const FENCING: &str =
+    "agent.fencing.enabled=true,agent.fencing.fenceAfter=20s,agent.fencing.timeout=30s";
+
+/// The unit that keeps a guest cut off across its reset (so that the coordinator's side sees a
+/// node that stays down), removed again; what a test that failed half-way leaves is undone by
+/// the next one's reset.
+pub const CUT_OFF_RESTORED: &str = "if [ -e /etc/systemd/system/nodelab-cut-off.service ]; then
+      systemctl disable nodelab-cut-off.service
+      rm -f /etc/systemd/system/nodelab-cut-off.service /etc/nodelab-cut-off.nft
+      systemctl daemon-reload
+    fi";
+
+/// The chart's default policy selects every node; while this test runs it leaves the fenced one
+/// to the test's policy (whose deadlines are short: a node's deadlines are the longest of the
+/// policies selecting it).
+fn default_policy_selector(excluded: Option<&str>) -> serde_json::Value {
+    match excluded {
+        Some(node) => json!({"spec": {"nodeSelector": {"matchExpressions": [
+            {"key": "nodelab.nodeward.io/vm", "operator": "NotIn", "values": [node]}]}}}),
+        None => json!({"spec": {"nodeSelector": {"matchExpressions": null}}}),
+    }
+}
+
+/// Gives the chart's default policy its selector back (a test that failed half-way leaves it).
+pub async fn restore_default_policy(client: &kube::Client) -> anyhow::Result<()> {
+    let policies: Api<DisruptionPolicy> = Api::all(client.clone());
+    if policies.get_opt("default").await?.is_some() {
+        policies
+            .patch(
+                "default",
+                &PatchParams::default(),
+                &Patch::Merge(default_policy_selector(None)),
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> anyhow::Result<()> {
+    let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+
+    // Its agent fences it: the watchdog is the VM's hardware one, running, and the report says
+    // so, counting the lab's agents.
+    let announced = wait::eventually("the fencing announced", REBOOT, || async {
+        let status = lab.report(&node).await?.status.unwrap_or_default();
+        Ok(status
+            .fencing
+            .filter(|f| f.agents == 3)
+            .map(|f| (f, status.boot_id)))
+    })
+    .await?;
+    let (fencing, boot_id) = announced;
+    assert_eq!(
+        (fencing.fence_after_seconds, fencing.timeout_seconds),
+        (20, 30)
+    );
+    let watchdog = vm
+        .run("cat /sys/class/watchdog/watchdog0/identity /sys/class/watchdog/watchdog0/state /sys/class/watchdog/watchdog0/timeout")
+        .await?;
+    assert_eq!(
+        watchdog.split_whitespace().collect::<Vec<_>>(),
+        ["i6300ESB", "timer", "active", "30"],
+        "{watchdog}"
+    );
+    let before = vm.boot_id().await?;
+    assert_eq!(boot_id.as_deref(), Some(before.as_str()));
+
+    // A stateful pod on the node that waits out an unreachable node (as StatefulSet pods do
+    // for their volumes' sake): only the out-of-service taint moves it. Once it runs there, it
+    // may only go elsewhere.
+    let namespace = lab.namespace("lab-fencing").await?;
+    lab.apply(stateful(&namespace, &node, "In")).await?;
+    let first = lab.running(&namespace, "app=stateful", 1).await?.remove(0);
+    assert_eq!(
+        first.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node.as_str())
+    );
+    lab.apply(stateful(&namespace, &node, "NotIn")).await?;
+
+    // Remediation with the out-of-service taint for this node, with short deadlines.
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    remediated_alone(&lab, &node).await?;
+
+    // Cut off from the API server and from every peer, and kept so across a reset.
+    cut_off(&vm).await?;
+    let cut_at = jiff::Timestamp::now();
+    let power_before = vm.power_log();
+
+    // The agent stops feeding the watchdog, which resets the machine: a new boot, with no
+    // shutdown before it, and QEMU never powered off.
+    let (after, reset_at) = reset_by_its_watchdog(&vm, &before, &power_before).await?;
+    println!(
+        "{node}: cut off at {cut_at}, reset at about {reset_at} ({:.0} s later), boot {after}",
+        (reset_at - cut_at).total(jiff::Unit::Second)?
+    );
+
+    // Only now is the node known to be down: marked out of service, and the pod starts on
+    // another node.
+    let tainted = wait::until(&nodes, &node, "the out-of-service taint", REBOOT, |n| {
+        wait::out_of_service_taint(n).is_some()
+    })
+    .await?;
+    let taint_added = wait::out_of_service_taint(tainted.as_ref())
+        .and_then(|t| t.time_added.as_ref())
+        .map(|t| t.0);
+    println!("{node}: tainted at {taint_added:?}");
+    let pods: Api<Pod> = Api::namespaced(lab.client.clone(), &namespace);
+    let moved = wait::eventually(
+        "the stateful pod running on another node",
+        REBOOT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels("app=stateful"))
+                .await?;
+            Ok(list.items.into_iter().find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str())
+                    && wait::condition_status(p, "Ready").as_deref() == Some("True")
+            }))
+        },
+    )
+    .await?;
+    let created = moved
+        .metadata
+        .creation_timestamp
+        .clone()
+        .context("created")?
+        .0;
+    // The API server's times keep whole seconds.
+    let slack = jiff::SignedDuration::from_secs(1);
+    assert!(
+        created + slack >= reset_at,
+        "the pod started elsewhere at {created}, before the node was reset at {reset_at}"
+    );
+    if let Some(added) = taint_added {
+        assert!(
+            added + slack >= reset_at,
+            "tainted at {added}, before the reset at {reset_at}"
+        );
+    }
+    assert_ne!(moved.uid(), first.uid());
+
+    // Back on the network: Ready, nodeward's taint taken away, and the fencing announced for
+    // the new boot.
+    vm.run(&format!(
+        "{CUT_OFF_RESTORED}
+        nft delete table inet {FIREWALL_TABLE}"
+    ))
+    .await?;
+    vm.wait_node_ready(&lab.client, REBOOT).await?;
+    wait::until(
+        &nodes,
+        &node,
+        "the out-of-service taint taken away",
+        REBOOT,
+        |n| n.is_some() && wait::out_of_service_taint(n).is_none(),
+    )
+    .await?;
+    wait::eventually("the fencing announced on the new boot", REBOOT, || async {
+        let status = lab.report(&node).await?.status.unwrap_or_default();
+        Ok(
+            (status.fencing.is_some() && status.boot_id.as_deref() == Some(after.as_str()))
+                .then_some(()),
+        )
+    })
+    .await?;
+    policies.delete("lab-fencing", &Default::default()).await?;
+    restore_default_policy(&lab.client).await?;
+    lab.delete_namespace(&namespace).await?;
+    Ok(())
+}
+
+/// A StatefulSet of one pod that waits out an unreachable node (as StatefulSet pods do for
+/// their volumes' sake: only the out-of-service taint moves it), on `node` (`In`) or anywhere
+/// else (`NotIn`); updated on delete, so a changed placement is taken only by a new pod.
+fn stateful(namespace: &str, node: &str, operator: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": "stateful", "namespace": namespace},
+        "spec": {
+            "serviceName": "stateful", "replicas": 1,
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": {"app": "stateful"}},
+            "template": {"metadata": {"labels": {"app": "stateful"}}, "spec": {
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "nodelab.nodeward.io/vm", "operator": operator, "values": [node]}]}]}}},
+                "terminationGracePeriodSeconds": 1,
+                "tolerations": [
+                    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                ],
+                "containers": [{"name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "while :; do sleep 3600 & wait $!; done"]}],
+            }},
+        },
+    })
+}
+
+/// `node` left to the test's policy `lab-fencing` alone: remediation with the out-of-service
+/// taint, and 20 s for an agent's heartbeat.
+async fn remediated_alone(lab: &Lab, node: &str) -> anyhow::Result<()> {
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    policies
+        .patch(
+            "default",
+            &PatchParams::default(),
+            &Patch::Merge(default_policy_selector(Some(node))),
+        )
+        .await?;
+    let policy: DisruptionPolicy = serde_json::from_value(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": "lab-fencing", "labels": {TEST_LABEL: lab.test_label()}},
+        "spec": {
+            "nodeSelector": {"matchLabels": {"nodelab.nodeward.io/vm": node}},
+            "maxConcurrent": 1,
+            "deadlines": {"agentHeartbeat": "20s"},
+            "remediation": {"enabled": true, "outOfServiceTaint": true},
+        },
+    }))?;
+    wait::deleted(&policies, "lab-fencing", REBOOT).await?;
+    policies.create(&PostParams::default(), &policy).await?;
+    Ok(())
+}
+
+/// Cuts `vm` off from the API server (through the uplink's forward) and from every other
+/// address of the lab network, both ways, by a unit that applies the rules again at boot.
+async fn cut_off(vm: &Vm) -> anyhow::Result<()> {
+    let own = vm.lab_ip()?;
+    let network = own
+        .rsplit_once('.')
+        .map(|(net, _)| net)
+        .context("the lab IP")?;
+    vm.write_file(
+        "/etc/nodelab-cut-off.nft",
+        format!(
+            "table inet {FIREWALL_TABLE} {{
+  chain out {{ type filter hook output priority -10; ip daddr 10.0.2.100 drop; ip daddr {network}.0/24 ip daddr != {own} drop; }}
+  chain in {{ type filter hook input priority -10; ip saddr {network}.0/24 ip saddr != {own} drop; }}
+}}
+"
+        )
+        .as_bytes(),
+    )
+    .await?;
+    vm.write_file(
+        "/etc/systemd/system/nodelab-cut-off.service",
+        b"[Unit]
+Description=nodelab test: cut off from the API server and the peers
+DefaultDependencies=no
+Before=network-pre.target kubelet.service
+Wants=network-pre.target
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/sbin/nft -f /etc/nodelab-cut-off.nft
+[Install]
+WantedBy=sysinit.target
+",
+    )
+    .await?;
+    vm.run("systemctl daemon-reload && systemctl enable --now nodelab-cut-off.service")
+        .await?;
+    Ok(())
+}
+
+/// Waits for `vm`'s next boot after `before`, and shows it came from a reset: no shutdown ended
+/// the boot before, QEMU was not powered off (`power_before`), and the agent said it was
+/// fencing. Its boot id, and about when the reset was (by this machine's clock).
+async fn reset_by_its_watchdog(
+    vm: &Vm,
+    before: &str,
+    power_before: &[(u64, String)],
+) -> anyhow::Result<(String, jiff::Timestamp)> {
+    let after = vm.wait_rebooted(before, REBOOT).await?;
+    let uptime: f64 = vm
+        .run("cut -d' ' -f1 /proc/uptime")
+        .await?
+        .trim()
+        .parse()
+        .context("the uptime")?;
+    let reset_at = jiff::Timestamp::now() - jiff::SignedDuration::try_from_secs_f64(uptime)?;
+    assert_eq!(&vm.power_log(), power_before, "reset, not powered off");
+    let last_lines = vm.run("journalctl -b -1 -q --no-pager -n 3").await?;
+    assert!(
+        !last_lines.trim().is_empty(),
+        "the boot before is in the journal"
+    );
+    let shutdown = vm
+        .exec("journalctl -b -1 -q --no-pager -g 'Reached target .*(Reboot|Power-Off|Shutdown)'")
+        .await?;
+    assert!(
+        shutdown.code == 1 && shutdown.stdout.trim().is_empty(),
+        "the boot before ended in a shutdown, not a reset (journalctl exited {}): {}{}",
+        shutdown.code,
+        shutdown.stdout,
+        shutdown.stderr
+    );
+    let said = vm
+        .run("grep -rh 'fencing this node' /var/log/pods/ | head -n1")
+        .await?;
+    assert!(
+        said.contains("no heartbeat taken by the API server")
+            && said.contains("0 of the 2 other agents it counts answered"),
+        "the agent's log before the reset: {said:?}"
+    );
+    Ok((after, reset_at))
+}
