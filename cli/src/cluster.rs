@@ -159,6 +159,55 @@ pub async fn cancel(client: &Client, nodes: &[String]) -> Result<(), Error> {
     done(refused)
 }
 
+/// `out-of-service`: the out-of-service taint with nodeward's record on each node that is not
+/// Ready (one written over the Node as read, so a node that turned Ready meanwhile is not
+/// marked).
+pub async fn out_of_service(
+    client: &Client,
+    nodes: &[String],
+    message: Option<&str>,
+) -> Result<(), Error> {
+    let by = requester(client).await;
+    let node_api: Api<Node> = Api::all(client.clone());
+    let mut refused = Vec::new();
+    for name in nodes {
+        let mut node = match node_api.get_opt(name).await {
+            Ok(Some(node)) => node,
+            Ok(None) => {
+                refused.push(format!("{name}: no such node (kubectl get nodes)"));
+                continue;
+            }
+            Err(e) => {
+                refused.push(ApiError::new("reading", format!("Node {name}"), e).to_string());
+                continue;
+            }
+        };
+        if nodeward_api::node::is_ready(&node) {
+            refused.push(format!(
+                "{name}: Ready, so it is running: only a node known to be off is marked out of service"
+            ));
+            continue;
+        }
+        let why = format!(
+            "marked by {by} (kubectl nodeward out-of-service){}",
+            message.map(|m| format!(": {m}")).unwrap_or_default()
+        );
+        if !nodeward_api::node::out_of_service(&mut node, true, &why) {
+            println!("{name}: already out of service");
+            continue;
+        }
+        match node_api.replace(name, &PostParams::default(), &node).await {
+            Ok(_) => println!(
+                "node/{name} marked out of service: its pods are deleted and start elsewhere; nodeward takes the taint away once it is Ready"
+            ),
+            Err(e) => refused.push(
+                ApiError::new("marking out of service", format!("Node {name}"), e).to_string(),
+            ),
+        }
+    }
+    done(refused)
+}
+
 /// `pause` / `resume`: sets each policy's `spec.paused`; a resume also forgives the failures
 /// its `failureBudget` counted until now (`countSince`), which lifts a halt.
 pub async fn set_paused(client: &Client, policies: &[String], paused: bool) -> Result<(), Error> {

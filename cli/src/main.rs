@@ -73,6 +73,18 @@ enum Command {
         #[arg(required = true, value_name = "NODE")]
         nodes: Vec<String>,
     },
+    /// The operator's word that each NODE is off (powered off, or fenced outside nodeward):
+    /// Kubernetes' out-of-service taint with nodeward's record, so that its pods are deleted and
+    /// StatefulSet pods start elsewhere; the coordinator takes it away once the node is Ready
+    /// again. Refused for a Ready node. For a node whose agent does not fence it, which the
+    /// coordinator never marks by itself.
+    OutOfService {
+        #[arg(required = true, value_name = "NODE")]
+        nodes: Vec<String>,
+        /// How the node is known to be off, kept in the record (e.g. "powered off in the BMC").
+        #[arg(long, short)]
+        message: Option<String>,
+    },
     /// Admit nothing new under each POLICY (maintenances under way finish).
     Pause {
         #[arg(required = true, value_name = "POLICY")]
@@ -166,6 +178,9 @@ async fn run(cli: Cli) -> Result<(), Error> {
         Command::Drain(asked) => asked.request(&client, Verb::Drain).await?,
         Command::Cancel { nodes } | Command::Uncordon { nodes } => {
             cluster::cancel(&client, &nodes).await?;
+        }
+        Command::OutOfService { nodes, message } => {
+            cluster::out_of_service(&client, &nodes, message.as_deref()).await?;
         }
         Command::Pause { policies } => cluster::set_paused(&client, &policies, true).await?,
         Command::Resume { policies } => cluster::set_paused(&client, &policies, false).await?,

@@ -130,7 +130,7 @@ pub fn looks_dead(e: &Evidence, now: Timestamp, grace: Duration) -> Result<Strin
 pub fn known_down(e: &Evidence, looks: &str, now: Timestamp) -> Result<String, String> {
     let Some(fencing) = e.fencing else {
         return Err(format!(
-            "{looks}; but its agent does not fence it (NodeReport status.fencing), so it may still be running its pods: once it is known to be off, an operator marks it (kubectl taint node NODE node.kubernetes.io/out-of-service=nodeshutdown:NoExecute)"
+            "{looks}; but its agent does not fence it (NodeReport status.fencing), so it may still be running its pods: once it is known to be off, an operator marks it (kubectl nodeward out-of-service NODE)"
         ));
     };
     let silent = e.silent_others.saturating_add(1);
@@ -212,7 +212,7 @@ mod tests {
         };
         let why = judge(&unfenced, t(100_000), GRACE).expect_err("not known to be down");
         assert!(
-            why.contains("does not fence") && why.contains("node.kubernetes.io/out-of-service"),
+            why.contains("does not fence") && why.contains("kubectl nodeward out-of-service NODE"),
             "{why}"
         );
     }

@@ -217,6 +217,78 @@ async fn every_verb_changes_what_it_names_and_why_tells_the_coordinators_reason(
 }
 
 #[tokio::test]
+async fn out_of_service_marks_only_a_node_that_is_not_ready_and_the_coordinator_unmarks_it_when_ready()
+-> anyhow::Result<()> {
+    let env = TestEnv::alone("cli-out-of-service").await?;
+    env.create_nodes(&[NodeSpec::worker("a"), NodeSpec::worker("a")])
+        .await?;
+    let (n0, n1) = (env.node_name(0), env.node_name(1));
+    env.heartbeats(&[n0.clone(), n1.clone()]).await?;
+    let coordinator = daemon::coordinator(&env, &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+
+    // A Ready node is running: refused, and not marked.
+    let said = refused(&["out-of-service", &n0]).await?;
+    assert!(said.contains("Ready, so it is running"), "{said}");
+    let nodes = env.nodes();
+    assert!(wait::out_of_service_taint(Some(&nodes.get(&n0).await?)).is_none());
+
+    // n1 is off: nothing keeps it Ready (kwok lets it go), and it is NotReady.
+    env.merge_node(
+        &n1,
+        json!({"metadata": {"annotations": {KWOK_NODE_ANNOTATION: "dead"}}}),
+    )
+    .await?;
+    let ready = |status: &str| {
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": &n1},
+            "status": {"conditions": [{"type": "Ready", "status": status, "reason": "E2e",
+                "message": "set by the test", "lastTransitionTime": jiff::Timestamp::now().to_string(),
+                "lastHeartbeatTime": jiff::Timestamp::now().to_string()}]}})
+    };
+    let apply = kube::api::PatchParams::apply("e2e-problem").force();
+    nodes
+        .patch_status(&n1, &apply, &kube::api::Patch::Apply(ready("False")))
+        .await?;
+    let said = ok(&["out-of-service", &n1, "--message", "powered off in the BMC"]).await?;
+    assert!(
+        said.contains(&format!("node/{n1} marked out of service")),
+        "{said}"
+    );
+    let marked = nodes.get(&n1).await?;
+    let taint = wait::out_of_service_taint(Some(&marked)).context("the taint")?;
+    assert_eq!(
+        (taint.value.as_deref(), taint.effect.as_str()),
+        (Some("nodeshutdown"), "NoExecute")
+    );
+    let record = marked
+        .annotations()
+        .get("nodeward.io/out-of-service")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        record.contains("kubectl nodeward out-of-service")
+            && record.contains("powered off in the BMC"),
+        "{record}"
+    );
+    assert!(
+        ok(&["out-of-service", &n1])
+            .await?
+            .contains("already out of service")
+    );
+
+    // Back and Ready: the coordinator takes nodeward's taint away.
+    nodes
+        .patch_status(&n1, &apply, &kube::api::Patch::Apply(ready("True")))
+        .await?;
+    wait::until(&nodes, &n1, "the taint taken away", TIMEOUT, |n| {
+        n.is_some() && wait::out_of_service_taint(n).is_none()
+    })
+    .await
+    .with_context(|| coordinator.output())?;
+    env.cleanup_after(coordinator).await
+}
+
+#[tokio::test]
 async fn completion_scripts_are_printed_for_each_shell() -> anyhow::Result<()> {
     for shell in ["bash", "zsh", "fish"] {
         let out = tokio::process::Command::new(cli_binary())

@@ -357,7 +357,7 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
         .with_context(|| coordinator.output())?;
     let why = waits.note.unwrap_or_default();
     assert!(
-        why.contains("does not fence") && why.contains("kubectl taint node"),
+        why.contains("does not fence") && why.contains("kubectl nodeward out-of-service"),
         "{why}"
     );
     let n0_now = env.nodes().get(&n0).await?;
