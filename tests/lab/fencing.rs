@@ -1,7 +1,9 @@
-//! Fencing on a real node: the chart's agent feeds the VM's hardware watchdog (an emulated Intel
+//! Fencing on a real node: the agent feeds the VM's hardware watchdog (an emulated Intel
 //! 6300ESB); cut off from the API server and from its peers, it stops, and the watchdog resets
 //! the machine. Only then does the coordinator mark the node out of service, and a stateful
-//! pod that waits out an unreachable node starts on another one.
+//! pod that waits out an unreachable node starts on another one. The agent runs in host mode
+//! (a systemd service, root on the host): in the chart, fencing makes the agent's pod
+//! privileged, which the other lab tests show it is not by default.
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -13,18 +15,36 @@ use nodeward_api::DisruptionPolicy;
 use nodeward_e2e::{nodelab::Vm, wait};
 use serde_json::json;
 
-use crate::support::{BUSYBOX, FIREWALL_TABLE, Lab, Pick, REBOOT, TEST_LABEL};
+use crate::support::{
+    BUSYBOX, FIREWALL_TABLE, HOST_AGENT_CONFIG, HostCredential, Lab, Pick, REBOOT, TEST_LABEL,
+};
 
-/// The lab's fencing (the chart's values): the agents renew their Leases every 10 s, stop
-/// feeding the watchdog 20 s cut off, and the watchdog resets 30 s later.
-pub const FENCING: &str =
-    "agent.fencing.enabled=true,agent.fencing.fenceAfter=20s,agent.fencing.timeout=30s";
+/// The fenced agent's configuration besides [`HOST_AGENT_CONFIG`]: its Lease renewed every
+/// 10 s, the watchdog no longer fed 20 s cut off, and resetting the machine 30 s later.
+const FENCED: &str = "reporting: {heartbeatInterval: 10s}
+fencing: {enabled: true, fenceAfter: 20s, timeout: 30s}
+";
+
+/// The `nodeward_fencing` gauge of the agent on `vm`, read on the guest's loopback (a cut-off
+/// guest still answers there).
+async fn fencing_gauge(vm: &Vm) -> anyhow::Result<String> {
+    let line = vm
+        .run(
+            r#"bash -c "exec 3<>/dev/tcp/127.0.0.1/9470 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep '^nodeward_fencing ' <&3" || true"#,
+        )
+        .await?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned())
+}
 
 /// The unit that keeps a guest cut off across its reset (so that the coordinator's side sees a
 /// node that stays down), removed again; what a test that failed half-way leaves is undone by
 /// the next one's reset.
 pub const CUT_OFF_RESTORED: &str = "if [ -e /etc/systemd/system/nodelab-cut-off.service ]; then
-      systemctl disable nodelab-cut-off.service
+      systemctl disable --now nodelab-cut-off.service
       rm -f /etc/systemd/system/nodelab-cut-off.service /etc/nodelab-cut-off.nft
       systemctl daemon-reload
     fi";
@@ -59,32 +79,8 @@ pub async fn restore_default_policy(client: &kube::Client) -> anyhow::Result<()>
 async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     let nodes: Api<Node> = Api::all(lab.client.clone());
-
-    // Its agent fences it: the watchdog is the VM's hardware one, running, and the report says
-    // so, counting the lab's agents.
-    let announced = wait::eventually("the fencing announced", REBOOT, || async {
-        let status = lab.report(&node).await?.status.unwrap_or_default();
-        Ok(status
-            .fencing
-            .filter(|f| f.agents == 3)
-            .map(|f| (f, status.boot_id)))
-    })
-    .await?;
-    let (fencing, boot_id) = announced;
-    assert_eq!(
-        (fencing.fence_after_seconds, fencing.timeout_seconds),
-        (20, 30)
-    );
-    let watchdog = vm
-        .run("cat /sys/class/watchdog/watchdog0/identity /sys/class/watchdog/watchdog0/state /sys/class/watchdog/watchdog0/timeout")
-        .await?;
-    assert_eq!(
-        watchdog.split_whitespace().collect::<Vec<_>>(),
-        ["i6300ESB", "timer", "active", "30"],
-        "{watchdog}"
-    );
-    let before = vm.boot_id().await?;
-    assert_eq!(boot_id.as_deref(), Some(before.as_str()));
+    // Its agent, in host mode, fences it.
+    let before = fenced_by_its_agent(&lab, &vm).await?;
 
     // A stateful pod on the node that waits out an unreachable node (as StatefulSet pods do
     // for their volumes' sake): only the out-of-service taint moves it. Once it runs there, it
@@ -103,28 +99,39 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
     remediated_alone(&lab, &node).await?;
 
     // Cut off from the API server and from every peer, and kept so across a reset.
+    // Watched from before the cut: when the node is marked out of service.
+    let tainted = {
+        let (nodes, node) = (nodes.clone(), node.clone());
+        tokio::spawn(async move {
+            wait::until(&nodes, &node, "the out-of-service taint", REBOOT * 2, |n| {
+                wait::out_of_service_taint(n).is_some()
+            })
+            .await
+            .map(|_| jiff::Timestamp::now())
+        })
+    };
     cut_off(&vm).await?;
     let cut_at = jiff::Timestamp::now();
     let power_before = vm.power_log();
+    // The agent gives up feeding the watchdog (seen before the reset, on the guest itself).
+    wait::eventually("the agent fencing its node", REBOOT, || async {
+        Ok((fencing_gauge(&vm).await? == "2").then_some(()))
+    })
+    .await?;
+    let fencing_at = jiff::Timestamp::now();
 
     // The agent stops feeding the watchdog, which resets the machine: a new boot, with no
     // shutdown before it, and QEMU never powered off.
     let (after, reset_at) = reset_by_its_watchdog(&vm, &before, &power_before).await?;
     println!(
-        "{node}: cut off at {cut_at}, reset at about {reset_at} ({:.0} s later), boot {after}",
+        "{node}: cut off at {cut_at}, fencing by {fencing_at}, reset at about {reset_at} ({:.0} s after the cut), boot {after}",
         (reset_at - cut_at).total(jiff::Unit::Second)?
     );
+    assert!(reset_at > cut_at, "reset after the cut");
 
     // Only now is the node known to be down: marked out of service, and the pod starts on
     // another node.
-    let tainted = wait::until(&nodes, &node, "the out-of-service taint", REBOOT, |n| {
-        wait::out_of_service_taint(n).is_some()
-    })
-    .await?;
-    let taint_added = wait::out_of_service_taint(tainted.as_ref())
-        .and_then(|t| t.time_added.as_ref())
-        .map(|t| t.0);
-    println!("{node}: tainted at {taint_added:?}");
+    let marked = tainted.await??;
     let pods: Api<Pod> = Api::namespaced(lab.client.clone(), &namespace);
     let moved = wait::eventually(
         "the stateful pod running on another node",
@@ -152,13 +159,19 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
         created + slack >= reset_at,
         "the pod started elsewhere at {created}, before the node was reset at {reset_at}"
     );
-    if let Some(added) = taint_added {
-        assert!(
-            added + slack >= reset_at,
-            "tainted at {added}, before the reset at {reset_at}"
-        );
-    }
+    assert!(
+        marked >= reset_at,
+        "marked out of service (seen at {marked}) before the reset at {reset_at}"
+    );
+    println!(
+        "{node}: marked out of service {:.0} s after the reset, its pod started elsewhere {:.0} s after it",
+        (marked - reset_at).total(jiff::Unit::Second)?,
+        (created - reset_at).total(jiff::Unit::Second)?
+    );
     assert_ne!(moved.uid(), first.uid());
+
+    policies.delete("lab-fencing", &Default::default()).await?;
+    restore_default_policy(&lab.client).await?;
 
     // Back on the network: Ready, nodeward's taint taken away, and the fencing announced for
     // the new boot.
@@ -184,8 +197,17 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
         )
     })
     .await?;
-    policies.delete("lab-fencing", &Default::default()).await?;
-    restore_default_policy(&lab.client).await?;
+
+    // Stopped on purpose: the announcement taken back first, then the watchdog stopped.
+    vm.run("systemctl stop nodeward-agent.service").await?;
+    let report = lab.report(&node).await?.status.unwrap_or_default();
+    assert!(report.fencing.is_none(), "{:?}", report.fencing);
+    assert_eq!(
+        vm.run("cat /sys/class/watchdog/watchdog0/state")
+            .await?
+            .trim(),
+        "inactive"
+    );
     lab.delete_namespace(&namespace).await?;
     Ok(())
 }
@@ -210,14 +232,15 @@ fn stateful(namespace: &str, node: &str, operator: &str) -> serde_json::Value {
                     {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
                 ],
                 "containers": [{"name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "while :; do sleep 3600 & wait $!; done"]}],
+                    "command": ["/bin/busybox", "sh", "-c", "while :; do sleep 3600 & wait $!; done"],
+                    "resources": {"requests": {"cpu": "1m", "memory": "4Mi"}}}],
             }},
         },
     })
 }
 
-/// `node` left to the test's policy `lab-fencing` alone: remediation with the out-of-service
-/// taint, and 20 s for an agent's heartbeat.
+/// `node` left to the test's policy `lab-fencing` alone: remediation by the out-of-service
+/// taint only, and a minute (the least) for an agent's heartbeat.
 async fn remediated_alone(lab: &Lab, node: &str) -> anyhow::Result<()> {
     let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
     policies
@@ -233,8 +256,12 @@ async fn remediated_alone(lab: &Lab, node: &str) -> anyhow::Result<()> {
         "spec": {
             "nodeSelector": {"matchLabels": {"nodelab.nodeward.io/vm": node}},
             "maxConcurrent": 1,
-            "deadlines": {"agentHeartbeat": "20s"},
-            "remediation": {"enabled": true, "outOfServiceTaint": true},
+            "deadlines": {"agentHeartbeat": "1m"},
+            // The out-of-service taint only: a NotReady node is otherwise unhealthy at once,
+            // and a Reboot maintenance would reboot it again once it is back.
+            "remediation": {"enabled": true, "outOfServiceTaint": true, "unhealthyConditions": [
+                {"type": "Ready", "status": "Unknown", "for": "24h"},
+                {"type": "Ready", "status": "False", "for": "24h"}]},
         },
     }))?;
     wait::deleted(&policies, "lab-fencing", REBOOT).await?;
@@ -278,14 +305,15 @@ WantedBy=sysinit.target
 ",
     )
     .await?;
-    vm.run("systemctl daemon-reload && systemctl enable --now nodelab-cut-off.service")
+    // Restarted, not started: a unit left active (it remains so after its run) would not run.
+    vm.run("systemctl daemon-reload && systemctl enable nodelab-cut-off.service && systemctl restart nodelab-cut-off.service")
         .await?;
     Ok(())
 }
 
 /// Waits for `vm`'s next boot after `before`, and shows it came from a reset: no shutdown ended
-/// the boot before, QEMU was not powered off (`power_before`), and the agent said it was
-/// fencing. Its boot id, and about when the reset was (by this machine's clock).
+/// the boot before, and QEMU was not powered off (`power_before`). Its boot id, and about when
+/// the reset was (by this machine's clock).
 async fn reset_by_its_watchdog(
     vm: &Vm,
     before: &str,
@@ -306,7 +334,7 @@ async fn reset_by_its_watchdog(
         "the boot before is in the journal"
     );
     let shutdown = vm
-        .exec("journalctl -b -1 -q --no-pager -g 'Reached target .*(Reboot|Power-Off|Shutdown)'")
+        .exec("journalctl -b -1 -q --no-pager _PID=1 -g 'Reached target .*(Reboot|Power-Off|Shutdown)'")
         .await?;
     assert!(
         shutdown.code == 1 && shutdown.stdout.trim().is_empty(),
@@ -315,13 +343,43 @@ async fn reset_by_its_watchdog(
         shutdown.stdout,
         shutdown.stderr
     );
-    let said = vm
-        .run("grep -rh 'fencing this node' /var/log/pods/ | head -n1")
-        .await?;
-    assert!(
-        said.contains("no heartbeat taken by the API server")
-            && said.contains("0 of the 2 other agents it counts answered"),
-        "the agent's log before the reset: {said:?}"
-    );
     Ok((after, reset_at))
+}
+
+/// Runs `vm`'s agent in host mode with [`FENCED`], and shows it fences the node: the watchdog
+/// is the VM's hardware one, running with the timeout asked for, the agent's gauge says armed,
+/// and the report announces it on this boot, counting the lab's agents. The boot id.
+async fn fenced_by_its_agent(lab: &Lab, vm: &Vm) -> anyhow::Result<String> {
+    lab.host_mode_with(
+        vm,
+        HostCredential::NodeToken,
+        &format!("{HOST_AGENT_CONFIG}{FENCED}"),
+    )
+    .await?;
+
+    let announced = wait::eventually("the fencing announced", REBOOT, || async {
+        let status = lab.report(&vm.name).await?.status.unwrap_or_default();
+        Ok(status
+            .fencing
+            .filter(|f| f.agents == 3)
+            .map(|f| (f, status.boot_id)))
+    })
+    .await?;
+    let (fencing, boot_id) = announced;
+    assert_eq!(
+        (fencing.fence_after_seconds, fencing.timeout_seconds),
+        (20, 30)
+    );
+    let watchdog = vm
+        .run("cat /sys/class/watchdog/watchdog0/identity /sys/class/watchdog/watchdog0/state /sys/class/watchdog/watchdog0/timeout")
+        .await?;
+    assert_eq!(
+        watchdog.split_whitespace().collect::<Vec<_>>(),
+        ["i6300ESB", "timer", "active", "30"],
+        "{watchdog}"
+    );
+    let before = vm.boot_id().await?;
+    assert_eq!(boot_id.as_deref(), Some(before.as_str()));
+    assert_eq!(fencing_gauge(vm).await?, "1", "armed and fed");
+    Ok(before)
 }

@@ -28,7 +28,7 @@ use nodeward_e2e::{
 use serde_json::{Value, json};
 
 use crate::{
-    fencing::{CUT_OFF_RESTORED, FENCING},
+    fencing::CUT_OFF_RESTORED,
     patching::APT_RESTORED,
     turns::{self, Turn},
 };
@@ -347,6 +347,16 @@ impl Lab {
         vm: &Vm,
         credential: HostCredential,
     ) -> anyhow::Result<NodeReportStatus> {
+        self.host_mode_with(vm, credential, HOST_AGENT_CONFIG).await
+    }
+
+    /// [`Self::host_mode`] with `config` as `/etc/nodeward/agent.yaml`.
+    pub async fn host_mode_with(
+        &self,
+        vm: &Vm,
+        credential: HostCredential,
+        config: &str,
+    ) -> anyhow::Result<NodeReportStatus> {
         let node = vm.name.clone();
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
@@ -401,7 +411,7 @@ impl Lab {
             .await?;
         vm.write_file("/etc/nodeward/kubeconfig", kubeconfig.as_bytes())
             .await?;
-        vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
+        vm.write_file("/etc/nodeward/agent.yaml", config.as_bytes())
             .await?;
         install_agent_binary(vm).await?;
         // A daemon-reload on a guest emulated beside another lane's took over 60 s once.
@@ -580,9 +590,8 @@ impl Lab {
 /// systemctl). The two checks on the host, the reboot sentinel's every 15 s and the custom
 /// one's every 30 s, run less often: each is a transient systemd unit, which cost an emulated
 /// guest 0.8 s (systemd, D-Bus and journald); every 5 s that was a sixth of a VM's CPU.
-/// The agents renew their Leases every 10 s (the chart's default is 5 minutes), which the
-/// lab's fencing needs ([`FENCING`]). Everything else is the chart's default.
-const FAST_DETECTORS: &str = r#"agent.config={"reporting":{"heartbeatInterval":"10s"},"detectors":{
+/// Everything else is the chart's default.
+const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"},
     "rebootRequired":{"interval":"15s","timeout":"15s"},
@@ -663,7 +672,7 @@ async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Re
 }
 
 /// The chart as users install it, once per test process (default values but for
-/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], [`FENCING`], the agent off host-mode nodes and the
+/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], the agent off host-mode nodes and the
 /// coordinators off the first VM): the images were imported into every node's containerd under the names
 /// the chart uses.
 async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> {
@@ -682,8 +691,7 @@ async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> 
                     .args(["--set-json", FAST_DETECTORS])
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
                     .args(["--set-json", &coordinators_off_the_first(nodes)])
-                    .args(["--set", REBOOT_BY_COMMAND])
-                    .args(["--set", FENCING]))?;
+                    .args(["--set", REBOOT_BY_COMMAND]))?;
             }
             // CRDs just created answer 429 ("storage is (re)initializing") for a moment, each
             // its own (a lab run that began with the network test failed on one not waited for).

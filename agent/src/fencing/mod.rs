@@ -17,7 +17,7 @@ mod watchdog;
 use std::{
     collections::BTreeMap,
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -236,40 +236,43 @@ impl Fencer {
                 return;
             }
         };
-        tracing::info!(device = %self.config.device.display(), timeout_s = watchdog.timeout.as_secs(), fence_after_s = self.config.fence_after.as_secs(), "watchdog armed: fencing this node");
+        tracing::info!(device = %self.config.device.display(), timeout_s = watchdog.timeout.as_secs(), fence_after_s = self.config.fence_after.as_secs(), "watchdog armed: this node fences itself when cut off");
         self.metrics.fencing.set(1);
         let tick = (watchdog.timeout / 3).min(LONGEST_TICK);
-        let mut answers: BTreeMap<String, Instant> = BTreeMap::new();
+        let answers: Mutex<BTreeMap<String, Instant>> = Mutex::default();
+        // Probing goes on beside the feeding: a round of probes that time out must never hold
+        // back a feeding.
+        let prober = self.keep_probing(&answers, tick);
+        tokio::pin!(prober);
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = stop::asked(&mut stopping) => break,
+                () = &mut prober => {}
                 _ = ticks.tick() => {}
             }
-            let own = &self.peers.node_name;
-            let directory = self.peers.directory.peers(own);
+            let directory = self.peers.directory.peers(&self.peers.node_name);
             self.claim
                 .want(Some(self.announced(&watchdog, directory.len())));
-            let now = Instant::now();
-            let api = self.contact.last().unwrap_or(now);
-            answers.retain(|node, _| directory.iter().any(|(n, _)| n == node));
-            if probing(api, now, self.config.fence_after) {
-                self.probe(&directory, &mut answers).await;
-            }
             // Only what the coordinator was told counts: before it, it treats the node as
             // not fencing at all.
             let Some(agents) = self.claim.written().map(|f| f.agents) else {
                 self.feed(&watchdog);
                 continue;
             };
-            let at: Vec<Instant> = answers.values().copied().collect();
+            let now = Instant::now();
+            let at: Vec<Instant> = {
+                let mut answers = answers.lock().unwrap_or_else(|p| p.into_inner());
+                answers.retain(|node, _| directory.iter().any(|(n, _)| n == node));
+                answers.values().copied().collect()
+            };
             let contacts = Contacts {
-                api,
+                api: self.contact.last().unwrap_or(now),
                 answers: &at,
                 agents: u32::try_from(agents).unwrap_or(u32::MAX),
             };
-            match verdict(&contacts, Instant::now(), self.config.fence_after) {
+            match verdict(&contacts, now, self.config.fence_after) {
                 Verdict::Feed => self.feed(&watchdog),
                 Verdict::Fence(why) => {
                     self.metrics.fencing.set(2);
@@ -300,26 +303,32 @@ impl Fencer {
         }
     }
 
-    /// Probes every peer over TCP with the fencing mark; records when each answered.
-    async fn probe(
-        &self,
-        directory: &[(String, std::net::IpAddr)],
-        answers: &mut BTreeMap<String, Instant>,
-    ) {
-        let (port, timeout) = (self.port, self.probe_timeout);
-        let results: Vec<(String, bool)> = futures::stream::iter(directory.iter().cloned())
-            .map(|(node, address)| async move {
-                let answered = peers::probe_fencing(address, port, timeout).await.is_ok();
-                (node, answered)
-            })
-            .buffer_unordered(PROBES_AT_ONCE)
-            .collect()
-            .await;
-        let now = Instant::now();
-        for (node, answered) in results {
-            if answered {
-                answers.insert(node, now);
+    /// Probes every peer over TCP with the fencing mark every `every` once half of
+    /// `fenceAfter` passed without the API server, and records in `answers` when each
+    /// answered. Never ends.
+    async fn keep_probing(&self, answers: &Mutex<BTreeMap<String, Instant>>, every: Duration) {
+        loop {
+            let now = Instant::now();
+            let api = self.contact.last().unwrap_or(now);
+            if probing(api, now, self.config.fence_after) {
+                let directory = self.peers.directory.peers(&self.peers.node_name);
+                let (port, timeout) = (self.port, self.probe_timeout);
+                let answered: Vec<String> = futures::stream::iter(directory)
+                    .map(|(node, address)| async move {
+                        let result = peers::probe_fencing(address, port, timeout).await;
+                        result.is_ok().then_some(node)
+                    })
+                    .buffer_unordered(PROBES_AT_ONCE)
+                    .filter_map(std::future::ready)
+                    .collect()
+                    .await;
+                let at = Instant::now();
+                let mut answers = answers.lock().unwrap_or_else(|p| p.into_inner());
+                for node in answered {
+                    answers.insert(node, at);
+                }
             }
+            tokio::time::sleep(every).await;
         }
     }
 
