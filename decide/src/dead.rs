@@ -23,7 +23,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 /// Added to a fencing node's wait: clocks that disagree (the agent writes its heartbeat by its
-/// own clock), the agent's own checking interval, a peer's report of a late answer on its way.
+/// own clock), the agent's own checking interval, a peer's record of its probes (moved at most
+/// every 15 s, `agent/src/detect/peers/sightings.rs`), a late answer's report on its way.
 pub const FENCE_MARGIN: Duration = Duration::from_secs(30);
 
 /// A node's self-fencing, as its agent announced it.

@@ -313,20 +313,20 @@ impl Fencer {
             if probing(api, now, self.config.fence_after) {
                 let directory = self.peers.directory.peers(&self.peers.node_name);
                 let (port, timeout) = (self.port, self.probe_timeout);
-                let answered: Vec<String> = futures::stream::iter(directory)
+                // Each answer counts from when it came, not from the end of the round.
+                let answered: Vec<(String, Instant)> = futures::stream::iter(directory)
                     .map(|(node, address)| async move {
                         let result = peers::probe_fencing(address, port, timeout).await;
-                        result.is_ok().then_some(node)
+                        result.is_ok().then(|| (node, Instant::now()))
                     })
                     .buffer_unordered(PROBES_AT_ONCE)
                     .filter_map(std::future::ready)
                     .collect()
                     .await;
-                let at = Instant::now();
-                let mut answers = answers.lock().unwrap_or_else(|p| p.into_inner());
-                for node in answered {
-                    answers.insert(node, at);
-                }
+                answers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(answered);
             }
             tokio::time::sleep(every).await;
         }
