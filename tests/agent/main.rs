@@ -6,6 +6,7 @@
 
 mod check;
 mod cloud_notices;
+mod fencing;
 mod kubelet;
 mod listeners;
 mod maintenance;
