@@ -177,14 +177,15 @@ const PROBES_AT_ONCE: usize = 32;
 
 /// The running fencing of one agent.
 pub struct Fencer {
-    pub config: FencingConfig,
-    pub peers: PeerContext,
-    pub port: u16,
-    pub probe_timeout: Duration,
-    pub contact: ApiContact,
+    config: FencingConfig,
+    peers: PeerContext,
+    port: u16,
+    probe_timeout: Duration,
+    contact: ApiContact,
+    /// What the reporter announces for it.
     pub claim: Claim,
-    pub metrics: Arc<Metrics>,
-    pub events: nodeward_runtime::events::Events,
+    metrics: Arc<Metrics>,
+    events: nodeward_runtime::events::Events,
 }
 
 impl Fencer {

@@ -875,14 +875,7 @@ async fn out_of_service_only_with_its_record(
         nodeward_api::node::out_of_service(n, true, "dead (e2e)");
     })
     .await?;
-    assert!(
-        tainted
-            .spec
-            .and_then(|s| s.taints)
-            .unwrap_or_default()
-            .iter()
-            .any(|t| t.key == "node.kubernetes.io/out-of-service")
-    );
+    assert!(wait::out_of_service_taint(Some(&tainted)).is_some());
     update_node(coordinator, node_a, |n| {
         nodeward_api::node::out_of_service(n, false, "");
     })
