@@ -6,7 +6,7 @@
 //! defaults and checks: a detector's in its `detect` module, `notifications` in `notify`,
 //! `shutdownGuard` in `shutdown`, `reporting` in `report`, `reboot` in
 //! `maintenance::reboot_method`, `npd` (node-problem-detector files) in `npd`, `fencing` (the
-//! watchdog) in `fencing`. Each detector has `interval` (how often it runs), `timeout` (after
+//! watchdog) in `fencing`, `inventory` (what the host runs) in `inventory`. Each detector has `interval` (how often it runs), `timeout` (after
 //! which the run counts as Unknown) and `for` (how long a new verdict must hold before it is
 //! reported or cleared).
 
@@ -20,6 +20,7 @@ use crate::{
     fencing::FencingConfig,
     flags::{self, Given, Placed},
     host_stats::HostStatsConfig,
+    inventory::InventoryConfig,
     maintenance::reboot_method::RebootConfig,
     notify::NotificationsConfig,
     npd::{self, NpdConfig},
@@ -41,6 +42,7 @@ pub struct Config {
     pub reboot: RebootConfig,
     pub npd: NpdConfig,
     pub fencing: FencingConfig,
+    pub inventory: InventoryConfig,
 }
 
 impl Config {
@@ -108,6 +110,7 @@ impl Config {
             self.reporting.heartbeat_interval,
             self.detectors.peers.enabled,
         )?;
+        self.inventory.validate("inventory")?;
         self.notifications.validate("notifications")
     }
 }
@@ -126,6 +129,7 @@ impl Config {
         ));
         flags.extend(Placed::at("npd", &npd::flags()));
         flags.extend(Placed::at("fencing", &crate::fencing::flags()));
+        flags.extend(Placed::at("inventory", &crate::inventory::flags()));
         flags
     }
 
@@ -605,5 +609,28 @@ detectors:
         }
         // Off, nothing is checked.
         Config::parse("fencing: {timeout: 0s}").expect("off");
+    }
+}
+
+#[cfg(test)]
+mod documented {
+    use super::Config;
+
+    /// The configuration reference in docs/agent.md is a file the agent takes as it is.
+    #[test]
+    fn the_documented_configuration_parses_and_passes_its_checks() {
+        let doc = include_str!("../../docs/agent.md");
+        let section = doc
+            .split_once("## Configuration")
+            .map(|(_, rest)| rest)
+            .expect("docs/agent.md has a Configuration section");
+        let yaml = section
+            .split_once("```yaml\n")
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(yaml, _)| yaml)
+            .expect("a yaml block in it");
+        if let Err(e) = Config::parse(yaml) {
+            panic!("docs/agent.md's configuration is refused: {e}");
+        }
     }
 }

@@ -14,6 +14,7 @@ pub mod flags;
 pub mod fuzzing;
 pub mod host;
 pub mod host_stats;
+pub mod inventory;
 pub mod liveness;
 pub mod maintenance;
 pub mod metrics;

@@ -226,18 +226,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         &mut tasks,
     )
     .await?;
-    if nodeward_agent::host::reaper::receives_orphans() {
-        // PID 1 of its container: what checks leave behind is re-parented to the agent.
-        tasks.spawn(nodeward_agent::host::reaper::reap(
-            std::time::Duration::from_secs(10),
-        ));
-    }
-    if config.host_stats.enabled {
-        tasks.spawn(nodeward_agent::host_stats::run(
-            config.host_stats.clone(),
-            metrics.clone(),
-        ));
-    }
+    watch_the_host(&config, &metrics, &mut tasks);
     let (own_node, own_node_writer) = reflector::store();
     let contact = ApiContact::default();
     writers.spawn(
@@ -264,6 +253,14 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let detectors = config.detectors.enabled(Some(&started.agent));
     let writing = detectors.iter().map(|d| d.condition.to_string()).collect();
     let snapshots = runner::start(detectors, metrics.clone(), &mut tasks);
+    let inventories = nodeward_agent::inventory::Reader {
+        config: config.inventory.clone(),
+        client: client.clone(),
+        node_name: node_name.clone(),
+        boot_id: running.boot_id.clone(),
+        metrics: metrics.clone(),
+    }
+    .start(stopping.clone(), &mut tasks);
     let fencer = Fencer::of(
         &config.fencing,
         &config.detectors.peers,
@@ -285,7 +282,7 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
         &config,
         &client,
         &running,
-        &snapshots,
+        (&snapshots, &inventories),
         own_node_writer,
         &stopping,
         (&mut tasks, &mut writers),
@@ -299,6 +296,22 @@ async fn run(config: Config, client_args: &ClientArgs, running: Running) -> Resu
     let aborted = stop.drain(writers, tasks, STOP_GRACE).await;
     tracing::info!(aborted, "stopped");
     Ok(())
+}
+
+/// Starts what looks after the host beside the detectors: the reaper of what checks leave
+/// behind (when the agent is its container's PID 1) and the host's statistics.
+fn watch_the_host(config: &Config, metrics: &Arc<Metrics>, tasks: &mut JoinSet<()>) {
+    if nodeward_agent::host::reaper::receives_orphans() {
+        tasks.spawn(nodeward_agent::host::reaper::reap(
+            std::time::Duration::from_secs(10),
+        ));
+    }
+    if config.host_stats.enabled {
+        tasks.spawn(nodeward_agent::host_stats::run(
+            config.host_stats.clone(),
+            metrics.clone(),
+        ));
+    }
 }
 
 /// A client whose every request is counted in the agent's metrics.
@@ -315,12 +328,16 @@ async fn connect(client_args: &ClientArgs, metrics: &Arc<Metrics>) -> Result<kub
 
 /// Starts what carries out this node's maintenances and guards its shutdowns: the shutdown
 /// guard (when enabled), the maintenance executor, the policy follower and the reboot
-/// requester (in `tasks`). Returns the pauses this node obeys, for its reports.
+/// requester (in `tasks`), from the detectors' snapshots and the inventory. Returns the
+/// pauses this node obeys, for its reports.
 fn maintain(
     config: &Config,
     client: &kube::Client,
     running: &Running,
-    snapshots: &watch::Receiver<runner::Snapshot>,
+    (snapshots, inventories): (
+        &watch::Receiver<runner::Snapshot>,
+        &nodeward_agent::inventory::Inventories,
+    ),
     own_node: reflector::store::Writer<Node>,
     stopping: &Stopping,
     (tasks, writers): (&mut JoinSet<()>, &mut JoinSet<()>),
@@ -363,6 +380,7 @@ fn maintain(
             events: events.clone(),
             policies,
             reboot: config.reboot.clone(),
+            inventories: inventories.clone(),
             written: Default::default(),
         }
         .run(maintenances, stopping.clone()),

@@ -49,6 +49,18 @@ pub struct ProbeLabels {
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SystemLabels {
+    pub os_image: String,
+    pub kernel: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PackageLabels {
+    pub package: String,
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: String,
 }
@@ -146,6 +158,49 @@ pub struct Metrics {
     pub fencing: Gauge,
     /// CPU, memory, filesystems and interfaces of the host ([`crate::host_stats`]).
     pub host: HostMetrics,
+    /// What the host runs ([`crate::inventory`]).
+    pub inventory: InventoryMetrics,
+}
+
+/// The inventory's last reading: labels only from the host's own OS and from the packages the
+/// configuration names (at most 32), so they stay few.
+#[derive(Debug)]
+pub struct InventoryMetrics {
+    /// 1 for the OS image and kernel last read.
+    pub system: Family<SystemLabels, Gauge>,
+    /// 1 per named package and its installed version (`version` empty: not installed).
+    pub package: Family<PackageLabels, Gauge>,
+    /// The upgrades the package manager knows of; -1 while not known.
+    pub updates_pending: Gauge,
+}
+
+impl InventoryMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let system = Family::<SystemLabels, Gauge>::default();
+        registry.register(
+            "system_info",
+            "1 for the host's OS image and running kernel, as the inventory last read them",
+            system.clone(),
+        );
+        let package = Family::<PackageLabels, Gauge>::default();
+        registry.register(
+            "package_info",
+            "1 for each package named in inventory.packages and its installed version (empty: not installed)",
+            package.clone(),
+        );
+        let updates_pending = Gauge::default();
+        updates_pending.set(-1);
+        registry.register(
+            "updates_pending",
+            "Upgrades the host's package manager knows of (inventory.pendingUpdates); -1 while not known",
+            updates_pending.clone(),
+        );
+        Self {
+            system,
+            package,
+            updates_pending,
+        }
+    }
 }
 
 impl Default for Metrics {
@@ -212,7 +267,9 @@ impl Metrics {
             fencing.clone(),
         );
         let host = HostMetrics::register(&mut registry);
+        let inventory = InventoryMetrics::register(&mut registry);
         Self {
+            inventory,
             fencing,
             registry,
             host,

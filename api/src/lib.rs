@@ -13,6 +13,7 @@ pub mod crds;
 pub mod drain;
 mod duration;
 pub mod fleet;
+pub mod inventory;
 pub mod labels;
 pub mod maintenance;
 pub mod node;

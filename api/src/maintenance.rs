@@ -301,6 +301,10 @@ pub struct StatusPatch {
     pub started_at: Option<Time>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versions_before: Option<crate::inventory::Inventory>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub versions_after: Option<crate::inventory::Inventory>,
     /// A merge patch replaces the whole list: set through [`StatusPatch::condition`], which
     /// keeps the others.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -430,6 +434,14 @@ pub struct NodeMaintenanceStatus {
     pub cordoned_by_nodeward: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// What the node ran when it was taken out of service (its agent's last inventory then):
+    /// OS image, kernel, the packages its agent is asked about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions_before: Option<crate::inventory::Inventory>,
+    /// What it ran once the action was over (read after the reboot, or after an update that
+    /// needed none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions_after: Option<crate::inventory::Inventory>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     /// Human summary of the last thing that happened.

@@ -24,6 +24,8 @@ use crate::{Duration, maintenance::BlockingPod};
     printcolumn(name = "Mode", type_ = "string", json_path = ".status.mode"),
     printcolumn(name = "Version", type_ = "string", json_path = ".status.agentVersion"),
     printcolumn(name = "Problems", type_ = "integer", json_path = ".status.problems"),
+    printcolumn(name = "Kernel", type_ = "string", json_path = ".status.inventory.kernel", priority = 1),
+    printcolumn(name = "Updates", type_ = "integer", json_path = ".status.inventory.updatesPending"),
     printcolumn(name = "Reported", type_ = "date", json_path = ".status.heartbeatTime"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
@@ -92,6 +94,10 @@ pub struct NodeReportStatus {
     /// over ([`Fencing`]). An agent that stops feeding its watchdog on purpose clears it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing: Option<Fencing>,
+    /// What the node runs (OS image, kernel, named packages, pending updates), as the agent last
+    /// read it from the host: at its start, every `inventory.interval` and after an update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<crate::inventory::Inventory>,
     /// The last kernel log record published as an Event: a restarted agent publishes only
     /// newer ones of the same boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -150,6 +150,8 @@ pub async fn publish_v2_to_every_vm(lab: &Lab) -> anyhow::Result<()> {
     for vm in lab.lab.vms() {
         prepare(&vm, &v1, &v2, &index).await?;
         assert_eq!(installed(&vm).await?, "1", "{}", vm.name);
+        // The lists know of v2, so the inventory counts one pending update before the rollout.
+        vm.run("apt-get update -qq").await?;
     }
     lab.apply(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
@@ -177,6 +179,69 @@ pub async fn assert_patched(vm: &Vm, done: &NodeMaintenance) -> anyhow::Result<(
         .as_ref()
         .map(|end| end.0.duration_since(run.started_at.0));
     println!("{}: apt update in {took:?}", vm.name);
+    Ok(())
+}
+
+/// `done` recorded what `vm` (node `node`) ran: version 1 with v2 pending before, version 2
+/// after, read on the new boot (its kernel and OS as the guest's own tools print them), and
+/// the node's NodeReport shows version 2.
+pub async fn assert_versions_recorded(
+    lab: &Lab,
+    vm: &Vm,
+    node: &str,
+    done: &NodeMaintenance,
+) -> anyhow::Result<()> {
+    let status = done.status.clone().unwrap_or_default();
+    let before = status.versions_before.context("no versions before")?;
+    let after = status.versions_after.context("no versions after")?;
+    assert_eq!(
+        before.version_of(PACKAGE),
+        Some("1"),
+        "{}: {before:?}",
+        vm.name
+    );
+    assert_eq!(
+        before.updates_pending,
+        Some(1),
+        "{}: v2 was pending: {before:?}",
+        vm.name
+    );
+    assert_eq!(
+        after.version_of(PACKAGE),
+        Some("2"),
+        "{}: {after:?}",
+        vm.name
+    );
+    assert_eq!(after.updates_pending, Some(0), "{}: {after:?}", vm.name);
+    let boot = vm.boot_id().await?;
+    assert_eq!(
+        after.boot_id.as_deref(),
+        Some(boot.as_str()),
+        "read on the new boot"
+    );
+    assert_ne!(
+        before.boot_id, after.boot_id,
+        "{}: before is of the boot before",
+        vm.name
+    );
+    let kernel = vm.run("uname -r").await?;
+    assert_eq!(after.kernel.as_deref(), Some(kernel.trim()), "{}", vm.name);
+    let os = vm
+        .run(". /etc/os-release && printf %s \"$PRETTY_NAME\"")
+        .await?;
+    assert_eq!(after.os_image.as_deref(), Some(os.trim()), "{}", vm.name);
+    assert_eq!(after.package_manager.as_deref(), Some("dpkg"));
+    let reports: Api<nodeward_api::NodeReport> = Api::all(lab.client.clone());
+    let report = reports.get(node).await?;
+    let inventory = report
+        .status
+        .and_then(|s| s.inventory)
+        .with_context(|| format!("{node}: no inventory in its NodeReport"))?;
+    assert_eq!(
+        inventory.version_of(PACKAGE),
+        Some("2"),
+        "{node}: {inventory:?}"
+    );
     Ok(())
 }
 

@@ -5,7 +5,8 @@
 //! by sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method command|signal`).
 //! Before the rollout the host-mode VM shows its agent's health and reboot gate (`host.rs`),
 //! and after its reboot the gate is back. The rollout is also a patch rollout: a policy's apt
-//! update runs on each VM after its drain and asks for the reboot (`patching.rs`).
+//! update runs on each VM after its drain and asks for the reboot (`patching.rs`), and each
+//! maintenance records the package's version before and after, as the inventory read them.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -91,10 +92,12 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     // Each VM really rebooted: a new boot id, and it has been up only since.
     let nodes: Api<Node> = Api::all(lab.client.clone());
     let mut per_node = Vec::new();
-    for ((vm, boot), done) in lab.lab.vms().iter().zip(&before).zip(&finished) {
+    let vms = lab.lab.vms();
+    for (((vm, boot), done), node) in vms.iter().zip(&before).zip(&finished).zip(&lab.lab.nodes) {
         let now = vm.boot_id().await?;
         assert_ne!(&now, boot, "{} did not reboot", vm.name);
         patching::assert_patched(vm, done).await?;
+        patching::assert_versions_recorded(&lab, vm, node, done).await?;
         let uptime: f64 = vm.run("cut -d' ' -f1 /proc/uptime").await?.trim().parse()?;
         assert!(
             uptime < wall.as_secs_f64(),

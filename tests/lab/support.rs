@@ -58,7 +58,7 @@ pub enum HostCredential {
 
 /// A host-mode agent's `/etc/nodeward/agent.yaml`: the lab's fast kubelet and peer detectors
 /// (as [`FAST_DETECTORS`]), a Node missing for 30 s an unregistered kubelet, the reboot gate
-/// on, and reboots by signal to PID 1.
+/// on, reboots by signal to PID 1, and the patched package's version in its inventory.
 pub const HOST_AGENT_CONFIG: &str = "detectors:
   kubelet: {interval: 5s, timeout: 5s, for: 10s, registrationTimeout: 30s}
   peers: {interval: 5s, timeout: 5s, for: 10s}
@@ -66,6 +66,7 @@ shutdownGuard:
   rebootGate: true
 reboot:
   method: signal
+inventory: {packages: [nodeward-lab-patch], pendingUpdates: true}
 ";
 /// Turns the kubelet's own graceful node shutdown on in a guest (its configuration kept aside
 /// for [`KUBELET_SHUTDOWN_OFF`]): 30 s, 10 s of them for critical pods; with the drop-in the
@@ -590,8 +591,11 @@ impl Lab {
 /// systemctl). The two checks on the host, the reboot sentinel's every 15 s and the custom
 /// one's every 30 s, run less often: each is a transient systemd unit, which cost an emulated
 /// guest 0.8 s (systemd, D-Bus and journald); every 5 s that was a sixth of a VM's CPU.
-/// Everything else is the chart's default.
-const FAST_DETECTORS: &str = r#"agent.config={"detectors":{
+/// The inventory reports the version of the package the patching tests publish
+/// (`patching.rs`) and the pending updates. Everything else is the chart's default.
+const FAST_DETECTORS: &str = r#"agent.config={
+  "inventory":{"packages":["nodeward-lab-patch"],"pendingUpdates":true},
+  "detectors":{
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"},
     "rebootRequired":{"interval":"15s","timeout":"15s"},

@@ -74,6 +74,8 @@ pub struct Executor {
     pub policies: reflector::Store<DisruptionPolicy>,
     /// How a drained node reboots.
     pub reboot: RebootConfig,
+    /// What the host runs: recorded before and after the maintenance.
+    pub inventories: crate::inventory::Inventories,
     /// The phase this agent last wrote, per maintenance uid (start empty).
     pub written: Mutex<HashMap<String, MaintenancePhase>>,
 }
@@ -295,6 +297,7 @@ impl Executor {
         self.finalizer(m, true).await?;
         let by = format!("maintenance/{}", m.name_any());
         let done = cordon::apply(&self.client, None, &self.node, MAINTENANCE_TAINT, &by).await?;
+        let before = self.versions().await;
         self.transition(
             m,
             MaintenancePhase::Draining,
@@ -302,6 +305,7 @@ impl Executor {
             |s, _| {
                 s.cordoned_by_nodeward = Some(done.cordoned);
                 s.started_at = Some(Time(Timestamp::now()));
+                s.versions_before = before;
             },
         )
         .await?;
@@ -313,11 +317,12 @@ impl Executor {
 
     /// Back after the reboot: Verifying, until the health gate passes.
     async fn verify(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        let after = self.versions().await;
         self.transition(
             m,
             MaintenancePhase::Verifying,
             "back after the reboot; waiting for the health gate",
-            |_, _| {},
+            |s, _| s.versions_after = after,
         )
         .await?;
         self.normal_event(

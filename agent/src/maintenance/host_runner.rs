@@ -24,6 +24,9 @@ use super::{
 };
 use crate::policies;
 
+/// How long a step waits for a fresh inventory reading before it records the last one.
+const FRESH_INVENTORY: Duration = Duration::from_secs(30);
+
 /// The most of a run's output an Event quotes.
 const EVENT_OUTPUT: usize = 512;
 
@@ -181,11 +184,21 @@ impl Executor {
         self.fail(m, applied, failed_reason(step), why).await
     }
 
+    /// What the host runs now (for `versionsBefore` and `versionsAfter`): a fresh reading, or
+    /// the last one when none comes in time.
+    pub(super) async fn versions(&self) -> Option<nodeward_api::inventory::Inventory> {
+        let fresh = self.inventories.fresh(FRESH_INVENTORY).await;
+        fresh.or_else(|| self.inventories.latest())
+    }
+
     /// The update needs no reboot: Verifying at once, for the health gate.
     pub(super) async fn skip_reboot(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
         let message = "updated; no reboot needed: waiting for the health gate";
-        self.transition(m, MaintenancePhase::Verifying, message, |_, _| {})
-            .await?;
+        let after = self.versions().await;
+        self.transition(m, MaintenancePhase::Verifying, message, |s, _| {
+            s.versions_after = after;
+        })
+        .await?;
         self.normal_event(m, "RebootNotNeeded", message).await;
         Ok(())
     }
