@@ -10,6 +10,7 @@ mod read;
 use std::time::Duration;
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use nodeward_api::{
     NodeReport,
@@ -17,6 +18,7 @@ use nodeward_api::{
     labels::AGENT_FIELD_MANAGER,
 };
 use nodeward_runtime::{
+    WRITE_REFUSED,
     backoff::Backoff,
     stop::{self, Stopping},
     write::{self, Part},
@@ -215,7 +217,8 @@ impl Reader {
     }
 
     /// Writes `inventory` into the NodeReport; what is left to write (and when to retry)
-    /// when that failed, as when the report does not exist yet.
+    /// when that failed, as when the report does not exist yet. A write the cluster refuses
+    /// is a Warning Event on the Node as well (one per try; the tries back off to 5 minutes).
     async fn written(
         &self,
         inventory: Inventory,
@@ -238,6 +241,14 @@ impl Reader {
             }
             write::Outcome::Gone(e) | write::Outcome::Conflict(e) | write::Outcome::Failed(e) => {
                 self.metrics.api_write("nodereports/status", false);
+                if e.is_refusal() {
+                    // Shown where the node is looked at, not only in the agent's log.
+                    let note = format!("the API server refused nodeward-agent's inventory: {e}");
+                    let node = crate::node_reference(&self.node_name);
+                    crate::events(self.client.clone(), &self.node_name)
+                        .publish(&node, EventType::Warning, "Inventory", WRITE_REFUSED, note)
+                        .await;
+                }
                 tracing::debug!(node = %self.node_name, error = %e, "writing the inventory into the NodeReport failed; retrying");
                 *retry_at = Some(tokio::time::Instant::now() + backoff.next_delay());
                 Some(inventory)

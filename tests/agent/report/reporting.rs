@@ -107,6 +107,19 @@ async fn a_quiet_agent_writes_only_its_lease() -> anyhow::Result<()> {
     let heartbeat = Duration::from_secs(2);
     wait_condition(&env.nodes(), &node, "RebootRequired", "False").await?;
     agent.wait_ready().await?;
+    // The start's last write: the inventory's first reading (the next is an hour away).
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    wait::until(
+        &reports,
+        &node,
+        "the inventory in the report",
+        TIMEOUT,
+        |r| {
+            r.and_then(|r| r.status.as_ref())
+                .is_some_and(|s| s.inventory.is_some())
+        },
+    )
+    .await?;
 
     let rounds = "nodeward_check_duration_seconds_count{detector=\"reboot-required\"}";
     let renewals = "nodeward_api_writes_total{resource=\"leases\",result=\"ok\"}";
@@ -258,6 +271,57 @@ async fn a_report_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow
         "the cluster's words in the Event: {note}"
     );
     assert_eq!(event.type_.as_deref(), Some("Warning"));
+    env.cleanup_after(agent).await
+}
+
+#[tokio::test]
+async fn an_inventory_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow::Result<()> {
+    let (env, node) = TestEnv::with_worker("agent-inventory-refused", "zone-b").await?;
+    // The cluster's own rule: no inventory in this node's report (the rest of it is taken).
+    // A report labelled `probe` is refused too, to see the rule in force before the agent runs.
+    env.refusing_policy(
+        "no-inventory",
+        serde_json::json!([{"apiGroups": ["nodeward.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+            "resources": ["nodereports", "nodereports/status"]}]),
+        &format!("request.name == '{node}'"),
+        "!(has(object.metadata.labels) && 'probe' in object.metadata.labels) && !(has(object.status) && has(object.status.inventory))",
+        "this cluster takes no inventory of this node",
+    )
+    .await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    let probe: NodeReport = serde_json::from_value(serde_json::json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+        "metadata": {"name": node, "labels": {"probe": "yes"}},
+        "spec": {"nodeName": node},
+    }))?;
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
+        let refused = match reports.create(&dry, &probe).await {
+            Err(kube::Error::Api(status)) => status.message.contains("takes no inventory"),
+            _ => false,
+        };
+        Ok(refused.then_some(()))
+    })
+    .await?;
+    let agent = Agent::start(&node, &env, "300ms", "2s")?;
+    let event = env
+        .wait_event(&node, "regarding.kind=Node", "WriteRefused")
+        .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains("refused nodeward-agent's inventory")
+            && note.contains("this cluster takes no inventory of this node"),
+        "the cluster's words in the Event: {note}"
+    );
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    // Only the inventory was refused: the report itself is written.
+    let report = wait::until(&reports, &node, "the NodeReport", TIMEOUT, |r| r.is_some())
+        .await?
+        .context("the NodeReport")?;
+    assert!(report.status.is_some_and(|s| s.inventory.is_none()));
     env.cleanup_after(agent).await
 }
 
