@@ -7,11 +7,10 @@
 
 mod read;
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use kube::runtime::events::EventType;
-use kube::{Api, Client};
+use kube::{Api, Client, runtime::events::EventType};
 use nodeward_api::{
     NodeReport,
     inventory::{Inventory, PACKAGE_NAME_LIMIT, PACKAGES_LIMIT},
@@ -24,7 +23,6 @@ use nodeward_runtime::{
     write::{self, Part},
 };
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::{

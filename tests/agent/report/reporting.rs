@@ -248,18 +248,7 @@ async fn a_report_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow
         name: Some(node.clone()),
         ..Default::default()
     };
-    let dry = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
-        let refused = match reports.create(&dry, &again).await {
-            Err(kube::Error::Api(status)) => status.message.contains("takes no NodeReport"),
-            _ => false,
-        };
-        Ok(refused.then_some(()))
-    })
-    .await?;
+    refused_in_dry_run(&reports, &again, "takes no NodeReport").await?;
     reports.delete(&node, &DeleteParams::default()).await?;
     let event = env
         .wait_event(&node, "regarding.kind=Node", "WriteRefused")
@@ -294,18 +283,7 @@ async fn an_inventory_the_cluster_refuses_is_a_warning_event_on_the_node() -> an
         "metadata": {"name": node, "labels": {"probe": "yes"}},
         "spec": {"nodeName": node},
     }))?;
-    let dry = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
-        let refused = match reports.create(&dry, &probe).await {
-            Err(kube::Error::Api(status)) => status.message.contains("takes no inventory"),
-            _ => false,
-        };
-        Ok(refused.then_some(()))
-    })
-    .await?;
+    refused_in_dry_run(&reports, &probe, "takes no inventory").await?;
     let agent = Agent::start(&node, &env, "300ms", "2s")?;
     let event = env
         .wait_event(&node, "regarding.kind=Node", "WriteRefused")
@@ -323,6 +301,27 @@ async fn an_inventory_the_cluster_refuses_is_a_warning_event_on_the_node() -> an
         .context("the NodeReport")?;
     assert!(report.status.is_some_and(|s| s.inventory.is_none()));
     env.cleanup_after(agent).await
+}
+
+/// Waits until the cluster refuses `report` (created as a dry run) with `words` in its
+/// message: a refusing policy is in force.
+async fn refused_in_dry_run(
+    reports: &Api<NodeReport>,
+    report: &NodeReport,
+    words: &str,
+) -> anyhow::Result<()> {
+    let dry = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait::eventually("the cluster's rule in force", TIMEOUT, || async {
+        let refused = match reports.create(&dry, report).await {
+            Err(kube::Error::Api(status)) => status.message.contains(words),
+            _ => false,
+        };
+        Ok(refused.then_some(()))
+    })
+    .await
 }
 
 /// The established TCP connections process `pid` holds to `port` on the loopback address,
