@@ -155,6 +155,9 @@ pub mod policy {
     /// `True` (reason `FailureBudgetSpent`, naming the failed nodes) once `failureBudget` is
     /// spent: nothing more in scope is admitted until an operator resumes the policy.
     pub const HALTED: &str = "Halted";
+    /// `True` once the canaries of `canary` succeeded and soaked (for a maintenance created
+    /// now); `False` (reason `CanaryPending`) while the rest of the scope waits for them.
+    pub const CANARY_PASSED: &str = "CanaryPassed";
 }
 
 /// Why the coordinator did not admit a NodeMaintenance (reason of `Admitted=False`).
@@ -175,6 +178,9 @@ pub mod denial {
     pub const WORKLOAD_NOT_READY: &str = "WorkloadNotReady";
     /// A policy selecting the node spent its `failureBudget` and was not resumed since.
     pub const ROLLOUT_HALTED: &str = "RolloutHalted";
+    /// A policy selecting the node has a canary stage, the node is no canary, and the canaries
+    /// have not all succeeded (and soaked) yet.
+    pub const CANARY_PENDING: &str = "CanaryPending";
     /// One of the `gates` of a policy selecting the node does not hold (its expression is
     /// false or fails, or its object is missing or could not be read); the message names it.
     pub const GATE_CLOSED: &str = "GateClosed";

@@ -6,13 +6,14 @@
 //!   ([`admission::rules::RULES`]), with the budget arithmetic and maintenance windows;
 //! - [`round`]: one round of the coordinator as named stages, from the watched objects to a
 //!   [`round::Plan`];
-//! - [`dead`], [`deadlines`], [`health`], [`pause`], [`failures`]: a dead node, each phase's
-//!   deadline, node health and the `maxUnhealthy` gate, when a pause has taken hold, when a
-//!   rollout has failed often enough to halt;
+//! - [`dead`], [`deadlines`], [`health`], [`pause`], [`failures`], [`canary`]: a dead node,
+//!   each phase's deadline, node health and the `maxUnhealthy` gate, when a pause has taken
+//!   hold, when a rollout has failed often enough to halt, when its canaries let the rest go;
 //! - [`blockers`]: what to look up before a round and what its answers block.
 
 pub mod admission;
 pub mod blockers;
+pub mod canary;
 pub mod dead;
 pub mod deadlines;
 pub mod failures;

@@ -2,13 +2,14 @@
 //! with the history watched, two coordinators both acting as leader, leader failover, quorum,
 //! `maxUnhealthy`, the node startup timeout, slots freed on node deletion, pause with
 //! acknowledgement, reboot blockers (pods, Prometheus alerts), maintenance windows, dead nodes,
-//! node labels.
+//! node labels, the failure budget and canary stages.
 //!
 //! A coordinator watches the whole cluster, so these tests run one at a time (they share one
 //! control plane with the rest of the run); each one's policy selects only its own nodes.
 
 mod agents;
 mod budgets;
+mod canary;
 mod cleanup;
 mod gates;
 mod nodes;
@@ -201,6 +202,23 @@ async fn finish_admitted(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Resumes `policy` with the operator's tool (`kubectl nodeward resume`); returns what it said.
+async fn resume(policy: &str) -> anyhow::Result<String> {
+    let cli = tokio::process::Command::new(nodeward_e2e::daemon::cli_binary())
+        .arg("--kubeconfig")
+        .arg(&controlplane::shared().kubeconfig)
+        .args(["resume", policy])
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&cli.stdout).into_owned();
+    anyhow::ensure!(
+        cli.status.success(),
+        "kubectl nodeward resume {policy}: {said}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    Ok(said)
 }
 
 async fn lease_holder(env: &TestEnv) -> anyhow::Result<Option<String>> {

@@ -361,18 +361,7 @@ async fn a_rollout_halts_once_its_failure_budget_is_spent_and_goes_on_when_resum
     );
 
     // Resumed by the operator's tool: the failures so far are forgiven, the next node goes.
-    let cli = tokio::process::Command::new(nodeward_e2e::daemon::cli_binary())
-        .arg("--kubeconfig")
-        .arg(&controlplane::shared().kubeconfig)
-        .args(["resume", &policy])
-        .output()
-        .await?;
-    let said = String::from_utf8_lossy(&cli.stdout);
-    assert!(
-        cli.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
+    let said = resume(&policy).await?;
     assert!(
         said.contains("failures its failureBudget counted until now are forgiven"),
         "{said}"

@@ -159,6 +159,8 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
             "blackouts": [{"start": "2026-12-20T00:00:00+01:00", "end": "2027-01-04T00:00:00+01:00", "reason": "year-end freeze"}],
             "gates": [{"name": "ceph-healthy", "expression": "object.status.ceph.health == 'HEALTH_OK'",
                 "object": {"apiVersion": "ceph.rook.io/v1", "kind": "CephCluster", "namespace": "rook-ceph", "name": "rook-ceph"}}],
+            "canary": {"nodeSelector": {"matchLabels": {"canary": "true"}}, "soak": "1h", "validFor": "48h"},
+            "failureBudget": {"maxFailures": 1},
             "nodeLabels": {
                 "beforeDrain": [
                     {"key": "node.kubernetes.io/exclude-from-external-load-balancers", "value": "true"},
@@ -173,10 +175,51 @@ async fn api_server_refuses_invalid_disruption_policy_with_cel_message() -> anyh
     assert_eq!(created.spec.windows.len(), 2);
     assert_eq!(created.spec.blackouts.len(), 1);
     assert_eq!(created.spec.gates[0].object.kind, "CephCluster");
+    let canary = created.spec.canary.as_ref().expect("the canary stage");
+    assert!(canary.node_selector.is_some() && canary.nodes.is_none());
     assert!(!created.spec.paused, "paused defaults to false");
     policies
         .delete(&created.name_any(), &DeleteParams::default())
         .await?;
+    env.cleanup().await
+}
+
+/// A canary stage the API server refuses: without a failure budget, both ways of naming the
+/// canaries, none, a `validFor` shorter than a minute, a soak that is no duration.
+#[tokio::test]
+async fn api_server_refuses_an_invalid_canary_stage() -> anyhow::Result<()> {
+    let env = TestEnv::new("canary").await?;
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let cases = [
+        // A canary stage without a failure budget would pass a bad update on to the next node.
+        (
+            json!({"canary": {"nodes": 1}}),
+            "spec",
+            "canary needs a failureBudget",
+        ),
+        (
+            json!({"canary": {"nodes": 1, "nodeSelector": {"matchLabels": {"canary": "true"}}},
+                "failureBudget": {"maxFailures": 1}}),
+            "spec.canary",
+            "canary: either nodes (how many go first) or nodeSelector (which nodes go first), not both",
+        ),
+        (
+            json!({"canary": {"nodes": 0}, "failureBudget": {"maxFailures": 1}}),
+            "spec.canary.nodes",
+            "should be greater than or equal to 1",
+        ),
+        (
+            json!({"canary": {"validFor": "30s"}, "failureBudget": {"maxFailures": 1}}),
+            "spec.canary.validFor",
+            "canary.validFor must be at least 1m",
+        ),
+        (
+            json!({"canary": {"soak": "a day"}, "failureBudget": {"maxFailures": 1}}),
+            "spec.canary.soak",
+            "should match",
+        ),
+    ];
+    assert_refused(&env, &policies, "bad", cases).await?;
     env.cleanup().await
 }
 

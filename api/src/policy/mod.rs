@@ -13,9 +13,11 @@ use serde::{Deserialize, Serialize};
 use crate::{Duration, drain::DrainPlan};
 
 mod by_reason;
+mod canary;
 mod gate;
 mod status;
 pub use by_reason::ReasonBudgets;
+pub use canary::Canary;
 pub use gate::{EXPRESSION_LIMIT, GATES_LIMIT, Gate, GateObject};
 pub use status::*;
 
@@ -51,6 +53,7 @@ const COUNT_OR_PERCENT_RULE: &str =
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.canary) || has(self.failureBudget)").message("canary needs a failureBudget, so that a failed canary halts the rollout instead of passing the update to the next node, e.g. failureBudget: {maxFailures: 1}"))]
 pub struct DisruptionPolicySpec {
     /// Nodes this policy applies to; empty or absent selects every node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,6 +138,11 @@ pub struct DisruptionPolicySpec {
     /// them) until an operator resumes it (`kubectl nodeward resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_budget: Option<FailureBudget>,
+    /// A canary stage for planned reboots (reason Reboot or Manual, the patch rollout): the
+    /// first nodes go alone, and the rest of the scope waits until they succeeded and a soak
+    /// time passed (`CanaryPending`). Needs `failureBudget`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<Canary>,
     /// Patching: the update a planned Reboot maintenance (reason Reboot or Manual; not a
     /// remediation or shutdown) of a node this policy admitted runs after its drain, before
     /// the reboot, which then happens only when the update needs it. Where several policies

@@ -292,36 +292,31 @@ impl Controller {
         }
     }
 
-    /// A Warning Event when `policy`'s `Halted` turns True in `status`, a Normal one when it
-    /// turns False again.
+    /// Events for the rollout's turns: a Warning when `policy`'s `Halted` turns True in
+    /// `status`, a Normal one when it turns False again, and a Normal one when `CanaryPassed`
+    /// turns True (the rest of the scope may go).
     fn report_halt(
         &self,
         policy: &DisruptionPolicy,
         status: &nodeward_api::DisruptionPolicyStatus,
     ) {
-        let halted = |s: Option<&nodeward_api::DisruptionPolicyStatus>| {
-            s.and_then(|s| {
-                s.conditions
-                    .iter()
-                    .find(|c| c.type_ == nodeward_api::conditions::policy::HALTED)
-            })
-            .map(|c| (c.status == "True", c.message.clone()))
+        use kube::runtime::events::EventType::{Normal, Warning};
+        use nodeward_api::conditions::policy::{CANARY_PASSED, HALTED};
+        let turned = |type_: &str| {
+            let condition = |s: Option<&nodeward_api::DisruptionPolicyStatus>| {
+                s.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+                    .map(|c| (c.status == "True", c.message.clone()))
+            };
+            let was = condition(policy.status.as_ref()).is_some_and(|(on, _)| on);
+            condition(Some(status)).filter(|(on, _)| *on != was)
         };
-        let was = halted(policy.status.as_ref()).is_some_and(|(h, _)| h);
-        match halted(Some(status)) {
-            Some((true, message)) if !was => self.writer.event(
-                policy,
-                kube::runtime::events::EventType::Warning,
-                "RolloutHalted",
-                message,
-            ),
-            Some((false, message)) if was => self.writer.event(
-                policy,
-                kube::runtime::events::EventType::Normal,
-                "RolloutResumed",
-                message,
-            ),
-            _ => {}
+        match turned(HALTED) {
+            Some((true, message)) => self.writer.event(policy, Warning, "RolloutHalted", message),
+            Some((false, message)) => self.writer.event(policy, Normal, "RolloutResumed", message),
+            None => {}
+        }
+        if let Some((true, message)) = turned(CANARY_PASSED) {
+            self.writer.event(policy, Normal, "CanaryPassed", message);
         }
     }
 

@@ -64,6 +64,8 @@ pub struct PolicyState {
     pub halted: Option<String>,
     /// Why one of its `gates` holds the rollout ([`crate::gates`]).
     pub gate_closed: Option<String>,
+    /// Its canary stage, if it has one ([`crate::canary`]).
+    pub canary: Option<crate::canary::Stage>,
 }
 
 /// The cluster as admission sees it.
@@ -155,6 +157,18 @@ pub struct Pending {
     pub disruption_deadline: Option<Timestamp>,
     /// An emergency (`spec.urgent`).
     pub urgent: bool,
+    /// Set for a planned reboot, which a canary stage holds ([`crate::canary::planned`]).
+    pub planned: Option<Planned>,
+}
+
+/// What a canary stage needs to know of a planned reboot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// When it was created: the canaries whose success stands for it succeeded at most
+    /// `canary.validFor` before.
+    pub created: Timestamp,
+    /// The time of the decision.
+    pub now: Timestamp,
 }
 
 impl Pending {

@@ -110,6 +110,7 @@ mod tests {
             deadlines: nodeward_api::policy::Deadlines::resolve(None),
             halted: None,
             gate_closed: None,
+            canary: None,
         }
     }
 
@@ -125,6 +126,7 @@ mod tests {
             needs_agent: true,
             disruption_deadline: None,
             urgent: false,
+            planned: None,
         }
     }
 
@@ -235,6 +237,7 @@ mod tests {
                 "blackout",
                 "blocker",
                 "gate",
+                "canary",
                 "workloads",
                 "quorum",
                 "budget"
@@ -445,7 +448,7 @@ mod tests {
     #[test]
     fn each_rule_denies_under_its_name_with_its_reasons() {
         type Breaks = fn(&mut Cluster, &mut Pending);
-        let cases: [(&str, Breaks); 14] = [
+        let cases: [(&str, Breaks); 15] = [
             ("node", |c, _| {
                 c.disrupted.insert("cp0".into());
             }),
@@ -465,6 +468,17 @@ mod tests {
             }),
             ("gate", |c, _| {
                 c.policies[0].gate_closed = Some("gate ceph (gates[0]): not read yet".into());
+            }),
+            ("canary", |c, p| {
+                // cp0's planned reboot waits for the canary under way on w0.
+                let mut stage =
+                    crate::canary::stage("all", &nodeward_api::policy::Canary::default(), None, []);
+                stage.admitted("w0");
+                c.policies[0].canary = Some(stage);
+                p.planned = Some(crate::admission::cluster::Planned {
+                    created: jiff::Timestamp::UNIX_EPOCH,
+                    now: jiff::Timestamp::UNIX_EPOCH,
+                });
             }),
             ("agent", |c, _| {
                 node(c, "cp0").agent_unavailable = Some("no heartbeat".into());

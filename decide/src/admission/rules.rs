@@ -132,6 +132,13 @@ pub const RULES: &[Rule] = &[
         check: gates_open,
     },
     Rule {
+        name: "canary",
+        reasons: &[denial::CANARY_PENDING],
+        input: "spec.canary of those policies: their planned reboots (Reboot or Manual, action Reboot) admitted and finished, by node (planned reboots only; an urgent one skips the soak)",
+        waived_for: &[Exception::Unavoidable],
+        check: canaries_done,
+    },
+    Rule {
         name: "agent",
         reasons: &[denial::AGENT_UNAVAILABLE],
         input: "the node agent's Lease: a recent heartbeat (for maintenances an agent carries out)",
@@ -288,6 +295,28 @@ fn gates_open(i: &Inputs) -> Verdict {
     }
     match first_policy(i, |p| p.gate_closed.as_ref()) {
         Some((p, why)) => Err((denial::GATE_CLOSED, format!("policy {}: {why}", p.name))),
+        None => Ok(()),
+    }
+}
+
+/// A planned reboot goes as a canary, or after the canaries of every policy with a canary
+/// stage succeeded (and soaked).
+fn canaries_done(i: &Inputs) -> Verdict {
+    let Some(planned) = i.pending.planned else {
+        return Ok(());
+    };
+    let p = &i.pending;
+    match i.policies.iter().find_map(|policy| {
+        let stage = policy.canary.as_ref()?;
+        let why = stage
+            .judge(&p.node, planned.created, p.urgent, planned.now)
+            .err()?;
+        Some((policy, why))
+    }) {
+        Some((policy, why)) => Err((
+            denial::CANARY_PENDING,
+            format!("policy {}: {why}", policy.name),
+        )),
         None => Ok(()),
     }
 }

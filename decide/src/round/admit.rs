@@ -14,7 +14,11 @@ use nodeward_api::{
 };
 
 use super::{Admission, Denial, Plan, Standing, count, slots, timestamp, view::window_open};
-use crate::admission::decide::{self, Cluster, Decision, Pending};
+use crate::admission::{
+    cluster::Planned,
+    decide::{self, Cluster, Decision, Pending},
+};
+use crate::canary;
 
 /// Pending maintenances not being deleted, oldest first (ties by name): the order admission
 /// goes in. Of the reboot requests a node's agent made (`<node>-reboot-<boot>`), only the
@@ -116,6 +120,10 @@ pub(super) fn admit_pending(
                 && cluster.nodes.get(&node).is_some_and(|n| n.dead.is_some())),
             disruption_deadline: m.spec.disruption_deadline.as_ref().map(|t| t.0),
             urgent: m.spec.urgent,
+            planned: canary::planned(m).then(|| Planned {
+                created: timestamp(m.metadata.creation_timestamp.as_ref()),
+                now,
+            }),
         };
         match decide::decide(cluster, not_ready, &request) {
             Decision::Admit { policies } => {
@@ -125,6 +133,17 @@ pub(super) fn admit_pending(
                     .map(|n| (n.uid.clone(), n.surges.clone()))
                     .unwrap_or_default();
                 cluster.disrupt(&node, m.spec.reason);
+                if request.planned.is_some() {
+                    // The next ones are decided knowing this one is under way (a canary, or
+                    // one of the rest).
+                    for p in cluster.policies.iter_mut() {
+                        if let Some(stage) =
+                            p.canary.as_mut().filter(|_| policies.contains(&p.name))
+                        {
+                            stage.admitted(&node);
+                        }
+                    }
+                }
                 let mut new_slots_in = Vec::new();
                 for policy in &policies {
                     let list = slots.entry(policy.clone()).or_default();
@@ -285,11 +304,13 @@ fn left_to_a_full_round(
             .values()
             .any(|p| slots::of(p).iter().any(|s| s.uid == uid))
         // A gate of a policy of its node: gates are read before a full round, only for the
-        // nodes pending then.
+        // nodes pending then. A canary stage: a canary waiting holds back the rest, and a full
+        // round is what counts the ones waiting.
         || standing.cluster.policies.iter().any(|state| {
             state.matched.contains(&m.spec.node_name)
-                && by_name
-                    .get(&state.name)
-                    .is_some_and(|p| !p.spec.gates.is_empty())
+                && (state.canary.is_some()
+                    || by_name
+                        .get(&state.name)
+                        .is_some_and(|p| !p.spec.gates.is_empty()))
         })
 }

@@ -129,6 +129,7 @@ pub(super) fn write(
         set_remediation_allowed(&mut status.conditions, p, unhealthy, gate, now);
         set_valid(&mut status.conditions, p, now);
         set_halted(&mut status.conditions, p, now);
+        set_canary_passed(&mut status.conditions, p, now);
         plan.standing.policies.insert(
             p.name.clone(),
             PolicyMark {
@@ -253,6 +254,36 @@ fn set_halted(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
     set_condition(
         conditions,
         policy_conditions::HALTED,
+        state,
+        reason,
+        message,
+        p.policy.metadata.generation,
+        now,
+    );
+}
+
+/// `CanaryPassed`: whether the rest of the scope may go (for a maintenance created now);
+/// absent without a canary stage.
+fn set_canary_passed(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
+    let Some(stage) = &p.canary else {
+        conditions.retain(|c| c.type_ != policy_conditions::CANARY_PASSED);
+        return;
+    };
+    let (state, reason, message) = match stage.rest_may_go(now, false, now) {
+        Ok(()) => (
+            "True",
+            "CanariesSucceeded",
+            "the canaries succeeded and soaked: the rest of the scope may go".to_owned(),
+        ),
+        Err(why) => (
+            "False",
+            nodeward_api::conditions::denial::CANARY_PENDING,
+            why,
+        ),
+    };
+    set_condition(
+        conditions,
+        policy_conditions::CANARY_PASSED,
         state,
         reason,
         message,

@@ -131,6 +131,7 @@ pub(super) fn admit_without_agent(
         needs_agent: false,
         disruption_deadline: None,
         urgent: false,
+        planned: None,
     };
     match decide(deciding, not_ready, &pending) {
         Decision::Admit { .. } => {

@@ -23,6 +23,7 @@ use crate::{
         decide::{Cluster, NodeState, PolicyState},
         window::{self, Window},
     },
+    canary,
     deadlines::{agent_unavailable, awaiting_replacement},
     failures::{self, Spending},
     gates,
@@ -77,6 +78,13 @@ impl<'a> Index<'a> {
                     let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
                     failures::spending(&view.name, budget, maintenances, now)
                 });
+                if let Some(spec) = &p.spec.canary {
+                    let selected = canary_nodes(spec, &view.matched, &nodes)
+                        .map_err(|problem| view.add_problems(vec![problem]))
+                        .unwrap_or_default();
+                    let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
+                    view.canary = Some(canary::stage(&view.name, spec, selected, maintenances));
+                }
                 view
             })
             .collect();
@@ -183,6 +191,8 @@ pub(super) struct PolicyView<'a> {
     pub problem: Option<String>,
     /// Its failure budget as of now, if it has one.
     pub failures: Option<Spending>,
+    /// Its canary stage, if it has one.
+    pub canary: Option<canary::Stage>,
     pub max_concurrent: usize,
     pub max_by_reason: BTreeMap<MaintenanceReason, usize>,
     pub max_unhealthy: Option<usize>,
@@ -274,8 +284,33 @@ fn view<'a>(
         rules: rules(policy),
         deadlines: policy.spec.resolved_deadlines(),
         failures: None,
+        canary: None,
         name,
     }
+}
+
+/// The matched nodes `canary.nodeSelector` selects, if it has one; a selector that cannot be
+/// evaluated is a problem of the policy's spec.
+fn canary_nodes(
+    spec: &nodeward_api::policy::Canary,
+    matched: &BTreeSet<String>,
+    nodes: &BTreeMap<&str, &Node>,
+) -> Result<Option<BTreeSet<String>>, String> {
+    let Some(selector) = &spec.node_selector else {
+        return Ok(None);
+    };
+    let mut selected = BTreeSet::new();
+    for name in matched {
+        let Some(node) = nodes.get(name.as_str()) else {
+            continue;
+        };
+        if nodeward_api::selector::matches(selector, node.labels())
+            .map_err(|e| format!("canary.nodeSelector.{e}"))?
+        {
+            selected.insert(name.clone());
+        }
+    }
+    Ok(Some(selected))
 }
 
 /// Whether one of the policy's windows is open at `now` (true when it has none); windows that
@@ -449,6 +484,7 @@ pub(super) fn cluster(
                         .filter(|f| f.halted())
                         .map(Spending::message),
                     gate_closed: p.gate_closed.clone(),
+                    canary: p.canary.clone(),
                 }
             })
             .collect(),
