@@ -383,7 +383,7 @@ fn maintain(
             inventories: inventories.clone(),
             written: Default::default(),
         }
-        .run(maintenances, stopping.clone()),
+        .run(maintenances.clone(), stopping.clone()),
     );
     let (pauses_tx, pauses) = watch::channel(Vec::new());
     let (auto_reboot_tx, auto_reboot) = watch::channel(auto_reboot_flag);
@@ -408,10 +408,13 @@ fn maintain(
         ));
     }
     tasks.spawn(nodeward_agent::maintenance::reboot_request::run(
-        client.clone(),
-        events,
-        node_name.to_owned(),
-        boot_id.to_owned(),
+        (client.clone(), events),
+        (node_name.to_owned(), boot_id.to_owned()),
+        nodeward_agent::maintenance::reboot_request::Retry {
+            retries: config.reboot.request_retries,
+            after: config.reboot.request_retry_after,
+        },
+        maintenances,
         snapshots.clone(),
         auto_reboot,
     ));

@@ -505,8 +505,9 @@ async fn a_reboot_logind_cannot_be_asked_for_fails_and_restores_the_node() -> an
     env.cleanup_after(cluster).await
 }
 
-/// The arguments of an agent of `node` whose node reports RebootRequired (a sentinel file).
-fn reboot_required_agent(env: &TestEnv, node: &str) -> anyhow::Result<Vec<String>> {
+/// The arguments of an agent of `node` whose node reports RebootRequired (a sentinel file),
+/// with `extra` configuration.
+fn reboot_required_agent(env: &TestEnv, node: &str, extra: &str) -> anyhow::Result<Vec<String>> {
     let dir = scratch::dir(&format!("nodeward-maintenance-{}", env.id))?;
     let sentinel = scratch::write(&dir, "reboot-required", "")?;
     let config = scratch::agent_config_file(
@@ -515,7 +516,7 @@ fn reboot_required_agent(env: &TestEnv, node: &str) -> anyhow::Result<Vec<String
             "rebootRequired: {{interval: 500ms, timeout: 500ms, sentinelFile: {}}}",
             sentinel.display()
         )],
-        "shutdownGuard: {enabled: false}\n",
+        &format!("shutdownGuard: {{enabled: false}}\n{extra}"),
     )?;
     Ok(nodeward_e2e::daemon::agent_args(
         node,
@@ -538,7 +539,7 @@ async fn auto_reboot_scope(test: &str) -> anyhow::Result<(TestEnv, String, Daemo
 #[tokio::test]
 async fn a_required_reboot_asks_for_one_reboot_maintenance_per_boot() -> anyhow::Result<()> {
     let (env, node, _coordinator) = auto_reboot_scope("maint-autoreboot").await?;
-    let args = reboot_required_agent(&env, &node)?;
+    let args = reboot_required_agent(&env, &node, "")?;
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let mine = || async {
         anyhow::Ok(
@@ -632,7 +633,7 @@ async fn a_refused_reboot_request_is_shown_on_the_node_and_asked_again() -> anyh
     })
     .await?;
 
-    let args = reboot_required_agent(&env, &node)?;
+    let args = reboot_required_agent(&env, &node, "")?;
     let agent = Daemon::start(agent_binary(), &format!("{}-agent", env.id), &args)?;
     let shown = env
         .wait_event(&node, "", "RebootRequestRefused")
@@ -669,6 +670,80 @@ async fn a_refused_reboot_request_is_shown_on_the_node_and_asked_again() -> anyh
     })
     .await
     .with_context(|| agent.output())?;
+    drop(agent);
+    env.cleanup().await
+}
+
+/// A request that ended Failed while the node still requires a reboot is asked for again in
+/// the same boot, after `requestRetryAfter`, then after twice that, and no more than
+/// `requestRetries` times; the node's Events say so.
+#[tokio::test]
+async fn a_failed_reboot_request_is_asked_again_after_a_doubling_wait_up_to_its_limit()
+-> anyhow::Result<()> {
+    let (env, node, _coordinator) = auto_reboot_scope("maint-retry").await?;
+    let args = reboot_required_agent(
+        &env,
+        &node,
+        "reboot: {requestRetries: 2, requestRetryAfter: 2s}\n",
+    )?;
+    let agent = Daemon::start(agent_binary(), &format!("{}-agent", env.id), &args)?;
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")?;
+    let boot: String = boot.chars().filter(char::is_ascii_alphanumeric).collect();
+    let names = [
+        format!("{node}-reboot-{}", &boot[..8]),
+        format!("{node}-reboot-{}r1", &boot[..6]),
+        format!("{node}-reboot-{}r2", &boot[..6]),
+    ];
+    let mut failed_at: Option<jiff::Timestamp> = None;
+    for (attempt, name) in names.iter().enumerate() {
+        let asked = wait::until(&maintenances, name, "the request", TIMEOUT, |m| m.is_some())
+            .await
+            .with_context(|| agent.output())?
+            .context("the request")?;
+        if let Some(failed) = failed_at {
+            // Created to the second: at least the wait (2 s, then 4 s) less that rounding.
+            let wait = jiff::SignedDuration::from_secs(2 << (attempt - 1));
+            let created = asked.metadata.creation_timestamp.context("created")?.0;
+            assert!(
+                created >= failed + wait - jiff::SignedDuration::from_secs(1),
+                "{name} created at {created}, {failed} + {wait} after the last failure"
+            );
+            let note = env.wait_event(&node, "", "RebootRequestedAgain").await?;
+            assert!(
+                note.note.unwrap_or_default().contains("retry"),
+                "an Event says so"
+            );
+        }
+        let now = jiff::Timestamp::now();
+        env.merge_maintenance_status(
+            name,
+            json!({"phase": "Failed", "finishedAt": now.to_string(), "message": "the health gate never passed"}),
+        )
+        .await?;
+        failed_at = Some(now);
+    }
+    // Two retries, both failed: the agent gives up and says so, and asked no more.
+    let exhausted = env
+        .wait_event(&node, "", "RebootRequestsExhausted")
+        .await
+        .with_context(|| agent.output())?;
+    assert!(
+        exhausted
+            .note
+            .unwrap_or_default()
+            .contains("its 3 requests in this boot failed"),
+        "the Event counts them"
+    );
+    let mine: Vec<String> = maintenances
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.spec.node_name == node)
+        .map(|m| m.name_any())
+        .collect();
+    assert_eq!(mine.len(), 3, "{mine:?}");
     drop(agent);
     env.cleanup().await
 }

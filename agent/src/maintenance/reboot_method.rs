@@ -31,6 +31,8 @@ pub fn flags() -> Vec<Flag> {
         "reboot-method" ("NODEWARD_REBOOT_METHOD") => "method": Text, "How a drained node reboots: logind, command or signal";
         "reboot-command" ("NODEWARD_REBOOT_COMMAND") => "command": Words, "The host command of --reboot-method command, words split on spaces";
         "reboot-signal" ("NODEWARD_REBOOT_SIGNAL") => "signal": Scalar, "The signal sent to the host's PID 1 by --reboot-method signal";
+        "reboot-request-retries" ("NODEWARD_REBOOT_REQUEST_RETRIES") => "requestRetries": Scalar, "How often a failed automatic reboot request is asked again in the same boot (0-9)";
+        "reboot-request-retry-after" ("NODEWARD_REBOOT_REQUEST_RETRY_AFTER") => "requestRetryAfter": Text, "How long after a failed automatic reboot request it is asked again (doubling), e.g. 1h";
     }
 }
 
@@ -46,6 +48,14 @@ pub struct RebootConfig {
     /// How long the command (or `kill`) may take before the reboot counts as failed.
     #[serde(deserialize_with = "crate::values::duration")]
     pub timeout: Duration,
+    /// How often a reboot the agent asked for on its own (auto-reboot) that ended Failed is
+    /// asked for again in the same boot, while the node still requires one (0-9; kured asks
+    /// every `--period`).
+    pub request_retries: u32,
+    /// How long after such a failure the agent asks again; doubled after each further
+    /// failure (with up to a tenth more as jitter).
+    #[serde(deserialize_with = "crate::values::duration")]
+    pub request_retry_after: Duration,
 }
 
 impl Default for RebootConfig {
@@ -55,9 +65,14 @@ impl Default for RebootConfig {
             command: vec!["/bin/systemctl".into(), "reboot".into()],
             signal: SYSTEMD_REBOOT_SIGNAL,
             timeout: Duration::from_secs(60),
+            request_retries: 3,
+            request_retry_after: Duration::from_secs(3600),
         }
     }
 }
+
+/// The most retries of a failed reboot request (a request's name has room for one digit).
+pub const REQUEST_RETRIES_LIMIT: u32 = 9;
 
 impl RebootConfig {
     pub fn validate(&self, place: &str) -> Result<(), String> {
@@ -82,6 +97,19 @@ impl RebootConfig {
         }
         if self.timeout.is_zero() {
             return Err(format!("{place}.timeout: must be more than 0s, e.g. 60s"));
+        }
+        if self.request_retries > REQUEST_RETRIES_LIMIT {
+            return Err(format!(
+                "{place}.requestRetries: {} is more than {REQUEST_RETRIES_LIMIT}, e.g. 3",
+                self.request_retries
+            ));
+        }
+        if self.request_retry_after < Duration::from_secs(1)
+            || self.request_retry_after > Duration::from_secs(7 * 24 * 3600)
+        {
+            return Err(format!(
+                "{place}.requestRetryAfter: must be from 1s to 7d, e.g. 1h"
+            ));
         }
         Ok(())
     }
@@ -181,6 +209,20 @@ mod tests {
                     ..Default::default()
                 },
                 "reboot.timeout",
+            ),
+            (
+                RebootConfig {
+                    request_retries: 10,
+                    ..Default::default()
+                },
+                "reboot.requestRetries: 10 is more than 9",
+            ),
+            (
+                RebootConfig {
+                    request_retry_after: Duration::from_millis(500),
+                    ..Default::default()
+                },
+                "reboot.requestRetryAfter: must be from 1s to 7d",
             ),
         ];
         for (config, says) in bad {
