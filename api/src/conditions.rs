@@ -158,6 +158,9 @@ pub mod policy {
     /// `True` once the canaries of `canary` succeeded and soaked (for a maintenance created
     /// now); `False` (reason `CanaryPending`) while the rest of the scope waits for them.
     pub const CANARY_PASSED: &str = "CanaryPassed";
+    /// `True` (reason `AllUpdated`) once every matched node is updated (`status.progress`);
+    /// `False` (reason `Updating`) with the counts while not.
+    pub const UPDATED: &str = "Updated";
 }
 
 /// Why the coordinator did not admit a NodeMaintenance (reason of `Admitted=False`).

@@ -11,41 +11,7 @@ use nodeward_decide::round::{self, Memory, Objects};
 pub fn render(objects: &Objects, now: Timestamp) -> String {
     let plan = round::plan(objects, &mut Memory::default(), now);
     let mut out = String::new();
-    let mut policies: Vec<_> = objects.policies.iter().collect();
-    policies.sort_by_key(|p| p.name_any());
-    let mut rows = vec![[
-        "POLICY".to_owned(),
-        "DISRUPTED/MAX".to_owned(),
-        "SLOTS".to_owned(),
-        "BY-OTHERS".to_owned(),
-        "MATCHED".to_owned(),
-        "READY".to_owned(),
-        "UNHEALTHY".to_owned(),
-        "PAUSED".to_owned(),
-    ]];
-    for p in policies {
-        let name = p.name_any();
-        let (used, max) = plan.budget_use.get(&name).copied().unwrap_or_default();
-        let status = plan
-            .policy_status
-            .get(&name)
-            .cloned()
-            .or_else(|| p.status.clone())
-            .unwrap_or_default();
-        let paused = paused_cell(p, &status);
-        rows.push([
-            name,
-            format!("{used}/{max}"),
-            status.slots.len().to_string(),
-            status.disrupted_by_others.to_string(),
-            status.matched.to_string(),
-            status.ready.to_string(),
-            status.unhealthy.to_string(),
-            paused,
-        ]);
-    }
-    table(&mut out, &rows);
-    out.push('\n');
+    policies_and_progress(objects, &plan, &mut out);
 
     let mut maintenances: Vec<_> = objects.maintenances.iter().collect();
     maintenances.sort_by_key(|m| (m.metadata.creation_timestamp.clone(), m.name_any()));
@@ -104,6 +70,79 @@ pub fn render(objects: &Objects, now: Timestamp) -> String {
     out
 }
 
+/// The policies' table, then their progress bars (if any policy has progress).
+fn policies_and_progress(objects: &Objects, plan: &round::Plan, out: &mut String) {
+    let mut policies: Vec<_> = objects.policies.iter().collect();
+    policies.sort_by_key(|p| p.name_any());
+    let mut progress = String::new();
+    let mut rows = vec![[
+        "POLICY".to_owned(),
+        "DISRUPTED/MAX".to_owned(),
+        "SLOTS".to_owned(),
+        "BY-OTHERS".to_owned(),
+        "MATCHED".to_owned(),
+        "READY".to_owned(),
+        "UNHEALTHY".to_owned(),
+        "PAUSED".to_owned(),
+    ]];
+    for p in policies {
+        let name = p.name_any();
+        let (used, max) = plan.budget_use.get(&name).copied().unwrap_or_default();
+        let status = plan
+            .policy_status
+            .get(&name)
+            .cloned()
+            .or_else(|| p.status.clone())
+            .unwrap_or_default();
+        let paused = paused_cell(p, &status);
+        if let Some(counts) = &status.progress {
+            let _ = writeln!(progress, "{name}  {}", progress_line(counts));
+        }
+        rows.push([
+            name,
+            format!("{used}/{max}"),
+            status.slots.len().to_string(),
+            status.disrupted_by_others.to_string(),
+            status.matched.to_string(),
+            status.ready.to_string(),
+            status.unhealthy.to_string(),
+            paused,
+        ]);
+    }
+    table(out, &rows);
+    out.push('\n');
+    if !progress.is_empty() {
+        out.push_str("PROGRESS (planned reboots: nodes updated of matched)\n");
+        out.push_str(&progress);
+        out.push('\n');
+    }
+}
+
+/// The width of a progress bar, in characters.
+const BAR: usize = 20;
+
+/// A policy's progress as a bar and its counts: `[#####...............]  1/4 updated, 1 in
+/// progress, 2 pending, 0 failed`, naming the failed nodes.
+fn progress_line(p: &nodeward_api::policy::Progress) -> String {
+    let total = (p.updated + p.in_progress + p.pending + p.failed).max(0);
+    let updated = usize::try_from(p.updated.max(0)).unwrap_or_default();
+    let total_nodes = usize::try_from(total).unwrap_or_default();
+    let filled = (updated * BAR).checked_div(total_nodes).unwrap_or(BAR);
+    let mut line = format!(
+        "[{}{}]  {}/{total} updated, {} in progress, {} pending, {} failed",
+        "#".repeat(filled),
+        ".".repeat(BAR - filled),
+        p.updated,
+        p.in_progress,
+        p.pending,
+        p.failed
+    );
+    if !p.failed_nodes.is_empty() {
+        let _ = write!(line, " ({})", p.failed_nodes.join(", "));
+    }
+    line
+}
+
 /// The PAUSED cell of a policy: `yes` once the pause took hold, `pausing` until then, `halted`
 /// while its failure budget is spent (which stops admission as a pause does, until `resume`),
 /// `no` otherwise.
@@ -158,6 +197,26 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn progress_is_a_bar_of_the_updated_share_with_the_counts() {
+        let p = nodeward_api::policy::Progress {
+            updated: 1,
+            in_progress: 1,
+            pending: 1,
+            failed: 1,
+            failed_nodes: vec!["w3".into()],
+        };
+        assert_eq!(
+            progress_line(&p),
+            "[#####...............]  1/4 updated, 1 in progress, 1 pending, 1 failed (w3)"
+        );
+        let none = nodeward_api::policy::Progress::default();
+        assert_eq!(
+            progress_line(&none),
+            "[####################]  0/0 updated, 0 in progress, 0 pending, 0 failed"
+        );
+    }
 
     #[test]
     fn unhealthy_nodes_are_a_table_when_there_are_some_and_one_line_when_none() {

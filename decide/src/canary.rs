@@ -270,15 +270,13 @@ fn named(nodes: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use nodeward_api::{
-        Duration,
-        maintenance::{AdmissionRecord, NodeMaintenanceStatus},
-    };
+    use nodeward_api::Duration;
 
     use super::*;
 
+    /// `minutes` after a fixed moment.
     fn at(minutes: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + minutes * 60).expect("in range")
+        crate::testing::at(minutes * 60)
     }
 
     /// A planned reboot of `node` in `phase`, admitted under `policies`, ended at `ended`
@@ -289,26 +287,13 @@ mod tests {
         policies: &[&str],
         ended: i64,
     ) -> NodeMaintenance {
-        let mut m = NodeMaintenance::request(
+        crate::testing::reboot(
             &format!("{node}-{ended}"),
             node,
-            MaintenanceReason::Manual,
-            MaintenanceAction::Reboot,
-            "test",
-            String::new(),
-        );
-        m.status = Some(NodeMaintenanceStatus {
+            policies,
             phase,
-            admission: (!policies.is_empty()).then(|| AdmissionRecord {
-                policies: policies.iter().map(|p| (*p).to_owned()).collect(),
-                admitted_at: Time(at(ended - 10)),
-                admitted_by: "coordinator-0".into(),
-                node_uid: None,
-            }),
-            finished_at: phase.is_finished().then(|| Time(at(ended))),
-            ..NodeMaintenanceStatus::default()
-        });
-        m
+            ended * 60,
+        )
     }
 
     fn spec(nodes: Option<u32>, soak: &str) -> Canary {

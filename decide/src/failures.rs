@@ -135,47 +135,10 @@ fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use nodeward_api::{
-        Duration, MaintenanceAction, MaintenanceReason,
-        maintenance::{AdmissionRecord, NodeMaintenanceStatus},
-    };
+    use nodeward_api::Duration;
 
     use super::*;
-
-    fn at(seconds: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + seconds).expect("in range")
-    }
-
-    /// Maintenance `name` of `node`, admitted under `policies`, ended in `phase` at `ended`.
-    fn ended(
-        name: &str,
-        node: &str,
-        policies: &[&str],
-        phase: MaintenancePhase,
-        ended: i64,
-    ) -> NodeMaintenance {
-        let mut m = NodeMaintenance::request(
-            name,
-            node,
-            MaintenanceReason::Reboot,
-            MaintenanceAction::Reboot,
-            "test",
-            String::new(),
-        );
-        m.status = Some(NodeMaintenanceStatus {
-            phase,
-            admission: (!policies.is_empty()).then(|| AdmissionRecord {
-                policies: policies.iter().map(|p| (*p).to_owned()).collect(),
-                admitted_at: Time(at(ended - 100)),
-                admitted_by: "coordinator-0".into(),
-                node_uid: None,
-            }),
-            finished_at: Some(Time(at(ended))),
-            message: Some(format!("{name} went wrong")),
-            ..NodeMaintenanceStatus::default()
-        });
-        m
-    }
+    use crate::testing::{at, reboot as ended};
 
     fn budget(max_failures: u32, window: Option<&str>, count_since: Option<i64>) -> FailureBudget {
         FailureBudget {

@@ -9,6 +9,7 @@
 //! - [`dead`], [`deadlines`], [`health`], [`pause`], [`failures`], [`canary`]: a dead node,
 //!   each phase's deadline, node health and the `maxUnhealthy` gate, when a pause has taken
 //!   hold, when a rollout has failed often enough to halt, when its canaries let the rest go;
+//! - [`progress`]: how far a policy's nodes are patched;
 //! - [`blockers`]: what to look up before a round and what its answers block.
 
 pub mod admission;
@@ -20,4 +21,7 @@ pub mod failures;
 pub mod gates;
 pub mod health;
 pub mod pause;
+pub mod progress;
 pub mod round;
+#[cfg(test)]
+mod testing;

@@ -344,6 +344,17 @@ async fn status_prints_budget_use_maintenances_and_unhealthy_nodes() -> anyhow::
         .context(text.clone())?;
     // The not-yet-Ready third node counts against the budget too: 2 of 1.
     assert!(policy_line.contains("2/1"), "{policy_line}");
+    // A drain is no patch: as far as patching goes, the three nodes are updated.
+    let progress_line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("PROGRESS"))
+        .find(|l| l.starts_with(&policy))
+        .context(text.clone())?;
+    assert!(
+        progress_line
+            .ends_with("[####################]  3/3 updated, 0 in progress, 0 pending, 0 failed"),
+        "{progress_line}"
+    );
     let m_line = text
         .lines()
         .find(|l| l.starts_with(&first))

@@ -9,12 +9,12 @@
 
 mod agents;
 mod budgets;
-mod canary;
 mod cleanup;
 mod gates;
 mod nodes;
 mod pause_and_blockers;
 mod remediation;
+mod rollout;
 mod windows;
 mod workload_gate;
 
@@ -141,15 +141,28 @@ async fn admitted_then_clean_up(
 }
 
 async fn wait_denied(env: &TestEnv, name: &str, reason: &str) -> anyhow::Result<String> {
+    wait_denied_saying(env, name, reason, "").await
+}
+
+/// Waits until `name` is denied for `reason` with a message containing `saying`; returns the
+/// message.
+async fn wait_denied_saying(
+    env: &TestEnv,
+    name: &str,
+    reason: &str,
+    saying: &str,
+) -> anyhow::Result<String> {
     let api: Api<NodeMaintenance> = Api::all(env.client.clone());
     let m = wait::until(
         &api,
         name,
-        &format!("Admitted=False {reason}"),
+        &format!("Admitted=False {reason} saying {saying:?}"),
         TIMEOUT,
         |m| {
             m.and_then(admitted_condition)
-                .is_some_and(|(status, r, _)| status == "False" && r == reason)
+                .is_some_and(|(status, r, message)| {
+                    status == "False" && r == reason && message.contains(saying)
+                })
         },
     )
     .await?

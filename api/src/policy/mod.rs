@@ -45,6 +45,11 @@ const COUNT_OR_PERCENT_RULE: &str =
         json_path = ".status.inMaintenance"
     ),
     printcolumn(name = "Unhealthy", type_ = "integer", json_path = ".status.unhealthy"),
+    printcolumn(
+        name = "Updated",
+        type_ = "integer",
+        json_path = ".status.progress.updated"
+    ),
     printcolumn(name = "Paused", type_ = "boolean", json_path = ".spec.paused"),
     printcolumn(
         name = "Age",

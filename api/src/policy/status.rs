@@ -35,6 +35,9 @@ pub struct DisruptionPolicyStatus {
     #[schemars(length(max = OTHER_DISRUPTIONS_LIMIT))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["nodeName"]))]
     pub other_disruptions: Vec<OtherDisruption>,
+    /// Where the matched nodes stand in patching, each counted once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
     /// Single-replica Deployments that the drains of this policy's pending maintenances
     /// would take out of service (no surge asked for), the first [`ROLLOUT_RISKS_LIMIT`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -59,6 +62,36 @@ pub struct OtherDisruption {
     /// Who, and what on the Node tells it (e.g. `karpenter (taint karpenter.sh/disrupted)`).
     #[schemars(length(max = 256))]
     pub by: String,
+}
+
+/// The most failed nodes a policy's progress names.
+pub const FAILED_NODES_LIMIT: usize = 32;
+
+/// The matched nodes by where they stand in patching (planned reboots: reason Reboot or
+/// Manual, action Reboot). Each node is counted once, in the first that applies: in progress,
+/// pending, failed, updated.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    /// Nothing left that nodeward knows of: no planned reboot waiting or under way, the last
+    /// one this policy admitted did not fail, no `RebootRequired`, no updates pending in its
+    /// NodeReport's inventory.
+    #[serde(default)]
+    pub updated: i32,
+    /// A planned reboot admitted and not finished.
+    #[serde(default)]
+    pub in_progress: i32,
+    /// A planned reboot waiting for admission, or the node reports `RebootRequired` or
+    /// updates pending.
+    #[serde(default)]
+    pub pending: i32,
+    /// The last planned reboot this policy admitted failed, and none waits.
+    #[serde(default)]
+    pub failed: i32,
+    /// The first [`FAILED_NODES_LIMIT`] failed nodes, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = FAILED_NODES_LIMIT), inner(length(max = 253)))]
+    pub failed_nodes: Vec<String>,
 }
 
 /// The most rollout risks a policy status lists.

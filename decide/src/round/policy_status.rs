@@ -17,7 +17,7 @@ use super::{
     surge,
     view::{Index, PolicyView},
 };
-use crate::{admission::decide::Cluster, pause};
+use crate::{admission::decide::Cluster, pause, progress};
 
 /// Sets `type_` in `conditions`, keeping its transition time when the status is unchanged.
 pub fn set_condition(
@@ -111,6 +111,12 @@ pub(super) fn write(
                 })
                 .collect(),
             conditions: old.conditions.clone(),
+            progress: Some(progress::progress(
+                &p.name,
+                &p.matched,
+                index.maintenances.values().copied(),
+                |node| needs_more(index, node),
+            )),
             rollout_risks: surge::risks(
                 pending.iter().copied().filter(|n| p.matched.contains(*n)),
                 scans,
@@ -124,12 +130,8 @@ pub(super) fn write(
             .map_or(0, |s| cluster.in_use(s, not_ready, None).len());
         plan.budget_use
             .insert(p.name.clone(), (in_use, p.max_concurrent));
-        set_paused(&mut status.conditions, index, p, now);
         let gate = gates.get(position).cloned().flatten();
-        set_remediation_allowed(&mut status.conditions, p, unhealthy, gate, now);
-        set_valid(&mut status.conditions, p, now);
-        set_halted(&mut status.conditions, p, now);
-        set_canary_passed(&mut status.conditions, p, now);
+        set_conditions(&mut status, index, p, (unhealthy, gate), now);
         plan.standing.policies.insert(
             p.name.clone(),
             PolicyMark {
@@ -141,6 +143,56 @@ pub(super) fn write(
             plan.policy_status.insert(p.name.clone(), status);
         }
     }
+}
+
+/// Every condition of `p`'s new `status`: `unhealthy` and `gate` are its remediation gate's.
+fn set_conditions(
+    status: &mut DisruptionPolicyStatus,
+    index: &Index,
+    p: &PolicyView,
+    (unhealthy, gate): (usize, Gate),
+    now: Timestamp,
+) {
+    let conditions = &mut status.conditions;
+    set_paused(conditions, index, p, now);
+    set_remediation_allowed(conditions, p, unhealthy, gate, now);
+    set_valid(conditions, p, now);
+    set_halted(conditions, p, now);
+    set_canary_passed(conditions, p, now);
+    if let Some(progress) = &status.progress {
+        let (all, message) = progress::summary(progress);
+        let (state, reason) = if all {
+            ("True", "AllUpdated")
+        } else {
+            ("False", "Updating")
+        };
+        set_condition(
+            conditions,
+            policy_conditions::UPDATED,
+            state,
+            reason,
+            message,
+            p.policy.metadata.generation,
+            now,
+        );
+    }
+}
+
+/// Whether `node` says it needs more than it has: a reboot (`RebootRequired`), or updates its
+/// inventory counts as pending.
+fn needs_more(index: &Index, node: &str) -> bool {
+    let reboot = index.nodes.get(node).is_some_and(|n| {
+        nodeward_api::node::condition(n, nodeward_api::conditions::node::REBOOT_REQUIRED)
+            .is_some_and(|c| c.status == "True")
+    });
+    let updates = index.reports.get(node).is_some_and(|r| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.inventory.as_ref())
+            .and_then(|i| i.updates_pending)
+            .is_some_and(|n| n > 0)
+    });
+    reboot || updates
 }
 
 /// `Paused`: true only once every agent in scope acknowledged the pause and nothing is

@@ -492,15 +492,11 @@ async fn an_agent_asks_only_for_a_plain_reboot_under_its_pinned_name() -> anyhow
         .await
         .context("the pinned name")?;
     // A retry after a failed request, named as the agent names it, fits the pin too.
-    let retry = nodeward_agent::maintenance::reboot_request::retry_name(
-        &node,
-        "0a1b2c3d-77aa-4c0b-9f1e-5e0a8d2c4b6a",
-        9,
-    );
-    maintenances
+    let retry = nodeward_agent::maintenance::reboot_request::retry_name(&node, "0a1b2c3d", 9);
+    let created = maintenances
         .create(&PostParams::default(), &maintenance(&retry, json!({}))?)
-        .await
-        .with_context(|| format!("the retry's name {retry}"))?;
+        .await;
+    created.with_context(|| format!("the retry's name {retry}"))?;
     let ahead = json!({"action": "DrainOnly", "reason": "Shutdown", "disruptionDeadline": "2026-11-29T08:22:00Z"});
     let ahead = maintenance(&format!("{node}-cloud-8b749b32"), ahead)?;
     let created = maintenances.create(&PostParams::default(), &ahead).await;

@@ -1,6 +1,6 @@
-//! The canary stage: a patch rollout's first nodes go alone, the rest wait for their success
-//! and the soak; a failed canary halts the rollout, and after the resume a new canary goes
-//! first again.
+//! A patch rollout: the canary stage (the first nodes go alone, the rest wait for their
+//! success and the soak; a failed canary halts the rollout, and after the resume a new canary
+//! goes first again), and the policy's progress counts.
 
 use super::*;
 
@@ -75,9 +75,14 @@ async fn the_first_node_goes_alone_and_the_rest_wait_for_its_success_and_the_soa
     // The canary succeeds: the rest wait out the soak, and are told until when.
     finish(&env, &reboots[0]).await?;
     let succeeded = jiff::Timestamp::now();
-    let soaking = wait_denied_saying(&env, &reboots[1], "the rest wait for canary.soak 8s until")
-        .await
-        .with_context(|| coordinator.output())?;
+    let soaking = wait_denied_saying(
+        &env,
+        &reboots[1],
+        "CanaryPending",
+        "the rest wait for canary.soak 8s until",
+    )
+    .await
+    .with_context(|| coordinator.output())?;
     assert!(soaking.contains("1 succeeded"), "{soaking}");
 
     // After the soak, the rest go under the budget: two at a time.
@@ -135,7 +140,13 @@ async fn a_failed_canary_halts_the_rollout_and_after_the_resume_a_new_canary_goe
     // The canary's request goes first, and the rest wait for it by name.
     let bad = planned_reboot(&env, &canary, "v3").await?;
     wait_admitted(&env, &bad, TIMEOUT).await?;
-    let why = wait_denied_saying(&env, &first, &format!("waiting for {canary}")).await?;
+    let why = wait_denied_saying(
+        &env,
+        &first,
+        "CanaryPending",
+        &format!("waiting for {canary}"),
+    )
+    .await?;
     assert!(
         why.starts_with(&format!("policy {policy}: canaries go first")),
         "{why}"
@@ -171,23 +182,99 @@ async fn a_failed_canary_halts_the_rollout_and_after_the_resume_a_new_canary_goe
     env.cleanup_after(coordinator).await
 }
 
-/// Waits until `name` is denied `CanaryPending` with a message containing `saying`; returns
-/// the message.
-async fn wait_denied_saying(env: &TestEnv, name: &str, saying: &str) -> anyhow::Result<String> {
-    let api: Api<NodeMaintenance> = Api::all(env.client.clone());
-    let m = wait::until(
-        &api,
-        name,
-        &format!("Admitted=False CanaryPending saying {saying:?}"),
+/// Waits until `policy`'s progress is `(updated, in progress, pending, failed)`; returns its
+/// `Updated` condition's status and message.
+async fn progress_is(
+    env: &TestEnv,
+    policy: &str,
+    counts: (i32, i32, i32, i32),
+) -> anyhow::Result<(String, String)> {
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let found = wait::until(
+        &policies,
+        policy,
+        &format!("progress {counts:?}"),
         TIMEOUT,
-        |m| {
-            m.and_then(admitted_condition)
-                .is_some_and(|(status, r, message)| {
-                    status == "False" && r == "CanaryPending" && message.contains(saying)
-                })
+        |p| {
+            p.and_then(|p| p.status.as_ref()?.progress.as_ref())
+                .is_some_and(|g| (g.updated, g.in_progress, g.pending, g.failed) == counts)
         },
     )
     .await?
-    .context("the maintenance disappeared")?;
-    Ok(admitted_condition(&m).map(|c| c.2).unwrap_or_default())
+    .context("the policy")?;
+    let (status, _, message) = policy_condition(&found, "Updated").context("Updated")?;
+    Ok((status, message))
+}
+
+#[tokio::test]
+async fn the_progress_counts_each_node_once_and_says_when_all_are_updated() -> anyhow::Result<()> {
+    let env = scenario("progress", &vec![NodeSpec::worker("a"); 4]).await?;
+    let nodes: Vec<String> = (0..4).map(|i| env.node_name(i)).collect();
+    let policy = env
+        .create_policy(
+            "pool",
+            json!({"maxConcurrent": 1, "failureBudget": {"maxFailures": 3}}),
+        )
+        .await?;
+    // n0 and n1 get planned reboots (n0 first, admitted; n1 waits); n2 requires a reboot;
+    // n3 has nothing to do.
+    let first = planned_reboot(&env, &nodes[0], "patch").await?;
+    let second = planned_reboot(&env, &nodes[1], "patch").await?;
+    set_condition(
+        &env,
+        &nodes[2],
+        "RebootRequired",
+        "True",
+        jiff::Timestamp::now(),
+    )
+    .await?;
+    let coordinator = start(&env, "c1", &[]).await?;
+    coordinator.wait_ready(TIMEOUT).await?;
+    wait_admitted(&env, &first, TIMEOUT).await?;
+    let (status, message) = progress_is(&env, &policy, (1, 1, 2, 0))
+        .await
+        .with_context(|| coordinator.output())?;
+    assert_eq!(status, "False");
+    assert_eq!(
+        message,
+        "1 of 4 matched nodes updated; 1 in progress, 2 pending, 0 failed"
+    );
+
+    // n0 fails: it is named; n1 goes.
+    env.merge_maintenance_status(
+        &first,
+        json!({"phase": "Failed", "finishedAt": jiff::Timestamp::now().to_string(), "message": "the health gate never passed"}),
+    )
+    .await?;
+    wait_admitted(&env, &second, TIMEOUT).await?;
+    let (_, message) = progress_is(&env, &policy, (1, 1, 1, 1)).await?;
+    assert!(
+        message.ends_with(&format!("1 failed ({})", nodes[0])),
+        "{message}"
+    );
+    let policies: Api<DisruptionPolicy> = Api::all(env.client.clone());
+    let listed = policies.get(&policy).await?;
+    let progress = listed.status.and_then(|s| s.progress).context("progress")?;
+    assert_eq!(progress.failed_nodes, vec![nodes[0].clone()]);
+
+    // n1 succeeds, n0 is patched again and succeeds, n2 no longer requires a reboot: all
+    // updated.
+    finish(&env, &second).await?;
+    let again = planned_reboot(&env, &nodes[0], "again").await?;
+    wait_admitted(&env, &again, TIMEOUT).await?;
+    finish(&env, &again).await?;
+    set_condition(
+        &env,
+        &nodes[2],
+        "RebootRequired",
+        "False",
+        jiff::Timestamp::now(),
+    )
+    .await?;
+    let (status, message) = progress_is(&env, &policy, (4, 0, 0, 0)).await?;
+    assert_eq!(
+        (status.as_str(), message.as_str()),
+        ("True", "all 4 matched nodes are updated")
+    );
+    env.cleanup_after(coordinator).await
 }
