@@ -480,7 +480,10 @@ detectors:
             .try_get_matches_from(std::iter::once("nodeward-agent").chain(args.iter().copied()))
             .map_err(|e| e.to_string())?;
         let given = flags::given(&matches, &flags)?;
-        let dir = std::env::temp_dir().join(format!("nodeward-flags-{}", std::process::id()));
+        // Under the run's scratch directory when `tests/run` gives one (it removes it).
+        let root = std::env::var_os("NODEWARD_TEST_SCRATCH")
+            .map_or_else(std::env::temp_dir, std::path::PathBuf::from);
+        let dir = root.join(format!("nodeward-flags-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
         let path = dir.join(format!("{}.yaml", file.len()));
         std::fs::write(&path, file).map_err(|e| e.to_string())?;

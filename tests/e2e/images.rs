@@ -286,8 +286,7 @@ fn unpack_binary(component: &str, arch: &str) -> anyhow::Result<PathBuf> {
         .remove(&binary)
         .flatten()
         .with_context(|| format!("the {arch} image has no {binary}"))?;
-    let dir = std::env::temp_dir().join(format!("nodeward-images-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-images-{}", std::process::id()))?;
     let path = dir.join(format!("{binary}-{arch}"));
     std::fs::write(&path, bytes)?;
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;

@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-/// `$TMPDIR/<name>`, created if it is not there yet.
+/// `<root>/<name>`, created if it is not there yet: the root is `$NODEWARD_TEST_SCRATCH`
+/// (`tests/run` makes one per run and removes it when the run passes), else `$TMPDIR`.
 pub fn dir(name: &str) -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(name);
+    let root =
+        std::env::var_os("NODEWARD_TEST_SCRATCH").map_or_else(std::env::temp_dir, PathBuf::from);
+    let dir = root.join(name);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }

@@ -113,12 +113,7 @@ pub fn next(asked: Option<u32>, seen: &BTreeMap<u32, Seen>, retry: Retry) -> Nex
                 at,
             }
         }
-        // Not in the watch yet (just asked; or the agent restarted before the watch listed)
-        // or deleted; or waiting, under way, succeeded.
-        _ if asked.is_none() && seen.is_empty() => Next::Ask {
-            attempt: 0,
-            at: None,
-        },
+        // Not in the watch yet (just asked) or deleted; or waiting, under way, succeeded.
         _ => Next::Wait,
     }
 }

@@ -118,8 +118,7 @@ async fn the_chart_lints_and_renders_with_default_and_all_on_values() -> anyhow:
     };
     assert_eq!(logind_conf_read_only(pod), Some(false));
     assert!(pod["containers"][0]["resources"]["limits"]["memory"].is_string());
-    let dir = std::env::temp_dir().join(format!("nodeward-chart-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-chart-{}", std::process::id()))?;
     let no_drop_in = dir.join("no-drop-in.yaml");
     std::fs::write(
         &no_drop_in,
@@ -161,8 +160,7 @@ fn the_systemd_unit_verifies() -> anyhow::Result<()> {
     // systemd-analyze checks that ExecStart's program exists: point it at the built agent.
     let agent = sibling_binary("nodeward-agent")?;
     assert!(unit.contains("/usr/local/bin/nodeward-agent"));
-    let dir = std::env::temp_dir().join(format!("nodeward-unit-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-unit-{}", std::process::id()))?;
     let file = dir.join("nodeward-agent.service");
     std::fs::write(&file, unit.replace("/usr/local/bin/nodeward-agent", &agent))?;
     let output = Command::new("systemd-analyze")
