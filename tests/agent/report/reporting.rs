@@ -572,8 +572,7 @@ async fn an_api_outage_never_stops_detection_and_writes_resume_after_it() -> any
     use nodeward_e2e::proxy::{self, Proxy};
     let (env, node) = TestEnv::with_worker("agent-outage", "zone-f").await?;
     let proxy = Proxy::start("127.0.0.1:0".parse()?, proxy::api_server_address()?).await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-outage-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-outage-{}", env.id))?;
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, proxy::admin_kubeconfig_via(proxy.address))?;
     let agent = Agent::start_with(

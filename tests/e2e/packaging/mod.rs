@@ -526,15 +526,14 @@ async fn own_chart_in(
     test: &str,
     overrides: &Value,
 ) -> anyhow::Result<(TestEnv, std::path::PathBuf, Vec<Value>)> {
-    let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", env.id));
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-{test}-{}", env.id))?;
     let documents = apply_chart_on_own_nodes_with(&env, &dir, overrides).await?;
     Ok((env, dir, documents))
 }
 
 /// The chart rendered (release nodeward, namespace nodeward-system) with these values.
 fn render_values(test: &str, values: &str) -> anyhow::Result<Vec<Value>> {
-    let dir = std::env::temp_dir().join(format!("nodeward-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-{test}-{}", std::process::id()))?;
     let file = dir.join("values.yaml");
     std::fs::write(&file, values)?;
     let rendered = render("nodeward", "nodeward-system", &[&file]);

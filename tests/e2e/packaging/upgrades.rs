@@ -12,8 +12,7 @@ async fn helm_upgrades_the_crds_with_the_release_their_objects_survive_and_remov
 -> anyhow::Result<()> {
     // It changes the CRDs, so it runs while no other test does.
     let env = TestEnv::alone("helm-upgrade").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-upgrade-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-upgrade-{}", env.id))?;
     let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();
     let helm_in = |args: &[&str], chart_dir: Option<&Path>| -> anyhow::Result<String> {
         let mut command = Command::new(helm()?);
@@ -161,8 +160,7 @@ async fn helm_upgrades_the_crds_with_the_release_their_objects_survive_and_remov
 async fn a_first_install_puts_the_agents_admission_policy_in_force_before_the_daemonset()
 -> anyhow::Result<()> {
     let (env, node) = TestEnv::with_worker("firstinstall", "a").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-firstinstall-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-firstinstall-{}", env.id))?;
     let kubeconfig = nodeward_e2e::controlplane::shared().kubeconfig.clone();
     let values = dir.join("values.yaml");
     std::fs::write(

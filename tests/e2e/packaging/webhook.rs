@@ -9,8 +9,7 @@ use super::*;
 async fn the_webhook_certificate_is_no_part_of_a_render_and_rotates_without_a_restart()
 -> anyhow::Result<()> {
     let env = TestEnv::new("webhook-cert").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-webhook-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-webhook-{}", env.id))?;
     // Two renders in a row are the same text, and neither holds certificate material: a
     // GitOps tool re-rendering the chart changes nothing of the webhook's trust.
     let values = dir.join("values.yaml");
@@ -143,7 +142,7 @@ async fn two_replicas_starting_together_settle_on_one_certificate_without_a_warn
 -> anyhow::Result<()> {
     const TRIES: usize = 6;
     let env = TestEnv::new("webhook-race").await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-webhook-{}", env.id));
+    let dir = nodeward_e2e::scratch::dir(&format!("nodeward-webhook-{}", env.id))?;
     let documents = apply_chart_on_own_nodes(&env, &dir).await?;
     let secrets: Api<Secret> = Api::namespaced(env.client.clone(), &env.namespace);
     let mut raced_in = None;

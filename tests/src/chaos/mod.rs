@@ -196,8 +196,7 @@ pub async fn run(env: &TestEnv, settings: &Settings) -> anyhow::Result<Report> {
         }),
     )
     .await?;
-    let dir = std::env::temp_dir().join(format!("nodeward-soak-{}", env.id));
-    std::fs::create_dir_all(&dir)?;
+    let dir = crate::scratch::dir(&format!("nodeward-soak-{}", env.id))?;
     let mut replicas = Vec::new();
     for identity in ["replica-a", "replica-b"] {
         let mut replica = Replica::new(&dir, identity).await?;
