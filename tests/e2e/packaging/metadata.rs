@@ -421,7 +421,71 @@ async fn everything_an_agent_writes_is_bounded_in_count_and_size() -> anyhow::Re
         )
         .await
         .with_context(|| format!("{how}: its reboot request"))?;
+    inventory_bounded(agent, &node).await?;
     remove_chart(env, &documents).await
+}
+
+/// The inventory an agent writes into its NodeReport is bounded by the CRD: 33 packages, a
+/// kernel of 129 characters or an error of 1,025 are refused, naming the field; the largest
+/// the bounds allow is written.
+async fn inventory_bounded(agent: &Client, node: &str) -> anyhow::Result<()> {
+    let reports: Api<NodeReport> = Api::all(agent.clone());
+    if reports.get_opt(node).await?.is_none() {
+        reports
+            .create(
+                &PostParams::default(),
+                &report(node, json!({"labels": {"nodeward.io/node": node}}))?,
+            )
+            .await
+            .context("its NodeReport")?;
+    }
+    let packages = |n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| json!({"name": format!("p{i}"), "version": "1"}))
+            .collect()
+    };
+    let write = |inventory: Value| {
+        let reports = reports.clone();
+        async move {
+            reports
+                .patch_status(
+                    node,
+                    &PatchParams::apply("nodeward-agent/inventory").force(),
+                    &Patch::Apply(
+                        json!({"apiVersion": "nodeward.io/v1alpha1", "kind": "NodeReport",
+                        "status": {"inventory": inventory}}),
+                    ),
+                )
+                .await
+        }
+    };
+    for (attack, inventory, field) in [
+        (
+            "33 packages",
+            json!({"packages": packages(33)}),
+            "status.inventory.packages",
+        ),
+        (
+            "a kernel of 129 characters",
+            json!({"kernel": "k".repeat(129)}),
+            "status.inventory.kernel",
+        ),
+        (
+            "an error of 1,025 characters",
+            json!({"error": "e".repeat(1025)}),
+            "status.inventory.error",
+        ),
+    ] {
+        let said = refusal(write(inventory).await);
+        assert!(
+            said.starts_with("422") && said.contains(field),
+            "{attack}: {said}"
+        );
+    }
+    write(json!({"packages": packages(32), "kernel": "k".repeat(128), "error": "e".repeat(1024)}))
+        .await
+        .context("the largest inventory the bounds allow")?;
+    Ok(())
 }
 
 #[tokio::test]
