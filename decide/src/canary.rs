@@ -205,7 +205,7 @@ impl Stage {
                 humanize(self.soak)
             )),
             None => message.push_str(&format!(
-                ": {} of {needed} succeeded within canary.validFor {} of this maintenance",
+                ": {} of {needed} succeeded since canary.validFor {} before it was asked for",
                 soaked_at.len(),
                 humanize(self.valid_for)
             )),
@@ -316,7 +316,7 @@ mod tests {
         let held = stage.judge("c", created, false, at(1)).expect_err("held");
         assert_eq!(
             held,
-            "the first 2 planned reboots are canaries: 0 of 2 succeeded within canary.validFor 24h of this maintenance; under way: a, b"
+            "the first 2 planned reboots are canaries: 0 of 2 succeeded since canary.validFor 24h before it was asked for; under way: a, b"
         );
         // Both succeed at minutes 20 and 25: the rest wait 30m from the later.
         let maintenances = [
