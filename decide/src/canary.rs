@@ -30,6 +30,8 @@ pub struct Stage {
     pub canaries: Canaries,
     pub soak: SignedDuration,
     pub valid_for: SignedDuration,
+    /// `soak` and `validFor` as written (their defaults when absent), for the messages.
+    pub written: (String, String),
     /// Each node's latest successful planned reboot admitted under the policy: when it ended.
     pub succeeded: BTreeMap<String, Timestamp>,
     /// Nodes with a planned reboot admitted under the policy and not finished.
@@ -57,11 +59,9 @@ pub fn stage<'a>(
     selected: Option<BTreeSet<String>>,
     maintenances: impl IntoIterator<Item = &'a NodeMaintenance>,
 ) -> Stage {
-    let duration = |d: Option<&nodeward_api::Duration>, default| {
-        d.and_then(|d| d.to_std().ok())
-            .and_then(|d| SignedDuration::try_from(d).ok())
-            .unwrap_or(default)
-    };
+    let (soak, soak_text) = written(canary.soak.as_ref(), std::time::Duration::ZERO, "0s");
+    let (valid_for, valid_for_text) =
+        written(canary.valid_for.as_ref(), Canary::DEFAULT_VALID_FOR, "24h");
     let canaries = match selected {
         Some(nodes) => Canaries::Selected(nodes),
         None => Canaries::First(
@@ -69,11 +69,9 @@ pub fn stage<'a>(
         ),
     };
     let mut stage = Stage {
-        soak: duration(canary.soak.as_ref(), SignedDuration::ZERO),
-        valid_for: duration(
-            canary.valid_for.as_ref(),
-            SignedDuration::from_secs(24 * 3600),
-        ),
+        soak,
+        valid_for,
+        written: (soak_text, valid_for_text),
         succeeded: BTreeMap::new(),
         under_way: BTreeSet::new(),
         waiting: BTreeSet::new(),
@@ -105,6 +103,23 @@ pub fn stage<'a>(
         }
     }
     stage
+}
+
+/// A duration of the spec, and its text for the messages: `default` and `text` when absent or
+/// unreadable.
+fn written(
+    d: Option<&nodeward_api::Duration>,
+    default: std::time::Duration,
+    text: &str,
+) -> (SignedDuration, String) {
+    let value = |d: std::time::Duration| SignedDuration::try_from(d).ok();
+    match d.and_then(|d| Some((value(d.to_std().ok()?)?, d.to_string()))) {
+        Some(read) => read,
+        None => (
+            value(default).unwrap_or(SignedDuration::ZERO),
+            text.to_owned(),
+        ),
+    }
 }
 
 impl Stage {
@@ -202,12 +217,12 @@ impl Stage {
             Some(at) => message.push_str(&format!(
                 ": {} succeeded; the rest wait for canary.soak {} until {at}",
                 soaked_at.len(),
-                humanize(self.soak)
+                self.written.0
             )),
             None => message.push_str(&format!(
                 ": {} of {needed} succeeded since canary.validFor {} before it was asked for",
                 soaked_at.len(),
-                humanize(self.valid_for)
+                self.written.1
             )),
         }
         let under_way: Vec<&str> = self.under_way.iter().map(String::as_str).collect();
@@ -234,23 +249,6 @@ impl Stage {
         all.sort_by_key(|(n, at)| (*at, *n));
         all
     }
-}
-
-/// `d` as a duration is written in the API (`1h30m`, `45s`, `0s`).
-fn humanize(d: SignedDuration) -> String {
-    let total = d.as_secs().max(0);
-    let (h, m, s) = (total / 3600, total / 60 % 60, total % 60);
-    let mut text = String::new();
-    if h > 0 {
-        text.push_str(&format!("{h}h"));
-    }
-    if m > 0 {
-        text.push_str(&format!("{m}m"));
-    }
-    if s > 0 || text.is_empty() {
-        text.push_str(&format!("{s}s"));
-    }
-    text
 }
 
 /// The first [`NAMED`] of `nodes`, and how many more.
@@ -446,12 +444,5 @@ mod tests {
                 .expect_err("held")
                 .starts_with("canary.nodeSelector selects none")
         );
-    }
-
-    #[test]
-    fn durations_read_as_the_api_writes_them() {
-        assert_eq!(humanize(SignedDuration::from_secs(5400)), "1h30m");
-        assert_eq!(humanize(SignedDuration::ZERO), "0s");
-        assert_eq!(humanize(SignedDuration::from_secs(86_400)), "24h");
     }
 }

@@ -264,7 +264,7 @@ impl Controller {
             let Some(policy) = objects.policies.iter().find(|p| p.name_any() == *name) else {
                 continue;
             };
-            self.report_halt(policy, status);
+            self.report_rollout_turns(policy, status);
             let before = policy
                 .status
                 .as_ref()
@@ -295,7 +295,7 @@ impl Controller {
     /// Events for the rollout's turns: a Warning when `policy`'s `Halted` turns True in
     /// `status`, a Normal one when it turns False again, and a Normal one when `CanaryPassed`
     /// turns True (the rest of the scope may go).
-    fn report_halt(
+    fn report_rollout_turns(
         &self,
         policy: &DisruptionPolicy,
         status: &nodeward_api::DisruptionPolicyStatus,
