@@ -302,6 +302,8 @@ pub struct StatusPatch {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub versions_before: Option<crate::inventory::Inventory>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub versions_after: Option<crate::inventory::Inventory>,
@@ -444,6 +446,12 @@ pub struct NodeMaintenanceStatus {
     pub versions_after: Option<crate::inventory::Inventory>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<Time>,
+    /// Why it ended, in one word (the reason of its last Event): `Succeeded`, `Cancelled`,
+    /// or what failed, e.g. `DrainFailed`, `UpdateFailed`, `HealthGateFailed`, `RolledBack`,
+    /// `RollbackFailed`, `NodeDidNotReturn`, `AgentLost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub reason: Option<String>,
     /// Human summary of the last thing that happened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]

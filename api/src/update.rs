@@ -22,6 +22,8 @@ pub const COMMAND_WORD_LIMIT: usize = 4096;
 pub const OUTPUT_LIMIT: usize = 2048;
 /// How long an update may run when its `timeout` is not given.
 pub const DEFAULT_UPDATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+/// How long a rollback may run when its `timeout` is not given.
+pub const DEFAULT_ROLLBACK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 /// How long a hook may run when its `timeout` is not given.
 pub const DEFAULT_HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 
@@ -55,6 +57,40 @@ pub struct Update {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 2, max = 4096), regex(pattern = r"^/"))]
     pub reboot_sentinel: Option<String>,
+    /// What undoes the update when the node fails its health gate (or its `afterBoot` hook)
+    /// after it: run on the host, then the node reboots into what it ran before and is judged
+    /// by the gate again. The maintenance ends Failed either way: `RolledBack` when the node
+    /// passes on the old version, `RollbackFailed` when not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<Rollback>,
+}
+
+/// How an update is undone.
+#[derive(Serialize, Deserialize, KubeSchema, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.preset) != (has(self.command) && size(self.command) > 0)").message("give either preset (Apt, Bootc, RpmOstree) or command, not both"))]
+pub struct Rollback {
+    /// `Bootc` (`bootc rollback`: the previous deployment boots next), `RpmOstree`
+    /// (`rpm-ostree rollback`), `Apt` (the packages the agent's `inventory.packages` names that
+    /// the update changed are installed again at the versions recorded before it, in
+    /// `status.versionsBefore`; a package only the update installed stays).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<RollbackPreset>,
+    /// The program (an absolute path on the host) and its arguments, instead of a preset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "crate::update::host_command")]
+    pub command: Vec<String>,
+    /// How long it may run before systemd stops it (default 15m); the maintenance then ends
+    /// `RollbackFailed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RollbackPreset {
+    Apt,
+    Bootc,
+    RpmOstree,
 }
 
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -98,7 +134,7 @@ impl Hooks {
             HostStep::BeforeDrain => self.before_drain.as_ref(),
             HostStep::AfterDrain => self.after_drain.as_ref(),
             HostStep::AfterBoot => self.after_boot.as_ref(),
-            HostStep::Update => None,
+            HostStep::Update | HostStep::Rollback => None,
         }
     }
 }
@@ -124,15 +160,18 @@ pub enum HostStep {
     AfterDrain,
     Update,
     AfterBoot,
+    /// The update's rollback, after the node failed its health gate (or `afterBoot` hook).
+    Rollback,
 }
 
 impl HostStep {
     /// In the order they run.
-    pub const ALL: [HostStep; 4] = [
+    pub const ALL: [HostStep; 5] = [
         HostStep::BeforeDrain,
         HostStep::AfterDrain,
         HostStep::Update,
         HostStep::AfterBoot,
+        HostStep::Rollback,
     ];
 }
 
@@ -161,6 +200,11 @@ pub struct HostRun {
     /// For the update: whether the node reboots after it, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot: Option<bool>,
+    /// The boot it ran in (the rollback's: a different one after means the node rebooted
+    /// into the old version).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub boot_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = crate::bounds::MESSAGE_LIMIT))]
     pub message: Option<String>,
@@ -195,6 +239,9 @@ pub struct HostTime {
     pub draining: std::time::Duration,
     pub acting: std::time::Duration,
     pub verifying: std::time::Duration,
+    /// The rollback's timeout, when the update has one: Verifying then holds a rollback, a
+    /// reboot and a second health gate.
+    pub rollback: std::time::Duration,
 }
 
 /// What the agent allows for asking whether an update needs a reboot, with margin.
@@ -209,6 +256,11 @@ impl HostTime {
                 given(h.timeout.as_ref(), DEFAULT_HOOK_TIMEOUT)
             })
         };
+        let rollback = update
+            .and_then(|u| u.rollback.as_ref())
+            .map_or(std::time::Duration::ZERO, |r| {
+                given(r.timeout.as_ref(), DEFAULT_ROLLBACK_TIMEOUT)
+            });
         let update = update.map_or(std::time::Duration::ZERO, |u| {
             given(u.timeout.as_ref(), DEFAULT_UPDATE_TIMEOUT) + REBOOT_CHECK_ALLOWANCE
         });
@@ -216,6 +268,7 @@ impl HostTime {
             draining: hook(hooks.and_then(|h| h.before_drain.as_ref())),
             acting: hook(hooks.and_then(|h| h.after_drain.as_ref())) + update,
             verifying: hook(hooks.and_then(|h| h.after_boot.as_ref())),
+            rollback,
         }
     }
 }

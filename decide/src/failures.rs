@@ -125,10 +125,11 @@ fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
         maintenance: m.metadata.name.clone().unwrap_or_default(),
         node: m.spec.node_name.clone(),
         at,
-        why: status
-            .message
-            .clone()
-            .unwrap_or_else(|| "no reason given".to_owned()),
+        why: match (&status.reason, &status.message) {
+            (Some(reason), Some(message)) => format!("{reason}: {message}"),
+            (Some(said), None) | (None, Some(said)) => said.clone(),
+            (None, None) => "no reason given".to_owned(),
+        },
     })
 }
 

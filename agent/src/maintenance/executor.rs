@@ -19,7 +19,7 @@ use nodeward_api::{
     conditions::maintenance as maintenance_conditions,
     labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     node::Applied,
-    update::HostRun,
+    update::{HostRun, HostStep},
 };
 use nodeward_runtime::{
     ApiError, WRITE_REFUSED, cordon,
@@ -32,7 +32,7 @@ use super::{
     host_steps::{self, HostState},
     lifecycle::{self, Facts, Gate, Step},
     reboot_method::RebootConfig,
-    workloads,
+    rollback, workloads,
 };
 use crate::{
     drain::{
@@ -54,6 +54,17 @@ struct ThisBoot {
     acted: HashSet<String>,
     /// The host runs this agent ended, per maintenance uid (a watch may not show them yet).
     ran: HashMap<String, Vec<HostRun>>,
+}
+
+impl ThisBoot {
+    /// Remembers the host run this agent ended for `m`.
+    fn ended(&mut self, m: &NodeMaintenance, run: Option<HostRun>) {
+        if let Some(run) = run {
+            let ran = self.ran.entry(uid(m)).or_default();
+            ran.retain(|r| r.step != run.step);
+            ran.push(run);
+        }
+    }
 }
 
 /// The longest the last notification before a reboot or power-off is waited for.
@@ -134,12 +145,27 @@ impl Executor {
             Step::Wait => Ok(()),
             Step::Prepare => self.prepare(m).await,
             Step::RunOnHost(step) => {
-                if let Some(run) = self.run_on_host(m, step).await? {
-                    let ran = this_boot.ran.entry(uid(m)).or_default();
-                    ran.retain(|r| r.step != step);
-                    ran.push(run);
-                }
+                let run = self.run_on_host(m, step, None).await?;
+                this_boot.ended(m, run);
                 Ok(())
+            }
+            Step::RollBack => {
+                let cause = rollback::cause(gate.expired(), &runs);
+                let run = self.run_on_host(m, HostStep::Rollback, Some(&cause)).await?;
+                this_boot.ended(m, run);
+                Ok(())
+            }
+            Step::VerifyRollback => {
+                this_boot.healthy_since = None;
+                self.verify_rollback(m).await
+            }
+            Step::RolledBack => {
+                let why = rollback::passed(&runs);
+                self.fail(m, &applied, "RolledBack", why).await
+            }
+            Step::RollbackFailed => {
+                let why = rollback::failed(gate.expired(), &runs);
+                self.fail(m, &applied, "RollbackFailed", why).await
             }
             Step::HostFailed(step) => self.host_failed(m, &applied, step, &runs).await,
             Step::SkipReboot => {
@@ -212,6 +238,7 @@ impl Executor {
         } else {
             Gate::Waiting(String::new())
         };
+        let (host, rollback) = self.host_state(m, runs).await;
         let facts = Facts {
             phase: status.phase,
             action: m.spec.action,
@@ -226,23 +253,32 @@ impl Executor {
                 .any(|c| c.type_ == maintenance_conditions::NODE_RESTORED && c.status == "False"),
             back_in_service: workloads::back_in_service(m),
             workloads: workloads::judged(m),
-            host: self.host_state(m, runs).await,
+            host,
             acted: this_boot.acted.contains(&uid(m)),
             goes_down_anyway: m.spec.disruption_deadline.is_some(),
+            rollback,
         };
         Ok((facts, gate))
     }
 
-    /// Where `m`'s host steps of its phase stand, given the `runs` recorded.
-    async fn host_state(&self, m: &NodeMaintenance, runs: &[HostRun]) -> HostState {
+    /// Where `m`'s host steps of its phase stand, and its rollback, given the `runs` recorded.
+    async fn host_state(
+        &self,
+        m: &NodeMaintenance,
+        runs: &[HostRun],
+    ) -> (HostState, rollback::Stage) {
         if !matches!(
             m.phase(),
             MaintenancePhase::Draining | MaintenancePhase::Acting | MaintenancePhase::Verifying
         ) {
-            return HostState::Clear;
+            return (HostState::Clear, rollback::Stage::None);
         }
         let steps = policies::effective(m, &self.policies).await.host;
-        host_steps::state(m.phase(), &steps, runs)
+        let verifying_since = m.entered(MaintenancePhase::Verifying).map(|t| t.0);
+        (
+            host_steps::state(m.phase(), &steps, runs),
+            rollback::stage(&steps, runs, &self.boot_id, verifying_since),
+        )
     }
 
     /// Undoes what `m` left on the node after the coordinator sent it back or ended it: its
@@ -332,6 +368,24 @@ impl Executor {
                 "back after the reboot (boot id {}); waiting for the health gate",
                 self.boot_id
             ),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Back after the rollback's reboot: Verifying again, so that the gate judges this boot
+    /// from now, with what the node runs now recorded.
+    async fn verify_rollback(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        let after = self.versions().await;
+        let message = "rolled back and rebooted; waiting for the health gate on what the node ran before the update";
+        self.transition(m, MaintenancePhase::Verifying, message, |s, _| {
+            s.versions_after = after;
+        })
+        .await?;
+        self.normal_event(
+            m,
+            "RolledBackRebooted",
+            format!("{message} (boot id {})", self.boot_id),
         )
         .await;
         Ok(())
@@ -478,6 +532,7 @@ impl Executor {
             // Nothing runs after the power-off: this is the last word.
             self.transition(m, MaintenancePhase::Succeeded, "powering off", |s, _| {
                 s.finished_at = Some(Time(Timestamp::now()));
+                s.reason = Some("Succeeded".to_owned());
             })
             .await?;
         }
@@ -546,6 +601,7 @@ impl Executor {
             &format!("{why}; the node's taint and cordon are undone"),
             |s, _| {
                 s.finished_at = Some(Time(Timestamp::now()));
+                s.reason = Some(reason.to_owned());
             },
         )
         .await?;

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::{
     executor::Executor,
+    rollback,
     update::{self, Ended, Plan, Verdict},
 };
 use crate::policies;
@@ -44,15 +45,21 @@ fn ended(ran: &Result<crate::host::commands::Ran, String>) -> Ended {
 }
 
 impl Executor {
-    /// Runs `step` of `m` on the host and records how it ended; returns the record.
+    /// Runs `step` of `m` on the host and records how it ended, after `cause` when there is
+    /// one (what a rollback undoes); returns the record.
     pub(super) async fn run_on_host(
         &self,
         m: &NodeMaintenance,
         step: HostStep,
+        cause: Option<&str>,
     ) -> Result<Option<HostRun>, crate::Error> {
         policies::wait_for_admitting(m, &self.policies).await;
         let steps = policies::effective(m, &self.policies).await.host;
-        let Some(plan) = update::plan(step, &steps) else {
+        let plan = match step {
+            HostStep::Rollback => self.rollback_plan(m, &steps).await,
+            _ => update::plan(step, &steps),
+        };
+        let Some(plan) = plan else {
             return Ok(None);
         };
         // A run the status shows started and not ended was cut short by this agent's restart:
@@ -71,6 +78,7 @@ impl Executor {
             exit_code: None,
             output: None,
             reboot: None,
+            boot_id: Some(self.boot_id.clone()),
             message: Some(format!(
                 "running on the host (timeout {}s)",
                 plan.timeout.as_secs()
@@ -89,7 +97,10 @@ impl Executor {
             slug(step),
             m.uid().unwrap_or_default()
         );
-        let ran = crate::host::commands::run_logged(&unit, &plan.argv, plan.timeout).await;
+        let ran = match &plan.unplannable {
+            Some(why) => Err(why.clone()),
+            None => crate::host::commands::run_logged(&unit, &plan.argv, plan.timeout).await,
+        };
         let took = Duration::try_from(Timestamp::now().duration_since(run.started_at.0))
             .unwrap_or_default();
         let output = ran.as_ref().map(|r| r.output.clone()).unwrap_or_default();
@@ -101,7 +112,14 @@ impl Executor {
         run.exit_code = verdict.exit_code;
         run.output = Some(tail(&output, OUTPUT_LIMIT)).filter(|o| !o.is_empty());
         run.reboot = verdict.reboot;
-        run.message = Some(verdict.message.clone());
+        let message = match cause {
+            Some(cause) => format!("{cause}; {}", verdict.message),
+            None => verdict.message.clone(),
+        };
+        run.message = Some(nodeward_api::bounds::cut(
+            &message,
+            nodeward_api::bounds::MESSAGE_LIMIT,
+        ));
         self.record(m, &run).await?;
         let quoted = tail(&output, EVENT_OUTPUT);
         let note = if quoted.is_empty() {
@@ -116,6 +134,21 @@ impl Executor {
         tracing::info!(maintenance = %m.name_any(), ?step, result = ?verdict.result, message = %verdict.message, "ran on the host");
         self.event(m, type_, reason, note).await;
         Ok(Some(run))
+    }
+
+    /// What undoes `m`'s update (None: none configured). A rollback that cannot be planned
+    /// (nothing recorded to reinstall) is a plan that does not start, so that the run records
+    /// why and the maintenance ends `RollbackFailed`.
+    async fn rollback_plan(
+        &self,
+        m: &NodeMaintenance,
+        steps: &policies::HostSteps,
+    ) -> Option<Plan> {
+        let rollback = steps.update.as_ref()?.rollback.as_ref()?;
+        let status = m.status.clone().unwrap_or_default();
+        let now = self.versions().await.or(status.versions_after);
+        let planned = rollback::plan(rollback, status.versions_before.as_ref(), now.as_ref());
+        Some(planned.unwrap_or_else(|why| Plan::unplannable(HostStep::Rollback, why)))
     }
 
     /// For a successful update whose exit code did not say whether a reboot is needed: asks
@@ -211,12 +244,14 @@ fn slug(step: HostStep) -> &'static str {
         HostStep::AfterDrain => "after-drain",
         HostStep::Update => "update",
         HostStep::AfterBoot => "after-boot",
+        HostStep::Rollback => "rollback",
     }
 }
 
 fn started_reason(step: HostStep) -> &'static str {
     match step {
         HostStep::Update => "UpdateStarted",
+        HostStep::Rollback => "RollbackStarted",
         _ => "HookStarted",
     }
 }
@@ -224,6 +259,7 @@ fn started_reason(step: HostStep) -> &'static str {
 fn succeeded_reason(step: HostStep) -> &'static str {
     match step {
         HostStep::Update => "Updated",
+        HostStep::Rollback => "RollbackRan",
         _ => "HookSucceeded",
     }
 }
@@ -231,6 +267,7 @@ fn succeeded_reason(step: HostStep) -> &'static str {
 fn failed_reason(step: HostStep) -> &'static str {
     match step {
         HostStep::Update => "UpdateFailed",
+        HostStep::Rollback => "RollbackFailed",
         _ => "HookFailed",
     }
 }

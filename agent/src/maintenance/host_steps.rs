@@ -106,6 +106,7 @@ mod tests {
             timeout: None,
             reboot: RebootWhen::IfNeeded,
             reboot_sentinel: None,
+            rollback: None,
         }
     }
 
@@ -130,6 +131,7 @@ mod tests {
             exit_code: None,
             output: None,
             reboot,
+            boot_id: None,
             message: None,
         }
     }

@@ -12,7 +12,9 @@
 //! (`WorkloadsAvailable`, the policy's `workloadGate`): only then is it Succeeded, so its slot
 //! holds the next node back. Deleted before Acting: restored, Cancelled. A health gate that has not passed
 //! within its `timeout` after the reboot fails the maintenance (the node is restored: what is
-//! wrong with it is for its conditions and remediation to say). One the coordinator sent back
+//! wrong with it is for its conditions and remediation to say), unless its update has a rollback
+//! ([`super::rollback`]): then the update is undone, the node reboots and is judged again, and
+//! the maintenance fails `RolledBack` or `RollbackFailed`. One the coordinator sent back
 //! or ended because a deadline passed (`NodeRestored=False`) is restored when the agent next
 //! runs (the node came back, or the agent did).
 
@@ -20,7 +22,7 @@ use std::time::Duration;
 
 use nodeward_api::{MaintenanceAction, MaintenancePhase, update::HostStep};
 
-use super::host_steps::HostState;
+use super::{host_steps::HostState, rollback};
 
 /// The facts a step depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +54,8 @@ pub struct Facts {
     /// The node goes down whatever nodeward does (`spec.disruptionDeadline`, a cloud's
     /// notice): a drained `DrainOnly` ends once the node has booted again.
     pub goes_down_anyway: bool,
+    /// Where the update's rollback stands.
+    pub rollback: rollback::Stage,
 }
 
 /// Where the workloads a reboot's drain evicted stand, as the coordinator judged them.
@@ -96,6 +100,15 @@ pub enum Step {
     WorkloadsFailed,
     /// The health gate did not hold in time: restore the node, Failed.
     GateFailed,
+    /// The updated node failed its gate (or `afterBoot` hook): run the rollback on the host.
+    RollBack,
+    /// Back after the rollback's reboot: Verifying again, judged by the gate again.
+    VerifyRollback,
+    /// The rolled-back node passed its gate: restore it, Failed (`RolledBack`).
+    RolledBack,
+    /// The rollback failed, or the rolled-back node did not pass its gate: restore it, Failed
+    /// (`RollbackFailed`).
+    RollbackFailed,
     /// Deleted before the action: restore the node, Cancelled, remove the finalizer.
     Cancel,
     /// Deleted after it finished or while drained (DrainOnly): restore the node (unless
@@ -134,6 +147,9 @@ pub fn step(f: Facts) -> Step {
             _ => Step::Release,
         };
     }
+    if let Some(step) = rolling_back(&f) {
+        return step;
+    }
     let after_reboot = f.phase == Acting && f.rebooted;
     match f.host {
         HostState::Failed(step) if !after_reboot => return Step::HostFailed(step),
@@ -160,6 +176,30 @@ pub fn step(f: Facts) -> Step {
     }
 }
 
+/// The rollback's step, once it is under way or due: an updated node that failed its gate
+/// (or its `afterBoot` hook) rolls back, reboots (asked like the action, once per boot) and is
+/// judged again.
+fn rolling_back(f: &Facts) -> Option<Step> {
+    if f.phase != MaintenancePhase::Verifying {
+        return None;
+    }
+    match f.rollback {
+        rollback::Stage::None => None,
+        rollback::Stage::Armed => {
+            let gate_failed = f.gate_expired && f.host == HostState::Clear;
+            let hook_failed = f.host == HostState::Failed(HostStep::AfterBoot);
+            let passed = f.healthy || f.back_in_service;
+            (!passed && (gate_failed || hook_failed)).then_some(Step::RollBack)
+        }
+        rollback::Stage::Failed => Some(Step::RollbackFailed),
+        rollback::Stage::Ran => Some(Step::Act),
+        rollback::Stage::Rebooted { verifying: false } => Some(Step::VerifyRollback),
+        rollback::Stage::Rebooted { .. } if f.healthy => Some(Step::RolledBack),
+        rollback::Stage::Rebooted { .. } if f.gate_expired => Some(Step::RollbackFailed),
+        rollback::Stage::Rebooted { .. } => Some(Step::Wait),
+    }
+}
+
 /// Where the post-reboot health gate stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Gate {
@@ -168,6 +208,16 @@ pub enum Gate {
     Waiting(String),
     /// Not within the gate's timeout, and why.
     Expired(String),
+}
+
+impl Gate {
+    /// Why it expired, when it did.
+    pub fn expired(&self) -> Option<&str> {
+        match self {
+            Gate::Expired(why) => Some(why),
+            _ => None,
+        }
+    }
 }
 
 /// Judges the gate: the node must be Ready with none of the gate's `problems` True, for
@@ -226,6 +276,7 @@ mod tests {
             host: HostState::Clear,
             acted: false,
             goes_down_anyway: false,
+            rollback: rollback::Stage::None,
         }
     }
 
@@ -387,6 +438,96 @@ mod tests {
             }),
             Step::Complete,
             "a gate that holds wins"
+        );
+    }
+
+    #[test]
+    fn an_updated_node_that_fails_its_gate_rolls_back_reboots_and_is_judged_again() {
+        use rollback::Stage;
+        let armed = Facts {
+            rollback: Stage::Armed,
+            ..facts(Verifying, Reboot)
+        };
+        assert_eq!(step(armed), Step::Wait, "the gate has time left");
+        let expired = Facts {
+            gate_expired: true,
+            ..armed
+        };
+        assert_eq!(step(expired), Step::RollBack);
+        assert_eq!(
+            step(Facts {
+                rollback: Stage::None,
+                ..expired
+            }),
+            Step::GateFailed,
+            "nothing to roll back: it fails as before"
+        );
+        assert_eq!(
+            step(Facts {
+                healthy: true,
+                ..expired
+            }),
+            Step::Complete,
+            "a gate that holds wins"
+        );
+        assert_eq!(
+            step(Facts {
+                host: HostState::Due(HostStep::AfterBoot),
+                ..expired
+            }),
+            Step::RunOnHost(HostStep::AfterBoot),
+            "its hook runs first"
+        );
+        let hook_failed = Facts {
+            host: HostState::Failed(HostStep::AfterBoot),
+            ..armed
+        };
+        assert_eq!(step(hook_failed), Step::RollBack);
+        // Once it ran, the failed hook and the expired gate of the updated boot are history.
+        let ran = Facts {
+            rollback: Stage::Ran,
+            ..hook_failed
+        };
+        assert_eq!(step(ran), Step::Act, "the reboot into what it ran before");
+        let back = Facts {
+            rollback: Stage::Rebooted { verifying: false },
+            ..ran
+        };
+        assert_eq!(step(back), Step::VerifyRollback);
+        let judged = Facts {
+            rollback: Stage::Rebooted { verifying: true },
+            host: HostState::Clear,
+            ..facts(Verifying, Reboot)
+        };
+        assert_eq!(step(judged), Step::Wait);
+        assert_eq!(
+            step(Facts {
+                healthy: true,
+                ..judged
+            }),
+            Step::RolledBack
+        );
+        assert_eq!(
+            step(Facts {
+                gate_expired: true,
+                ..judged
+            }),
+            Step::RollbackFailed
+        );
+        assert_eq!(
+            step(Facts {
+                rollback: Stage::Failed,
+                ..armed
+            }),
+            Step::RollbackFailed
+        );
+        assert_eq!(
+            step(Facts {
+                deleting: true,
+                ..ran
+            }),
+            Step::Wait,
+            "deleted while rolling back: it finishes first"
         );
     }
 

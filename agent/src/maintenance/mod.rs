@@ -11,6 +11,7 @@ pub mod lifecycle;
 pub mod reboot_method;
 pub mod reboot_request;
 mod request;
+pub mod rollback;
 pub mod update;
 pub mod watch;
 pub mod workloads;

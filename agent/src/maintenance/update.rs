@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use nodeward_api::update::{
-    DEFAULT_HOOK_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, HostCommand, HostRunResult, HostStep, RebootWhen,
+    DEFAULT_HOOK_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, HostRunResult, HostStep, RebootWhen,
     Update, UpdatePreset,
 };
 
@@ -49,6 +49,8 @@ pub struct Plan {
     /// Asked after a successful update whose exit code said neither.
     pub check: Option<Check>,
     reboot: RebootWhen,
+    /// Why nothing can run (the step is recorded as not started, saying so).
+    pub unplannable: Option<String>,
 }
 
 /// How to ask the host whether an update needs a reboot.
@@ -72,32 +74,24 @@ impl Check {
     }
 }
 
-fn words(words: &[&str]) -> Vec<String> {
+pub(super) fn words(words: &[&str]) -> Vec<String> {
     words.iter().map(|w| (*w).to_owned()).collect()
 }
 
-fn timeout(given: Option<&nodeward_api::Duration>, default: Duration) -> Duration {
+pub(super) fn timeout(given: Option<&nodeward_api::Duration>, default: Duration) -> Duration {
     given.and_then(|d| d.to_std().ok()).unwrap_or(default)
 }
 
 /// What runs for `step` of `steps` (None: nothing configured for it).
+/// A rollback's plan is [`super::rollback::plan`]: it depends on the versions recorded.
 pub fn plan(step: HostStep, steps: &HostSteps) -> Option<Plan> {
     match step {
         HostStep::Update => steps.update.as_ref().map(update_plan),
-        hook => steps.hooks.get(hook).map(|h| hook_plan(hook, h)),
-    }
-}
-
-fn hook_plan(step: HostStep, hook: &HostCommand) -> Plan {
-    Plan {
-        step,
-        argv: hook.command.clone(),
-        timeout: timeout(hook.timeout.as_ref(), DEFAULT_HOOK_TIMEOUT),
-        ok: &[0],
-        reboot_codes: &[],
-        no_reboot_codes: &[],
-        check: None,
-        reboot: RebootWhen::Always,
+        HostStep::Rollback => None,
+        hook => steps.hooks.get(hook).map(|h| {
+            let limit = timeout(h.timeout.as_ref(), DEFAULT_HOOK_TIMEOUT);
+            Plan::exit_zero(hook, h.command.clone(), limit)
+        }),
     }
 }
 
@@ -168,10 +162,34 @@ fn update_plan(update: &Update) -> Plan {
         no_reboot_codes,
         check,
         reboot: update.reboot,
+        unplannable: None,
     }
 }
 
 impl Plan {
+    /// `argv` for `step`, which worked when it exited 0, within `timeout`.
+    pub fn exit_zero(step: HostStep, argv: Vec<String>, timeout: Duration) -> Self {
+        Plan {
+            step,
+            argv,
+            timeout,
+            ok: &[0],
+            reboot_codes: &[],
+            no_reboot_codes: &[],
+            check: None,
+            reboot: RebootWhen::Always,
+            unplannable: None,
+        }
+    }
+
+    /// Nothing can run for `step`, and why.
+    pub fn unplannable(step: HostStep, why: String) -> Self {
+        Plan {
+            unplannable: Some(why),
+            ..Plan::exit_zero(step, Vec::new(), Duration::ZERO)
+        }
+    }
+
     /// The command as one line, for the status and Events.
     pub fn describe(&self) -> String {
         self.argv.join(" ")
@@ -180,6 +198,7 @@ impl Plan {
     fn what(&self) -> String {
         match self.step {
             HostStep::Update => "the update".to_owned(),
+            HostStep::Rollback => "the rollback".to_owned(),
             hook => format!("the {hook:?} hook"),
         }
     }
@@ -311,6 +330,7 @@ mod tests {
                 timeout: None,
                 reboot: RebootWhen::IfNeeded,
                 reboot_sentinel: None,
+                rollback: None,
             }),
             hooks: Default::default(),
         }
@@ -399,7 +419,7 @@ mod tests {
         let steps = HostSteps {
             update: None,
             hooks: nodeward_api::update::Hooks {
-                before_drain: Some(HostCommand {
+                before_drain: Some(nodeward_api::update::HostCommand {
                     command: words(&["/usr/local/bin/quiesce"]),
                     timeout: Some(nodeward_api::Duration::from_secs(10)),
                 }),

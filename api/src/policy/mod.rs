@@ -412,7 +412,14 @@ impl ResolvedDeadlines {
         Self {
             drain: self.drain + host.draining,
             reboot: self.reboot + host.acting,
-            verify: self.verify + host.verifying,
+            // A rollback holds Verifying for itself, the reboot after it and a second gate.
+            verify: self.verify
+                + host.verifying
+                + if host.rollback.is_zero() {
+                    std::time::Duration::ZERO
+                } else {
+                    host.rollback + self.reboot + self.verify
+                },
             ..self
         }
     }
@@ -724,6 +731,15 @@ mod tests {
         assert_eq!(patching.drain.as_secs(), 7200 + 120);
         assert_eq!(patching.reboot.as_secs(), 1800 + 300 + 3600 + 180);
         assert_eq!(patching.verify.as_secs(), 7200 + 60);
+        // A rollback holds Verifying for itself, a reboot and a second gate.
+        let rolling_back = resolved(serde_json::json!({
+            "update": {"preset": "Apt", "rollback": {"preset": "Apt", "timeout": "5m"}},
+        }));
+        assert_eq!(
+            rolling_back.verify.as_secs(),
+            7200 + (300 + 1800 + 7200),
+            "{rolling_back:?}"
+        );
     }
 
     #[test]

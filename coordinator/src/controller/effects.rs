@@ -40,16 +40,19 @@ impl Controller {
                     let round::Ending {
                         maintenance,
                         phase,
+                        reason,
                         message,
                     } = ending;
-                    self.end(objects, maintenance, *phase, message).await
+                    self.end(objects, maintenance, *phase, reason, message)
+                        .await
                 }
                 Effect::Supersede(s) => {
                     let message = format!(
                         "superseded by {}: a node's agent asks for one reboot at a time",
                         s.by
                     );
-                    self.end(objects, &s.maintenance, MaintenancePhase::Failed, &message)
+                    let failed = MaintenancePhase::Failed;
+                    self.end(objects, &s.maintenance, failed, "Superseded", &message)
                         .await
                 }
                 Effect::Overdue(overdue) => {

@@ -98,6 +98,7 @@ impl Controller {
         objects: &Objects,
         maintenance: &str,
         phase: MaintenancePhase,
+        reason: &str,
         message: &str,
     ) -> Applied {
         let Some(current) = Self::maintenance(objects, maintenance) else {
@@ -109,6 +110,7 @@ impl Controller {
             .write_maintenance(current, |status| {
                 status.enter(phase, Time(now));
                 status.finished_at = Some(Time(now));
+                status.reason = Some(reason.to_owned());
                 status.message = Some(message.to_owned());
             })
             .await;
@@ -160,6 +162,7 @@ impl Controller {
                 }
                 if overdue.to.is_finished() {
                     status.finished_at = Some(Time(now));
+                    status.reason = Some(overdue.reason.to_owned());
                 }
                 if overdue.to == MaintenancePhase::Acting {
                     // On to the node's deletion: there is nothing on it to restore.
@@ -258,6 +261,7 @@ impl Controller {
                 if let Some(phase) = takeover.end_in {
                     status.enter(phase, Time(now));
                     status.finished_at = Some(Time(now));
+                    status.reason = Some(overdue::AGENT_LOST.to_owned());
                     status.deadline = None;
                     status.message = Some(message.clone());
                 }
@@ -399,6 +403,7 @@ impl Controller {
                 objects,
                 replaced,
                 MaintenancePhase::Failed,
+                "Replaced",
                 &request.message,
             )
             .await;

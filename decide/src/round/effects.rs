@@ -178,6 +178,7 @@ mod tests {
             end: vec![Ending {
                 maintenance: "m2".into(),
                 phase: MaintenancePhase::Failed,
+                reason: "NodeDeleted",
                 message: String::new(),
             }],
             pending_taints: vec![PendingTaint {
@@ -241,6 +242,7 @@ mod tests {
             end: vec![Ending {
                 maintenance: "m".into(),
                 phase: MaintenancePhase::Failed,
+                reason: "NodeDeleted",
                 message: String::new(),
             }],
             superseded: vec![Superseded {

@@ -234,6 +234,8 @@ pub struct Denial {
 pub struct Ending {
     pub maintenance: String,
     pub phase: MaintenancePhase,
+    /// Why, in one word (`status.reason`).
+    pub reason: &'static str,
     pub message: String,
 }
 

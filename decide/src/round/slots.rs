@@ -130,6 +130,7 @@ pub(super) fn end_where_node_gone(
                 } else {
                     MaintenancePhase::Cancelled
                 },
+                reason: "NodeRecreated",
                 message: format!(
                     "node {node} was deleted and created again (another machine): the Node this maintenance was admitted for is gone"
                 ),
@@ -147,6 +148,7 @@ pub(super) fn end_where_node_gone(
                 plan.end.push(Ending {
                     maintenance: m.name_any(),
                     phase: MaintenancePhase::Failed,
+                    reason: "NotAdmitted",
                     message: format!(
                         "Acting without holding the budget slots of an admission by the coordinator: node {node} is not deleted"
                     ),
@@ -179,6 +181,7 @@ pub(super) fn end_where_node_gone(
         plan.end.push(Ending {
             maintenance: m.name_any(),
             phase,
+            reason: "NodeDeleted",
             message,
         });
     }

@@ -97,6 +97,18 @@ async fn only_who_may_update_policies_may_put_a_host_command_in_a_maintenance() 
     )
     .await?;
 
+    // A rollback preset is the node's own tools too: still the operator's to ask for.
+    as_operator
+        .create(
+            &PostParams::default(),
+            &maintenance(
+                &format!("{}-preset-rollback", env.id),
+                &node,
+                json!({"update": {"preset": "Apt", "rollback": {"preset": "Apt"}}}),
+            )?,
+        )
+        .await
+        .context("the operator creating an update with a rollback preset")?;
     let own_programs = [
         (
             "command",
@@ -105,6 +117,10 @@ async fn only_who_may_update_policies_may_put_a_host_command_in_a_maintenance() 
         (
             "hooks",
             json!({"hooks": {"afterBoot": {"command": ["/bin/true"]}}}),
+        ),
+        (
+            "rollback-command",
+            json!({"update": {"preset": "Apt", "rollback": {"command": ["/usr/local/bin/undo"]}}}),
         ),
         (
             "preset-and-hook",
@@ -124,7 +140,7 @@ async fn only_who_may_update_policies_may_put_a_host_command_in_a_maintenance() 
         assert!(
             said.starts_with("403")
                 && said.contains(&format!("{operator} may not create NodeMaintenance {name}"))
-                && said.contains("spec.update.command or spec.hooks")
+                && said.contains("spec.update.command, spec.update.rollback.command or spec.hooks")
                 && said.contains(&format!("root on node {node}")),
             "{what}: {said}"
         );
@@ -181,6 +197,16 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
             "should match",
         ),
         (
+            json!({"update": {"preset": "Apt", "rollback": {"preset": "Apt", "command": ["/usr/local/bin/undo"]}}}),
+            "spec.update.rollback",
+            "give either preset (Apt, Bootc, RpmOstree) or command, not both",
+        ),
+        (
+            json!({"update": {"preset": "Apt", "rollback": {"command": ["undo.sh"]}}}),
+            "spec.update.rollback.command",
+            "the program must be an absolute path on the host",
+        ),
+        (
             json!({"hooks": {"afterBoot": {"command": []}}}),
             "spec.hooks.afterBoot.command",
             "should have at least 1 items",
@@ -235,6 +261,24 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
         said.starts_with("422")
             && said.contains("spec.update.preset")
             && said.contains("supported values: \"Apt\", \"Dnf\""),
+        "{said}"
+    );
+    // A rollback preset of a package manager that cannot roll back.
+    let unknown = json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": format!("{}-dnf-rollback", env.id)},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot",
+                 "update": {"preset": "Dnf", "rollback": {"preset": "Dnf"}}},
+    });
+    let said = refusal(
+        dynamic
+            .create(&PostParams::default(), &serde_json::from_value(unknown)?)
+            .await,
+    );
+    assert!(
+        said.starts_with("422")
+            && said.contains("spec.update.rollback.preset")
+            && said.contains("supported values: \"Apt\", \"Bootc\", \"RpmOstree\""),
         "{said}"
     );
     let said = refusal(
