@@ -36,9 +36,25 @@ pub const APT_RESTORED: &str = "if [ -d /etc/apt/nodeward-lab-saved ]; then
     dpkg -s nodeward-lab-patch >/dev/null 2>&1 && dpkg --purge nodeward-lab-patch >/dev/null
     rm -rf /srv/nodeward-lab-repo";
 
-/// Builds `PACKAGE` at `version` with `dpkg-deb`; with `ask_reboot` its postinst creates
-/// `/var/run/reboot-required`, as Debian's kernel and libc packages do.
-fn build_deb(dir: &Path, version: &str, ask_reboot: bool) -> anyhow::Result<Vec<u8>> {
+/// What a version of `PACKAGE` does once installed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Plain,
+    /// Its postinst creates `/var/run/reboot-required`, as Debian's kernel and libc packages do.
+    AsksReboot,
+    /// It asks for the reboot and breaks the node on the next boot: a unit it ships (and
+    /// enables) logs the kernel's words for a hung containerd, which the agent's default rules
+    /// turn into `KernelDeadlock`, which the health gate refuses. Its version before, installed
+    /// again, removes the unit.
+    Broken,
+}
+
+/// The unit a broken version ships.
+const BROKEN_UNIT: &str = "nodeward-lab-broken.service";
+
+/// Builds `PACKAGE` at `version` with `dpkg-deb`.
+fn build_deb(dir: &Path, version: &str, kind: Kind) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::PermissionsExt;
     let root = dir.join(format!("{PACKAGE}-{version}"));
     let control = root.join("DEBIAN");
     std::fs::create_dir_all(&control)?;
@@ -53,14 +69,28 @@ fn build_deb(dir: &Path, version: &str, ask_reboot: bool) -> anyhow::Result<Vec<
             "Package: {PACKAGE}\nVersion: {version}\nArchitecture: all\nMaintainer: nodeward tests <tests@nodeward.invalid>\nDescription: a package the node lab patches\n"
         ),
     )?;
-    if ask_reboot {
+    if kind != Kind::Plain {
         let postinst = control.join("postinst");
         std::fs::write(
             &postinst,
             "#!/bin/sh\nset -e\necho \"*** System restart required ***\" >/var/run/reboot-required\n",
         )?;
-        use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&postinst, std::fs::Permissions::from_mode(0o755))?;
+    }
+    if kind == Kind::Broken {
+        let units = root.join("usr/lib/systemd/system");
+        std::fs::create_dir_all(&units)?;
+        std::fs::write(
+            units.join(BROKEN_UNIT),
+            "[Unit]\nDescription=nodeward lab: a broken update\n[Service]\nType=oneshot\n\
+             ExecStart=/bin/sh -c 'echo \"<3>INFO: task containerd:1 blocked for more than 120 seconds.\" >/dev/kmsg'\n",
+        )?;
+        let wants = root.join("etc/systemd/system/multi-user.target.wants");
+        std::fs::create_dir_all(&wants)?;
+        std::os::unix::fs::symlink(
+            format!("/usr/lib/systemd/system/{BROKEN_UNIT}"),
+            wants.join(BROKEN_UNIT),
+        )?;
     }
     let deb = dir.join(format!("{PACKAGE}_{version}_all.deb"));
     let built = Command::new("dpkg-deb")
@@ -75,14 +105,28 @@ fn build_deb(dir: &Path, version: &str, ask_reboot: bool) -> anyhow::Result<Vec<
     Ok(std::fs::read(deb)?)
 }
 
-/// The repository's `Packages` index for one package file.
-fn packages_index(deb: &[u8], version: &str) -> String {
+/// One version of `PACKAGE` in a repository.
+struct Published {
+    version: &'static str,
+    deb: Vec<u8>,
+}
+
+/// The repository's `Packages` index for `debs`.
+fn packages_index(debs: &[&Published]) -> String {
     use sha2::Digest;
-    let sha256 = format!("{:x}", sha2::Sha256::digest(deb));
-    format!(
-        "Package: {PACKAGE}\nVersion: {version}\nArchitecture: all\nMaintainer: nodeward tests <tests@nodeward.invalid>\nFilename: ./{PACKAGE}_{version}_all.deb\nSize: {}\nSHA256: {sha256}\nDescription: a package the node lab patches\n",
-        deb.len()
-    )
+    let entries: Vec<String> = debs
+        .iter()
+        .map(|p| {
+            let sha256 = format!("{:x}", sha2::Sha256::digest(&p.deb));
+            format!(
+                "Package: {PACKAGE}\nVersion: {}\nArchitecture: all\nMaintainer: nodeward tests <tests@nodeward.invalid>\nFilename: ./{PACKAGE}_{}_all.deb\nSize: {}\nSHA256: {sha256}\nDescription: a package the node lab patches\n",
+                p.version,
+                p.version,
+                p.deb.len()
+            )
+        })
+        .collect();
+    entries.join("\n")
 }
 
 /// The version of `PACKAGE` dpkg has installed in `vm`.
@@ -94,8 +138,8 @@ async fn installed(vm: &Vm) -> anyhow::Result<String> {
         .to_owned())
 }
 
-/// `v1` installed in `vm`, `v2` published in its repository, the repository its only source.
-async fn prepare(vm: &Vm, v1: &[u8], v2: &[u8], index: &str) -> anyhow::Result<()> {
+/// `installed` installed in `vm`, the repository (its only source) empty.
+async fn prepare(vm: &Vm, installed: &Published) -> anyhow::Result<()> {
     vm.run(&format!(
         "{APT_RESTORED}
         mkdir -p {SAVED_SOURCES} {REPO}
@@ -104,13 +148,24 @@ async fn prepare(vm: &Vm, v1: &[u8], v2: &[u8], index: &str) -> anyhow::Result<(
         echo 'deb [trusted=yes] file:{REPO} ./' >/etc/apt/sources.list.d/nodeward-lab.list"
     ))
     .await?;
-    vm.write_file("/tmp/nodeward-lab-v1.deb", v1).await?;
-    vm.run("dpkg -i /tmp/nodeward-lab-v1.deb >/dev/null && rm -f /tmp/nodeward-lab-v1.deb /var/run/reboot-required")
+    vm.write_file("/tmp/nodeward-lab.deb", &installed.deb)
         .await?;
-    vm.write_file(&format!("{REPO}/{PACKAGE}_2_all.deb"), v2)
+    vm.run("dpkg -i /tmp/nodeward-lab.deb >/dev/null && rm -f /tmp/nodeward-lab.deb /var/run/reboot-required")
         .await?;
-    vm.write_file(&format!("{REPO}/Packages"), index.as_bytes())
+    Ok(())
+}
+
+/// `vm`'s repository holds `debs` and nothing else, and its apt lists know them (so the
+/// inventory counts the pending update before the rollout).
+async fn publish(vm: &Vm, debs: &[&Published]) -> anyhow::Result<()> {
+    vm.run(&format!("rm -f {REPO}/*")).await?;
+    for p in debs {
+        vm.write_file(&format!("{REPO}/{PACKAGE}_{}_all.deb", p.version), &p.deb)
+            .await?;
+    }
+    vm.write_file(&format!("{REPO}/Packages"), packages_index(debs).as_bytes())
         .await?;
+    vm.run("apt-get update -qq").await?;
     Ok(())
 }
 
@@ -139,30 +194,165 @@ fn update_run(m: &NodeMaintenance) -> anyhow::Result<nodeward_api::update::HostR
         .with_context(|| format!("{}: no update run in its status", m.name_any()))
 }
 
-/// Every VM at version 1 with version 2 published, and a policy that patches with apt: the
-/// rolling reboot (`rolling.rs`) is then also a patch rollout ([`restore_apt`] undoes both;
-/// after a failure, the next test's reset does).
-pub async fn publish_v2_to_every_vm(lab: &Lab) -> anyhow::Result<()> {
+/// The versions of a rollout: 1 installed on every VM, a broken 2 (which the canary fails
+/// and rolls back), a good 3.
+pub struct Versions {
+    v1: Published,
+    v3: Published,
+}
+
+/// The policy the rollout runs under.
+pub const POLICY: &str = "lab-patch";
+
+/// Every VM at version 1 with a broken version 2 published (beside 1, which an Apt rollback
+/// installs again), and a policy that patches with apt: one canary first, a rollback, a failure
+/// budget of one, and a health gate that holds long enough for the agent to read the broken
+/// boot's kernel log. The rolling reboot (`rolling.rs`) is then a patch rollout whose canary
+/// fails; [`publish_good_v3_and_resume`] goes on. [`restore_apt`] undoes both; after a
+/// failure, the next test's reset does.
+pub async fn publish_broken_v2_to_every_vm(lab: &Lab) -> anyhow::Result<Versions> {
     let dir = nodeward_e2e::scratch::dir(&format!("lab-patching-{}", std::process::id()))?;
-    let v1 = build_deb(&dir, "1", false)?;
-    let v2 = build_deb(&dir, "2", true)?;
-    let index = packages_index(&v2, "2");
+    let v1 = Published {
+        version: "1",
+        deb: build_deb(&dir, "1", Kind::Plain)?,
+    };
+    let v2 = Published {
+        version: "2",
+        deb: build_deb(&dir, "2", Kind::Broken)?,
+    };
+    let v3 = Published {
+        version: "3",
+        deb: build_deb(&dir, "3", Kind::AsksReboot)?,
+    };
     for vm in lab.lab.vms() {
-        prepare(&vm, &v1, &v2, &index).await?;
+        prepare(&vm, &v1).await?;
+        publish(&vm, &[&v1, &v2]).await?;
         assert_eq!(installed(&vm).await?, "1", "{}", vm.name);
-        // The lists know of v2, so the inventory counts one pending update before the rollout.
-        vm.run("apt-get update -qq").await?;
     }
     lab.apply(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": "lab-patch", "labels": {TEST_LABEL: "true"}},
-        "spec": {"maxConcurrent": 1, "update": {"preset": "Apt", "timeout": "10m"}},
+        "metadata": {"name": POLICY, "labels": {TEST_LABEL: "true"}},
+        "spec": {
+            "maxConcurrent": 1,
+            "update": {"preset": "Apt", "timeout": "10m", "rollback": {"preset": "Apt"}},
+            "canary": {"nodes": 1},
+            "failureBudget": {"maxFailures": 1},
+            "healthGate": {"for": "30s", "timeout": "100s"},
+        },
     }))
-    .await
+    .await?;
+    Ok(Versions { v1, v3 })
+}
+
+/// The good version 3 published in place of 2, the policy's gate back to the default, and the
+/// halted policy resumed with the operator's tool (`kubectl nodeward resume`).
+pub async fn publish_good_v3_and_resume(lab: &Lab, versions: &Versions) -> anyhow::Result<()> {
+    for vm in lab.lab.vms() {
+        publish(&vm, &[&versions.v1, &versions.v3]).await?;
+    }
+    let policies: Api<nodeward_api::DisruptionPolicy> = Api::all(lab.client.clone());
+    let patch = kube::api::Patch::Merge(json!({"spec": {"healthGate": null}}));
+    policies.patch(POLICY, &Default::default(), &patch).await?;
+    let cli = tokio::process::Command::new(nodeward_e2e::daemon::cli_binary())
+        .arg("--kubeconfig")
+        .arg(&nodeward_e2e::controlplane::shared().kubeconfig)
+        .args(["resume", POLICY])
+        .output()
+        .await?;
+    let said = String::from_utf8_lossy(&cli.stdout).into_owned();
+    anyhow::ensure!(
+        cli.status.success()
+            && said.contains("failures its failureBudget counted until now are forgiven"),
+        "kubectl nodeward resume {POLICY}: {said}{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    Ok(())
+}
+
+/// `failed` is the canary's maintenance on `vm`, which booted `before` the rollout: the broken
+/// version failed the health gate (the kernel's hung containerd, `KernelDeadlock`), apt
+/// installed version 1 again, the VM rebooted into it and passed the gate, and the maintenance
+/// ended Failed, `RolledBack`: two reboots, the broken unit gone.
+pub async fn assert_rolled_back(
+    vm: &Vm,
+    failed: &NodeMaintenance,
+    before: &str,
+) -> anyhow::Result<()> {
+    let status = failed.status.clone().unwrap_or_default();
+    let message = status.message.clone().unwrap_or_default();
+    assert_eq!(
+        (status.phase, status.reason.as_deref()),
+        (MaintenancePhase::Failed, Some("RolledBack")),
+        "{message}"
+    );
+    assert!(
+        message.contains("KernelDeadlock") && message.contains("passed its health gate"),
+        "{message}"
+    );
+    let run = |step| {
+        status
+            .host_runs
+            .iter()
+            .find(|r| r.step == step)
+            .cloned()
+            .with_context(|| format!("no {step:?} run: {:?}", status.host_runs))
+    };
+    let update = run(HostStep::Update)?;
+    assert_eq!(
+        (update.result, update.reboot),
+        (Some(HostRunResult::Succeeded), Some(true)),
+        "{update:?}"
+    );
+    let rollback = run(HostStep::Rollback)?;
+    assert_eq!(
+        rollback.result,
+        Some(HostRunResult::Succeeded),
+        "{rollback:?}"
+    );
+    assert!(
+        rollback.command.contains("--allow-downgrades")
+            && rollback.command.ends_with(&format!("install {PACKAGE}=1")),
+        "{}",
+        rollback.command
+    );
+    let now = vm.boot_id().await?;
+    let rolled_back_in = rollback.boot_id.clone().unwrap_or_default();
+    assert!(
+        rolled_back_in != before && rolled_back_in != now,
+        "{}: rolled back on the updated boot ({rolled_back_in}), between {before} and {now}",
+        vm.name
+    );
+    let verifying = status
+        .history
+        .iter()
+        .filter(|h| h.phase == MaintenancePhase::Verifying)
+        .count();
+    assert_eq!(
+        verifying,
+        2,
+        "judged on both boots: {}",
+        history_line(&status)
+    );
+    let after = status.versions_after.clone().context("no versions after")?;
+    assert_eq!(after.version_of(PACKAGE), Some("1"), "{after:?}");
+    assert_eq!(
+        after.boot_id.as_deref(),
+        Some(now.as_str()),
+        "read on the last boot"
+    );
+    assert_eq!(installed(vm).await?, "1", "{}", vm.name);
+    let unit = format!("/etc/systemd/system/multi-user.target.wants/{BROKEN_UNIT}");
+    assert_eq!(
+        vm.run(&format!("test -e {unit} && echo present || echo gone"))
+            .await?
+            .trim(),
+        "gone"
+    );
+    Ok(())
 }
 
 /// `done` patched `vm`: its update ran apt, succeeded, asked for the reboot (the package's
-/// maintainer script did), and dpkg has version 2.
+/// maintainer script did), and dpkg has version 3.
 pub async fn assert_patched(vm: &Vm, done: &NodeMaintenance) -> anyhow::Result<()> {
     let run = update_run(done)?;
     assert_eq!(run.result, Some(HostRunResult::Succeeded), "{run:?}");
@@ -170,10 +360,10 @@ pub async fn assert_patched(vm: &Vm, done: &NodeMaintenance) -> anyhow::Result<(
     assert_eq!(run.reboot, Some(true), "the package asked for it: {run:?}");
     let output = run.output.clone().unwrap_or_default();
     assert!(
-        output.contains(&format!("Setting up {PACKAGE} (2)")),
+        output.contains(&format!("Setting up {PACKAGE} (3)")),
         "apt's own words in the status: {output}"
     );
-    assert_eq!(installed(vm).await?, "2", "{}", vm.name);
+    assert_eq!(installed(vm).await?, "3", "{}", vm.name);
     let took = run
         .finished_at
         .as_ref()
@@ -182,9 +372,9 @@ pub async fn assert_patched(vm: &Vm, done: &NodeMaintenance) -> anyhow::Result<(
     Ok(())
 }
 
-/// `done` recorded what `vm` (node `node`) ran: version 1 with v2 pending before, version 2
+/// `done` recorded what `vm` (node `node`) ran: version 1 with v3 pending before, version 3
 /// after, read on the new boot (its kernel and OS as the guest's own tools print them), and
-/// the node's NodeReport shows version 2.
+/// the node's NodeReport shows version 3.
 pub async fn assert_versions_recorded(
     lab: &Lab,
     vm: &Vm,
@@ -203,12 +393,12 @@ pub async fn assert_versions_recorded(
     assert_eq!(
         before.updates_pending,
         Some(1),
-        "{}: v2 was pending: {before:?}",
+        "{}: v3 was pending: {before:?}",
         vm.name
     );
     assert_eq!(
         after.version_of(PACKAGE),
-        Some("2"),
+        Some("3"),
         "{}: {after:?}",
         vm.name
     );
@@ -239,7 +429,7 @@ pub async fn assert_versions_recorded(
         .with_context(|| format!("{node}: no inventory in its NodeReport"))?;
     assert_eq!(
         inventory.version_of(PACKAGE),
-        Some("2"),
+        Some("3"),
         "{node}: {inventory:?}"
     );
     Ok(())
@@ -252,7 +442,7 @@ pub async fn restore_apt(lab: &Lab) -> anyhow::Result<()> {
         vm.run(APT_RESTORED).await?;
     }
     let policies: Api<nodeward_api::DisruptionPolicy> = Api::all(lab.client.clone());
-    wait::deleted(&policies, "lab-patch", REBOOT).await
+    wait::deleted(&policies, POLICY, REBOOT).await
 }
 
 #[tokio::test]
@@ -260,8 +450,12 @@ async fn an_update_with_nothing_new_needs_no_reboot_and_a_missing_updater_fails_
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(crate::support::Pick::At(0)).await?;
     let dir = nodeward_e2e::scratch::dir(&format!("lab-patching-{}", std::process::id()))?;
-    let v2 = build_deb(&dir, "2", true)?;
-    prepare(&vm, &v2, &v2, &packages_index(&v2, "2")).await?;
+    let v2 = Published {
+        version: "2",
+        deb: build_deb(&dir, "2", Kind::AsksReboot)?,
+    };
+    prepare(&vm, &v2).await?;
+    publish(&vm, &[&v2]).await?;
     assert_eq!(installed(&vm).await?, "2");
     let boot = vm.boot_id().await?;
 

@@ -7,6 +7,10 @@
 //! and after its reboot the gate is back. The rollout is also a patch rollout: a policy's apt
 //! update runs on each VM after its drain and asks for the reboot (`patching.rs`), and each
 //! maintenance records the package's version before and after, as the inventory read them.
+//! Its first version is broken: the canary VM takes it, fails its health gate, is rolled back
+//! (apt installs the version before again, the VM reboots into it and passes the gate) and
+//! halts the policy while the other VMs wait undrained; a good version and `kubectl nodeward
+//! resume` then let the rollout complete, canary first again.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -23,7 +27,9 @@ use kube::{
     api::ListParams,
     runtime::{WatchStreamExt, watcher},
 };
-use nodeward_api::{MaintenancePhase, NodeMaintenance, report::AgentMode};
+use nodeward_api::{
+    MaintenancePhase, NodeMaintenance, conditions::policy as policy_conditions, report::AgentMode,
+};
 use nodeward_e2e::{fixtures::MaintenanceSpec, history, wait};
 
 use crate::{
@@ -45,39 +51,31 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     host::assert_gate_opens_while_admitted(&lab, &host_mode).await?;
 
     let names: Vec<String> = lab.lab.nodes.iter().map(|n| format!("roll-{n}")).collect();
-    let ours = names.clone();
+    let canary = lab.lab.nodes.first().context("a node")?.clone();
+    let broken = format!("roll-{canary}-broken");
+    let mut ours = names.clone();
+    ours.push(broken.clone());
     let history = history::watch_where(&lab.client, move |m| ours.contains(&m.name_any()), "");
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let became_ready = ready_transitions(&lab.client);
-    patching::publish_v2_to_every_vm(&lab).await?;
+    let versions = patching::publish_broken_v2_to_every_vm(&lab).await?;
+    let vms = lab.lab.vms();
     let mut before = Vec::new();
-    for vm in lab.lab.vms() {
+    for vm in &vms {
         before.push(vm.boot_id().await?);
     }
     let started = Instant::now();
-    for (node, name) in lab.lab.nodes.iter().zip(&names) {
-        let spec = MaintenanceSpec {
-            node,
-            reason: "Reboot",
-            action: "Reboot",
-        };
-        lab.create_maintenance(name, spec).await?;
-    }
+    canary_fails_and_halts_the_rollout(&lab, &broken, &names, &before[0]).await?;
+    before[0] = vms[0].boot_id().await?;
+
+    // A good version, the policy resumed: the rollout completes, canary first again.
+    patching::publish_good_v3_and_resume(&lab, &versions).await?;
+    let resumed = Instant::now();
+    lab.create_maintenance(&names[0], planned(&canary)).await?;
     let per_node_limit = REBOOT * (names.len() as u32);
-    let mut finished = Vec::new();
+    let mut finished_ones = Vec::new();
     for name in &names {
-        let done = wait::until(
-            &maintenances,
-            name,
-            "the maintenance to succeed",
-            per_node_limit,
-            |m| {
-                m.and_then(|m| m.status.as_ref())
-                    .is_some_and(|s| s.phase.is_finished())
-            },
-        )
-        .await?
-        .context("maintenance")?;
+        let done = finished(&maintenances, name, per_node_limit).await?;
         let status = done.status.clone().unwrap_or_default();
         assert_eq!(
             status.phase,
@@ -85,14 +83,15 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
             "{name}: {:?}",
             status.message
         );
-        finished.push(done);
+        finished_ones.push(done);
     }
+    let finished = finished_ones;
+    let rollout = resumed.elapsed();
     let wall = started.elapsed();
 
     // Each VM really rebooted: a new boot id, and it has been up only since.
     let nodes: Api<Node> = Api::all(lab.client.clone());
     let mut per_node = Vec::new();
-    let vms = lab.lab.vms();
     for (((vm, boot), done), node) in vms.iter().zip(&before).zip(&finished).zip(&lab.lab.nodes) {
         let now = vm.boot_id().await?;
         assert_ne!(&now, boot, "{} did not reboot", vm.name);
@@ -164,15 +163,140 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     let median = per_node[per_node.len() / 2];
     let ideal = median * per_node.len() as f64;
     println!(
-        "rolling reboot of {} VMs: {:.0} s wall, per node (Admitted -> Succeeded) {per_node:.0?} s, ideal {ideal:.0} s, ratio {:.2}",
+        "rolling reboot of {} VMs after the resume: {:.0} s wall, per node (Admitted -> Succeeded) {per_node:.0?} s, ideal {ideal:.0} s, ratio {:.2}",
         per_node.len(),
-        wall.as_secs_f64(),
-        wall.as_secs_f64() / ideal
+        rollout.as_secs_f64(),
+        rollout.as_secs_f64() / ideal
     );
-    for name in &names {
+    for name in names.iter().chain([&broken]) {
         wait::deleted(&maintenances, name, REBOOT).await?;
     }
     patching::restore_apt(&lab).await
+}
+
+/// A planned reboot of `node`.
+fn planned(node: &str) -> MaintenanceSpec<'_> {
+    MaintenanceSpec {
+        node,
+        reason: "Reboot",
+        action: "Reboot",
+    }
+}
+
+/// The canary (`broken`, the first planned reboot admitted) takes the broken version, fails its
+/// gate, is rolled back and halts the rollout; the others (`names` but the first, created once
+/// the canary is admitted) wait, never drained. `before` is the canary's boot before.
+async fn canary_fails_and_halts_the_rollout(
+    lab: &Lab,
+    broken: &str,
+    names: &[String],
+    before: &str,
+) -> anyhow::Result<()> {
+    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
+    let canary = lab.lab.nodes.first().context("a node")?;
+    lab.create_maintenance(broken, planned(canary)).await?;
+    wait::until(
+        &maintenances,
+        broken,
+        "the canary's admission",
+        REBOOT,
+        |m| {
+            m.and_then(|m| m.status.as_ref())
+                .is_some_and(|s| s.phase != MaintenancePhase::Pending)
+        },
+    )
+    .await?;
+    for (node, name) in lab.lab.nodes.iter().zip(names).skip(1) {
+        lab.create_maintenance(name, planned(node)).await?;
+    }
+    let failed = finished(&maintenances, broken, REBOOT * 2).await?;
+    let status = failed.status.clone().unwrap_or_default();
+    println!("{broken}: {}", phase_times(&status));
+    let vm = lab.lab.vms().into_iter().next().context("a VM")?;
+    patching::assert_rolled_back(&vm, &failed, before).await?;
+    assert_halted_with_the_rest_waiting(lab, &failed, &names[1..]).await
+}
+
+/// Waits for `name` to finish (within `limit`); returns it.
+async fn finished(
+    maintenances: &Api<NodeMaintenance>,
+    name: &str,
+    limit: std::time::Duration,
+) -> anyhow::Result<NodeMaintenance> {
+    wait::until(
+        maintenances,
+        name,
+        "the maintenance to finish",
+        limit,
+        |m| {
+            m.and_then(|m| m.status.as_ref())
+                .is_some_and(|s| s.phase.is_finished())
+        },
+    )
+    .await?
+    .context("maintenance")
+}
+
+/// The canary's failure (`failed`) halted the policy, its condition naming the node and why;
+/// the maintenances of the rest (`waiting`) are still Pending and their nodes in service.
+/// Prints how long the halt took after the failure.
+async fn assert_halted_with_the_rest_waiting(
+    lab: &Lab,
+    failed: &NodeMaintenance,
+    waiting: &[String],
+) -> anyhow::Result<()> {
+    let policies: Api<nodeward_api::DisruptionPolicy> = Api::all(lab.client.clone());
+    let halted = |p: Option<&nodeward_api::DisruptionPolicy>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| {
+                s.conditions
+                    .iter()
+                    .find(|c| c.type_ == policy_conditions::HALTED && c.status == "True")
+            })
+            .cloned()
+    };
+    let policy = wait::until(
+        &policies,
+        patching::POLICY,
+        "the policy's halt",
+        REBOOT,
+        |p| halted(p).is_some(),
+    )
+    .await?;
+    let condition = halted(policy.as_ref()).context("the Halted condition")?;
+    let node = &failed.spec.node_name;
+    assert!(
+        condition.message.contains(node.as_str()) && condition.message.contains("RolledBack"),
+        "{}",
+        condition.message
+    );
+    let failed_at = failed
+        .status
+        .as_ref()
+        .and_then(|s| s.finished_at.clone())
+        .context("finishedAt")?;
+    println!(
+        "canary failure to the policy's Halted condition: {:.1} s (condition times are whole seconds)",
+        condition
+            .last_transition_time
+            .0
+            .duration_since(failed_at.0)
+            .as_secs_f64()
+    );
+    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    for name in waiting {
+        let m = maintenances.get(name).await?;
+        assert_eq!(m.phase(), MaintenancePhase::Pending, "{name}");
+        let node = nodes.get(&m.spec.node_name).await?;
+        assert_ne!(
+            node.spec.and_then(|s| s.unschedulable),
+            Some(true),
+            "{}: cordoned while the rollout is halted",
+            m.spec.node_name
+        );
+    }
+    Ok(())
 }
 
 /// The maintenance recorded the boot it rebooted from: the one before this one, in the VM's

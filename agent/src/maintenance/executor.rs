@@ -19,7 +19,7 @@ use nodeward_api::{
     conditions::maintenance as maintenance_conditions,
     labels::{AGENT_FIELD_MANAGER, MAINTENANCE_FINALIZER, MAINTENANCE_TAINT},
     node::Applied,
-    update::{HostRun, HostStep},
+    update::HostRun,
 };
 use nodeward_runtime::{
     ApiError, WRITE_REFUSED, cordon,
@@ -47,18 +47,27 @@ use crate::{
 
 /// What the executor remembers within this boot.
 #[derive(Default)]
-struct ThisBoot {
+pub(super) struct ThisBoot {
     /// Since when the health gate has held.
-    healthy_since: Option<Timestamp>,
+    pub(super) healthy_since: Option<Timestamp>,
     /// Maintenances whose action was asked of logind.
     acted: HashSet<String>,
     /// The host runs this agent ended, per maintenance uid (a watch may not show them yet).
     ran: HashMap<String, Vec<HostRun>>,
 }
 
+/// What a step of a maintenance was decided on.
+pub(super) struct Seen<'a> {
+    /// What it left on the node.
+    pub applied: &'a Applied,
+    pub gate: &'a Gate,
+    /// Its host runs, this agent's over what the status shows.
+    pub runs: &'a [HostRun],
+}
+
 impl ThisBoot {
     /// Remembers the host run this agent ended for `m`.
-    fn ended(&mut self, m: &NodeMaintenance, run: Option<HostRun>) {
+    pub(super) fn ended(&mut self, m: &NodeMaintenance, run: Option<HostRun>) {
         if let Some(run) = run {
             let ran = self.ran.entry(uid(m)).or_default();
             ran.retain(|r| r.step != run.step);
@@ -149,23 +158,16 @@ impl Executor {
                 this_boot.ended(m, run);
                 Ok(())
             }
-            Step::RollBack => {
-                let cause = rollback::cause(gate.expired(), &runs);
-                let run = self.run_on_host(m, HostStep::Rollback, Some(&cause)).await?;
-                this_boot.ended(m, run);
-                Ok(())
-            }
-            Step::VerifyRollback => {
-                this_boot.healthy_since = None;
-                self.verify_rollback(m).await
-            }
-            Step::RolledBack => {
-                let why = rollback::passed(&runs);
-                self.fail(m, &applied, "RolledBack", why).await
-            }
-            Step::RollbackFailed => {
-                let why = rollback::failed(gate.expired(), &runs);
-                self.fail(m, &applied, "RollbackFailed", why).await
+            next @ (Step::RollBack
+            | Step::VerifyRollback
+            | Step::RolledBack
+            | Step::RollbackFailed) => {
+                let seen = Seen {
+                    applied: &applied,
+                    gate: &gate,
+                    runs: &runs,
+                };
+                self.rollback_step(next, m, seen, this_boot).await
             }
             Step::HostFailed(step) => self.host_failed(m, &applied, step, &runs).await,
             Step::SkipReboot => {
@@ -281,53 +283,6 @@ impl Executor {
         )
     }
 
-    /// Undoes what `m` left on the node after the coordinator sent it back or ended it: its
-    /// cordon if the node's record names it, the taint unless another maintenance of this node
-    /// holds the node; then `NodeRestored=True`.
-    async fn restore(
-        &self,
-        m: &NodeMaintenance,
-        store: &reflector::Store<NodeMaintenance>,
-    ) -> Result<(), crate::Error> {
-        let others_hold = store.state().iter().any(|other| {
-            other.uid() != m.uid()
-                && matches!(
-                    other.phase(),
-                    MaintenancePhase::Draining
-                        | MaintenancePhase::Acting
-                        | MaintenancePhase::Verifying
-                )
-        });
-        let by = format!("maintenance/{}", m.name_any());
-        cordon::undo_left_by(
-            &self.client,
-            &self.node,
-            MAINTENANCE_TAINT,
-            &by,
-            !others_hold,
-        )
-        .await?;
-        let condition = Condition {
-            type_: maintenance_conditions::NODE_RESTORED.to_owned(),
-            status: "True".to_owned(),
-            reason: "Restored".to_owned(),
-            message: "the agent undid the taint and cordon this maintenance left".to_owned(),
-            observed_generation: m.metadata.generation,
-            last_transition_time: Time(Timestamp::now()),
-        };
-        self.set_condition(m, condition).await?;
-        self.normal_event(
-            m,
-            "Restored",
-            format!(
-                "{:?} without this agent: the taint and cordon it left are undone",
-                m.phase()
-            ),
-        )
-        .await;
-        Ok(())
-    }
-
     /// Takes the node out of service: finalizer, taint and cordon, then Draining.
     async fn prepare(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
         self.finalizer(m, true).await?;
@@ -371,37 +326,6 @@ impl Executor {
         )
         .await;
         Ok(())
-    }
-
-    /// Back after the rollback's reboot: Verifying again, so that the gate judges this boot
-    /// from now, with what the node runs now recorded.
-    async fn verify_rollback(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
-        let after = self.versions().await;
-        let message = "rolled back and rebooted; waiting for the health gate on what the node ran before the update";
-        self.transition(m, MaintenancePhase::Verifying, message, |s, _| {
-            s.versions_after = after;
-        })
-        .await?;
-        self.normal_event(
-            m,
-            "RolledBackRebooted",
-            format!("{message} (boot id {})", self.boot_id),
-        )
-        .await;
-        Ok(())
-    }
-
-    /// Deleted after it ended: the node's taint and cordon undone, the finalizer removed.
-    async fn release(&self, m: &NodeMaintenance, applied: &Applied) -> Result<(), crate::Error> {
-        cordon::undo(&self.client, &self.node, MAINTENANCE_TAINT, applied).await?;
-        self.normal_event(
-            m,
-            "Restored",
-            "the maintenance is deleted; taint and cordon undone",
-        )
-        .await;
-        self.notify(m, NoticeKind::Restored, "the maintenance is deleted");
-        self.finalizer(m, false).await
     }
 
     async fn drain(
@@ -627,7 +551,7 @@ impl Executor {
         }
     }
 
-    fn notify(&self, m: &NodeMaintenance, kind: NoticeKind, message: &str) {
+    pub(super) fn notify(&self, m: &NodeMaintenance, kind: NoticeKind, message: &str) {
         self.notifier.send(self.notice(m, kind, message));
     }
 
@@ -685,7 +609,11 @@ impl Executor {
         Ok(())
     }
 
-    async fn finalizer(&self, m: &NodeMaintenance, present: bool) -> Result<(), crate::Error> {
+    pub(super) async fn finalizer(
+        &self,
+        m: &NodeMaintenance,
+        present: bool,
+    ) -> Result<(), crate::Error> {
         let mut finalizers: Vec<String> = m.finalizers().to_vec();
         let has = finalizers.iter().any(|f| f == MAINTENANCE_FINALIZER);
         if has == present {

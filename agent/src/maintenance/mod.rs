@@ -12,6 +12,7 @@ pub mod reboot_method;
 pub mod reboot_request;
 mod request;
 pub mod rollback;
+mod rollback_runner;
 pub mod update;
 pub mod watch;
 pub mod workloads;

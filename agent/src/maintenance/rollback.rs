@@ -85,7 +85,9 @@ fn said(runs: &[HostRun]) -> String {
     runs.iter()
         .find(|r| r.step == HostStep::Rollback)
         .and_then(|r| r.message.clone())
-        .unwrap_or_else(|| "after the update the node failed its health gate; rolled back".to_owned())
+        .unwrap_or_else(|| {
+            "after the update the node failed its health gate; rolled back".to_owned()
+        })
 }
 
 /// Why a maintenance ends `RolledBack`: what the rollback undid, and that the node passed.
@@ -263,8 +265,12 @@ mod tests {
             apt.argv
         );
         // Nothing read now: everything recorded is pinned.
-        let blind = plan(&rollback(Some(RollbackPreset::Apt), &[]), Some(&before), None)
-            .expect("a plan");
+        let blind = plan(
+            &rollback(Some(RollbackPreset::Apt), &[]),
+            Some(&before),
+            None,
+        )
+        .expect("a plan");
         assert!(blind.argv.contains(&"libc6=2.41-12".to_owned()));
     }
 
@@ -293,8 +299,12 @@ mod tests {
             let image = plan(&rollback(Some(preset), &[]), None, None).expect("a plan");
             assert_eq!(image.argv, words(&[program, "rollback"]));
         }
-        let own = plan(&rollback(None, &["/usr/local/bin/undo", "--all"]), None, None)
-            .expect("a plan");
+        let own = plan(
+            &rollback(None, &["/usr/local/bin/undo", "--all"]),
+            None,
+            None,
+        )
+        .expect("a plan");
         assert_eq!(own.describe(), "/usr/local/bin/undo --all");
     }
 
@@ -329,11 +339,20 @@ mod tests {
         let ok = Some(HostRunResult::Succeeded);
         let updated = ran(HostStep::Update, ok, "boot-1", 100);
         let at = |s| Some(Timestamp::from_second(s).expect("a time"));
-        assert_eq!(stage(&steps, &[], "boot-2", None), Stage::None, "no update ran");
+        assert_eq!(
+            stage(&steps, &[], "boot-2", None),
+            Stage::None,
+            "no update ran"
+        );
         let failed_update = ran(HostStep::Update, Some(HostRunResult::Failed), "boot-1", 100);
         assert_eq!(stage(&steps, &[failed_update], "boot-1", None), Stage::None);
         assert_eq!(
-            stage(&HostSteps::default(), std::slice::from_ref(&updated), "b", None),
+            stage(
+                &HostSteps::default(),
+                std::slice::from_ref(&updated),
+                "b",
+                None
+            ),
             Stage::None,
             "no rollback configured"
         );
@@ -358,7 +377,12 @@ mod tests {
             stage(&steps, &runs, "boot-3", at(500)),
             Stage::Rebooted { verifying: true }
         );
-        let broken = ran(HostStep::Rollback, Some(HostRunResult::TimedOut), "boot-2", 400);
+        let broken = ran(
+            HostStep::Rollback,
+            Some(HostRunResult::TimedOut),
+            "boot-2",
+            400,
+        );
         assert_eq!(
             stage(&steps, &[updated, broken], "boot-2", at(300)),
             Stage::Failed

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use nodeward_api::update::{
-    DEFAULT_HOOK_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, HostRunResult, HostStep, RebootWhen,
-    Update, UpdatePreset,
+    DEFAULT_HOOK_TIMEOUT, DEFAULT_UPDATE_TIMEOUT, HostRunResult, HostStep, RebootWhen, Update,
+    UpdatePreset,
 };
 
 use super::host_steps::HostSteps;

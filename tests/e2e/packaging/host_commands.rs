@@ -165,6 +165,7 @@ async fn only_who_may_update_policies_may_put_a_host_command_in_a_maintenance() 
     remove_chart(env, &documents).await
 }
 
+// Long: most of it is the table of refused specs, one entry per field and rule.
 #[tokio::test]
 async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> anyhow::Result<()> {
     let env = TestEnv::new("patch-crd").await?;
@@ -263,24 +264,7 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
             && said.contains("supported values: \"Apt\", \"Dnf\""),
         "{said}"
     );
-    // A rollback preset of a package manager that cannot roll back.
-    let unknown = json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": format!("{}-dnf-rollback", env.id)},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot",
-                 "update": {"preset": "Dnf", "rollback": {"preset": "Dnf"}}},
-    });
-    let said = refusal(
-        dynamic
-            .create(&PostParams::default(), &serde_json::from_value(unknown)?)
-            .await,
-    );
-    assert!(
-        said.starts_with("422")
-            && said.contains("spec.update.rollback.preset")
-            && said.contains("supported values: \"Apt\", \"Bootc\", \"RpmOstree\""),
-        "{said}"
-    );
+    refuses_a_rollback_preset_that_cannot_roll_back(&dynamic, &env.id, &node).await?;
     let said = refusal(
         maintenances
             .create(
@@ -330,4 +314,30 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
         );
     }
     env.cleanup().await
+}
+
+/// A rollback preset of a package manager that cannot roll back is refused, naming the field.
+async fn refuses_a_rollback_preset_that_cannot_roll_back(
+    dynamic: &Api<kube::api::DynamicObject>,
+    id: &str,
+    node: &str,
+) -> anyhow::Result<()> {
+    let unknown = json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+        "metadata": {"name": format!("{id}-dnf-rollback")},
+        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot",
+                 "update": {"preset": "Dnf", "rollback": {"preset": "Dnf"}}},
+    });
+    let said = refusal(
+        dynamic
+            .create(&PostParams::default(), &serde_json::from_value(unknown)?)
+            .await,
+    );
+    assert!(
+        said.starts_with("422")
+            && said.contains("spec.update.rollback.preset")
+            && said.contains("supported values: \"Apt\", \"Bootc\", \"RpmOstree\""),
+        "{said}"
+    );
+    Ok(())
 }

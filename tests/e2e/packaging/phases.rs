@@ -69,7 +69,63 @@ async fn through_the_phases(
         "history": [{"phase": "Admitted", "time": at}, {"phase": "Draining", "time": "2026-11-28T10:00:01Z"}, {"phase": "Acting", "time": "2026-11-28T10:00:02Z"}],
         "conditions": [{"type": "Drained", "status": "True", "reason": "Drained", "message": "drained", "lastTransitionTime": at}]});
     writes(as_agent, own, vec![("the move to Acting", acting, None)]).await?;
-    writes(as_agent, own, while_acting()).await
+    writes(as_agent, own, while_acting()).await?;
+
+    // Verifying; the update's rollback, and Verifying again only once it succeeded.
+    let mut history = vec![
+        json!({"phase": "Admitted", "time": at}),
+        json!({"phase": "Draining", "time": "2026-11-28T10:00:01Z"}),
+        json!({"phase": "Acting", "time": "2026-11-28T10:00:02Z"}),
+        json!({"phase": "Verifying", "time": "2026-11-28T10:00:03Z"}),
+    ];
+    let verifying = json!({"phase": "Verifying", "message": "back after the reboot",
+        "history": history});
+    writes(
+        as_agent,
+        own,
+        vec![("the move to Verifying", verifying, None)],
+    )
+    .await?;
+    history.push(json!({"phase": "Verifying", "time": "2026-11-28T10:00:04Z"}));
+    writes(as_agent, own, while_verifying(&history)).await
+}
+
+/// What the agent tries while its maintenance is Verifying: `again` is its history with
+/// Verifying entered a second time.
+fn while_verifying(again: &[Value]) -> Vec<Write> {
+    let rollback = |result: Option<&str>| {
+        let mut run = json!({"step": "Rollback", "command": "true", "startedAt": AT});
+        if let Some(result) = result {
+            run["result"] = json!(result);
+            run["finishedAt"] = json!(AT);
+        }
+        // The runs of the phases before stay as they are.
+        let mut runs = run_list(&["BeforeDrain", "Update"]);
+        runs.push(run);
+        json!({"hostRuns": runs})
+    };
+    let reentered = json!({"message": "rolled back and rebooted", "history": again});
+    vec![
+        ("the rollback's run", rollback(None), None),
+        (
+            "Verifying again before the rollback succeeded",
+            reentered.clone(),
+            Some("only by the one entry of the phase it enters (Verifying)"),
+        ),
+        (
+            "a reason before the end",
+            json!({"reason": "RolledBack"}),
+            Some("finishedAt and reason only as it ends"),
+        ),
+        ("the rollback's end", rollback(Some("Succeeded")), None),
+        ("Verifying again after it", reentered, None),
+        (
+            "the end, rolled back",
+            json!({"phase": "Failed", "reason": "RolledBack", "finishedAt": AT,
+                "message": "rolled back"}),
+            None,
+        ),
+    ]
 }
 
 /// What the agent tries on its own request before any admission.
@@ -89,7 +145,7 @@ fn on_its_unadmitted_request() -> Vec<Write> {
         (
             "a finish time",
             json!({"finishedAt": at}),
-            Some("finishedAt only as it ends"),
+            Some("finishedAt and reason only as it ends"),
         ),
         (
             "a boot id",
@@ -99,7 +155,7 @@ fn on_its_unadmitted_request() -> Vec<Write> {
         (
             "a message",
             json!({"message": "rebooted"}),
-            Some("a message only with a phase change"),
+            Some("a message only as it enters a phase"),
         ),
         (
             "evicted workloads",
@@ -188,7 +244,7 @@ fn while_acting() -> Vec<Write> {
         (
             "a finish time before the end",
             json!({"finishedAt": at}),
-            Some("finishedAt only as it ends"),
+            Some("finishedAt and reason only as it ends"),
         ),
     ]
 }
@@ -198,6 +254,10 @@ const AT: &str = "2026-11-28T10:00:00Z";
 
 /// The host runs of `steps`, just started.
 fn run(steps: &[&str]) -> Value {
+    Value::Array(run_list(steps))
+}
+
+fn run_list(steps: &[&str]) -> Vec<Value> {
     steps
         .iter()
         .map(|step| json!({"step": step, "command": "true", "startedAt": AT}))

@@ -1,0 +1,66 @@
+//! The executor's rollback steps ([`super::rollback`]): runs the rollback on the host after
+//! the cause it undoes, records the boot after its reboot, and ends the maintenance
+//! `RolledBack` or `RollbackFailed`.
+
+use kube::api::ResourceExt;
+use nodeward_api::{MaintenancePhase, NodeMaintenance, update::HostStep};
+
+use super::{
+    executor::{Executor, Seen, ThisBoot},
+    lifecycle::Step,
+    rollback,
+};
+
+impl Executor {
+    /// Takes `step`, one of the rollback's.
+    pub(super) async fn rollback_step(
+        &self,
+        step: Step,
+        m: &NodeMaintenance,
+        seen: Seen<'_>,
+        this_boot: &mut ThisBoot,
+    ) -> Result<(), crate::Error> {
+        match step {
+            Step::RollBack => {
+                let cause = rollback::cause(seen.gate.expired(), seen.runs);
+                tracing::warn!(maintenance = %m.name_any(), %cause, "rolling back the update");
+                let run = self
+                    .run_on_host(m, HostStep::Rollback, Some(&cause))
+                    .await?;
+                this_boot.ended(m, run);
+                Ok(())
+            }
+            Step::VerifyRollback => {
+                this_boot.healthy_since = None;
+                self.verify_rollback(m).await
+            }
+            Step::RolledBack => {
+                let why = rollback::passed(seen.runs);
+                self.fail(m, seen.applied, "RolledBack", why).await
+            }
+            Step::RollbackFailed => {
+                let why = rollback::failed(seen.gate.expired(), seen.runs);
+                self.fail(m, seen.applied, "RollbackFailed", why).await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Back after the rollback's reboot: Verifying again, so that the gate judges this boot
+    /// from now, with what the node runs now recorded.
+    async fn verify_rollback(&self, m: &NodeMaintenance) -> Result<(), crate::Error> {
+        let after = self.versions().await;
+        let message = "rolled back and rebooted; waiting for the health gate on what the node ran before the update";
+        self.transition(m, MaintenancePhase::Verifying, message, |s, _| {
+            s.versions_after = after;
+        })
+        .await?;
+        self.normal_event(
+            m,
+            "RolledBackRebooted",
+            format!("{message} (boot id {})", self.boot_id),
+        )
+        .await;
+        Ok(())
+    }
+}
