@@ -169,14 +169,18 @@ async fn publish(vm: &Vm, debs: &[&Published]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits for `name` to finish; returns it.
-async fn finished(lab: &Lab, name: &str) -> anyhow::Result<NodeMaintenance> {
+/// Waits for `name` to finish, within `limit`; returns it.
+pub async fn finished(
+    lab: &Lab,
+    name: &str,
+    limit: std::time::Duration,
+) -> anyhow::Result<NodeMaintenance> {
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     wait::until(
         &maintenances,
         name,
         "the maintenance to finish",
-        REBOOT * 3,
+        limit,
         |m| {
             m.and_then(|m| m.status.as_ref())
                 .is_some_and(|s| s.phase.is_finished())
@@ -471,7 +475,7 @@ async fn an_update_with_nothing_new_needs_no_reboot_and_a_missing_updater_fails_
                  "update": {"preset": "Apt"}},
     }))
     .await?;
-    let again = finished(&lab, "patch-again").await?;
+    let again = finished(&lab, "patch-again", REBOOT * 3).await?;
     let status = again.status.clone().unwrap_or_default();
     assert_eq!(
         status.phase,
@@ -502,7 +506,7 @@ async fn an_update_with_nothing_new_needs_no_reboot_and_a_missing_updater_fails_
                  "update": {"command": ["/usr/local/bin/no-such-updater", "--all"]}},
     }))
     .await?;
-    let missing = finished(&lab, "patch-missing").await?;
+    let missing = finished(&lab, "patch-missing", REBOOT * 3).await?;
     let status = missing.status.clone().unwrap_or_default();
     assert_eq!(status.phase, MaintenancePhase::Failed);
     let message = status.message.clone().unwrap_or_default();
@@ -559,7 +563,7 @@ async fn an_agent_restarted_during_an_update_waits_for_it_and_never_runs_it_twic
         Api::namespaced(lab.client.clone(), crate::support::NAMESPACE);
     let agent = crate::support::agent_pod(&lab.client, &node).await?;
     pods.delete(&agent.name_any(), &Default::default()).await?;
-    let done = finished(&lab, "patch-restart").await?;
+    let done = finished(&lab, "patch-restart", REBOOT * 3).await?;
     let status = done.status.clone().unwrap_or_default();
     assert_eq!(
         status.phase,

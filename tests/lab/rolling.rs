@@ -75,7 +75,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     let per_node_limit = REBOOT * (names.len() as u32);
     let mut finished_ones = Vec::new();
     for name in &names {
-        let done = finished(&maintenances, name, per_node_limit).await?;
+        let done = patching::finished(&lab, name, per_node_limit).await?;
         let status = done.status.clone().unwrap_or_default();
         assert_eq!(
             status.phase,
@@ -209,32 +209,12 @@ async fn canary_fails_and_halts_the_rollout(
     for (node, name) in lab.lab.nodes.iter().zip(names).skip(1) {
         lab.create_maintenance(name, planned(node)).await?;
     }
-    let failed = finished(&maintenances, broken, REBOOT * 2).await?;
+    let failed = patching::finished(lab, broken, REBOOT * 2).await?;
     let status = failed.status.clone().unwrap_or_default();
     println!("{broken}: {}", phase_times(&status));
     let vm = lab.lab.vms().into_iter().next().context("a VM")?;
     patching::assert_rolled_back(&vm, &failed, before).await?;
     assert_halted_with_the_rest_waiting(lab, &failed, &names[1..]).await
-}
-
-/// Waits for `name` to finish (within `limit`); returns it.
-async fn finished(
-    maintenances: &Api<NodeMaintenance>,
-    name: &str,
-    limit: std::time::Duration,
-) -> anyhow::Result<NodeMaintenance> {
-    wait::until(
-        maintenances,
-        name,
-        "the maintenance to finish",
-        limit,
-        |m| {
-            m.and_then(|m| m.status.as_ref())
-                .is_some_and(|s| s.phase.is_finished())
-        },
-    )
-    .await?
-    .context("maintenance")
 }
 
 /// The canary's failure (`failed`) halted the policy, its condition naming the node and why;

@@ -204,10 +204,10 @@ impl Executor {
                 self.fail(m, &applied, "WorkloadsUnavailable", why).await
             }
             Step::GateFailed => {
-                let why = match &gate {
-                    Gate::Expired(why) => why.clone(),
-                    _ => "the health gate did not pass in time".to_owned(),
-                };
+                let why = gate
+                    .expired()
+                    .unwrap_or("the health gate did not pass in time")
+                    .to_owned();
                 self.fail(m, &applied, "HealthGateFailed", why).await
             }
             Step::Cancel => {

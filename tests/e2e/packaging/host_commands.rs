@@ -247,24 +247,33 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
     }
     // The CRD: a preset it does not know is named; an update needs a Reboot; neither it nor
     // the hooks change once created.
-    let unknown = json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": format!("{}-pacman", env.id)},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "update": {"preset": "Pacman"}},
-    });
-    let (dynamic, _) = dynamic_api(&env.client, &unknown).await?;
-    let said = refusal(
-        dynamic
-            .create(&PostParams::default(), &serde_json::from_value(unknown)?)
-            .await,
-    );
-    assert!(
-        said.starts_with("422")
-            && said.contains("spec.update.preset")
-            && said.contains("supported values: \"Apt\", \"Dnf\""),
-        "{said}"
-    );
-    refuses_a_rollback_preset_that_cannot_roll_back(&dynamic, &env.id, &node).await?;
+    let unknown = |name: &str, update: Value| {
+        json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": format!("{}-{name}", env.id)},
+            "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot", "update": update},
+        })
+    };
+    let pacman = unknown("pacman", json!({"preset": "Pacman"}));
+    let (dynamic, _) = dynamic_api(&env.client, &pacman).await?;
+    refused_naming(
+        &dynamic,
+        pacman,
+        "spec.update.preset",
+        "supported values: \"Apt\", \"Dnf\"",
+    )
+    .await?;
+    // A rollback preset of a package manager that cannot roll back.
+    refused_naming(
+        &dynamic,
+        unknown(
+            "dnf-rollback",
+            json!({"preset": "Dnf", "rollback": {"preset": "Dnf"}}),
+        ),
+        "spec.update.rollback.preset",
+        "supported values: \"Apt\", \"Bootc\", \"RpmOstree\"",
+    )
+    .await?;
     let said = refusal(
         maintenances
             .create(
@@ -316,27 +325,20 @@ async fn the_crds_name_a_malformed_update_or_hook_and_keep_them_as_created() -> 
     env.cleanup().await
 }
 
-/// A rollback preset of a package manager that cannot roll back is refused, naming the field.
-async fn refuses_a_rollback_preset_that_cannot_roll_back(
+/// `object` is refused by the CRD (422), naming `field` and saying `says`.
+async fn refused_naming(
     dynamic: &Api<kube::api::DynamicObject>,
-    id: &str,
-    node: &str,
+    object: Value,
+    field: &str,
+    says: &str,
 ) -> anyhow::Result<()> {
-    let unknown = json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": format!("{id}-dnf-rollback")},
-        "spec": {"nodeName": node, "reason": "Manual", "action": "Reboot",
-                 "update": {"preset": "Dnf", "rollback": {"preset": "Dnf"}}},
-    });
     let said = refusal(
         dynamic
-            .create(&PostParams::default(), &serde_json::from_value(unknown)?)
+            .create(&PostParams::default(), &serde_json::from_value(object)?)
             .await,
     );
     assert!(
-        said.starts_with("422")
-            && said.contains("spec.update.rollback.preset")
-            && said.contains("supported values: \"Apt\", \"Bootc\", \"RpmOstree\""),
+        said.starts_with("422") && said.contains(field) && said.contains(says),
         "{said}"
     );
     Ok(())
