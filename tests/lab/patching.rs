@@ -14,7 +14,9 @@ use std::{path::Path, process::Command};
 use anyhow::{Context, bail};
 use kube::{Api, ResourceExt};
 use nodeward_api::{
-    MaintenancePhase, NodeMaintenance,
+    DisruptionPolicy, MaintenancePhase, NodeMaintenance,
+    conditions::policy as policy_conditions,
+    policy::Progress,
     update::{HostRunResult, HostStep},
 };
 use nodeward_e2e::{nodelab::Vm, wait};
@@ -237,6 +239,11 @@ pub async fn publish_broken_v2_to_every_vm(lab: &Lab) -> anyhow::Result<Versions
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
         "metadata": {"name": POLICY, "labels": {TEST_LABEL: "true"}},
         "spec": {
+            // The lab's VMs only: the shared control plane has other nodes, which the policy's
+            // progress would count.
+            "nodeSelector": {"matchExpressions": [
+                {"key": "nodelab.nodeward.io/vm", "operator": "In", "values": lab.lab.nodes},
+            ]},
             "maxConcurrent": 1,
             "update": {"preset": "Apt", "timeout": "10m", "rollback": {"preset": "Apt"}},
             "canary": {"nodes": 1},
@@ -271,6 +278,39 @@ pub async fn publish_good_v3_and_resume(lab: &Lab, versions: &Versions) -> anyho
         String::from_utf8_lossy(&cli.stderr)
     );
     Ok(())
+}
+
+/// Waits until the policy's progress is `expected` and its `Updated` condition says
+/// `all_updated`; the condition's message. The counts are over the lab's VMs (the policy
+/// selects them) and read from the maintenances and what each node's agent reports (a
+/// reboot required, updates pending in its inventory).
+pub async fn progress_shows(
+    lab: &Lab,
+    expected: Progress,
+    all_updated: bool,
+) -> anyhow::Result<String> {
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    let status = if all_updated { "True" } else { "False" };
+    let updated = |p: &DisruptionPolicy| {
+        let s = p.status.as_ref()?;
+        let condition = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == policy_conditions::UPDATED && c.status == status)?;
+        (s.progress.as_ref() == Some(&expected)).then(|| condition.message.clone())
+    };
+    let what = format!("progress {expected:?} and Updated={status}");
+    match wait::until_some(&policies, POLICY, &what, REBOOT, updated).await {
+        Ok(message) => Ok(message),
+        Err(e) => {
+            let last = policies.get(POLICY).await?.status.unwrap_or_default();
+            bail!(
+                "{e}: progress {:?}, conditions {:?}",
+                last.progress,
+                last.conditions
+            )
+        }
+    }
 }
 
 /// `failed` is the canary's maintenance on `vm`, which booted `before` the rollout: the broken

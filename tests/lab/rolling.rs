@@ -28,7 +28,8 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use nodeward_api::{
-    MaintenancePhase, NodeMaintenance, conditions::policy as policy_conditions, report::AgentMode,
+    MaintenancePhase, NodeMaintenance, conditions::policy as policy_conditions, policy::Progress,
+    report::AgentMode,
 };
 use nodeward_e2e::{fixtures::MaintenanceSpec, history, wait};
 
@@ -150,6 +151,17 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
 
     rebooted_by_its_own_method(&lab, &names, &host_mode.name).await?;
 
+    // All at the new version, in the policy's progress and its condition.
+    let all = Progress {
+        updated: i32::try_from(names.len())?,
+        ..Progress::default()
+    };
+    let said = patching::progress_shows(&lab, all, true).await?;
+    assert_eq!(
+        said,
+        format!("all {} matched nodes are updated", names.len())
+    );
+
     // The host-mode agent closed its gate again on the new boot.
     host::assert_gate_refuses(&host_mode).await?;
 
@@ -263,6 +275,15 @@ async fn assert_halted_with_the_rest_waiting(
             .duration_since(failed_at.0)
             .as_secs_f64()
     );
+    // The progress: the canary failed, the rest wait.
+    let progress = Progress {
+        pending: i32::try_from(waiting.len())?,
+        failed: 1,
+        failed_nodes: vec![node.clone()],
+        ..Progress::default()
+    };
+    let said = patching::progress_shows(lab, progress, false).await?;
+    assert!(said.contains(&format!("({node})")), "{said}");
     let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     let nodes: Api<Node> = Api::all(lab.client.clone());
     for name in waiting {

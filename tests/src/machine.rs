@@ -35,6 +35,10 @@ pub struct Machine {
     pub rebooted_at: Vec<Instant>,
     /// When the current boot began.
     booted_at: jiff::Timestamp,
+    /// How long [`reboot_until_succeeded`] keeps the machine down (none by default).
+    pub reboot_takes: std::time::Duration,
+    /// Down for its reboot until then.
+    down_until: Option<Instant>,
 }
 
 impl Machine {
@@ -70,6 +74,8 @@ impl Machine {
             boots: 0,
             rebooted_at: Vec::new(),
             booted_at: jiff::Timestamp::now(),
+            reboot_takes: std::time::Duration::ZERO,
+            down_until: None,
         };
         machine.boot()?;
         Ok(machine)
@@ -176,8 +182,9 @@ impl Machine {
     }
 }
 
-/// Carries out every reboot logind asks `machines` for until each NodeMaintenance in `names`
-/// has Succeeded; fails with the machines' output after `limit`.
+/// Carries out every reboot logind asks `machines` for (each down for its `reboot_takes`)
+/// until each NodeMaintenance in `names` has Succeeded; fails with the machines' output after
+/// `limit`.
 pub async fn reboot_until_succeeded(
     machines: &mut [Machine],
     client: &kube::Client,
@@ -189,7 +196,12 @@ pub async fn reboot_until_succeeded(
     loop {
         for m in machines.iter_mut() {
             if m.reboot_requested() {
-                m.reboot().await?;
+                m.go_down().await?;
+                m.down_until = Some(Instant::now() + m.reboot_takes);
+            }
+            if m.down_until.is_some_and(|until| Instant::now() >= until) {
+                m.down_until = None;
+                m.come_up()?;
             }
         }
         let mut done = 0;

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use futures::StreamExt;
-use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod};
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    core::v1::Pod,
+};
 use kube::{
     Api, ResourceExt,
     api::PostParams,
@@ -61,18 +64,85 @@ pub async fn spread_deployment(
         .with_context(|| format!("creating Deployment {name}"))
 }
 
+/// `nodes` ReplicaSets `name-<index>` of `pods` pods each, pinned to node `index` of `env`
+/// (its hostname label), each pod Ready `ready_after` after it runs and given `grace` (e.g.
+/// "2s") to stop: a node's own replicated service, which comes back only when its node does.
+/// One `app` label over all of them, so that one [`ReadyWatch`] sees them all.
+pub async fn pinned_replica_sets(
+    env: &TestEnv,
+    name: &str,
+    nodes: usize,
+    pods: i32,
+    ready_after: &str,
+    grace: std::time::Duration,
+) -> anyhow::Result<()> {
+    let app = format!("{name}-{}", env.id);
+    let api: Api<ReplicaSet> = Api::namespaced(env.client.clone(), &env.namespace);
+    for index in 0..nodes {
+        let set = format!("{name}-{index}");
+        let replica_set: ReplicaSet = serde_json::from_value(json!({
+            "metadata": {"name": set, "labels": {TEST_LABEL: env.id}},
+            "spec": {
+                "replicas": pods,
+                "selector": {"matchLabels": {"app": app, "set": set}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app": app, "set": set, TEST_LABEL: env.id},
+                        "annotations": {READY_AFTER: ready_after},
+                    },
+                    "spec": {
+                        "terminationGracePeriodSeconds": grace.as_secs(),
+                        "nodeSelector": {"kubernetes.io/hostname": env.node_name(index)},
+                        "containers": [{"name": "main", "image": "registry.invalid/nodeward-e2e:fake"}],
+                        "tolerations": [
+                            {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"},
+                            {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"},
+                        ],
+                    },
+                },
+            },
+        }))?;
+        api.create(&PostParams::default(), &replica_set)
+            .await
+            .with_context(|| format!("creating ReplicaSet {set}"))?;
+    }
+    Ok(())
+}
+
 /// How many pods of a workload were Ready (and not terminating) at each change seen.
 #[derive(Clone, Debug, Default)]
 pub struct Readiness {
-    /// Ready pods now, by name.
-    pub ready: std::collections::BTreeSet<String>,
+    /// Ready pods now, by name, with the node each runs on.
+    pub ready: std::collections::BTreeMap<String, String>,
     /// The fewest Ready pods seen since the watch was armed (`None` before).
     pub fewest: Option<usize>,
     /// Each change of the count: when, and how many.
     pub timeline: Vec<(jiff::Timestamp, usize)>,
+    /// Each change of a node's count: when, which node, and how many Ready there.
+    pub on_node: Vec<(jiff::Timestamp, String, usize)>,
 }
 
-/// Watches the Ready pods of `name` (a [`spread_deployment`]); the task ends when the returned
+impl Readiness {
+    /// When `node` first had `count` Ready pods again at or after `since`.
+    pub fn back_on(
+        &self,
+        node: &str,
+        count: usize,
+        since: jiff::Timestamp,
+    ) -> Option<jiff::Timestamp> {
+        self.on_node
+            .iter()
+            .find(|(at, on, n)| *at >= since && on == node && *n >= count)
+            .map(|(at, _, _)| *at)
+    }
+
+    /// Ready pods on `node` now.
+    pub fn ready_on(&self, node: &str) -> usize {
+        self.ready.values().filter(|on| *on == node).count()
+    }
+}
+
+/// Watches the Ready pods of `name` (a [`spread_deployment`] or [`pinned_replica_sets`]); the task ends when the returned
 /// handle is dropped.
 pub struct ReadyWatch {
     pub seen: Arc<Mutex<Readiness>>,
@@ -97,16 +167,24 @@ impl ReadyWatch {
                         .is_some_and(|c| {
                             c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
                         });
+                let node = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default();
                 let mut seen = recorded.lock().unwrap_or_else(|p| p.into_inner());
                 let before = seen.ready.len();
                 if ready {
-                    seen.ready.insert(pod.name_any());
+                    seen.ready.insert(pod.name_any(), node.clone());
                 } else {
                     seen.ready.remove(&pod.name_any());
                 }
                 let now = seen.ready.len();
                 if now != before {
-                    seen.timeline.push((jiff::Timestamp::now(), now));
+                    let at = jiff::Timestamp::now();
+                    let there = seen.ready_on(&node);
+                    seen.on_node.push((at, node, there));
+                    seen.timeline.push((at, now));
                     if let Some(fewest) = seen.fewest.as_mut() {
                         *fewest = (*fewest).min(now);
                     }

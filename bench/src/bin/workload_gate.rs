@@ -1,16 +1,21 @@
 //! The cost of safety: a rolling reboot of `--nodes` simulated machines (real agents, real
-//! logind, the real coordinator) under a Deployment of one replica per node whose pods take
-//! `--ready-after` to become Ready, at `maxConcurrent: 1`, with the workload gate on (the
-//! default) and off (`checkDisruptionBudgets` and `waitForEvicted` false). Per mode: the wall
-//! time from the maintenances' creation to the last Succeeded (median of `--runs`), the
-//! fewest Ready replicas seen during the rollout, and the ideal: the sum over the nodes of
-//! their own work and their workload's return (from Admitted until both the health gate's
-//! `for` after Verifying has passed and its evicted replica is Ready again), against which the
-//! wall time shows what coordinating adds. With `--pdb` a PodDisruptionBudget of
-//! `minAvailable: nodes - 1` covers the Deployment.
+//! logind, the real coordinator) at `maxConcurrent: 1`, with the workload gate on (the
+//! default) and off (`checkDisruptionBudgets` and `waitForEvicted` false). On the machines
+//! either a Deployment of one replica per machine (`--workload spread`) or, on each machine,
+//! its own ReplicaSet of `--pods` pods pinned to it with a `--grace` to stop (`--workload
+//! pinned`); pods take `--ready-after` to become Ready, and a machine stays down `--reboot`.
+//! Per mode: the wall time from the maintenances' creation to the last Succeeded (median of
+//! `--runs`), the fewest Ready pods seen during the rollout, and the ideal: the sum over the
+//! nodes of their own work and their workload's return (from Admitted until both the health
+//! gate's `for` after Verifying has passed and its evicted pods are Ready again), against
+//! which the wall time shows what coordinating adds. Also printed, the bare floor: reboots
+//! and grace one after the other, plus the pods' measured return once their node was back.
+//! With `--pdb` a PodDisruptionBudget of `minAvailable: all pods - 1` covers the workload.
 //!
 //!   cargo build --release -p nodeward-agent -p nodeward-coordinator -p nodeward-bench
 //!   target/release/workload-gate --nodes 3 --ready-after 5s --runs 3
+//!   target/release/workload-gate --nodes 10 --workload pinned --pods 3 --grace 2s \
+//!     --reboot 5s --ready-after 0s --runs 2
 //!
 //! Uses the control plane in $NODEWARD_TEST_CONTROLPLANE if set, else starts one.
 
@@ -36,12 +41,32 @@ use nodeward_e2e::{
 };
 use serde_json::json;
 
+/// What runs on the machines.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// One Deployment, one replica per machine (required anti-affinity), grace 1 s.
+    Spread,
+    /// On each machine its own ReplicaSet of `--pods` pods pinned to it, grace `--grace`.
+    Pinned,
+}
+
 #[derive(Parser)]
 struct Args {
-    /// Simulated machines (and replicas, one per machine).
+    /// Simulated machines.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    /// How long a replica takes to become Ready once running.
+    #[arg(long, value_enum, default_value_t = Workload::Spread)]
+    workload: Workload,
+    /// Pods per machine (`--workload pinned`).
+    #[arg(long, default_value_t = 3)]
+    pods: usize,
+    /// The pods' termination grace period (`--workload pinned`).
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    grace: Duration,
+    /// How long a machine stays down when it reboots.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    reboot: Duration,
+    /// How long a pod takes to become Ready once running.
     #[arg(long, default_value = "5s")]
     ready_after: String,
     /// Rollouts per mode.
@@ -95,8 +120,11 @@ fn watch_phases(env: &TestEnv) -> (PhasesSeen, tokio::task::JoinHandle<()>) {
 #[derive(Default)]
 struct Ideal {
     /// The sum over the nodes of Admitted until the later of Verifying + the health gate's
-    /// `for` and its evicted replica Ready again.
+    /// `for` and its evicted pods Ready again.
     total: f64,
+    /// The sum over the nodes of Verifying until its evicted pods were Ready again: the
+    /// workloads' own return once their node was back.
+    returns: f64,
     /// Per node: Succeeded after that point (the wait the gates add beyond the workload's own
     /// return).
     succeeded_after: Vec<f64>,
@@ -104,10 +132,13 @@ struct Ideal {
     gaps: Vec<f64>,
 }
 
+/// `nodes[i]` is the node of maintenance `names[i]`, which ran `per_node` Ready pods.
 fn ideal(
     names: &[String],
+    nodes: &[String],
+    per_node: usize,
     phases: &BTreeMap<(String, MaintenancePhase), jiff::Timestamp>,
-    timeline: &[(jiff::Timestamp, usize)],
+    readiness: &workload::Readiness,
 ) -> anyhow::Result<Ideal> {
     let at = |name: &String, phase| {
         phases
@@ -115,25 +146,25 @@ fn ideal(
             .copied()
             .with_context(|| format!("{name} never seen {phase:?}"))
     };
+    let secs = |d: jiff::SignedDuration| d.as_secs_f64();
+    let mut ideal = Ideal::default();
     let mut spans = Vec::new();
-    for name in names {
+    for (name, node) in names.iter().zip(nodes) {
         let (admitted, verifying, succeeded) = (
             at(name, MaintenancePhase::Admitted)?,
             at(name, MaintenancePhase::Verifying)?,
             at(name, MaintenancePhase::Succeeded)?,
         );
-        // Its evicted replica Ready again: the first count that rose since it was back (with
-        // the gate off, the next node's drain may already have taken another one).
-        let back = timeline
-            .windows(2)
-            .find(|w| w[1].0 >= verifying && w[1].1 > w[0].1)
-            .map_or(succeeded, |w| w[1].0);
+        // Its evicted pods Ready again: the first time since it was back that its node had
+        // all of them Ready (they come back to it: pinned, or the other nodes are full).
+        let back = readiness
+            .back_on(node, per_node, verifying)
+            .with_context(|| format!("{node}: its pods never seen Ready again"))?;
+        ideal.returns += secs(back.duration_since(verifying));
         let done = back.max(verifying.checked_add(HEALTH_GATE_FOR)?);
         spans.push((admitted, done, succeeded));
     }
     spans.sort_by_key(|(admitted, _, _)| *admitted);
-    let secs = |d: jiff::SignedDuration| d.as_secs_f64();
-    let mut ideal = Ideal::default();
     for (i, (admitted, done, succeeded)) in spans.iter().enumerate() {
         ideal.total += secs(done.duration_since(*admitted));
         ideal
@@ -154,9 +185,18 @@ fn median(values: &mut [f64]) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let pods = match args.workload {
+        Workload::Spread => "one replica of a Deployment each, grace 1 s,".to_owned(),
+        Workload::Pinned => format!(
+            "a ReplicaSet of {} pods pinned to each, grace {},",
+            args.pods,
+            humantime::format_duration(args.grace)
+        ),
+    };
     println!(
-        "{} machines, one replica each Ready {} after it runs, maxConcurrent 1, PDB: {}",
+        "{} machines down {} when they reboot, {pods} Ready {} after they run, maxConcurrent 1, PDB: {}",
         args.nodes,
+        humantime::format_duration(args.reboot),
         args.ready_after,
         if args.pdb {
             "minAvailable nodes - 1"
@@ -175,12 +215,15 @@ async fn main() -> anyhow::Result<()> {
         for run in 0..args.runs {
             let r = rollout(&args, &gate).await?;
             println!(
-                "{mode} run {}: {:.1} s, fewest Ready {} of {}, ideal {:.1} s",
+                "{mode} run {}: {:.1} s, fewest Ready {} of {}, ideal {:.1} s; the bare floor (reboots and grace, {:.1} s, and the pods' return once their node was back, {:.1} s) {:.1} s",
                 run + 1,
                 r.wall.as_secs_f64(),
                 r.fewest,
-                args.nodes,
-                r.ideal.total
+                total_pods(&args),
+                r.ideal.total,
+                floor(&args),
+                r.ideal.returns,
+                floor(&args) + r.ideal.returns,
             );
             rollouts.push(r);
         }
@@ -191,6 +234,10 @@ async fn main() -> anyhow::Result<()> {
             .iter()
             .map(|r| r.wall.as_secs_f64() / r.ideal.total)
             .collect();
+        let mut floors: Vec<f64> = rollouts
+            .iter()
+            .map(|r| r.wall.as_secs_f64() / (floor(&args) + r.ideal.returns))
+            .collect();
         let mut ideals: Vec<f64> = rollouts.iter().map(|r| r.ideal.total).collect();
         let mut after: Vec<f64> = rollouts
             .iter()
@@ -198,13 +245,14 @@ async fn main() -> anyhow::Result<()> {
             .collect();
         let mut gaps: Vec<f64> = rollouts.iter().flat_map(|r| r.ideal.gaps.clone()).collect();
         println!(
-            "{mode}: median {:.1} s (range {:.1}-{:.1} s), fewest Ready in any run {fewest} of {}; ideal median {:.1} s, wall/ideal median {:.2}; per node, Succeeded after its own work and its replica's return: median {:.2} s (max {:.2} s), then the next Admitted: median {:.2} s (max {:.2} s)",
+            "{mode}: median {:.1} s (range {:.1}-{:.1} s), fewest Ready in any run {fewest} of {}; ideal median {:.1} s, wall/ideal median {:.2}, wall/bare floor median {:.2}; per node, Succeeded after its own work and its pods' return: median {:.2} s (max {:.2} s), then the next Admitted: median {:.2} s (max {:.2} s)",
             walls[walls.len() / 2],
             walls[0],
             walls[walls.len() - 1],
-            args.nodes,
+            total_pods(&args),
             median(&mut ideals),
             median(&mut ratios),
+            median(&mut floors),
             median(&mut after),
             after.last().copied().unwrap_or(f64::NAN),
             median(&mut gaps),
@@ -212,6 +260,23 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The pods over all machines.
+fn total_pods(args: &Args) -> usize {
+    match args.workload {
+        Workload::Spread => args.nodes,
+        Workload::Pinned => args.nodes * args.pods,
+    }
+}
+
+/// Reboots and grace, one node after the other.
+fn floor(args: &Args) -> f64 {
+    let grace = match args.workload {
+        Workload::Spread => Duration::from_secs(1),
+        Workload::Pinned => args.grace,
+    };
+    (args.reboot + grace).as_secs_f64() * args.nodes as f64
 }
 
 async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollout> {
@@ -224,14 +289,32 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     )
     .await?;
     let replicas = i32::try_from(args.nodes)?;
-    workload::spread_deployment(&env, "web", replicas, &args.ready_after).await?;
-    if args.pdb {
-        env.pdb("web", &format!("web-{}", env.id), replicas - 1)
+    let per_node = match args.workload {
+        Workload::Spread => {
+            workload::spread_deployment(&env, "web", replicas, &args.ready_after).await?;
+            1
+        }
+        Workload::Pinned => {
+            let pods = i32::try_from(args.pods)?;
+            workload::pinned_replica_sets(
+                &env,
+                "web",
+                args.nodes,
+                pods,
+                &args.ready_after,
+                args.grace,
+            )
             .await?;
+            args.pods
+        }
+    };
+    if args.pdb {
+        let pods = i32::try_from(total_pods(args))?;
+        env.pdb("web", &format!("web-{}", env.id), pods - 1).await?;
     }
     let watch = ReadyWatch::start(&env, "web");
-    nodeward_e2e::wait::eventually("every replica Ready", Duration::from_secs(120), || async {
-        Ok((watch.readiness().ready.len() == args.nodes).then_some(()))
+    nodeward_e2e::wait::eventually("every pod Ready", Duration::from_secs(120), || async {
+        Ok((watch.readiness().ready.len() == total_pods(args)).then_some(()))
     })
     .await?;
     watch.arm();
@@ -252,7 +335,9 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     )?;
     let mut machines = Vec::new();
     for index in 0..args.nodes {
-        machines.push(Machine::start(&env, &args.agent, index, "", false).await?);
+        let mut machine = Machine::start(&env, &args.agent, index, "", false).await?;
+        machine.reboot_takes = args.reboot;
+        machines.push(machine);
     }
     let started = Instant::now();
     let names = nodeward_e2e::machine::reboot_each(&env, args.nodes).await?;
@@ -265,8 +350,13 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", coordinator.output()))?;
     let wall = started.elapsed();
+    let fewest = watch.readiness().fewest.unwrap_or(0);
+    // With the gate off, the last node's pods may still be on their way back.
+    nodeward_e2e::wait::eventually("every pod Ready again", Duration::from_secs(120), || async {
+        Ok((watch.readiness().ready.len() == total_pods(args)).then_some(()))
+    })
+    .await?;
     let seen = watch.readiness();
-    let fewest = seen.fewest.unwrap_or(0);
     // The watch may see the last Succeeded after the rollout's own wait did.
     nodeward_e2e::wait::eventually("every Succeeded seen", Duration::from_secs(10), || async {
         let phases = phases.lock().unwrap_or_else(|p| p.into_inner());
@@ -278,7 +368,8 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     .await?;
     phase_watch.abort();
     let phases = phases.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let ideal = ideal(&names, &phases, &seen.timeline)?;
+    let nodes: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
+    let ideal = ideal(&names, &nodes, per_node, &phases, &seen)?;
     if std::env::var_os("WORKLOAD_GATE_TIMELINE").is_some() {
         println!("Ready replicas over the rollout: {:?}", seen.timeline);
         let api: kube::Api<nodeward_api::NodeMaintenance> = kube::Api::all(env.client.clone());
