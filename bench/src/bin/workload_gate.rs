@@ -352,9 +352,11 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     let wall = started.elapsed();
     let fewest = watch.readiness().fewest.unwrap_or(0);
     // With the gate off, the last node's pods may still be on their way back.
-    nodeward_e2e::wait::eventually("every pod Ready again", Duration::from_secs(120), || async {
-        Ok((watch.readiness().ready.len() == total_pods(args)).then_some(()))
-    })
+    nodeward_e2e::wait::eventually(
+        "every pod Ready again",
+        Duration::from_secs(120),
+        || async { Ok((watch.readiness().ready.len() == total_pods(args)).then_some(())) },
+    )
     .await?;
     let seen = watch.readiness();
     // The watch may see the last Succeeded after the rollout's own wait did.
