@@ -50,6 +50,9 @@ use crate::{
 pub(super) struct ThisBoot {
     /// Since when the health gate has held.
     pub(super) healthy_since: Option<Timestamp>,
+    /// When a holding health gate's `for` runs out: the executor looks again then, not only
+    /// on its resync, so that a healthy node passes its gate when it may.
+    pub(super) gate_due_in: Option<Duration>,
     /// Maintenances whose action was asked of logind.
     acted: HashSet<String>,
     /// The host runs this agent ended, per maintenance uid (a watch may not show them yet).
@@ -82,6 +85,9 @@ const LAST_WORD: Duration = Duration::from_secs(5);
 /// Re-examined at least this often (health gates and reboots move with time).
 const RESYNC: Duration = Duration::from_secs(5);
 
+/// The shortest wait for a holding health gate (no busy loop on a gate about to pass).
+const GATE_LOOK_AT_LEAST: Duration = Duration::from_millis(20);
+
 pub struct Executor {
     pub client: Client,
     pub node: String,
@@ -106,9 +112,13 @@ impl Executor {
         let NodeMaintenances { store, mut changes } = maintenances;
         let mut this_boot = ThisBoot::default();
         loop {
+            let look_again = this_boot
+                .gate_due_in
+                .take()
+                .map_or(RESYNC, |due| due.clamp(GATE_LOOK_AT_LEAST, RESYNC));
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(RESYNC) => {}
+                _ = tokio::time::sleep(look_again) => {}
                 () = stop::asked(&mut stopping) => return,
             }
             let mut maintenances = store.state();
@@ -236,7 +246,12 @@ impl Executor {
         let status = m.status.clone().unwrap_or_default();
         let recorded_boot = status.boot_id.clone().unwrap_or_default();
         let gate = if status.phase == MaintenancePhase::Verifying {
-            self.health_gate(m, &mut this_boot.healthy_since).await?
+            let (gate, due_in) = self.health_gate(m, &mut this_boot.healthy_since).await?;
+            this_boot.gate_due_in = match (this_boot.gate_due_in, due_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            gate
         } else {
             Gate::Waiting(String::new())
         };

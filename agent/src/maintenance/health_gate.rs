@@ -17,12 +17,13 @@ use crate::policies;
 
 impl Executor {
     /// Ready, and none of the gate's problem conditions True, for the gate's `for`; expired
-    /// when that has not happened within the gate's `timeout` of entering Verifying.
+    /// when that has not happened within the gate's `timeout` of entering Verifying. With it,
+    /// while the node is healthy and the gate holds, how long until its `for` runs out.
     pub(super) async fn health_gate(
         &self,
         m: &NodeMaintenance,
         healthy_since: &mut Option<Timestamp>,
-    ) -> Result<Gate, crate::Error> {
+    ) -> Result<(Gate, Option<Duration>), crate::Error> {
         let gate = policies::effective(m, &self.policies).await.health_gate;
         let node = Api::<Node>::all(self.client.clone())
             .get(&self.node)
@@ -42,13 +43,19 @@ impl Executor {
             *healthy_since = Some(now);
         }
         let verifying_since = m.entered(MaintenancePhase::Verifying).map_or(now, |t| t.0);
-        Ok(lifecycle::judge(
+        let held = healthy_since.map(since);
+        let judged = lifecycle::judge(
             ready,
             &problems,
-            healthy_since.map(since),
+            held,
             gate.hold,
             since(verifying_since),
             gate.timeout,
-        ))
+        );
+        let due_in = match judged {
+            Gate::Waiting(_) => held.map(|held| gate.hold.saturating_sub(held)),
+            _ => None,
+        };
+        Ok((judged, due_in))
     }
 }
