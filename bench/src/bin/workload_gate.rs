@@ -279,25 +279,52 @@ fn floor(args: &Args) -> f64 {
     (args.reboot + grace).as_secs_f64() * args.nodes as f64
 }
 
-async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollout> {
-    let env = TestEnv::new("bench-wgate").await?;
-    let specs: Vec<NodeSpec> = (0..args.nodes).map(|_| NodeSpec::worker("a")).collect();
-    env.create_nodes(&specs).await?;
-    env.create_policy(
-        "wgate",
-        json!({"maxConcurrent": 1, "healthGate": {"for": "1s"}, "workloadGate": gate}),
-    )
-    .await?;
+/// What the rollout went through: the Ready pods over time, and each maintenance's phases and
+/// conditions.
+async fn print_timeline(
+    env: &TestEnv,
+    names: &[String],
+    seen: &workload::Readiness,
+) -> anyhow::Result<()> {
+    println!("Ready replicas over the rollout: {:?}", seen.timeline);
+    let api: kube::Api<nodeward_api::NodeMaintenance> = kube::Api::all(env.client.clone());
+    for name in names {
+        let m = api.get(name).await?;
+        let s = m.status.unwrap_or_default();
+        println!(
+            "{name}: {:?} evicted {:?} conditions {:?}",
+            s.history
+                .iter()
+                .map(|h| (h.phase, h.time.0.to_string()))
+                .collect::<Vec<_>>(),
+            s.evicted_workloads,
+            s.conditions
+                .iter()
+                .map(|c| (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.message.clone()
+                ))
+                .collect::<Vec<_>>()
+        );
+    }
+    Ok(())
+}
+
+/// The machines' workload ([`Workload`]), every pod Ready: a watch of them, and how many run
+/// on each machine.
+async fn start_workload(env: &TestEnv, args: &Args) -> anyhow::Result<(ReadyWatch, usize)> {
     let replicas = i32::try_from(args.nodes)?;
     let per_node = match args.workload {
         Workload::Spread => {
-            workload::spread_deployment(&env, "web", replicas, &args.ready_after).await?;
+            workload::spread_deployment(env, "web", replicas, &args.ready_after).await?;
             1
         }
         Workload::Pinned => {
             let pods = i32::try_from(args.pods)?;
             workload::pinned_replica_sets(
-                &env,
+                env,
                 "web",
                 args.nodes,
                 pods,
@@ -312,11 +339,24 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
         let pods = i32::try_from(total_pods(args))?;
         env.pdb("web", &format!("web-{}", env.id), pods - 1).await?;
     }
-    let watch = ReadyWatch::start(&env, "web");
+    let watch = ReadyWatch::start(env, "web");
     nodeward_e2e::wait::eventually("every pod Ready", Duration::from_secs(120), || async {
         Ok((watch.readiness().ready.len() == total_pods(args)).then_some(()))
     })
     .await?;
+    Ok((watch, per_node))
+}
+
+async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollout> {
+    let env = TestEnv::new("bench-wgate").await?;
+    let specs: Vec<NodeSpec> = (0..args.nodes).map(|_| NodeSpec::worker("a")).collect();
+    env.create_nodes(&specs).await?;
+    env.create_policy(
+        "wgate",
+        json!({"maxConcurrent": 1, "healthGate": {"for": "1s"}, "workloadGate": gate}),
+    )
+    .await?;
+    let (watch, per_node) = start_workload(&env, args).await?;
     watch.arm();
     let (phases, phase_watch) = watch_phases(&env);
     let coordinator = Daemon::start(
@@ -373,29 +413,7 @@ async fn rollout(args: &Args, gate: &serde_json::Value) -> anyhow::Result<Rollou
     let nodes: Vec<String> = (0..args.nodes).map(|i| env.node_name(i)).collect();
     let ideal = ideal(&names, &nodes, per_node, &phases, &seen)?;
     if std::env::var_os("WORKLOAD_GATE_TIMELINE").is_some() {
-        println!("Ready replicas over the rollout: {:?}", seen.timeline);
-        let api: kube::Api<nodeward_api::NodeMaintenance> = kube::Api::all(env.client.clone());
-        for name in &names {
-            let m = api.get(name).await?;
-            let s = m.status.unwrap_or_default();
-            println!(
-                "{name}: {:?} evicted {:?} conditions {:?}",
-                s.history
-                    .iter()
-                    .map(|h| (h.phase, h.time.0.to_string()))
-                    .collect::<Vec<_>>(),
-                s.evicted_workloads,
-                s.conditions
-                    .iter()
-                    .map(|c| (
-                        c.type_.clone(),
-                        c.status.clone(),
-                        c.reason.clone(),
-                        c.message.clone()
-                    ))
-                    .collect::<Vec<_>>()
-            );
-        }
+        print_timeline(&env, &names, &seen).await?;
     }
     drop((machines, coordinator, watch));
     env.cleanup().await?;
