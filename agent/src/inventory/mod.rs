@@ -107,11 +107,16 @@ fn package_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || ".+-_:".contains(c))
 }
 
+/// What a fresh reading may take beyond the readings' own bound (writing it, scheduling).
+const FRESH_MARGIN: Duration = Duration::from_secs(10);
+
 /// The running inventory: its last reading, and fresh ones on request.
 #[derive(Clone)]
 pub struct Inventories {
     latest: watch::Receiver<Option<Inventory>>,
     asks: mpsc::Sender<oneshot::Sender<Inventory>>,
+    /// How long one reading may take (`inventory.timeout`).
+    reading: Duration,
 }
 
 impl Inventories {
@@ -121,10 +126,15 @@ impl Inventories {
     }
 
     /// A reading taken now (written to the report as well); `None` when the inventory task
-    /// has stopped or the reading did not come within `within`.
-    pub async fn fresh(&self, within: Duration) -> Option<Inventory> {
+    /// has stopped or the reading did not come in time. In time is within two readings' bound
+    /// and a little: one may be under way when asked, then comes the one taken for the ask. A
+    /// shorter wait would record an older reading as the versions before an update on a slow
+    /// host (seen under emulation: a reading from before the package was installed, and
+    /// nothing for the rollback to reinstall).
+    pub async fn fresh(&self) -> Option<Inventory> {
         let (tx, rx) = oneshot::channel();
         self.asks.send(tx).await.ok()?;
+        let within = self.reading * 2 + FRESH_MARGIN;
         tokio::time::timeout(within, rx).await.ok()?.ok()
     }
 }
@@ -143,8 +153,13 @@ impl Reader {
     pub fn start(self, stopping: Stopping, tasks: &mut tokio::task::JoinSet<()>) -> Inventories {
         let (publish, latest) = watch::channel(None);
         let (asks, asked) = mpsc::channel(8);
+        let reading = self.config.timeout;
         tasks.spawn(self.run(publish, asked, stopping));
-        Inventories { latest, asks }
+        Inventories {
+            latest,
+            asks,
+            reading,
+        }
     }
 
     async fn run(

@@ -25,9 +25,6 @@ use super::{
 };
 use crate::policies;
 
-/// How long a step waits for a fresh inventory reading before it records the last one.
-const FRESH_INVENTORY: Duration = Duration::from_secs(30);
-
 /// The most of a run's output an Event quotes.
 const EVENT_OUTPUT: usize = 512;
 
@@ -220,8 +217,13 @@ impl Executor {
     /// What the host runs now (for `versionsBefore` and `versionsAfter`): a fresh reading, or
     /// the last one when none comes in time.
     pub(super) async fn versions(&self) -> Option<nodeward_api::inventory::Inventory> {
-        let fresh = self.inventories.fresh(FRESH_INVENTORY).await;
-        fresh.or_else(|| self.inventories.latest())
+        let fresh = self.inventories.fresh().await;
+        fresh.or_else(|| {
+            let latest = self.inventories.latest();
+            let at = latest.as_ref().and_then(|i| i.read_at.as_ref()).map(|t| t.0);
+            tracing::warn!(node = %self.node, read_at = ?at, "no fresh inventory reading in time: recording the last one");
+            latest
+        })
     }
 
     /// The update needs no reboot: Verifying at once, for the health gate.
