@@ -463,8 +463,15 @@ impl Lab {
         name: &str,
         spec: MaintenanceSpec<'_>,
     ) -> anyhow::Result<()> {
-        nodeward_e2e::fixtures::create_maintenance(&self.client, name, spec, self.test_label())
-            .await
+        // Labelled as the lab's (not the fixture's, which is the end-to-end tests'): the next
+        // test's reset deletes what a test that failed half-way left.
+        self.apply(json!({
+            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
+            "metadata": {"name": name, "labels": {TEST_LABEL: self.test_label()}},
+            "spec": {"nodeName": spec.node, "reason": spec.reason, "action": spec.action,
+                     "requestedBy": "e2e"},
+        }))
+        .await
     }
 
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {

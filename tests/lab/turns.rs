@@ -13,7 +13,11 @@
 //! runs or waits (lane tests go first, as a queue drains before a barrier). Each test needs its
 //! own test thread to wait in: `tests/run` gives the lab's tests one each.
 
-use std::sync::Mutex;
+use std::{
+    io::Write,
+    sync::{Mutex, OnceLock},
+    time::Instant,
+};
 
 use tokio::sync::Notify;
 
@@ -101,18 +105,35 @@ fn taken() -> std::sync::MutexGuard<'static, Taken> {
 }
 
 /// A test's turn, given back when it is dropped (also when the test panics).
-pub struct Held(Turn);
+pub struct Held {
+    turn: Turn,
+    since: Instant,
+}
 
 impl Drop for Held {
     fn drop(&mut self) {
-        taken().set(self.0, false);
+        taken().set(self.turn, false);
         RELEASED.notify_waiters();
+        let held = self.since.elapsed().as_secs();
+        say(format_args!("gives back {:?} after {held} s", self.turn));
     }
+}
+
+/// A line on the run's log as it happens (the test harness shows a test's own output only once
+/// it ends, and a run that runs out of time never shows it): where the lab's time goes.
+fn say(what: std::fmt::Arguments) {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let at = START.get_or_init(Instant::now).elapsed().as_secs();
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    // Not captured: written to the process's stderr, not through the harness's capture.
+    let _ = writeln!(std::io::stderr().lock(), "lab turn [{at} s]: {test} {what}");
 }
 
 /// Waits for `turn` (each test runs on a runtime of its own: the lock is the runtime's-agnostic
 /// kind).
 pub async fn take(turn: Turn) -> Held {
+    say(format_args!("waits for {turn:?}"));
     if turn != Turn::Whole {
         taken().lane_tests_waiting += 1;
     }
@@ -127,7 +148,12 @@ pub async fn take(turn: Turn) -> Held {
                 if turn != Turn::Whole {
                     taken.lane_tests_waiting -= 1;
                 }
-                return Held(turn);
+                drop(taken);
+                say(format_args!("takes {turn:?}"));
+                return Held {
+                    turn,
+                    since: Instant::now(),
+                };
             }
         }
         released.await;
