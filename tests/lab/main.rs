@@ -1,6 +1,7 @@
 //! End-to-end tests on real nodes: the node lab's VMs (systemd as PID 1, containerd, a real
-//! kubelet) joined to the shared control plane. `./tests/run` boots the lab before the tests;
-//! run alone, the first test starts one (minutes under software emulation).
+//! kubelet) joined to the shared control plane. `./tests/run` gives the lab a control plane of
+//! its own and runs these tests beside the others; run alone, the first test starts a lab
+//! (minutes under software emulation).
 
 mod bench;
 mod chart;
