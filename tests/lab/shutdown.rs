@@ -247,6 +247,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
 /// sorts after the kubelet's `99-kubelet.conf`), nodeward drains through the API, and the test
 /// prints which of the two reached the pod first (its `DisruptionTarget` condition).
 #[tokio::test]
+#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored shutdown::with_the_kubelets"]
 async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands()
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::beside(Pick::At(1)).await?;
