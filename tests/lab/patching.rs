@@ -249,8 +249,8 @@ pub async fn publish_broken_v2_to_every_vm(lab: &Lab) -> anyhow::Result<Versions
         "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
         "metadata": {"name": POLICY, "labels": {TEST_LABEL: "true"}},
         "spec": {
-            // The lab's VMs only: the shared control plane has other nodes, which the policy's
-            // progress would count.
+            // The lab's VMs only: a control plane the lab shares (a run by hand) has other
+            // nodes, which the policy's progress would count.
             "nodeSelector": {"matchExpressions": [
                 {"key": "nodelab.nodeward.io/vm", "operator": "In", "values": lab.lab.nodes},
             ]},
@@ -493,8 +493,8 @@ pub async fn assert_versions_recorded(
     Ok(())
 }
 
-/// Every VM's apt as the lab built it, and the patching policy gone (it selects every node:
-/// the tests after the lab's share the control plane).
+/// Every VM's apt as the lab built it, and the patching policy gone (the lab's later tests
+/// must not meet its update and canary).
 pub async fn restore_apt(lab: &Lab) -> anyhow::Result<()> {
     futures::future::try_join_all(
         lab.lab
