@@ -26,6 +26,7 @@ use nodeward_e2e::nodelab::Vm;
 
 use crate::{
     recorders::{self, Departure},
+    stories,
     support::{self, Lab, REBOOT},
 };
 
@@ -186,7 +187,7 @@ async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyh
     vm.wait_node_ready(&lab.client, REBOOT).await?;
 
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let story = support::drain_story(&lab.client, &vm).await;
+    let story = stories::drain_story(&lab.client, &vm).await;
     let announced = announced_at(&vm, typed_at).await?.duration_since(typed_at);
     let announced = Duration::try_from(announced).unwrap_or_default();
     let mut waits = Vec::new();

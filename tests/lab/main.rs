@@ -16,5 +16,6 @@ mod registration;
 mod rolling;
 mod runtime;
 mod shutdown;
+mod stories;
 mod support;
 mod turns;

@@ -15,8 +15,11 @@ use nodeward_api::DisruptionPolicy;
 use nodeward_e2e::wait;
 use serde_json::json;
 
-use crate::support::{
-    self, HOST_MODE_LABEL, HostCredential, Lab, Pick, REBOOT, REGISTRATION_RESTORED, TEST_LABEL,
+use crate::{
+    stories,
+    support::{
+        HOST_MODE_LABEL, HostCredential, Lab, Pick, REBOOT, REGISTRATION_RESTORED, TEST_LABEL,
+    },
 };
 
 /// The kubelet's unit with a drop-in (undone by [`REGISTRATION_RESTORED`]) (in /run: a reboot forgets it) that keeps the host-mode
@@ -128,7 +131,7 @@ async fn a_kubelet_that_cannot_register_is_unregistered_then_a_node_never_ready_
     );
     let uid = timed_out.uid();
     wait::eventually("the NodeStartupTimeout Event", REBOOT, || async {
-        let events = support::node_events(&lab.client, &node).await?;
+        let events = stories::node_events(&lab.client, &node).await?;
         Ok(events.into_iter().find(|e| {
             e.reason.as_deref() == Some("NodeStartupTimeout")
                 && e.regarding.as_ref().and_then(|r| r.uid.clone()) == uid

@@ -13,7 +13,7 @@ use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
 
 use crate::{
-    recorders,
+    recorders, stories,
     support::{self, Lab, Pick, REBOOT},
 };
 
@@ -166,7 +166,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     {
         String::new()
     } else {
-        support::drain_story(&lab.client, &vm).await
+        stories::drain_story(&lab.client, &vm).await
     };
     // The evicted pod, not its replacement (Pending: the node is cordoned). The drain waits
     // for it to stop, or (a kubelet slow to report) until 10 s past its grace period.
@@ -223,7 +223,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
     );
 
     // The drain stayed within the delay logind really grants (the agent raised it to 120 s).
-    let events = support::node_events(&lab.client, &node).await?;
+    let events = stories::node_events(&lab.client, &node).await?;
     let time_of = |reason: &str| {
         events
             .iter()
@@ -278,7 +278,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
     let (typed, _) = reboot_typed(&lab, &vm).await?;
 
     // nodeward drained (its Events), whatever the kubelet did meanwhile.
-    let drained = support::node_events(&lab.client, &node)
+    let drained = stories::node_events(&lab.client, &node)
         .await?
         .iter()
         .any(|e| {
@@ -289,7 +289,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
                     .is_some_and(|t| t.0 >= since)
         });
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let story = support::drain_story(&lab.client, &vm).await;
+    let story = stories::drain_story(&lab.client, &vm).await;
     anyhow::ensure!(
         drained,
         "no ShutdownDrainStarted since the reboot: {seen:?}\n{story}"

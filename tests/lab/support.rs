@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 use crate::{
     fencing::CUT_OFF_RESTORED,
     patching::APT_RESTORED,
+    stories,
     turns::{self, Turn},
 };
 
@@ -277,9 +278,9 @@ impl Lab {
         self.lab.vm(name)
     }
 
-    /// Every node of this test's turn Ready and schedulable with a Ready agent pod (but where
-    /// an agent runs in host mode), every agent pod of the chart's current template, and the
-    /// coordinators Ready: both for a test on their nodes (its disruption takes one, the other
+    /// Every node of this test's turn Ready, schedulable and untainted, with a Ready agent pod
+    /// (but where an agent runs in host mode), every agent pod of the chart's current template,
+    /// and the coordinators Ready: both for a test on their nodes (its disruption takes one, the other
     /// answers the eviction webhook), one for the others.
     pub async fn settled(&self) -> anyhow::Result<()> {
         let vms = self.vms();
@@ -329,10 +330,21 @@ impl Lab {
             },
         )
         .await?;
+        // No taint either: the lab's nodes have none of their own, and one a test left
+        // (nodeward's shutdown taint, the out-of-service one) would keep the next test's
+        // pods off the node.
         for vm in &vms {
-            wait::until(&nodes_api, &vm.name, "the node schedulable", REBOOT, |n| {
-                n.is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) != Some(true))
-            })
+            wait::until(
+                &nodes_api,
+                &vm.name,
+                "the node schedulable and untainted",
+                REBOOT,
+                |n| {
+                    n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+                        s.unschedulable != Some(true) && s.taints.iter().flatten().next().is_none()
+                    })
+                },
+            )
             .await?;
         }
         Ok(())
@@ -579,7 +591,7 @@ impl Lab {
         count: usize,
     ) -> anyhow::Result<Vec<Pod>> {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        wait::eventually(&format!("{count} pods {labels} Ready"), REBOOT, || async {
+        let ready = wait::eventually(&format!("{count} pods {labels} Ready"), REBOOT, || async {
             let list = pods.list(&ListParams::default().labels(labels)).await?;
             let ready: Vec<Pod> = list
                 .items
@@ -588,7 +600,11 @@ impl Lab {
                 .collect();
             Ok((ready.len() >= count).then_some(ready))
         })
-        .await
+        .await;
+        match ready {
+            Ok(ready) => Ok(ready),
+            Err(e) => Err(e.context(stories::pods_story(&self.client, namespace, labels).await)),
+        }
     }
 }
 
@@ -769,18 +785,6 @@ where
     Ok(())
 }
 
-/// The Events about `node` (events.k8s.io, by `regarding`).
-pub async fn node_events(
-    client: &Client,
-    node: &str,
-) -> kube::Result<Vec<k8s_openapi::api::events::v1::Event>> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
-    let list = events
-        .list(&ListParams::default().fields(&format!("regarding.name={node}")))
-        .await?;
-    Ok(list.items)
-}
-
 /// A token of the chart's agent service account bound to `object` (a reference with apiVersion,
 /// kind, name and uid): what the agent on that object's node holds.
 pub async fn agent_token(client: &Client, object: Value, seconds: i64) -> anyhow::Result<String> {
@@ -826,42 +830,6 @@ pub async fn agent_pod(client: &Client, node: &str) -> anyhow::Result<Pod> {
         .with_context(|| format!("no agent pod on {node}"))
 }
 
-/// What a failed drain test needs to be understood: the Events about `node` (the agent's and
-/// the coordinator's, oldest first) and the last lines the agent containers on `vm` logged,
-/// the previous boot's included (the kubelet keeps a container's log files across reboots).
-pub async fn drain_story(client: &Client, vm: &Vm) -> String {
-    let mut lines = match node_events(client, &vm.name).await {
-        Ok(mut items) => {
-            items.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
-            items
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{} {} {}",
-                        e.metadata
-                            .creation_timestamp
-                            .as_ref()
-                            .map(|t| t.0.to_string())
-                            .unwrap_or_default(),
-                        e.reason.as_deref().unwrap_or_default(),
-                        e.note.as_deref().unwrap_or_default()
-                    )
-                })
-                .collect()
-        }
-        Err(e) => vec![format!("(no Events: {e})")],
-    };
-    lines.insert(0, format!("Events about {}:", vm.name));
-    let logs = vm
-        .exec(&format!(
-            "for f in /var/log/pods/{NAMESPACE}_*-agent-*/agent/*.log; do echo \"== $f\"; tail -n 40 \"$f\"; done"
-        ))
-        .await
-        .map(|o| o.stdout)
-        .unwrap_or_else(|e| format!("(no agent logs: {e:#})"));
-    format!("{}\nthe agent's logs:\n{logs}", lines.join("\n"))
-}
-
 /// Waits until the agent on `vm` holds its logind delay lock: what a shutdown's drain rests on.
 /// Returns the agent's locks then. A wait that was needed is printed (with logind's restarts),
 /// a lock that never came fails with the agent's story and logind's journal.
@@ -895,7 +863,7 @@ pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<Vec<Str
         Err(e) => {
             let story = format!(
                 "{}\nlogind's journal:\n{}",
-                drain_story(client, vm).await,
+                stories::drain_story(client, vm).await,
                 logind().await
             );
             Err(e.context(story))

@@ -33,6 +33,11 @@ pub const STATE_ENV: &str = "NODEWARD_TEST_NODELAB";
 /// under what any test compares (a drain's 10 s grace, a bench's 100 ms steps).
 const CLOCK_TOLERANCE: f64 = 0.05;
 
+/// How long a command in a guest may take unless a test says otherwise. Most end in a second
+/// or two, but on a loaded machine an emulated guest's systemd takes its time: a daemon-reload
+/// and a kubelet restart once took over 60 s (a CI run, beside the other tests' builds).
+const GUEST_COMMAND: Duration = Duration::from_secs(300);
+
 /// The running lab: its VMs by name.
 #[derive(Debug)]
 pub struct NodeLab {
@@ -269,6 +274,8 @@ impl Vm {
                 }
             };
             let deadline = tokio::time::Instant::now() + timeout;
+            // Each poll is work for the guest agent: from 0.2 s apart to 1 s for a long run.
+            let mut pause = Duration::from_millis(200);
             loop {
                 let status = agent
                     .call(
@@ -293,7 +300,8 @@ impl Vm {
                 if tokio::time::Instant::now() > deadline {
                     bail!("{script:?} did not end within {timeout:?}");
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tokio::time::sleep(pause).await;
+                pause = (pause * 3 / 2).min(Duration::from_secs(1));
             }
         }
         .await;
@@ -340,14 +348,14 @@ impl Vm {
         result.with_context(|| format!("setting the clock of {}", self.name))
     }
 
-    /// Runs `script` (60 s at most).
+    /// Runs `script` ([`GUEST_COMMAND`] at most).
     pub async fn exec(&self, script: &str) -> anyhow::Result<Output> {
-        self.exec_with(script, Duration::from_secs(60)).await
+        self.exec_with(script, GUEST_COMMAND).await
     }
 
-    /// Runs `script`, which must succeed; its standard output.
+    /// Runs `script`, which must succeed ([`GUEST_COMMAND`] at most); its standard output.
     pub async fn run(&self, script: &str) -> anyhow::Result<String> {
-        self.run_within(script, Duration::from_secs(60)).await
+        self.run_within(script, GUEST_COMMAND).await
     }
 
     /// As [`Self::run`], within `timeout`: for what systemd does at its own pace on a loaded
@@ -374,11 +382,18 @@ impl Vm {
             .to_owned())
     }
 
-    /// Runs `script` once the VM answers (it may be booting): retried until `timeout`.
+    /// Runs `script` once the VM answers (it may be booting): retried until `timeout`. Each
+    /// try may take the rest of that time: a try cut short would leave the script running in
+    /// the guest while the next starts it again (a loaded guest's kubelet restart took over
+    /// a minute), each adding to the load that made it slow.
     pub async fn run_when_up(&self, script: &str, timeout: Duration) -> anyhow::Result<String> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            match self.exec_with(script, Duration::from_secs(30)).await {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self
+                .exec_with(script, left.max(Duration::from_secs(30)))
+                .await
+            {
                 Ok(output) if output.code == 0 => return Ok(output.stdout),
                 Ok(output) => bail!(
                     "{script:?} in {} exited {}: {}{}",
