@@ -375,6 +375,52 @@ mod tests {
         );
     }
 
+    /// Inventories whose reader answers each ask after `takes` (and never, given none).
+    fn answering_after(takes: Option<Duration>) -> Inventories {
+        let (_, latest) = watch::channel(None);
+        let (asks, mut asked) = mpsc::channel::<oneshot::Sender<Inventory>>(8);
+        tokio::spawn(async move {
+            let mut unanswered = Vec::new();
+            while let Some(reply) = asked.recv().await {
+                match takes {
+                    Some(takes) => {
+                        tokio::time::sleep(takes).await;
+                        let _ = reply.send(Inventory {
+                            os_image: Some("fresh".to_owned()),
+                            ..Inventory::default()
+                        });
+                    }
+                    None => unanswered.push(reply),
+                }
+            }
+        });
+        Inventories {
+            latest,
+            asks,
+            reading: Duration::from_secs(30),
+        }
+    }
+
+    // A reading under way when asked (up to one bound), then the one taken for the ask (up to
+    // another): 65 s of 30 s readings is still fresh. The wait was 30 s once, and a slow host's
+    // update then recorded the reading from before the package was installed.
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_reading_that_takes_two_bounds_is_waited_for() {
+        let inventories = answering_after(Some(Duration::from_secs(65)));
+        let asked = tokio::time::Instant::now();
+        let got = inventories.fresh().await.expect("the fresh reading");
+        assert_eq!(got.os_image.as_deref(), Some("fresh"));
+        assert_eq!(asked.elapsed(), Duration::from_secs(65));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fresh_reading_that_never_comes_is_given_up_after_two_bounds_and_the_margin() {
+        let inventories = answering_after(None);
+        let asked = tokio::time::Instant::now();
+        assert_eq!(inventories.fresh().await, None);
+        assert_eq!(asked.elapsed(), Duration::from_secs(70));
+    }
+
     #[test]
     fn the_interval_is_jittered_within_a_tenth() {
         for _ in 0..100 {
