@@ -280,8 +280,8 @@ impl Lab {
 
     /// Every node of this test's turn Ready, schedulable and untainted, with a Ready agent pod
     /// (but where an agent runs in host mode), every agent pod of the chart's current template,
-    /// and the coordinators Ready: both for a test on their nodes (its disruption takes one, the other
-    /// answers the eviction webhook), one for the others.
+    /// and the coordinators Ready: both for a test on their nodes (its disruption takes one,
+    /// the other answers the eviction webhook), one for the others.
     pub async fn settled(&self) -> anyhow::Result<()> {
         let vms = self.vms();
         for vm in &vms {
