@@ -20,7 +20,7 @@ use nodeward_api::{
 };
 use nodeward_e2e::{
     controlplane,
-    fixtures::MaintenanceSpec,
+    fixtures::{self, MaintenanceSpec},
     helm::{self, run},
     nodelab::{self, NodeLab, Vm},
     wait,
@@ -475,15 +475,10 @@ impl Lab {
         name: &str,
         spec: MaintenanceSpec<'_>,
     ) -> anyhow::Result<()> {
-        // Labelled as the lab's (not the fixture's, which is the end-to-end tests'): the next
-        // test's reset deletes what a test that failed half-way left.
-        self.apply(json!({
-            "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-            "metadata": {"name": name, "labels": {TEST_LABEL: self.test_label()}},
-            "spec": {"nodeName": spec.node, "reason": spec.reason, "action": spec.action,
-                     "requestedBy": "e2e"},
-        }))
-        .await
+        // Labelled as the lab's (not as the end-to-end tests'): the next test's reset deletes
+        // what a test that failed half-way left.
+        fixtures::create_maintenance(&self.client, name, spec, (TEST_LABEL, self.test_label()))
+            .await
     }
 
     pub async fn report(&self, node: &str) -> anyhow::Result<NodeReport> {

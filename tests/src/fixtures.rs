@@ -84,7 +84,7 @@ impl TestEnv {
             reason,
             action,
         };
-        create_maintenance(&self.client, name, spec, &self.id).await
+        create_maintenance(&self.client, name, spec, (TEST_LABEL, &self.id)).await
     }
 
     /// A ValidatingAdmissionPolicy of the cluster's own beside the chart's, named `name` after
@@ -174,17 +174,17 @@ pub struct MaintenanceSpec<'a> {
     pub action: &'a str,
 }
 
-/// Creates the NodeMaintenance `name` asking for `spec` (`requestedBy: e2e`), labelled as test
-/// `test`'s.
+/// Creates the NodeMaintenance `name` asking for `spec` (`requestedBy: e2e`), labelled `label`
+/// = `test` (the end-to-end tests' label and a test's id, or the lab's and a turn's).
 pub async fn create_maintenance(
     client: &kube::Client,
     name: &str,
     spec: MaintenanceSpec<'_>,
-    test: &str,
+    (label, test): (&str, &str),
 ) -> anyhow::Result<()> {
     let maintenance: NodeMaintenance = serde_json::from_value(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
-        "metadata": {"name": name, "labels": {TEST_LABEL: test}},
+        "metadata": {"name": name, "labels": {label: test}},
         "spec": {"nodeName": spec.node, "reason": spec.reason, "action": spec.action,
                  "requestedBy": "e2e"},
     }))?;
