@@ -168,10 +168,7 @@ impl Executor {
                 this_boot.ended(m, run);
                 Ok(())
             }
-            next @ (Step::RollBack
-            | Step::VerifyRollback
-            | Step::RolledBack
-            | Step::RollbackFailed) => {
+            Step::Rollback(next) => {
                 let seen = Seen {
                     applied: &applied,
                     gate: &gate,

@@ -73,6 +73,20 @@ pub enum Workloads {
     TimedOutFailed,
 }
 
+/// The steps of an update's rollback ([`rollback`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RollbackStep {
+    /// The updated node failed its gate (or `afterBoot` hook): run the rollback on the host.
+    Run,
+    /// Back after the rollback's reboot: Verifying again, judged by the gate again.
+    Verify,
+    /// The rolled-back node passed its gate: restore it, Failed (`RolledBack`).
+    Passed,
+    /// The rollback failed, or the rolled-back node did not pass its gate: restore it, Failed
+    /// (`RollbackFailed`).
+    Failed,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Step {
     /// Nothing to do now.
@@ -100,15 +114,8 @@ pub enum Step {
     WorkloadsFailed,
     /// The health gate did not hold in time: restore the node, Failed.
     GateFailed,
-    /// The updated node failed its gate (or `afterBoot` hook): run the rollback on the host.
-    RollBack,
-    /// Back after the rollback's reboot: Verifying again, judged by the gate again.
-    VerifyRollback,
-    /// The rolled-back node passed its gate: restore it, Failed (`RolledBack`).
-    RolledBack,
-    /// The rollback failed, or the rolled-back node did not pass its gate: restore it, Failed
-    /// (`RollbackFailed`).
-    RollbackFailed,
+    /// A step of the rollback of an update.
+    Rollback(RollbackStep),
     /// Deleted before the action: restore the node, Cancelled, remove the finalizer.
     Cancel,
     /// Deleted after it finished or while drained (DrainOnly): restore the node (unless
@@ -189,13 +196,17 @@ fn rolling_back(f: &Facts) -> Option<Step> {
             let gate_failed = f.gate_expired && f.host == HostState::Clear;
             let hook_failed = f.host == HostState::Failed(HostStep::AfterBoot);
             let passed = f.healthy || f.back_in_service;
-            (!passed && (gate_failed || hook_failed)).then_some(Step::RollBack)
+            (!passed && (gate_failed || hook_failed)).then_some(Step::Rollback(RollbackStep::Run))
         }
-        rollback::Stage::Failed => Some(Step::RollbackFailed),
+        rollback::Stage::Failed => Some(Step::Rollback(RollbackStep::Failed)),
         rollback::Stage::Ran => Some(Step::Act),
-        rollback::Stage::Rebooted { verifying: false } => Some(Step::VerifyRollback),
-        rollback::Stage::Rebooted { .. } if f.healthy => Some(Step::RolledBack),
-        rollback::Stage::Rebooted { .. } if f.gate_expired => Some(Step::RollbackFailed),
+        rollback::Stage::Rebooted { verifying: false } => {
+            Some(Step::Rollback(RollbackStep::Verify))
+        }
+        rollback::Stage::Rebooted { .. } if f.healthy => Some(Step::Rollback(RollbackStep::Passed)),
+        rollback::Stage::Rebooted { .. } if f.gate_expired => {
+            Some(Step::Rollback(RollbackStep::Failed))
+        }
         rollback::Stage::Rebooted { .. } => Some(Step::Wait),
     }
 }
@@ -453,7 +464,7 @@ mod tests {
             gate_expired: true,
             ..armed
         };
-        assert_eq!(step(expired), Step::RollBack);
+        assert_eq!(step(expired), Step::Rollback(RollbackStep::Run));
         assert_eq!(
             step(Facts {
                 rollback: Stage::None,
@@ -482,7 +493,7 @@ mod tests {
             host: HostState::Failed(HostStep::AfterBoot),
             ..armed
         };
-        assert_eq!(step(hook_failed), Step::RollBack);
+        assert_eq!(step(hook_failed), Step::Rollback(RollbackStep::Run));
         // Once it ran, the failed hook and the expired gate of the updated boot are history.
         let ran = Facts {
             rollback: Stage::Ran,
@@ -493,7 +504,7 @@ mod tests {
             rollback: Stage::Rebooted { verifying: false },
             ..ran
         };
-        assert_eq!(step(back), Step::VerifyRollback);
+        assert_eq!(step(back), Step::Rollback(RollbackStep::Verify));
         let judged = Facts {
             rollback: Stage::Rebooted { verifying: true },
             host: HostState::Clear,
@@ -505,21 +516,21 @@ mod tests {
                 healthy: true,
                 ..judged
             }),
-            Step::RolledBack
+            Step::Rollback(RollbackStep::Passed)
         );
         assert_eq!(
             step(Facts {
                 gate_expired: true,
                 ..judged
             }),
-            Step::RollbackFailed
+            Step::Rollback(RollbackStep::Failed)
         );
         assert_eq!(
             step(Facts {
                 rollback: Stage::Failed,
                 ..armed
             }),
-            Step::RollbackFailed
+            Step::Rollback(RollbackStep::Failed)
         );
         assert_eq!(
             step(Facts {

@@ -7,21 +7,21 @@ use nodeward_api::{MaintenancePhase, NodeMaintenance, update::HostStep};
 
 use super::{
     executor::{Executor, Seen, ThisBoot},
-    lifecycle::Step,
+    lifecycle::RollbackStep,
     rollback,
 };
 
 impl Executor {
-    /// Takes `step`, one of the rollback's.
+    /// Takes `step` of the rollback.
     pub(super) async fn rollback_step(
         &self,
-        step: Step,
+        step: RollbackStep,
         m: &NodeMaintenance,
         seen: Seen<'_>,
         this_boot: &mut ThisBoot,
     ) -> Result<(), crate::Error> {
         match step {
-            Step::RollBack => {
+            RollbackStep::Run => {
                 let cause = rollback::cause(seen.gate.expired(), seen.runs);
                 tracing::warn!(maintenance = %m.name_any(), %cause, "rolling back the update");
                 let run = self
@@ -30,19 +30,18 @@ impl Executor {
                 this_boot.ended(m, run);
                 Ok(())
             }
-            Step::VerifyRollback => {
+            RollbackStep::Verify => {
                 this_boot.healthy_since = None;
                 self.verify_rollback(m).await
             }
-            Step::RolledBack => {
+            RollbackStep::Passed => {
                 let why = rollback::passed(seen.runs);
                 self.fail(m, seen.applied, "RolledBack", why).await
             }
-            Step::RollbackFailed => {
+            RollbackStep::Failed => {
                 let why = rollback::failed(seen.gate.expired(), seen.runs);
                 self.fail(m, seen.applied, "RollbackFailed", why).await
             }
-            _ => Ok(()),
         }
     }
 
