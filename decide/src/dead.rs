@@ -11,7 +11,8 @@
 //! watchdog while more than half of the agents it counts answer (so a fleet whose API server is
 //! down does not reset itself). Peers record those probes: a live one's record moves the time
 //! by which the node is down, and while more than half of the agents are silent, the answers
-//! may have come from them, so no node is known to be down.
+//! may have come from them, so no node is known to be down. Nor while a live peer's list is
+//! full of probes: it dropped its oldest to record a newer one.
 //!
 //! A peer lists a node when a probe of it fails and probes it again every round while it is
 //! listed (`agent/src/detect/peers/sightings.rs`): an unreachable entry holds now, whenever it
@@ -21,6 +22,7 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+use nodeward_api::report::PEER_SIGHTINGS_LIMIT;
 
 /// Added to a fencing node's wait: clocks that disagree (the agent writes its heartbeat by its
 /// own clock), the agent's own checking interval, a peer's record of its probes (moved at most
@@ -60,6 +62,10 @@ pub struct Evidence {
     pub probed: Vec<(String, Timestamp)>,
     /// How many other agents are silent: its probes may have been answered by them unseen.
     pub silent_others: usize,
+    /// Live peers whose lists are full of fencing probes: each dropped its oldest probe to
+    /// record a newer one (`agent/src/detect/peers/sightings.rs`), which may have been this
+    /// node's last.
+    pub probes_dropped_by: Vec<String>,
 }
 
 /// When a node whose agent fences is down at the latest: counted from the latest of when it
@@ -141,6 +147,12 @@ pub fn known_down(e: &Evidence, looks: &str, now: Timestamp) -> Result<String, S
             fencing.agents
         ));
     }
+    if !e.probes_dropped_by.is_empty() {
+        return Err(format!(
+            "{looks}; but peer(s) {} list fencing probes from {PEER_SIGHTINGS_LIMIT} nodes, all a list holds: a probe from it may have been dropped, so when its fencing began is not known",
+            e.probes_dropped_by.join(", ")
+        ));
+    }
     let down = down_by(e, fencing);
     if now < down {
         return Err(format!(
@@ -182,6 +194,7 @@ mod tests {
             fencing: Some(FENCING),
             probed: Vec::new(),
             silent_others: 0,
+            probes_dropped_by: Vec::new(),
         }
     }
 
@@ -271,6 +284,21 @@ mod tests {
         let why = judge(&three, t(100_000), GRACE).expect_err("may have a majority");
         assert!(
             why.contains("3 of the 5 agents its fencing counts are silent"),
+            "{why}"
+        );
+    }
+
+    // More nodes probe a peer than its list holds (a big partition): the one dropped may have
+    // been this node's latest, which would have put its fencing later.
+    #[test]
+    fn no_node_is_known_down_while_a_peer_may_have_dropped_its_probe() {
+        let dropped = Evidence {
+            probes_dropped_by: vec!["p4".into()],
+            ..dead_looking()
+        };
+        let why = judge(&dropped, t(100_000), GRACE).expect_err("a probe may be missing");
+        assert!(
+            why.contains("peer(s) p4 list fencing probes from 32 nodes"),
             "{why}"
         );
     }

@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use jiff::Timestamp;
-use nodeward_api::{fleet::PEER_DETECTOR, node::is_ready};
+use nodeward_api::{fleet::PEER_DETECTOR, node::is_ready, report::PEER_SIGHTINGS_LIMIT};
 
 use super::{timestamp, view::Index};
 use crate::{
@@ -35,6 +35,7 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
     let mut probed: BTreeMap<&str, Vec<(String, Timestamp)>> = BTreeMap::new();
     let mut peers_exist = false;
     let mut silent: Vec<&str> = Vec::new();
+    let mut probes_dropped_by: Vec<String> = Vec::new();
     for (peer, report) in &index.reports {
         let limit = index.deadlines_of_node(peer).agent_heartbeat;
         if agent_unavailable(peer, index.heartbeat(peer), now, limit).is_some() {
@@ -52,6 +53,9 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
                 .iter()
                 .any(|f| f.detector == PEER_DETECTOR && f.reason != "NoPeers")
         });
+        if seen.len() >= PEER_SIGHTINGS_LIMIT && seen.iter().all(|s| s.probed_at.is_some()) {
+            probes_dropped_by.push((*peer).to_owned());
+        }
         for s in seen {
             sightings.entry(s.node.as_str()).or_default().push((
                 (*peer).to_owned(),
@@ -92,6 +96,7 @@ pub(super) fn judged<'a>(index: &Index<'a>, now: Timestamp) -> Judged<'a> {
                 .and_then(|s| fencing(s.fencing.as_ref()?)),
             probed: probed.remove(name).unwrap_or_default(),
             silent_others: silent.iter().filter(|s| **s != name).count(),
+            probes_dropped_by: probes_dropped_by.clone(),
         };
         let Ok(looks) = dead::looks_dead(&evidence, now, deadlines.agent_heartbeat) else {
             continue;

@@ -158,18 +158,32 @@ impl Sightings {
     }
 }
 
-/// Keeps the list within [`PEER_SIGHTINGS_LIMIT`]: the peers reachable go first, the one with
-/// the oldest news first, then the oldest unreachable ones.
+/// Keeps the list within [`PEER_SIGHTINGS_LIMIT`], dropping first what the coordinator can best
+/// do without, the oldest of each kind first: peers that answer again (no danger in that), then
+/// unreachable ones (without them a dead node is marked later, or by an operator), and fencing
+/// probes last. A probe is the evidence that its node still runs and may still be feeding its
+/// watchdog: dropped, the coordinator would count the node's fencing from an earlier time and
+/// could mark it out of service while it runs its pods. A list full of probes tells the
+/// coordinator that one may have been dropped (`decide/src/dead.rs`).
 fn trim(listed: &mut Listed) {
     while listed.len() > PEER_SIGHTINGS_LIMIT {
         let oldest = listed
             .iter()
-            .min_by_key(|(node, e)| (!e.reachable, e.latest(), (*node).clone()))
+            .min_by_key(|(node, e)| (dropped_before(e), e.latest(), (*node).clone()))
             .map(|(node, _)| node.clone());
         match oldest {
             Some(node) => listed.remove(&node),
             None => return,
         };
+    }
+}
+
+/// The order in which [`trim`] drops kinds of entries: lowest first.
+fn dropped_before(e: &Entry) -> u8 {
+    match (e.probed_at.is_some(), e.reachable) {
+        (false, true) => 0,
+        (false, false) => 1,
+        (true, _) => 2,
     }
 }
 
@@ -235,6 +249,39 @@ mod tests {
         );
         sightings.keep_only(|node| node != "extra");
         assert!(sightings.latest().iter().all(|s| s.node != "extra"));
+    }
+
+    // A zone of dead nodes fills the list with unreachable ones while a node cut off from the
+    // API server, not from this peer, still probes it: its probe is what keeps the coordinator
+    // from counting its fencing as over.
+    #[test]
+    fn a_fencing_probe_outlasts_any_number_of_unreachable_peers_and_probes_go_oldest_first() {
+        let sightings = Sightings::default();
+        sightings.probed("cut-off", t(0));
+        for i in 0..PEER_SIGHTINGS_LIMIT + 8 {
+            sightings.record(&format!("dead{i:03}"), false, t(10 + i as i64));
+        }
+        let latest = sightings.latest();
+        assert_eq!(latest.len(), PEER_SIGHTINGS_LIMIT);
+        assert!(
+            latest
+                .iter()
+                .any(|s| s.node == "cut-off" && s.probed_at == Some(Time(t(0)))),
+            "the probe is kept: {latest:?}"
+        );
+
+        for i in 0..PEER_SIGHTINGS_LIMIT {
+            sightings.probed(&format!("probing{i:03}"), t(100 + i as i64));
+        }
+        let latest = sightings.latest();
+        assert!(
+            latest.iter().all(|s| s.probed_at.is_some()),
+            "every unreachable one went before a probe: {latest:?}"
+        );
+        assert!(
+            latest.iter().all(|s| s.node != "cut-off"),
+            "then the oldest probe"
+        );
     }
 
     #[test]

@@ -110,7 +110,8 @@ fn a_dead_node_is_tainted_out_of_service_and_one_its_peers_reach_is_not() {
 }
 
 #[test]
-fn a_fencing_nodes_probes_recorded_by_live_peers_and_silent_agents_hold_the_taint() {
+fn a_fencing_nodes_probes_recorded_by_live_peers_a_peer_full_of_probes_and_silent_agents_hold_the_taint()
+ {
     let spec =
         json!({"maxConcurrent": 1, "remediation": {"enabled": true, "outOfServiceTaint": true}});
     let waits_for = |objects: &Objects, what: &str| {
@@ -139,6 +140,22 @@ fn a_fencing_nodes_probes_recorded_by_live_peers_and_silent_agents_hold_the_tain
             .len(),
         1
     );
+
+    // n2's list is full of other nodes' fencing probes (a big partition): it may have
+    // dropped n0's.
+    let mut full = one_dead_looking_node(spec.clone(), false);
+    let mut n2 = full.reports[2].as_ref().clone();
+    if let Some(status) = n2.status.as_mut() {
+        status.peer_sightings = (0..nodeward_api::report::PEER_SIGHTINGS_LIMIT)
+            .map(|i| {
+                serde_json::from_value(json!({"node": format!("far{i}"), "reachable": true,
+                    "time": t(100).to_string(), "probedAt": t(100).to_string()}))
+                .expect("sighting")
+            })
+            .collect();
+    }
+    full.reports[2] = Arc::new(n2);
+    waits_for(&full, "peer(s) n2 list fencing probes from 32 nodes");
 
     // n0 counts 3 agents and n2 is silent too: n2 may be answering n0's probes unseen.
     let mut partitioned = one_dead_looking_node(spec, false);
