@@ -366,6 +366,7 @@ fn maintain(
         tasks.spawn(shutdown_guard.run());
     }
     let (policies, policy_writer) = reflector::store();
+    let node_changed = std::sync::Arc::new(tokio::sync::Notify::new());
     let (notifier, delivery) = nodeward_agent::notify::Notifier::new(&config.notifications);
     if let Some(delivery) = delivery {
         tasks.spawn(delivery);
@@ -382,6 +383,7 @@ fn maintain(
             reboot: config.reboot.clone(),
             inventories: inventories.clone(),
             written: Default::default(),
+            node_changed: node_changed.clone(),
         }
         .run(maintenances.clone(), stopping.clone()),
     );
@@ -393,6 +395,7 @@ fn maintain(
         node_name: node_name.to_owned(),
         policies: policy_writer,
         node: own_node,
+        node_changed,
         pauses: pauses_tx,
         auto_reboots: auto_reboot_tx,
         forced_auto_reboot: auto_reboot_flag,

@@ -104,6 +104,8 @@ pub struct Executor {
     pub inventories: crate::inventory::Inventories,
     /// The phase this agent last wrote, per maintenance uid (start empty).
     pub written: Mutex<HashMap<String, MaintenancePhase>>,
+    /// Told of every change of this node's Node ([`crate::policies::Follow::node_changed`]).
+    pub node_changed: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl Executor {
@@ -118,6 +120,7 @@ impl Executor {
                 .map_or(RESYNC, |due| due.clamp(GATE_LOOK_AT_LEAST, RESYNC));
             tokio::select! {
                 changed = changes.changed() => if changed.is_err() { return },
+                () = self.node_changed.notified() => {}
                 _ = tokio::time::sleep(look_again) => {}
                 () = stop::asked(&mut stopping) => return,
             }

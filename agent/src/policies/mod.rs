@@ -135,6 +135,9 @@ pub struct Follow {
     pub policies: reflector::store::Writer<DisruptionPolicy>,
     /// The store this node's Node goes into (the registration check reads it too).
     pub node: reflector::store::Writer<Node>,
+    /// Told of every event of this node's Node: the maintenance executor judges a health gate
+    /// again at once (a node back Ready, a problem condition gone) instead of on its resync.
+    pub node_changed: Arc<Notify>,
     pub pauses: watch::Sender<Vec<PauseAcknowledgement>>,
     pub auto_reboots: watch::Sender<bool>,
     /// The agent's `--auto-reboot` flag: auto-reboot on whatever the policies say.
@@ -152,6 +155,7 @@ pub async fn follow(follow: Follow) {
         node_name,
         policies: mut writer,
         node: node_writer,
+        node_changed,
         pauses,
         auto_reboots,
         forced_auto_reboot,
@@ -205,12 +209,13 @@ pub async fn follow(follow: Follow) {
         }
         futures::future::ready(())
     });
+    let mut notify_publishing = nodeward_runtime::watch::notifier(changed.clone(), "Node".into());
     let watching = futures::future::join(
         following_policies,
-        node_events.for_each(nodeward_runtime::watch::notifier(
-            changed.clone(),
-            "Node".into(),
-        )),
+        node_events.for_each(move |event| {
+            node_changed.notify_one();
+            notify_publishing(event)
+        }),
     );
     let publishing = async {
         loop {
