@@ -163,7 +163,42 @@ impl TestEnv {
         let turn = Turn::Alone {
             _held: turns().write_owned().await,
         };
-        Self::with_turn(test, turn).await
+        let env = Self::with_turn(test, turn).await?;
+        env.forget_leftovers().await?;
+        Ok(env)
+    }
+
+    /// Deletes what earlier tests left on the cluster (one that fails skips its cleanup): the
+    /// tests' nodes and policies, and every NodeReport and NodeMaintenance (a test alone has
+    /// none yet). Its coordinator acts on the whole cluster, and another test's leftovers would
+    /// change its decisions: stale reports are silent agents, which hold back every dead-node
+    /// judgement (a failed 50-node test once failed the dead-node tests after it).
+    async fn forget_leftovers(&self) -> anyhow::Result<()> {
+        let tests = ListParams::default().labels(TEST_LABEL);
+        delete_all(
+            &Api::<nodeward_api::DisruptionPolicy>::all(self.client.clone()),
+            &tests,
+        )
+        .await?;
+        let maintenances: Api<nodeward_api::NodeMaintenance> = Api::all(self.client.clone());
+        for m in maintenances.list(&ListParams::default()).await? {
+            let name = m.name_any();
+            // An agent's finalizer whose agent is gone would keep it (deleted) for good.
+            if !m.finalizers().is_empty() {
+                let release = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+                maintenances
+                    .patch(&name, &PatchParams::default(), &release)
+                    .await
+                    .with_context(|| format!("releasing NodeMaintenance {name}"))?;
+            }
+            let _ = maintenances.delete(&name, &DeleteParams::default()).await;
+        }
+        delete_all(
+            &Api::<nodeward_api::NodeReport>::all(self.client.clone()),
+            &ListParams::default(),
+        )
+        .await?;
+        delete_all(&self.nodes(), &tests).await
     }
 
     async fn with_turn(test: &str, turn: Turn) -> anyhow::Result<Self> {
