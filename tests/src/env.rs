@@ -175,30 +175,29 @@ impl TestEnv {
     /// judgement (a failed 50-node test once failed the dead-node tests after it).
     async fn forget_leftovers(&self) -> anyhow::Result<()> {
         let tests = ListParams::default().labels(TEST_LABEL);
-        delete_all(
+        let everything = ListParams::default();
+        forget(
             &Api::<nodeward_api::DisruptionPolicy>::all(self.client.clone()),
             &tests,
         )
         .await?;
+        // An agent's finalizer whose agent is gone would keep a maintenance (deleted) for good.
         let maintenances: Api<nodeward_api::NodeMaintenance> = Api::all(self.client.clone());
-        for m in maintenances.list(&ListParams::default()).await? {
-            let name = m.name_any();
-            // An agent's finalizer whose agent is gone would keep it (deleted) for good.
+        let release = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+        for m in maintenances.list(&everything).await? {
             if !m.finalizers().is_empty() {
-                let release = Patch::Merge(json!({"metadata": {"finalizers": null}}));
-                maintenances
-                    .patch(&name, &PatchParams::default(), &release)
-                    .await
-                    .with_context(|| format!("releasing NodeMaintenance {name}"))?;
+                let _ = maintenances
+                    .patch(&m.name_any(), &PatchParams::default(), &release)
+                    .await;
             }
-            let _ = maintenances.delete(&name, &DeleteParams::default()).await;
         }
-        delete_all(
+        forget(&maintenances, &everything).await?;
+        forget(
             &Api::<nodeward_api::NodeReport>::all(self.client.clone()),
-            &ListParams::default(),
+            &everything,
         )
         .await?;
-        delete_all(&self.nodes(), &tests).await
+        forget(&self.nodes(), &tests).await
     }
 
     async fn with_turn(test: &str, turn: Turn) -> anyhow::Result<Self> {
@@ -716,6 +715,20 @@ where
     for object in api.list(list).await? {
         api.delete(&object.name_any(), &DeleteParams::default())
             .await?;
+    }
+    Ok(())
+}
+
+/// Deletes what `list` finds, each at most once: one gone meanwhile (its test's daemon was
+/// still at it) is what was asked.
+async fn forget<K>(api: &Api<K>, list: &ListParams) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    for object in api.list(list).await? {
+        let _ = api
+            .delete(&object.name_any(), &DeleteParams::default())
+            .await;
     }
     Ok(())
 }
