@@ -18,10 +18,9 @@ pub async fn pods_story(client: &Client, namespace: &str, labels: &str) -> Strin
     };
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     match events.list(&ListParams::default()).await {
-        Ok(mut list) => {
-            list.items
-                .sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
-            lines.extend(list.items.iter().rev().take(15).rev().map(|e| {
+        Ok(list) => {
+            let events = oldest_first(list.items);
+            lines.extend(events.iter().rev().take(15).rev().map(|e| {
                 format!(
                     "event: {} {}: {}",
                     e.regarding
@@ -40,17 +39,21 @@ pub async fn pods_story(client: &Client, namespace: &str, labels: &str) -> Strin
 
 /// One pod's node, phase, conditions not True and containers not running.
 fn pod_line(pod: &Pod) -> String {
-    let spec = pod.spec.clone().unwrap_or_default();
-    let status = pod.status.clone().unwrap_or_default();
+    let status = pod.status.as_ref();
     let mut parts = vec![format!(
         "{} on {}: {}",
         pod.name_any(),
-        spec.node_name.as_deref().unwrap_or("no node"),
-        status.phase.as_deref().unwrap_or("no phase")
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("no node"),
+        status
+            .and_then(|s| s.phase.as_deref())
+            .unwrap_or("no phase")
     )];
     for c in status
-        .conditions
-        .iter()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
         .flatten()
         .filter(|c| c.status != "True")
     {
@@ -62,7 +65,11 @@ fn pod_line(pod: &Pod) -> String {
             c.message.as_deref().unwrap_or_default()
         ));
     }
-    for c in status.container_statuses.iter().flatten() {
+    for c in status
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+    {
         if let Some(waiting) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
             parts.push(format!(
                 "container {} waiting ({}: {})",
@@ -89,24 +96,21 @@ pub async fn node_events(client: &Client, node: &str) -> kube::Result<Vec<Event>
 /// the previous boot's included (the kubelet keeps a container's log files across reboots).
 pub async fn drain_story(client: &Client, vm: &Vm) -> String {
     let mut lines = match node_events(client, &vm.name).await {
-        Ok(mut items) => {
-            items.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
-            items
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{} {} {}",
-                        e.metadata
-                            .creation_timestamp
-                            .as_ref()
-                            .map(|t| t.0.to_string())
-                            .unwrap_or_default(),
-                        e.reason.as_deref().unwrap_or_default(),
-                        e.note.as_deref().unwrap_or_default()
-                    )
-                })
-                .collect()
-        }
+        Ok(items) => oldest_first(items)
+            .iter()
+            .map(|e| {
+                format!(
+                    "{} {} {}",
+                    e.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.to_string())
+                        .unwrap_or_default(),
+                    e.reason.as_deref().unwrap_or_default(),
+                    e.note.as_deref().unwrap_or_default()
+                )
+            })
+            .collect(),
         Err(e) => vec![format!("(no Events: {e})")],
     };
     lines.insert(0, format!("Events about {}:", vm.name));
@@ -118,4 +122,10 @@ pub async fn drain_story(client: &Client, vm: &Vm) -> String {
         .map(|o| o.stdout)
         .unwrap_or_else(|e| format!("(no agent logs: {e:#})"));
     format!("{}\nthe agent's logs:\n{logs}", lines.join("\n"))
+}
+
+/// `events`, the oldest first.
+fn oldest_first(mut events: Vec<Event>) -> Vec<Event> {
+    events.sort_by_key(|e| e.metadata.creation_timestamp.clone().map(|t| t.0));
+    events
 }
