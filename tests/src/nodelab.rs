@@ -277,12 +277,25 @@ impl Vm {
             // Each poll is work for the guest agent: from 0.2 s apart to 1 s for a long run.
             let mut pause = Duration::from_millis(200);
             loop {
-                let status = agent
+                let poll = agent
                     .call(
                         json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
                         Duration::from_secs(30),
                     )
-                    .await?;
+                    .await;
+                // A guest agent that misses one poll (seen on a loaded host) has not lost the
+                // command: a fresh, synchronised connection drops the late reply, and the
+                // polls go on until the command's own bound.
+                let status = match poll {
+                    Ok(status) => status,
+                    Err(missed) if tokio::time::Instant::now() < deadline => {
+                        eprintln!("{}: {missed:#}; polling pid {pid} again", self.name);
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        agent = GuestAgent::connect(&self.socket(), left).await?;
+                        continue;
+                    }
+                    Err(missed) => return Err(missed),
+                };
                 if status["exited"] == true {
                     let text = |field: &str| {
                         status[field]
