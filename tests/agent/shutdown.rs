@@ -480,6 +480,50 @@ async fn the_lock_is_taken_again_after_logind_or_the_bus_restarts() -> anyhow::R
     env.cleanup_after(agent).await
 }
 
+/// logind restarted during a held shutdown forgets it (a delayed shutdown is not kept across a
+/// restart) and never says `PrepareForShutdown(false)`: once its drain is over, the agent finds
+/// logind preparing nothing, takes the lock again and restores the node it cordoned, instead
+/// of leaving it cordoned until a reboot that is not coming.
+#[tokio::test]
+async fn a_shutdown_logind_forgot_by_restarting_mid_drain_restores_the_node() -> anyhow::Result<()>
+{
+    let plan = "  budget: 15s\n  safetyMargin: 2s\n  drainPlan:\n    stages:\n    - {name: all, timeout: 6s, onTimeout: Delete}\n";
+    let HeldShutdown {
+        env,
+        node,
+        mut logind,
+        agent,
+        blocked,
+        ..
+    } = held_shutdown("guard-forgot", 20, plan).await?;
+    assert_eq!(blocked.phase, ShutdownPhase::Draining);
+    logind.kill_logind();
+    logind.start_logind().await?;
+    undone_and_locked(
+        &env,
+        &node,
+        &logind,
+        &agent,
+        "the forgotten shutdown undone",
+    )
+    .await?;
+    let note = env
+        .wait_event(&node, "regarding.kind=Node", "ShutdownCancelled")
+        .await?
+        .note
+        .unwrap_or_default();
+    assert!(
+        note.contains("logind was restarted during the shutdown"),
+        "{note}"
+    );
+    assert!(
+        logind.started_units().is_empty(),
+        "nothing went down: {:?}",
+        logind.started_units()
+    );
+    env.cleanup_after(agent).await
+}
+
 #[tokio::test]
 async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow::Result<()> {
     let (env, node) = TestEnv::with_worker("guard-cancel", "a").await?;
@@ -494,26 +538,40 @@ async fn a_cancelled_shutdown_retakes_the_lock_and_restores_the_node() -> anyhow
         .await
         .with_context(|| agent.output())?;
     let _ = power_off(&logind).await;
+    undone_and_locked(&env, &node, &logind, &agent, "the shutdown cancelled").await?;
+    env.cleanup_after(agent).await
+}
+
+/// Waits until the agent has undone a shutdown that is not going ahead (`what`): its record
+/// `Cancelled`, its lock held again, the node uncordoned and untainted.
+async fn undone_and_locked(
+    env: &TestEnv,
+    node: &str,
+    logind: &Logind,
+    agent: &Daemon,
+    what: &str,
+) -> anyhow::Result<()> {
     let reports: Api<NodeReport> = Api::all(env.client.clone());
-    wait::until(&reports, &node, "the shutdown cancelled", TIMEOUT, |r| {
+    wait::until(&reports, node, what, TIMEOUT, |r| {
         r.and_then(|r| r.status.as_ref()?.shutdown.as_ref())
             .is_some_and(|s| s.phase == ShutdownPhase::Cancelled)
     })
     .await
     .with_context(|| agent.output())?;
-    wait_locked(&logind, Duration::from_secs(10)).await?;
-    let restored = env.nodes().get(&node).await?;
-    let spec = restored.spec.unwrap_or_default();
-    assert_ne!(spec.unschedulable, Some(true), "uncordoned");
+    wait_locked(logind, Duration::from_secs(10))
+        .await
+        .with_context(|| agent.output())?;
+    let spec = env.nodes().get(node).await?.spec.unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true), "{what}: still cordoned");
     assert!(
         !spec
             .taints
             .unwrap_or_default()
             .iter()
             .any(|t| t.key == "nodeward.io/shutdown"),
-        "untainted"
+        "{what}: still tainted"
     );
-    env.cleanup_after(agent).await
+    Ok(())
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ mod kernel;
 mod kubelet;
 mod network;
 mod patching;
+mod reboot;
 mod recorders;
 mod registration;
 mod rolling;

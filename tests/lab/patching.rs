@@ -192,6 +192,24 @@ pub async fn finished(
     .context("the maintenance")
 }
 
+/// Waits for `name` to finish, within `limit`, and fails unless it Succeeded; returns it.
+pub async fn succeeded(
+    lab: &Lab,
+    name: &str,
+    limit: std::time::Duration,
+) -> anyhow::Result<NodeMaintenance> {
+    let done = finished(lab, name, limit).await?;
+    let status = done.status.clone().unwrap_or_default();
+    anyhow::ensure!(
+        status.phase == MaintenancePhase::Succeeded,
+        "{name} ended {:?}: {:?} ({})",
+        status.phase,
+        status.message,
+        history_line(&status)
+    );
+    Ok(done)
+}
+
 fn update_run(m: &NodeMaintenance) -> anyhow::Result<nodeward_api::update::HostRun> {
     m.status
         .as_ref()
@@ -585,15 +603,17 @@ async fn an_update_with_nothing_new_needs_no_reboot_and_a_missing_updater_fails_
 
 /// An agent restarted while its update runs: the update is not cut short (its output goes to a
 /// file on the host, not to the agent), is not run twice, and the new agent records how it
-/// ended, under its first start time.
+/// ended, under its first start time. The node was cordoned by an admin before: nodeward
+/// records the cordon as not its own, across the restart, and leaves it in place.
 #[tokio::test]
-async fn an_agent_restarted_during_an_update_waits_for_it_and_never_runs_it_twice()
+async fn an_agent_restarted_during_an_update_waits_for_it_never_runs_it_twice_and_keeps_an_admins_cordon()
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(crate::support::Pick::At(0)).await?;
     let runs = "/var/lib/nodeward-lab-update-runs";
     vm.run(&format!("rm -f {runs} /var/run/reboot-required"))
         .await?;
     let boot = vm.boot_id().await?;
+    lab.admin_cordon(&node, true).await?;
     lab.apply(json!({
         "apiVersion": "nodeward.io/v1alpha1", "kind": "NodeMaintenance",
         "metadata": {"name": "patch-restart", "labels": {TEST_LABEL: "true"}},
@@ -650,6 +670,20 @@ async fn an_agent_restarted_during_an_update_waits_for_it_and_never_runs_it_twic
         agent.uid(),
         "another agent pod finished it"
     );
+    // The admin's cordon: not nodeward's, so still there; nodeward's own taint is gone.
+    assert_eq!(status.cordoned_by_nodeward, Some(false));
+    let spec = Api::<k8s_openapi::api::core::v1::Node>::all(lab.client.clone())
+        .get(&node)
+        .await?
+        .spec
+        .unwrap_or_default();
+    assert_eq!(spec.unschedulable, Some(true), "the admin's cordon is gone");
+    let taints: Vec<String> = spec.taints.into_iter().flatten().map(|t| t.key).collect();
+    assert!(
+        !taints.iter().any(|k| k.starts_with("nodeward.io/")),
+        "nodeward's taint is left: {taints:?}"
+    );
+    lab.admin_cordon(&node, false).await?;
     vm.run(&format!("rm -f {runs}")).await?;
     Ok(())
 }

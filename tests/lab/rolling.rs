@@ -1,8 +1,8 @@
 //! A rolling reboot by NodeMaintenance across the lab's VMs at the chart's default
 //! `maxConcurrent: 1`, one of them with its agent in host mode: each VM really reboots, never
 //! two at once, the health gate waits for the real kubelet's Ready, and all of them succeed.
-//! The DaemonSet agents reboot by running `systemctl reboot` on the host and the host-mode one
-//! by sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method command|signal`).
+//! The DaemonSet agents reboot through logind (the chart's default) and the host-mode one by
+//! sending SIGRTMIN+5 to the host's PID 1 (kured's `--reboot-method signal`).
 //! Before the rollout the host-mode VM shows its agent's health and reboot gate (`host.rs`),
 //! and after its reboot the gate is back. The rollout is also a patch rollout: a policy's apt
 //! update runs on each VM after its drain and asks for the reboot (`patching.rs`), and each
@@ -24,7 +24,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
-    api::ListParams,
     runtime::{WatchStreamExt, watcher},
 };
 use nodeward_api::{
@@ -77,15 +76,7 @@ async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_on
     let per_node_limit = REBOOT * (names.len() as u32);
     let mut finished_ones = Vec::new();
     for name in &names {
-        let done = patching::finished(&lab, name, per_node_limit).await?;
-        let status = done.status.clone().unwrap_or_default();
-        assert_eq!(
-            status.phase,
-            MaintenancePhase::Succeeded,
-            "{name}: {:?}",
-            status.message
-        );
-        finished_ones.push(done);
+        finished_ones.push(patching::succeeded(&lab, name, per_node_limit).await?);
     }
     let finished = finished_ones;
     let rollout = resumed.elapsed();
@@ -377,7 +368,7 @@ fn ready_transitions(client: &kube::Client) -> Arc<Mutex<BTreeMap<String, BTreeS
     seen
 }
 
-/// Each VM rebooted the way its agent was configured to: the chart's DaemonSet by command, the
+/// Each VM rebooted the way its agent was configured to: the chart's DaemonSet through logind, the
 /// host-mode agent (on `host_mode`, its report says so) by signal.
 async fn rebooted_by_its_own_method(
     lab: &Lab,
@@ -391,21 +382,12 @@ async fn rebooted_by_its_own_method(
         "{host_mode} was rebooted by its host-mode agent"
     );
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(lab.client.clone(), "default");
     for (vm, name) in lab.lab.vms().iter().zip(names) {
-        let acting = events
-            .list(&ListParams::default().fields(&format!("regarding.name={name}")))
-            .await?
-            .items
-            .into_iter()
-            .find(|e| e.reason.as_deref() == Some("Acting"))
-            .with_context(|| format!("{name}: an Acting Event"))?;
-        let note = acting.note.unwrap_or_default();
+        let note = crate::stories::acting_note(&lab.client, name).await?;
         let expected = if vm.name == host_mode {
             "Reboot by signal 39 to the host's PID 1"
         } else {
-            "Reboot by running \"/bin/systemctl reboot\" on the host"
+            "Reboot through logind"
         };
         assert!(
             note.starts_with(expected),

@@ -1,14 +1,15 @@
 //! A reboot nobody coordinated, typed in the guest (`systemctl reboot`), with the chart's
 //! default values on a stock node: the agent drains within a budget that really exists, in
 //! plan order, a PDB-blocked pod holds its group until the stage deadline, and the VM really
-//! reboots and comes back uncordoned and untainted.
+//! reboots and comes back uncordoned and untainted. And logind restarted in the middle of
+//! such a drain: the lock stays, and the node the reboot never came for is restored.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use nodeward_api::labels::SHUTDOWN_TAINT as SHUTDOWN;
+use nodeward_api::{NodeReport, labels::SHUTDOWN_TAINT as SHUTDOWN, report::ShutdownPhase};
 use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
 
@@ -314,5 +315,84 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
     );
     vm.run(support::KUBELET_SHUTDOWN_OFF).await?;
     vm.wait_node_ready(&lab.client, REBOOT).await?;
+    lab.delete_namespace(&namespace).await
+}
+
+/// logind restarted on a node while the agent's drain holds a shutdown: the agent's delay lock
+/// is held again at once, the restarted logind has no shutdown to go on with (it keeps no
+/// delayed shutdown across a restart, and says no `PrepareForShutdown(false)` for it), and the
+/// agent, its drain over and logind preparing nothing, undoes its cordon and taint: the VM did
+/// not reboot and is back in service.
+#[tokio::test]
+async fn logind_restarted_during_a_held_shutdown_keeps_the_lock_and_the_node_is_restored()
+-> anyhow::Result<()> {
+    let (lab, node, vm) = Lab::beside(Pick::At(0)).await?;
+    let namespace = lab.namespace("lab-logind-restart").await?;
+    // Held: the pod's PodDisruptionBudget refuses its eviction until the stage's deadline.
+    lab.apply(recorders::term_recorder(&namespace, "held", &node, 1, None))
+        .await?;
+    lab.apply(
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "held", "namespace": namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "held"}}}}),
+    )
+    .await?;
+    lab.running(&namespace, "app=held", 1).await?;
+    support::wait_delay_lock(&lab.client, &vm).await?;
+    let boot = vm.boot_id().await?;
+    // Returns at once: logind waits for the delay lock.
+    vm.run("systemctl reboot").await?;
+    let reports: Api<NodeReport> = Api::all(lab.client.clone());
+    let shutdown_phase =
+        |r: Option<&NodeReport>| r.and_then(|r| r.status.as_ref()?.shutdown.clone());
+    nodeward_e2e::wait::until(&reports, &node, "the drain held by the PDB", REBOOT, |r| {
+        shutdown_phase(r).is_some_and(|s| {
+            s.phase == ShutdownPhase::Draining && s.boot_id == boot && !s.blocking_pods.is_empty()
+        })
+    })
+    .await?;
+
+    let restarted = Instant::now();
+    vm.run("systemctl restart systemd-logind").await?;
+    let locks = support::wait_delay_lock(&lab.client, &vm).await?;
+    println!(
+        "{node}: nodeward's locks {:.1} s after logind's restart was asked: {locks:?}",
+        restarted.elapsed().as_secs_f64()
+    );
+    let preparing = vm
+        .run("busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager PreparingForShutdown")
+        .await?;
+    assert_eq!(
+        preparing.trim(),
+        "b false",
+        "the restarted logind's shutdown"
+    );
+
+    // The drain ends at its stage's deadline; then the agent finds nothing going down.
+    nodeward_e2e::wait::until(&reports, &node, "the shutdown undone", REBOOT, |r| {
+        shutdown_phase(r).is_some_and(|s| s.phase == ShutdownPhase::Cancelled)
+    })
+    .await
+    .with_context(|| format!("{node}'s agent did not undo the forgotten shutdown"))?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    nodeward_e2e::wait::until(&nodes, &node, "uncordoned and untainted", REBOOT, |n| {
+        n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+            s.unschedulable != Some(true) && !s.taints.iter().flatten().any(|t| t.key == SHUTDOWN)
+        })
+    })
+    .await?;
+    support::wait_delay_lock(&lab.client, &vm).await?;
+    assert_eq!(vm.boot_id().await?, boot, "{} rebooted", vm.name);
+    let cancelled = stories::node_events(&lab.client, &node)
+        .await?
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("ShutdownCancelled"))
+        .filter_map(|e| e.note)
+        .any(|note| note.contains("logind was restarted during the shutdown"));
+    assert!(cancelled, "no ShutdownCancelled Event saying why");
+    println!(
+        "{node}: restored {:.0} s after logind's restart",
+        restarted.elapsed().as_secs_f64()
+    );
     lab.delete_namespace(&namespace).await
 }

@@ -1,6 +1,7 @@
 //! What a test prints when a wait on the lab fails: where the pods are stuck, what the
 //! Events and the agent's logs say.
 
+use anyhow::Context;
 use k8s_openapi::api::{core::v1::Pod, events::v1::Event};
 use kube::{Api, Client, ResourceExt, api::ListParams};
 use nodeward_e2e::nodelab::Vm;
@@ -89,6 +90,20 @@ pub async fn node_events(client: &Client, node: &str) -> kube::Result<Vec<Event>
         .list(&ListParams::default().fields(&format!("regarding.name={node}")))
         .await?;
     Ok(list.items)
+}
+
+/// The note of the agent's `Acting` Event on the maintenance `name`: how it asked for the
+/// reboot (logind, a command or a signal).
+pub async fn acting_note(client: &Client, name: &str) -> anyhow::Result<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let acting = events
+        .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+        .await?
+        .items
+        .into_iter()
+        .find(|e| e.reason.as_deref() == Some("Acting"))
+        .with_context(|| format!("{name}: an Acting Event"))?;
+    Ok(acting.note.unwrap_or_default())
 }
 
 /// What a failed drain test needs to be understood: the Events about `node` (the agent's and

@@ -47,6 +47,8 @@ pub const TERM_LOG_DIR: &str = "/var/lib/nodelab-test";
 pub const TEST_LABEL: &str = "nodelab.nodeward.io/test";
 /// Marks a node whose agent runs in host mode (the chart's agent is kept off it).
 pub const HOST_MODE_LABEL: &str = "nodelab.nodeward.io/host-mode";
+/// Marks a node a test cordoned as an admin would: the next test's reset uncordons it.
+const ADMIN_CORDON_LABEL: &str = "nodelab.nodeward.io/admin-cordon";
 /// How a host-mode agent authenticates (README, "Host mode").
 #[derive(Clone, Copy, Debug)]
 pub enum HostCredential {
@@ -209,6 +211,14 @@ impl Lab {
                 nodes
                     .patch(&vm.name, &PatchParams::default(), unlabel)
                     .await?;
+                if nodes
+                    .get(&vm.name)
+                    .await?
+                    .labels()
+                    .contains_key(ADMIN_CORDON_LABEL)
+                {
+                    self.admin_cordon(&vm.name, false).await?;
+                }
                 anyhow::Ok(())
             }
         }))
@@ -222,6 +232,20 @@ impl Lab {
         for namespace in left.items {
             self.delete_namespace(&namespace.name_any()).await?;
         }
+        Ok(())
+    }
+
+    /// Cordons `node` (or uncordons it) as an admin would with `kubectl cordon`, outside
+    /// nodeward: the node is marked so that the next test's reset uncordons it.
+    pub async fn admin_cordon(&self, node: &str, cordoned: bool) -> anyhow::Result<()> {
+        let patch = json!({
+            "metadata": {"labels": {ADMIN_CORDON_LABEL: cordoned.then_some("true")}},
+            "spec": {"unschedulable": cordoned.then_some(true)},
+        });
+        Api::<Node>::all(self.client.clone())
+            .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .with_context(|| format!("cordoning {node} as an admin: {cordoned}"))?;
         Ok(())
     }
 
@@ -623,12 +647,6 @@ const FAST_DETECTORS: &str = r#"agent.config={
       "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
       "interval":"30s","timeout":"15s"}]}}"#;
 
-/// The lab's DaemonSet agents reboot by kured's default command (`systemctl reboot`, which asks
-/// logind in turn) and the host-mode one by signal, so that the rolling reboot proves both
-/// host-run methods on real systemd; logind's Reboot itself is proven by the crate tests
-/// against the real logind.
-const REBOOT_BY_COMMAND: &str = "agent.rebootMethod=command";
-
 /// The coordinators stay off the lab's first VM, so that tests on its lane never disrupt one
 /// ([`turns`]); the rest is the chart's default affinity (one replica per node).
 fn coordinators_off_the_first(nodes: &[String]) -> String {
@@ -694,7 +712,7 @@ async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Re
 }
 
 /// The chart as users install it, once per test process (default values but for
-/// [`FAST_DETECTORS`], [`REBOOT_BY_COMMAND`], the agent off host-mode nodes and the
+/// [`FAST_DETECTORS`], the agent off host-mode nodes and the
 /// coordinators off the first VM): the images were imported into every node's containerd under the names
 /// the chart uses.
 async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> {
@@ -712,8 +730,7 @@ async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> 
                     .args(["--namespace", NAMESPACE, "--create-namespace"])
                     .args(["--set-json", FAST_DETECTORS])
                     .args(["--set-json", NOT_ON_HOST_MODE_NODES])
-                    .args(["--set-json", &coordinators_off_the_first(nodes)])
-                    .args(["--set", REBOOT_BY_COMMAND]))?;
+                    .args(["--set-json", &coordinators_off_the_first(nodes)]))?;
             }
             // CRDs just created answer 429 ("storage is (re)initializing") for a moment, each
             // its own (a lab run that began with the network test failed on one not waited for).

@@ -35,7 +35,7 @@ use nodeward_runtime::{
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
-use super::{Settings, notes, window::drain_window};
+use super::{Settings, notes, record, window::drain_window};
 use crate::host::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
@@ -244,6 +244,14 @@ impl Guard {
             let now = *admitted.borrow_and_update();
             self.set_gate(state, &manager, &mut gate, now).await?;
             gate_slot = gate;
+            let forgotten = lock(state)
+                .shutdown
+                .as_ref()
+                .is_some_and(|r| record::forgotten(r, &self.boot_id));
+            if forgotten {
+                self.cancelled(state, &manager, &mut held, record::Undo::Forgotten)
+                    .await?;
+            }
         }
         // The NodeReport may not exist yet when the lock is first taken: write until it does.
         let mut rewrite = tokio::time::interval(Duration::from_secs(2));
@@ -269,7 +277,7 @@ impl Guard {
                     if start {
                         self.shutdown(state, &mut held, delay.max).await;
                     } else {
-                        self.cancelled(state, &manager, &mut held).await?;
+                        self.cancelled(state, &manager, &mut held, record::Undo::Cancelled).await?;
                     }
                 }
                 change = owners.next() => {
@@ -462,7 +470,7 @@ impl Guard {
         let resumed = lock(state)
             .shutdown
             .clone()
-            .filter(|s| s.boot_id == self.boot_id && s.phase == ShutdownPhase::Draining);
+            .filter(|s| record::resumable(s, &self.boot_id));
         let window = drain_window(self.settings.budget, delay, self.settings.margin);
         let (deadline, started_at) = match &resumed {
             Some(record) => (record.deadline.0, record.started_at.clone()),
@@ -571,14 +579,18 @@ impl Guard {
         .await;
     }
 
-    /// A cancelled shutdown: the lock again, and undo what the agent did.
+    /// A shutdown that is not going ahead (`why`): the lock again, and undo what the agent did.
     async fn cancelled(
         &self,
         state: &Arc<Mutex<State>>,
         manager: &ManagerProxy<'_>,
         held: &mut Option<OwnedFd>,
+        why: record::Undo,
     ) -> Result<(), String> {
-        tracing::warn!("shutdown cancelled: taking the lock again and restoring the node");
+        tracing::warn!(
+            why = why.says(),
+            "shutdown not going ahead: taking the lock again and restoring the node"
+        );
         if held.is_none() {
             *held = Some(self.inhibit(manager).await?);
         }
@@ -594,8 +606,10 @@ impl Guard {
             self.event(
                 EventType::Normal,
                 "ShutdownCancelled",
-                "logind cancelled the shutdown: lock taken again, what the agent did is undone"
-                    .to_owned(),
+                format!(
+                    "{}: lock taken again, what the agent did is undone",
+                    why.says()
+                ),
             )
             .await;
         }

@@ -9,6 +9,7 @@ use crate::flags::{self, Flag};
 pub mod dropin;
 pub mod guard;
 mod notes;
+mod record;
 pub mod window;
 
 /// The flags of the `shutdownGuard` section.
