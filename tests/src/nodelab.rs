@@ -277,24 +277,28 @@ impl Vm {
             // Each poll is work for the guest agent: from 0.2 s apart to 1 s for a long run.
             let mut pause = Duration::from_millis(200);
             loop {
-                let poll = agent
-                    .call(
-                        json!({"execute": "guest-exec-status", "arguments": {"pid": pid}}),
-                        Duration::from_secs(30),
-                    )
-                    .await;
+                let status_call = json!({"execute": "guest-exec-status", "arguments": {"pid": pid}});
+                let poll = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    agent.call(status_call, Duration::MAX),
+                )
+                .await;
                 // A guest agent that misses one poll (seen on a loaded host) has not lost the
                 // command: a fresh, synchronised connection drops the late reply, and the
-                // polls go on until the command's own bound.
+                // polls go on until the command's own bound. An answer that is an error, or a
+                // closed connection, still ends the wait at once.
                 let status = match poll {
-                    Ok(status) => status,
-                    Err(missed) if tokio::time::Instant::now() < deadline => {
-                        eprintln!("{}: {missed:#}; polling pid {pid} again", self.name);
+                    Ok(answer) => answer?,
+                    Err(_) if tokio::time::Instant::now() < deadline => {
+                        eprintln!(
+                            "{}: the guest agent did not answer guest-exec-status within 30 s; polling pid {pid} again",
+                            self.name
+                        );
                         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                         agent = GuestAgent::connect(&self.socket(), left).await?;
                         continue;
                     }
-                    Err(missed) => return Err(missed),
+                    Err(_) => bail!("the guest agent did not answer guest-exec-status for pid {pid}"),
                 };
                 if status["exited"] == true {
                     let text = |field: &str| {
