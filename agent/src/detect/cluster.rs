@@ -46,19 +46,46 @@ pub fn skipped(detector: &'static str, condition: &'static str) -> Finding {
     )
 }
 
-pub async fn observe_apiserver(cluster: Option<&ClusterContext>) -> Finding {
+/// What asking the API server for its version gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    Version(String),
+    Failed(String),
+    /// No answer within this long: a firewall that drops the packets, a hung API server.
+    Silent(Duration),
+}
+
+/// Asks the API server for its version, waiting `within` at most: a silent API server is
+/// unreachable, not a check that could not decide (which would read Unknown after a minute).
+pub async fn observe_apiserver(cluster: Option<&ClusterContext>, within: Duration) -> Finding {
     let Some(cluster) = cluster else {
         return skipped(APISERVER_DETECTOR, NETWORK_PROBLEM);
     };
-    let (status, reason, message) = match cluster.client.apiserver_version().await {
-        Ok(version) => {
-            let answers = format!("API server {} answers", version.git_version);
-            (Status::Ok, "APIServerReachable", answers)
-        }
-        Err(e) => {
-            let silent = format!("the API server does not answer: {e}");
-            (Status::Problem, "APIServerUnreachable", silent)
-        }
+    let answer = match tokio::time::timeout(within, cluster.client.apiserver_version()).await {
+        Ok(Ok(version)) => Answer::Version(version.git_version),
+        Ok(Err(e)) => Answer::Failed(e.to_string()),
+        Err(_) => Answer::Silent(within),
+    };
+    evaluate_apiserver(&answer)
+}
+
+pub fn evaluate_apiserver(answer: &Answer) -> Finding {
+    let (status, reason, message) = match answer {
+        Answer::Version(version) => (
+            Status::Ok,
+            "APIServerReachable",
+            format!("API server {version} answers"),
+        ),
+        Answer::Failed(e) => (
+            Status::Problem,
+            "APIServerUnreachable",
+            format!("the API server does not answer: {e}"),
+        ),
+        Answer::Silent(within) => (
+            Status::Problem,
+            "APIServerUnreachable",
+            format!("the API server does not answer: nothing within {within:?}"),
+        ),
     };
     Finding::new(APISERVER_DETECTOR, NETWORK_PROBLEM, status, reason, message)
 }
@@ -158,9 +185,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_api_server_that_fails_or_stays_silent_is_unreachable() {
+        let answers = evaluate_apiserver(&Answer::Version("v1.34.4".into()));
+        answers.assert_is(Status::Ok, "APIServerReachable");
+        answers.assert_says("API server v1.34.4 answers");
+        let refused = evaluate_apiserver(&Answer::Failed("connection refused".into()));
+        refused.assert_is(Status::Problem, "APIServerUnreachable");
+        refused.assert_says("connection refused");
+        let silent = evaluate_apiserver(&Answer::Silent(Duration::from_millis(4500)));
+        silent.assert_is(Status::Problem, "APIServerUnreachable");
+        silent.assert_says("nothing within 4.5s");
+    }
+
+    /// An API server whose packets are dropped: the connection is taken (by the kernel's
+    /// backlog) and never answered.
+    #[tokio::test]
+    async fn a_silent_api_server_is_unreachable_within_the_bound() {
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a listener");
+        let url = format!("http://{}", silent.local_addr().expect("its address"));
+        let config = kube::Config::new(url.parse().expect("a valid URL"));
+        let client = kube::Client::try_from(config).expect("a client");
+        let cluster = ClusterContext {
+            client,
+            node_name: "n1".into(),
+            started: Instant::now(),
+            own_node: reflector::store::<Node>().0,
+        };
+        let asked = Instant::now();
+        let finding = observe_apiserver(Some(&cluster), Duration::from_millis(300)).await;
+        finding.assert_is(Status::Problem, "APIServerUnreachable");
+        finding.assert_says("nothing within 300ms");
+        assert!(
+            asked.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            asked.elapsed()
+        );
+    }
+
     #[tokio::test]
     async fn without_a_cluster_both_are_skipped() {
-        let api = observe_apiserver(None).await;
+        let api = observe_apiserver(None, Duration::from_secs(1)).await;
         assert_eq!(
             (api.status, api.message.as_str()),
             (Status::Skipped, SKIPPED)

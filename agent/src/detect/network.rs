@@ -73,12 +73,16 @@ impl Section for NetworkConfig {
                 move |names| async move { dns::observe(&names, lookup_timeout).await },
             ));
         }
+        // As the lookups: a silent API server is unreachable, not a timed-out detector.
+        let answer_timeout = self.timeout.mul_f32(0.9);
         all.push(Detector::new(
             cluster::APISERVER_DETECTOR,
             NETWORK_PROBLEM,
             schedule,
             agent.map(|a| a.cluster.clone()),
-            |cluster| async move { cluster::observe_apiserver(cluster.as_ref()).await },
+            move |cluster| async move {
+                cluster::observe_apiserver(cluster.as_ref(), answer_timeout).await
+            },
         ));
         all
     }
