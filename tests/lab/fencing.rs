@@ -25,19 +25,9 @@ const FENCED: &str = "reporting: {heartbeatInterval: 10s}
 fencing: {enabled: true, fenceAfter: 20s, timeout: 30s}
 ";
 
-/// The `nodeward_fencing` gauge of the agent on `vm`, read on the guest's loopback (a cut-off
-/// guest still answers there).
+/// The `nodeward_fencing` gauge of the agent on `vm`.
 async fn fencing_gauge(vm: &Vm) -> anyhow::Result<String> {
-    let line = vm
-        .run(
-            r#"bash -c "exec 3<>/dev/tcp/127.0.0.1/9470 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep '^nodeward_fencing ' <&3" || true"#,
-        )
-        .await?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_default()
-        .to_owned())
+    crate::support::agent_gauge(vm, "nodeward_fencing").await
 }
 
 /// The unit that keeps a guest cut off across its reset (so that the coordinator's side sees a

@@ -1,8 +1,154 @@
-//! The network for real: a guest whose firewall drops UDP to the peer port (as a missing
-//! security-group rule would) is found out by its own peer probes over the lab's L2, while
-//! TCP and ICMP still work; its peers, which still reach the other node, blame nobody.
+//! The network for real, faults injected into a guest: its default route gone, its resolver
+//! down, the API server blocked by its firewall, each reported by the chart's agent and
+//! cleared once undone; and a guest whose firewall drops UDP to the peer port (as a missing
+//! security-group rule would), found out by its own peer probes over the lab's L2 while TCP
+//! and ICMP still work, its peers, which still reach the other node, blaming nobody.
 
-use crate::support::{FIREWALL_TABLE, Lab, Pick};
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use nodeward_e2e::{nodelab::Vm, wait};
+
+use crate::support::{FIREWALL_TABLE, Lab, Pick, REBOOT, agent_gauge};
+
+/// The default route every lab guest has (`tests/nodelab/rootfs/etc/systemd/network`).
+const DEFAULT_ROUTE: &str = "default via 10.0.2.2";
+/// The name the agents' DNS check resolves (the lab's chart), and its address.
+const LAB_NAME: &str = "api.nodelab.test -> 10.0.2.100";
+/// The agent's gauge of the Node condition its network checks write.
+const NETWORK_GAUGE: &str = r#"nodeward_finding{type="NetworkProblem"}"#;
+
+/// What the faults test changes, undone (a test that failed half-way leaves it): the default
+/// route back, the node's resolver running.
+pub const NETWORK_RESTORED: &str =
+    "ip -4 route show default | grep -q . || ip -4 route add default via 10.0.2.2
+    systemctl start nodelab-dns.service";
+
+/// `node`'s NetworkProblem condition on its Node, once it is `status` with `reason`.
+async fn network_condition(
+    lab: &Lab,
+    node: &str,
+    status: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let what = format!("NetworkProblem {status} ({reason}) on the Node");
+    wait::until(&nodes, node, &what, REBOOT, |n| {
+        wait::node_condition(n, "NetworkProblem").is_some_and(|(s, r)| s == status && r == reason)
+    })
+    .await?;
+    Ok(())
+}
+
+/// The agent's own verdict on its network, as it exports it: `1` while a problem holds.
+async fn network_gauge_is(vm: &Vm, value: &str) -> anyhow::Result<()> {
+    wait::eventually(&format!("{NETWORK_GAUGE} {value}"), REBOOT, || async {
+        Ok((agent_gauge(vm, NETWORK_GAUGE).await? == value).then_some(()))
+    })
+    .await
+}
+
+/// A fault that also cuts the agent off from the API server, injected and undone: the agent
+/// exports the problem while it lasts (as a Prometheus on another node scrapes it), and once
+/// it writes again, its `detector`'s finding last changed after the fault began (it saw it).
+async fn fault_seen_in_the_gauge(
+    lab: &Lab,
+    vm: &Vm,
+    node: &str,
+    detector: &str,
+    (inject, undo): (&str, &str),
+) -> anyhow::Result<()> {
+    let began = jiff::Timestamp::now();
+    vm.run(inject).await?;
+    network_gauge_is(vm, "1").await?;
+    vm.run(undo).await?;
+    network_gauge_is(vm, "0").await?;
+    let after = lab
+        .finding(node, detector, "cleared since the fault began", |f| {
+            f.status == "False" && f.since.0 > began
+        })
+        .await?;
+    println!(
+        "{detector}: cleared at {} ({})",
+        after.since.0, after.message
+    );
+    network_condition(lab, node, "False", "NoProblem").await
+}
+
+#[tokio::test]
+async fn a_missing_default_route_a_stopped_resolver_and_a_blocked_api_server_are_reported_and_cleared()
+-> anyhow::Result<()> {
+    // The last VM's lane: the faults are this node's own, and the other lane's tests go on.
+    let (lab, node, vm) = Lab::beside(Pick::Last).await?;
+    let resolves = lab.cleared(&node, "dns", "the lab's name resolves").await?;
+    assert_eq!(resolves.reason, "DNSResolves");
+    assert_eq!(resolves.message, LAB_NAME);
+    let routed = lab
+        .cleared(&node, "default-route", "a default route")
+        .await?;
+    assert_eq!(routed.reason, "DefaultRoutePresent", "{}", routed.message);
+    let reachable = lab
+        .cleared(&node, "apiserver", "the API server answers")
+        .await?;
+    assert_eq!(
+        reachable.reason, "APIServerReachable",
+        "{}",
+        reachable.message
+    );
+    network_condition(&lab, &node, "False", "NoProblem").await?;
+    assert_eq!(agent_gauge(&vm, NETWORK_GAUGE).await?, "0");
+
+    // The node's resolver stops: the name no longer resolves, which the Node shows.
+    vm.run("systemctl stop nodelab-dns.service").await?;
+    let failing = lab.with_reason(&node, "dns", "DNSFailure").await?;
+    assert_eq!(failing.status, "True");
+    assert!(
+        failing
+            .message
+            .starts_with("cannot resolve api.nodelab.test: "),
+        "{}",
+        failing.message
+    );
+    network_condition(&lab, &node, "True", "DNSFailure").await?;
+    vm.run("systemctl start nodelab-dns.service").await?;
+    let again = lab.cleared(&node, "dns", "resolves again").await?;
+    assert_eq!(again.message, LAB_NAME);
+    network_condition(&lab, &node, "False", "NoProblem").await?;
+
+    // The default route goes. The agent reaches the API server through the `kubernetes`
+    // Service, whose address is routed before kube-proxy rewrites it: without a default route
+    // it is cut off too (the kubelet, which dials the API server's own address on the uplink's
+    // subnet, is not), so the problem is seen in its gauge.
+    fault_seen_in_the_gauge(
+        &lab,
+        &vm,
+        &node,
+        "default-route",
+        (
+            "ip -4 route del default",
+            &format!("ip -4 route add {DEFAULT_ROUTE}"),
+        ),
+    )
+    .await?;
+
+    // The API server blocked by the guest's firewall (the kubelet's traffic too: the node goes
+    // NotReady if this lasts).
+    fault_seen_in_the_gauge(
+        &lab,
+        &vm,
+        &node,
+        "apiserver",
+        (
+            &format!(
+                "nft add table inet {FIREWALL_TABLE} && \
+                 nft add chain inet {FIREWALL_TABLE} out '{{ type filter hook output priority -10; }}' && \
+                 nft add rule inet {FIREWALL_TABLE} out ip daddr 10.0.2.100 drop"
+            ),
+            &format!("nft delete table inet {FIREWALL_TABLE}"),
+        ),
+    )
+    .await?;
+    Ok(())
+}
 
 #[tokio::test]
 #[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored network::"]

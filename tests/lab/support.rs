@@ -29,6 +29,7 @@ use serde_json::{Value, json};
 
 use crate::{
     fencing::CUT_OFF_RESTORED,
+    network::NETWORK_RESTORED,
     patching::APT_RESTORED,
     stories,
     turns::{self, Turn},
@@ -194,6 +195,7 @@ impl Lab {
             {REGISTRATION_RESTORED}
             {APT_RESTORED}
             {CUT_OFF_RESTORED}
+            {NETWORK_RESTORED}
             systemctl start kubelet && (nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)
             if [ -e /etc/systemd/system/nodeward-agent.service ]; then
               systemctl disable --now nodeward-agent.service
@@ -629,7 +631,8 @@ impl Lab {
 
 /// The agent's kubelet, peer and container runtime detectors run every 5 s and report what
 /// held 10 s (their defaults: 30 s and 60 s), so that a test sees a finding come and go in
-/// seconds; one custom check runs on the host (the agent's image has no shell, let alone
+/// seconds; the network's every 10 s, its DNS check resolving the lab's own name through the
+/// node's resolver (`nodelab-dns.service`); one custom check runs on the host (the agent's image has no shell, let alone
 /// systemctl). The two checks on the host, the reboot sentinel's every 15 s and the custom
 /// one's every 30 s, run less often: each is a transient systemd unit, which cost an emulated
 /// guest 0.8 s (systemd, D-Bus and journald); every 5 s that was a sixth of a VM's CPU.
@@ -641,6 +644,7 @@ const FAST_DETECTORS: &str = r#"agent.config={
     "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
     "peers":{"interval":"5s","timeout":"5s","for":"10s"},
     "rebootRequired":{"interval":"15s","timeout":"15s"},
+    "network":{"interval":"10s","timeout":"5s","for":"10s","dns":{"names":["api.nodelab.test"]}},
     "containerRuntime":{"interval":"5s","timeout":"5s","for":"10s",
       "frequentRestarts":{"count":2,"window":"90s"}},
     "custom":[{"name":"containerd-active","condition":"ContainerdDown","reason":"NotActive",
@@ -898,4 +902,21 @@ pub async fn restarted_by_systemd(vm: &Vm, unit: &str, restarts: u32) -> anyhow:
         },
     )
     .await
+}
+
+/// The value of the agent's metric `series` (its name and labels as exposed, such as
+/// `nodeward_finding{type="NetworkProblem"}`), read on the guest's loopback: a guest cut off
+/// from the API server still answers there, as it does to a Prometheus on another node.
+pub async fn agent_gauge(vm: &Vm, series: &str) -> anyhow::Result<String> {
+    let exposed = vm
+        .run(
+            r#"bash -c "exec 3<>/dev/tcp/127.0.0.1/9470 && printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3 && grep '^nodeward_' <&3" || true"#,
+        )
+        .await?;
+    Ok(exposed
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_default()
+        .trim()
+        .to_owned())
 }

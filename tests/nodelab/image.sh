@@ -23,7 +23,7 @@ suite=trixie
 packages=(
   systemd systemd-sysv dbus udev kmod iproute2 linux-image-cloud-amd64
   containerd runc containernetworking-plugins iptables nftables conntrack
-  ca-certificates procps qemu-guest-agent polkitd util-linux
+  ca-certificates procps qemu-guest-agent polkitd util-linux dnsmasq-base
 )
 disk_size=4G
 
@@ -92,7 +92,7 @@ echo nodelab >"$rootfs/etc/hostname"
 : >"$rootfs/etc/machine-id"
 rm -f "$rootfs/var/lib/dbus/machine-id"
 chroot "$rootfs" systemctl enable --quiet systemd-networkd.service nodelab-config.service \
-  nodelab-images.service kubelet.service kube-proxy.service
+  nodelab-images.service nodelab-dns.service kubelet.service kube-proxy.service
 # Nothing waits for "network online" longer than the lab needs.
 chroot "$rootfs" systemctl mask --quiet systemd-networkd-wait-online.service apt-daily.timer \
   apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true
