@@ -184,8 +184,8 @@ impl Lab {
     }
 
     /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running
-    /// as the lab runs it, no test firewall table, no host-mode agent, no test maintenance,
-    /// policy or namespace.
+    /// as the lab runs it, the default route and the node's resolver there, no test firewall
+    /// table, no host-mode agent, no test maintenance, policy or namespace.
     async fn reset(&self) -> anyhow::Result<()> {
         let ours = self.test_selector();
         delete_tests(&Api::<NodeMaintenance>::all(self.client.clone()), &ours).await?;
@@ -632,10 +632,11 @@ impl Lab {
 /// The agent's kubelet, peer and container runtime detectors run every 5 s and report what
 /// held 10 s (their defaults: 30 s and 60 s), so that a test sees a finding come and go in
 /// seconds; the network's every 10 s, its DNS check resolving the lab's own name through the
-/// node's resolver (`nodelab-dns.service`); one custom check runs on the host (the agent's image has no shell, let alone
-/// systemctl). The two checks on the host, the reboot sentinel's every 15 s and the custom
-/// one's every 30 s, run less often: each is a transient systemd unit, which cost an emulated
-/// guest 0.8 s (systemd, D-Bus and journald); every 5 s that was a sixth of a VM's CPU.
+/// node's resolver (`nodelab-dns.service`); one custom check runs on the host (the agent's
+/// image has no shell, let alone systemctl). The two checks on the host, the reboot
+/// sentinel's every 15 s and the custom one's every 30 s, run less often: each is a transient
+/// systemd unit, which cost an emulated guest 0.8 s (systemd, D-Bus and journald); every 5 s
+/// that was a sixth of a VM's CPU.
 /// The inventory reports the version of the package the patching tests publish
 /// (`patching.rs`) and the pending updates. Everything else is the chart's default.
 const FAST_DETECTORS: &str = r#"agent.config={
