@@ -4,8 +4,6 @@
 //! security-group rule would), found out by its own peer probes over the lab's L2 while TCP
 //! and ICMP still work, its peers, which still reach the other node, blaming nobody.
 
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use nodeward_e2e::{nodelab::Vm, wait};
 
 use crate::support::{FIREWALL_TABLE, Lab, Pick, REBOOT, agent_gauge};
@@ -22,22 +20,6 @@ const NETWORK_GAUGE: &str = r#"nodeward_finding{type="NetworkProblem"}"#;
 pub const NETWORK_RESTORED: &str =
     "ip -4 route show default | grep -q . || ip -4 route add default via 10.0.2.2
     systemctl start nodelab-dns.service";
-
-/// `node`'s NetworkProblem condition on its Node, once it is `status` with `reason`.
-async fn network_condition(
-    lab: &Lab,
-    node: &str,
-    status: &str,
-    reason: &str,
-) -> anyhow::Result<()> {
-    let nodes: Api<Node> = Api::all(lab.client.clone());
-    let what = format!("NetworkProblem {status} ({reason}) on the Node");
-    wait::until(&nodes, node, &what, REBOOT, |n| {
-        wait::node_condition(n, "NetworkProblem").is_some_and(|(s, r)| s == status && r == reason)
-    })
-    .await?;
-    Ok(())
-}
 
 /// The agent's own verdict on its network, as it exports it: `1` while a problem holds.
 async fn network_gauge_is(vm: &Vm, value: &str) -> anyhow::Result<()> {
@@ -71,7 +53,8 @@ async fn fault_seen_in_the_gauge(
         "{detector}: cleared at {} ({})",
         after.since.0, after.message
     );
-    network_condition(lab, node, "False", "NoProblem").await
+    lab.condition(node, "NetworkProblem", "False", "NoProblem")
+        .await
 }
 
 #[tokio::test]
@@ -95,7 +78,8 @@ async fn a_missing_default_route_a_stopped_resolver_and_a_blocked_api_server_are
         "{}",
         reachable.message
     );
-    network_condition(&lab, &node, "False", "NoProblem").await?;
+    lab.condition(&node, "NetworkProblem", "False", "NoProblem")
+        .await?;
     assert_eq!(agent_gauge(&vm, NETWORK_GAUGE).await?, "0");
 
     // The node's resolver stops: the name no longer resolves, which the Node shows.
@@ -109,11 +93,13 @@ async fn a_missing_default_route_a_stopped_resolver_and_a_blocked_api_server_are
         "{}",
         failing.message
     );
-    network_condition(&lab, &node, "True", "DNSFailure").await?;
+    lab.condition(&node, "NetworkProblem", "True", "DNSFailure")
+        .await?;
     vm.run("systemctl start nodelab-dns.service").await?;
     let again = lab.cleared(&node, "dns", "resolves again").await?;
     assert_eq!(again.message, LAB_NAME);
-    network_condition(&lab, &node, "False", "NoProblem").await?;
+    lab.condition(&node, "NetworkProblem", "False", "NoProblem")
+        .await?;
 
     // The default route goes. The agent reaches the API server through the `kubernetes`
     // Service, whose address is routed before kube-proxy rewrites it: without a default route

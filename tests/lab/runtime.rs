@@ -3,8 +3,6 @@
 //! the unit over the system bus without the socket, reports it stopped and crashing again and
 //! again (the lab's chart counts 2 restarts in 90 s as frequent), and clears both.
 
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
 use nodeward_e2e::wait;
 use serde_json::Value;
 
@@ -99,17 +97,11 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
             .await?;
         support::restarted_by_systemd(&vm, "containerd", before + crash).await?;
     }
-    let nodes: Api<Node> = Api::all(lab.client.clone());
-    wait::until(
-        &nodes,
+    lab.condition(
         &node,
-        "FrequentContainerdRestart True on the Node",
-        REBOOT,
-        |n| {
-            wait::node_condition(n, "FrequentContainerdRestart").is_some_and(|(status, reason)| {
-                status == "True" && reason == "FrequentContainerdRestart"
-            })
-        },
+        "FrequentContainerdRestart",
+        "True",
+        "FrequentContainerdRestart",
     )
     .await?;
     // The restarts leave the window: cleared, so the next test finds a healthy node.

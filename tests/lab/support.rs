@@ -558,6 +558,23 @@ impl Lab {
         })
     }
 
+    /// `node`'s condition `type_` on its Node, once it is `status` with `reason`.
+    pub async fn condition(
+        &self,
+        node: &str,
+        type_: &str,
+        status: &str,
+        reason: &str,
+    ) -> anyhow::Result<()> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let what = format!("{type_} {status} ({reason}) on the Node");
+        wait::until(&nodes, node, &what, REBOOT, |n| {
+            wait::node_condition(n, type_).is_some_and(|(s, r)| s == status && r == reason)
+        })
+        .await?;
+        Ok(())
+    }
+
     /// A namespace of this test's (deleted first if an earlier run left it).
     pub async fn namespace(&self, name: &str) -> anyhow::Result<String> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
