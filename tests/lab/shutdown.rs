@@ -229,7 +229,7 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         events
             .iter()
             .filter(|e| e.reason.as_deref() == Some(reason))
-            .filter_map(|e| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .filter_map(stories::last_seen)
             .max()
     };
     let started = time_of("ShutdownDrainStarted").context("no ShutdownDrainStarted Event")?;
@@ -274,7 +274,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
         .await?;
     lab.running(&namespace, "app=low", 1).await?;
     let departures = recorders::watch_departures(&lab.client, &namespace);
-    // (1 s back for the API server's second-precision creation times.)
+    // (1 s back for the guest's clock, set from this host's at boot.)
     let since = jiff::Timestamp::now().checked_sub(jiff::SignedDuration::from_secs(1))?;
     let (typed, _) = reboot_typed(&lab, &vm).await?;
 
@@ -284,10 +284,7 @@ async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_s
         .iter()
         .any(|e| {
             e.reason.as_deref() == Some("ShutdownDrainStarted")
-                && e.metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .is_some_and(|t| t.0 >= since)
+                && stories::last_seen(e).is_some_and(|t| t >= since)
         });
     let seen = departures.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let story = stories::drain_story(&lab.client, &vm).await;

@@ -92,6 +92,17 @@ pub async fn node_events(client: &Client, node: &str) -> kube::Result<Vec<Event>
     Ok(list.items)
 }
 
+/// When `event` last happened, by its reporter's clock: a repeat within the agent's series
+/// window (the same note on the same node, as a drain started by an earlier test) is counted in
+/// the first Event's `series`, and that Event's creation time stays the first occurrence's.
+pub fn last_seen(event: &Event) -> Option<jiff::Timestamp> {
+    event
+        .series
+        .as_ref()
+        .map(|s| s.last_observed_time.0)
+        .or_else(|| event.event_time.as_ref().map(|t| t.0))
+}
+
 /// The note of the agent's `Acting` Event on the maintenance `name`: how it asked for the
 /// reboot (logind, a command or a signal).
 pub async fn acting_note(client: &Client, name: &str) -> anyhow::Result<String> {

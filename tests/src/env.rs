@@ -588,6 +588,43 @@ impl TestEnv {
             .with_context(|| format!("a {reason} Event about {name}"))
     }
 
+    /// Waits for an Event with `reason` and `action` about `name`: for a reason two of a
+    /// daemon's writers share (the agent's report and inventory both publish `WriteRefused`),
+    /// whichever the cluster refuses first would otherwise be the one found.
+    pub async fn wait_event_of(
+        &self,
+        name: &str,
+        field_selector: &str,
+        reason: &str,
+        action: &str,
+    ) -> anyhow::Result<k8s_openapi::api::events::v1::Event> {
+        let of = |e: &k8s_openapi::api::events::v1::Event| {
+            e.reason.as_deref() == Some(reason) && e.action.as_deref() == Some(action)
+        };
+        let found = wait::eventually(
+            &format!("a {reason} Event of {action} about {name}"),
+            Duration::from_secs(30),
+            || async {
+                let events = self.events_about(name, field_selector).await?;
+                Ok(events.into_iter().find(of))
+            },
+        )
+        .await;
+        match found {
+            Ok(event) => Ok(event),
+            Err(error) => {
+                let seen: Vec<String> = self
+                    .events_about(name, field_selector)
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|e| format!("{:?}/{:?}", e.reason, e.action))
+                    .collect();
+                Err(error.context(format!("the Events seen about {name}: {seen:?}")))
+            }
+        }
+    }
+
     /// Waits until the Events about `name` include every one of `reasons` and returns them all
     /// (Events are published after the state they tell of, so reading them once right after a
     /// phase is seen races with their writer).

@@ -252,8 +252,9 @@ async fn a_report_the_cluster_refuses_is_a_warning_event_on_the_node() -> anyhow
     };
     refused_in_dry_run(&reports, &again, "takes no NodeReport").await?;
     reports.delete(&node, &DeleteParams::default()).await?;
+    // The inventory's writer is refused too: the report's own Event is the one looked for.
     let event = env
-        .wait_event(&node, "regarding.kind=Node", "WriteRefused")
+        .wait_event_of(&node, "regarding.kind=Node", "WriteRefused", "Report")
         .await?;
     let note = event.note.unwrap_or_default();
     assert!(
@@ -288,7 +289,7 @@ async fn an_inventory_the_cluster_refuses_is_a_warning_event_on_the_node() -> an
     refused_in_dry_run(&reports, &probe, "takes no inventory").await?;
     let agent = Agent::start(&node, &env, "300ms", "2s")?;
     let event = env
-        .wait_event(&node, "regarding.kind=Node", "WriteRefused")
+        .wait_event_of(&node, "regarding.kind=Node", "WriteRefused", "Inventory")
         .await?;
     let note = event.note.unwrap_or_default();
     assert!(
