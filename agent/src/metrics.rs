@@ -20,6 +20,16 @@ pub struct DetectorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CheckStatusLabels {
+    pub detector: String,
+    /// `ok`, `problem` or `unknown`.
+    pub status: String,
+}
+
+/// The values of `nodeward_check_status`'s `status` label: one of them is 1 per detector.
+const CHECK_STATUSES: [&str; 3] = ["ok", "problem", "unknown"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `nodes/status`, `nodereports`, `nodereports/status`, `events`.
     pub resource: String,
@@ -142,6 +152,9 @@ pub struct Metrics {
     registry: Registry,
     /// 1 while the node condition of this type is True (a problem), else 0.
     pub finding: Family<TypeLabels, Gauge>,
+    /// Per detector, 1 for its reported (debounced) status and 0 for the others: a condition
+    /// fed by several detectors (`NetworkProblem`) shows which of them found the problem.
+    check_status: Family<CheckStatusLabels, Gauge>,
     pub check_duration: HistogramFamily,
     pub api_writes: Family<WriteLabels, Counter>,
     /// Every request sent to the API server (reads and watches included).
@@ -218,6 +231,12 @@ impl Metrics {
             "1 while the node condition of this type reports a problem",
             finding.clone(),
         );
+        let check_status = Family::<CheckStatusLabels, Gauge>::default();
+        registry.register(
+            "check_status",
+            "1 for each detector's reported status (ok, problem or unknown, after its 'for'), 0 for the others",
+            check_status.clone(),
+        );
         let check_duration = HistogramFamily::new_with_constructor(check_duration_histogram);
         registry.register(
             "check_duration_seconds",
@@ -274,6 +293,7 @@ impl Metrics {
             registry,
             host,
             finding,
+            check_status,
             check_duration,
             api_writes,
             api_requests,
@@ -281,6 +301,20 @@ impl Metrics {
             watch_events,
             watch_bookmarks,
             probes,
+        }
+    }
+
+    /// Sets `detector`'s reported status (one of [`CHECK_STATUSES`]; another, as `skipped`,
+    /// which the daemon never reports, leaves all three 0).
+    pub fn check_verdict(&self, detector: &str, status: &str) {
+        for value in CHECK_STATUSES {
+            let labels = CheckStatusLabels {
+                detector: detector.to_owned(),
+                status: value.to_owned(),
+            };
+            self.check_status
+                .get_or_create(&labels)
+                .set(i64::from(value == status));
         }
     }
 
@@ -373,7 +407,15 @@ mod tests {
             .observe(0.02);
         m.api_write("nodes/status", true);
         m.api_write("nodes/status", false);
+        m.check_verdict("default-route", "unknown");
+        m.check_verdict("default-route", "problem");
         let text = m.encode();
+        for (status, value) in [("ok", 0), ("problem", 1), ("unknown", 0)] {
+            let line = format!(
+                "nodeward_check_status{{detector=\"default-route\",status=\"{status}\"}} {value}"
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
         assert!(
             text.contains("nodeward_finding{type=\"RebootRequired\"} 1"),
             "{text}"

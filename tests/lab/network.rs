@@ -21,17 +21,27 @@ pub const NETWORK_RESTORED: &str =
     "ip -4 route show default | grep -q . || ip -4 route add default via 10.0.2.2
     systemctl start nodelab-dns.service";
 
-/// The agent's own verdict on its network, as it exports it: `1` while a problem holds.
-async fn network_gauge_is(vm: &Vm, value: &str) -> anyhow::Result<()> {
-    wait::eventually(&format!("{NETWORK_GAUGE} {value}"), REBOOT, || async {
-        Ok((agent_gauge(vm, NETWORK_GAUGE).await? == value).then_some(()))
+/// `series` as the agent exports it reads `value`, waited for.
+async fn gauge_is(vm: &Vm, series: &str, value: &str) -> anyhow::Result<()> {
+    wait::eventually(&format!("{series} {value}"), REBOOT, || async {
+        Ok((agent_gauge(vm, series).await? == value).then_some(()))
     })
     .await
 }
 
+/// The agent's reported status of one check: `1` for it in `nodeward_check_status`, which the
+/// agent sets once the status held for the check's `for`.
+async fn check_status_is(vm: &Vm, detector: &str, status: &str) -> anyhow::Result<()> {
+    let series = format!(r#"nodeward_check_status{{detector="{detector}",status="{status}"}}"#);
+    gauge_is(vm, &series, "1").await
+}
+
 /// A fault that also cuts the agent off from the API server, injected and undone: the agent
-/// exports the problem while it lasts (as a Prometheus on another node scrapes it), and once
-/// it writes again, its `detector`'s finding last changed after the fault began (it saw it).
+/// exports `detector`'s problem, and its condition's, while it lasts (as a Prometheus on
+/// another node scrapes them), and once it writes again, the detector's finding last changed
+/// after the fault began (it saw it). Each check is waited for by its own status: the
+/// condition's gauge is 1 as soon as any of its checks (the API server's, here) finds a
+/// problem, which may be before `detector`'s own `for` has held.
 async fn fault_seen_in_the_gauge(
     lab: &Lab,
     vm: &Vm,
@@ -41,9 +51,11 @@ async fn fault_seen_in_the_gauge(
 ) -> anyhow::Result<()> {
     let began = jiff::Timestamp::now();
     vm.run(inject).await?;
-    network_gauge_is(vm, "1").await?;
+    check_status_is(vm, detector, "problem").await?;
+    gauge_is(vm, NETWORK_GAUGE, "1").await?;
     vm.run(undo).await?;
-    network_gauge_is(vm, "0").await?;
+    check_status_is(vm, detector, "ok").await?;
+    gauge_is(vm, NETWORK_GAUGE, "0").await?;
     let after = lab
         .finding(node, detector, "cleared since the fault began", |f| {
             f.status == "False" && f.since.0 > began
@@ -58,7 +70,6 @@ async fn fault_seen_in_the_gauge(
 }
 
 #[tokio::test]
-#[ignore = "out of ./tests/run until the agent exports each check's verdict: the gauge is the condition's, and a fresh-clone check (2026-12-01) read it 1 from the API server check before the route check's own `for` had held, so the route came back unseen; run with --ignored network::a_missing"]
 async fn a_missing_default_route_a_stopped_resolver_and_a_blocked_api_server_are_reported_and_cleared()
 -> anyhow::Result<()> {
     // The last VM's lane: the faults are this node's own, and the other lane's tests go on.

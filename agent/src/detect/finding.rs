@@ -28,6 +28,16 @@ impl Status {
         }
     }
 
+    /// Its value of the `status` label of `nodeward_check_status`.
+    pub fn metric_label(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Problem => "problem",
+            Self::Unknown => "unknown",
+            Self::Skipped => "skipped",
+        }
+    }
+
     /// The node condition status this maps to (`True` means a problem).
     pub fn condition_status(self) -> &'static str {
         match self {

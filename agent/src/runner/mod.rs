@@ -92,6 +92,10 @@ pub fn start(
                 Change::Status => entry.1 = SystemTime::now(),
                 Change::Detail => {}
             }
+            if let Some(reported) = entry.0.reported() {
+                let finding = &reported.finding;
+                metrics.check_verdict(&finding.detector, finding.status.metric_label());
+            }
             let snapshot: BTreeMap<String, Current> = state
                 .iter()
                 .filter_map(|(name, (debounced, since))| {
@@ -171,7 +175,8 @@ mod tests {
         ];
         let detectors = config.detectors.custom.detectors(None);
         let mut tasks = JoinSet::new();
-        let mut snapshots = start(detectors, Arc::new(Metrics::new()), &mut tasks);
+        let metrics = Arc::new(Metrics::new());
+        let mut snapshots = start(detectors, metrics.clone(), &mut tasks);
 
         let wait_for = |pred: fn(&Snapshot) -> bool| {
             let mut rx = snapshots.clone();
@@ -194,6 +199,15 @@ mod tests {
         })
         .await;
         assert!(broken["flips"].since >= first["flips"].since);
+        // Each detector's reported status is exported, set before the snapshot is published.
+        let text = metrics.encode();
+        for line in [
+            "nodeward_check_status{detector=\"flips\",status=\"problem\"} 1",
+            "nodeward_check_status{detector=\"flips\",status=\"ok\"} 0",
+            "nodeward_check_status{detector=\"hangs\",status=\"unknown\"} 1",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
         std::fs::remove_file(&marker).ok();
         snapshots.mark_unchanged();
         tasks.abort_all();

@@ -40,6 +40,13 @@ async fn agent_reports_conditions_events_and_node_report_and_stops_on_sigterm() 
             .await?,
         1.0
     );
+    // And per detector: the condition's one check found it.
+    assert_eq!(
+        agent
+            .metric("nodeward_check_status{detector=\"reboot-required\",status=\"problem\"}")
+            .await?,
+        1.0
+    );
 
     std::fs::remove_file(agent.sentinel())?;
     wait_condition(&nodes, &node, "RebootRequired", "False").await?;
