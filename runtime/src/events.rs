@@ -307,9 +307,68 @@ impl RateLimit {
     }
 }
 
+/// What a message is about: the message with each number that is not part of a name masked
+/// (`Killed process 4242 (java) total-vm:1234kB` and `… 4343 (java) …` are one subject,
+/// `dev sda1` and `dev sdb1` two; `NotReady for 60s` and `NotReady for 65s` one). Notes that
+/// restate a state with its counts and ages are published again only when their subject changes.
+pub fn subject(message: &str) -> String {
+    let mut subject = String::with_capacity(message.len());
+    let mut previous: Option<char> = None;
+    let mut masking = false;
+    for c in message.chars() {
+        if c.is_ascii_digit() {
+            if masking {
+                continue;
+            }
+            if previous.is_none_or(|p| !p.is_ascii_alphanumeric() && p != '_') {
+                masking = true;
+                subject.push('#');
+                previous = Some(c);
+                continue;
+            }
+        } else {
+            masking = false;
+        }
+        subject.push(c);
+        previous = Some(c);
+    }
+    subject
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_subject_masks_counts_and_ids_but_keeps_names() {
+        assert_eq!(
+            subject("Out of memory: Killed process 4242 (java) total-vm:1234kB"),
+            "Out of memory: Killed process # (java) total-vm:#kB"
+        );
+        assert_eq!(
+            subject("I/O error, dev sdb1, sector 123456"),
+            "I/O error, dev sdb1, sector #"
+        );
+        assert_ne!(
+            subject("EXT4-fs error (device nvme0n1p1)"),
+            subject("EXT4-fs error (device nvme1n1p1)")
+        );
+        // A state restated each round with its ages is one subject; another reason is another.
+        let waits = |n: u32, why: &str| {
+            format!(
+                "NotReady for {n}s, its agent last wrote its heartbeat {}s ago; but {why}",
+                n + 55
+            )
+        };
+        assert_eq!(
+            subject(&waits(60, "its agent does not fence it")),
+            subject(&waits(65, "its agent does not fence it"))
+        );
+        assert_ne!(
+            subject(&waits(60, "its agent does not fence it")),
+            subject(&waits(60, "a pause holds it"))
+        );
+    }
 
     #[test]
     fn a_note_over_the_apis_limit_is_cut_at_a_character_boundary() {

@@ -366,6 +366,21 @@ async fn a_dead_node_is_tainted_out_of_service_its_pods_go_and_the_taint_goes_wh
         "a node whose agent does not fence was marked out of service: {}",
         coordinator.output()
     );
+    // Said once: the why counts seconds, and each round restates it (three more rounds).
+    let rounds = r#"nodeward_coordinator_decision_duration_seconds_count{round="full"}"#;
+    let seen = coordinator.metric(rounds).await?;
+    wait::eventually("three more full rounds", TIMEOUT, || async {
+        Ok((coordinator.metric(rounds).await? >= seen + 3.0).then_some(()))
+    })
+    .await?;
+    let told: Vec<String> = env
+        .events_about(&n0, "")
+        .await?
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("OutOfServiceWaits"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(told.len(), 1, "one Event while the why stays: {told:#?}");
     announce_fencing(&env, &n0).await?;
 
     let tainted = wait::until(

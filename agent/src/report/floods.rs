@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nodeward_runtime::events::RateLimit;
+use nodeward_runtime::events::{RateLimit, subject};
 
 use crate::detect::kernel_log::NodeEvent;
 
@@ -138,33 +138,6 @@ fn summary(flood: &mut Flood) -> String {
     note
 }
 
-/// What a message is about: the message with each number that is not part of a name masked
-/// (`Killed process 4242 (java) total-vm:1234kB` and `… 4343 (java) …` are one subject,
-/// `dev sda1` and `dev sdb1` two).
-pub fn subject(message: &str) -> String {
-    let mut subject = String::with_capacity(message.len());
-    let mut previous: Option<char> = None;
-    let mut masking = false;
-    for c in message.chars() {
-        if c.is_ascii_digit() {
-            if masking {
-                continue;
-            }
-            if previous.is_none_or(|p| !p.is_ascii_alphanumeric() && p != '_') {
-                masking = true;
-                subject.push('#');
-                previous = Some(c);
-                continue;
-            }
-        } else {
-            masking = false;
-        }
-        subject.push(c);
-        previous = Some(c);
-    }
-    subject
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,22 +152,6 @@ mod tests {
                 pid * 2
             ),
         }
-    }
-
-    #[test]
-    fn a_subject_masks_counts_and_ids_but_keeps_names() {
-        assert_eq!(
-            subject("Out of memory: Killed process 4242 (java) total-vm:1234kB"),
-            "Out of memory: Killed process # (java) total-vm:#kB"
-        );
-        assert_eq!(
-            subject("I/O error, dev sdb1, sector 123456"),
-            "I/O error, dev sdb1, sector #"
-        );
-        assert_ne!(
-            subject("EXT4-fs error (device nvme0n1p1)"),
-            subject("EXT4-fs error (device nvme1n1p1)")
-        );
     }
 
     #[test]

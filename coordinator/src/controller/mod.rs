@@ -69,7 +69,8 @@ pub struct Controller {
     arrived: HashMap<String, Instant>,
     /// When the loop waited on the API server, to tell admissions' own share.
     api_waits: api_waits::ApiWaits,
-    /// Why each dead-looking node waits for its out-of-service taint, as last told in an Event.
+    /// Why each dead-looking node waits for its out-of-service taint, as last told in an Event
+    /// (its subject: the why with its numbers masked).
     out_of_service_said: BTreeMap<String, String>,
     settings: Settings,
 }

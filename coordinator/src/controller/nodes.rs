@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::{ResourceExt, runtime::events::EventType};
-use nodeward_runtime::cordon;
+use nodeward_runtime::{cordon, events::subject};
 
 use super::Controller;
 use crate::metrics::Applied;
@@ -44,9 +44,10 @@ impl Controller {
         applied
     }
 
-    /// Tells why a dead-looking node is not marked out of service (yet), once per change: an
-    /// Event on the Node (its agent does not fence it, its fencing is not over, the budget or
-    /// a pause holds it).
+    /// Tells why a dead-looking node is not marked out of service (yet), once per change of
+    /// why: an Event on the Node (its agent does not fence it, its fencing is not over, the
+    /// budget or a pause holds it). The why counts seconds ("NotReady for 65s"), so it is
+    /// compared by its subject: one Event per reason, not one per round while a node is dead.
     pub(super) fn say_out_of_service_waits(
         &mut self,
         objects: &round::Objects,
@@ -54,7 +55,8 @@ impl Controller {
     ) {
         let mut said = BTreeMap::new();
         for (node, why) in waits {
-            if self.out_of_service_said.get(node) != Some(why)
+            let subject = subject(why);
+            if self.out_of_service_said.get(node) != Some(&subject)
                 && let Some(object) = objects.nodes.iter().find(|n| n.name_any() == *node)
             {
                 tracing::info!(%node, %why, "a dead-looking node waits for its out-of-service taint");
@@ -65,7 +67,7 @@ impl Controller {
                     why.clone(),
                 );
             }
-            said.insert(node.clone(), why.clone());
+            said.insert(node.clone(), subject);
         }
         self.out_of_service_said = said;
     }
