@@ -1,9 +1,10 @@
-//! Fencing on a real node: the agent feeds the VM's hardware watchdog (an emulated Intel
-//! 6300ESB); cut off from the API server and from its peers, it stops, and the watchdog resets
-//! the machine. Only then does the coordinator mark the node out of service, and a stateful
-//! pod that waits out an unreachable node starts on another one. The agent runs in host mode
-//! (a systemd service, root on the host): in the chart, fencing makes the agent's pod
-//! privileged, which the other lab tests show it is not by default.
+//! Fencing on a real node. First the chart's agent, which does not fence: its node, cut off,
+//! is never marked out of service. Then the agent feeds the VM's hardware watchdog (an
+//! emulated Intel 6300ESB); cut off from the API server and from its peers, it stops, and the
+//! watchdog resets the machine. Only then does the coordinator mark the node out of service,
+//! and a stateful pod that waits out an unreachable node starts on another one. The agent runs
+//! in host mode (a systemd service, root on the host): in the chart, fencing makes the agent's
+//! pod privileged, which the other lab tests show it is not by default.
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -69,6 +70,14 @@ pub async fn restore_default_policy(client: &kube::Client) -> anyhow::Result<()>
 async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     let nodes: Api<Node> = Api::all(lab.client.clone());
+    // Remediation with the out-of-service taint for this node, with short deadlines.
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    remediated_alone(&lab, &node).await?;
+
+    // First with the chart's agent, which does not fence: cut off, the node looks dead, and
+    // the coordinator says why it does not mark it.
+    never_marked_without_fencing(&lab, &vm, &node).await?;
+
     // Its agent, in host mode, fences it.
     let before = fenced_by_its_agent(&lab, &vm).await?;
 
@@ -83,10 +92,6 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
         Some(node.as_str())
     );
     lab.apply(stateful(&namespace, &node, "NotIn")).await?;
-
-    // Remediation with the out-of-service taint for this node, with short deadlines.
-    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
-    remediated_alone(&lab, &node).await?;
 
     // Cut off from the API server and from every peer, and kept so across a reset.
     // Watched from before the cut: when the node is marked out of service.
@@ -259,26 +264,72 @@ async fn remediated_alone(lab: &Lab, node: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cuts `vm` off from the API server (through the uplink's forward) and from every other
-/// address of the lab network, both ways, by a unit that applies the rules again at boot.
-async fn cut_off(vm: &Vm) -> anyhow::Result<()> {
+/// The chart's agent does not fence `vm` (its report announces no fencing): cut off from the
+/// API server and its peers, the node looks dead to the coordinator, which says in an Event
+/// that it waits because the agent does not fence, and does not mark it out of service; then
+/// back on the network and Ready.
+async fn never_marked_without_fencing(lab: &Lab, vm: &Vm, node: &str) -> anyhow::Result<()> {
+    let report = lab.report(node).await?.status.unwrap_or_default();
+    assert!(report.fencing.is_none(), "{:?}", report.fencing);
+    vm.write_file("/etc/nodelab-cut-off.nft", cut_off_rules(vm)?.as_bytes())
+        .await?;
+    vm.run("nft -f /etc/nodelab-cut-off.nft").await?;
+    // (The coordinator's Events carry its guest's clock, set from this host's at boot.)
+    let cut_at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(30);
+    let waits = wait::eventually(
+        "the coordinator saying it does not mark a node whose agent does not fence",
+        REBOOT * 2,
+        || async {
+            let events = crate::stories::node_events(&lab.client, node).await?;
+            Ok(events.into_iter().find(|e| {
+                e.reason.as_deref() == Some("OutOfServiceWaits")
+                    && e.note
+                        .as_deref()
+                        .is_some_and(|n| n.contains("does not fence"))
+                    && crate::stories::last_seen(e).is_some_and(|t| t >= cut_at)
+            }))
+        },
+    )
+    .await?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let now = nodes.get(node).await?;
+    assert!(
+        wait::out_of_service_taint(Some(&now)).is_none(),
+        "a node whose agent does not fence was marked out of service: {:?}",
+        waits.note
+    );
+    println!(
+        "{node}, not fenced and cut off: {}",
+        waits.note.unwrap_or_default()
+    );
+    vm.run(&format!(
+        "nft delete table inet {FIREWALL_TABLE} && rm -f /etc/nodelab-cut-off.nft"
+    ))
+    .await?;
+    vm.wait_node_ready(&lab.client, REBOOT).await
+}
+
+/// The rules that cut `vm` off from the API server (through the uplink's forward) and from
+/// every other address of the lab network, both ways.
+fn cut_off_rules(vm: &Vm) -> anyhow::Result<String> {
     let own = vm.lab_ip()?;
     let network = own
         .rsplit_once('.')
         .map(|(net, _)| net)
         .context("the lab IP")?;
-    vm.write_file(
-        "/etc/nodelab-cut-off.nft",
-        format!(
-            "table inet {FIREWALL_TABLE} {{
+    Ok(format!(
+        "table inet {FIREWALL_TABLE} {{
   chain out {{ type filter hook output priority -10; ip daddr 10.0.2.100 drop; ip daddr {network}.0/24 ip daddr != {own} drop; }}
   chain in {{ type filter hook input priority -10; ip saddr {network}.0/24 ip saddr != {own} drop; }}
 }}
 "
-        )
-        .as_bytes(),
-    )
-    .await?;
+    ))
+}
+
+/// Cuts `vm` off ([`cut_off_rules`]) by a unit that applies the rules again at boot.
+async fn cut_off(vm: &Vm) -> anyhow::Result<()> {
+    vm.write_file("/etc/nodelab-cut-off.nft", cut_off_rules(vm)?.as_bytes())
+        .await?;
     vm.write_file(
         "/etc/systemd/system/nodelab-cut-off.service",
         b"[Unit]
