@@ -804,6 +804,33 @@ async fn an_agent_killed_mid_drain_resumes_after_restart() -> anyhow::Result<()>
     env.cleanup_after(second).await
 }
 
+/// Waits until `node` is uncordoned and without the guard's taint, and its record of the cordon
+/// (`nodeward.io/cordoned-by`) is gone.
+async fn wait_restored(env: &TestEnv, node: &str, agent: &Daemon) -> anyhow::Result<()> {
+    let restored = wait::until(&env.nodes(), node, "the node restored", TIMEOUT, |n| {
+        n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+            s.unschedulable != Some(true)
+                && !s
+                    .taints
+                    .iter()
+                    .flatten()
+                    .any(|t| t.key == "nodeward.io/shutdown")
+        })
+    })
+    .await
+    .with_context(|| agent.output())?
+    .context("node")?;
+    assert!(
+        !restored
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("nodeward.io/cordoned-by"),
+        "the record on the Node is gone"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> anyhow::Result<()> {
     use kube::api::{Patch, PatchParams, PostParams};
@@ -836,27 +863,7 @@ async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> a
 
     let logind = Logind::start(&env.id, 10).await?;
     let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
-    let restored = wait::until(&env.nodes(), &node, "the node restored", TIMEOUT, |n| {
-        n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
-            s.unschedulable != Some(true)
-                && !s
-                    .taints
-                    .iter()
-                    .flatten()
-                    .any(|t| t.key == "nodeward.io/shutdown")
-        })
-    })
-    .await
-    .with_context(|| agent.output())?
-    .context("node")?;
-    assert!(
-        !restored
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .contains_key("nodeward.io/cordoned-by"),
-        "the record on the Node is gone"
-    );
+    wait_restored(&env, &node, &agent).await?;
     wait::until(
         &reports,
         &node,
@@ -867,5 +874,29 @@ async fn after_the_reboot_the_node_is_untainted_and_uncordoned_once_ready() -> a
     .await?;
     env.wait_event(&node, "regarding.kind=Node", "NodeRestored")
         .await?;
+    env.cleanup_after(agent).await
+}
+
+/// The guard's cordon and taint on a node with no record of the shutdown they were for (its
+/// NodeReport deleted while the node went down, as a test sharing the cluster once did): the
+/// agent finds them when it reaches logind, which prepares no shutdown, and takes them away.
+#[tokio::test]
+async fn a_shutdown_taint_left_without_its_record_is_taken_away() -> anyhow::Result<()> {
+    let (env, node) = TestEnv::with_worker("guard-unrecorded", "a").await?;
+    env.merge_node(&node, serde_json::json!({
+                "metadata": {"annotations": {"nodeward.io/cordoned-by": "shutdown"}},
+                "spec": {"unschedulable": true, "taints": [{"key": "nodeward.io/shutdown", "effect": "NoSchedule"}]},
+            })).await?;
+    let reports: Api<NodeReport> = Api::all(env.client.clone());
+    assert!(reports.get_opt(&node).await?.is_none(), "no NodeReport");
+
+    let logind = Logind::start(&env.id, 10).await?;
+    let agent = agent(&env, &node, &logind, "  budget: 8s\n  safetyMargin: 1s\n")?;
+    wait_restored(&env, &node, &agent).await?;
+    let event = env
+        .wait_event(&node, "regarding.kind=Node", "NodeRestored")
+        .await?;
+    let note = event.note.unwrap_or_default();
+    assert!(note.contains("no record of its shutdown"), "{note}");
     env.cleanup_after(agent).await
 }

@@ -35,7 +35,7 @@ use nodeward_runtime::{
 use zbus::{proxy::CacheProperties, zvariant::OwnedFd};
 
 use super::dropin;
-use super::{Settings, notes, record, window::drain_window};
+use super::{Settings, notes, record, unrecorded, window::drain_window};
 use crate::host::logind::ManagerProxy;
 use crate::{
     backoff::Backoff,
@@ -244,14 +244,7 @@ impl Guard {
             let now = *admitted.borrow_and_update();
             self.set_gate(state, &manager, &mut gate, now).await?;
             gate_slot = gate;
-            let forgotten = lock(state)
-                .shutdown
-                .as_ref()
-                .is_some_and(|r| record::forgotten(r, &self.boot_id));
-            if forgotten {
-                self.cancelled(state, &manager, &mut held, record::Undo::Forgotten)
-                    .await?;
-            }
+            self.left_behind(state, &manager, &mut held).await?;
         }
         // The NodeReport may not exist yet when the lock is first taken: write until it does.
         let mut rewrite = tokio::time::interval(Duration::from_secs(2));
@@ -287,6 +280,31 @@ impl Guard {
                     let new_owner = change.args().ok().and_then(|a| a.new_owner.as_ref().map(|o| o.to_string()));
                     return Err(format!("org.freedesktop.login1 changed owner (now {new_owner:?}); its locks are gone"));
                 }
+            }
+        }
+    }
+
+    /// Restores the node from what an earlier shutdown left, found while logind prepares none:
+    /// a drain logind forgot ([`record::forgotten`]), or the taint with no record ([`unrecorded`]).
+    async fn left_behind(
+        &self,
+        state: &Arc<Mutex<State>>,
+        manager: &ManagerProxy<'_>,
+        held: &mut Option<OwnedFd>,
+    ) -> Result<(), String> {
+        let record = lock(state).shutdown.clone();
+        match record {
+            Some(r) if record::forgotten(&r, &self.boot_id) => {
+                self.cancelled(state, manager, held, record::Undo::Forgotten)
+                    .await
+            }
+            Some(_) => Ok(()),
+            None => {
+                let left = unrecorded::restore(&self.client, &self.node).await;
+                if let Some((type_, reason, note)) = left {
+                    self.event(type_, reason, note).await;
+                }
+                Ok(())
             }
         }
     }

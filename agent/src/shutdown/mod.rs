@@ -10,6 +10,7 @@ pub mod dropin;
 pub mod guard;
 mod notes;
 mod record;
+mod unrecorded;
 pub mod window;
 
 /// The flags of the `shutdownGuard` section.
