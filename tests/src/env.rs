@@ -610,19 +610,7 @@ impl TestEnv {
             },
         )
         .await;
-        match found {
-            Ok(event) => Ok(event),
-            Err(error) => {
-                let seen: Vec<String> = self
-                    .events_about(name, field_selector)
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|e| format!("{:?}/{:?}", e.reason, e.action))
-                    .collect();
-                Err(error.context(format!("the Events seen about {name}: {seen:?}")))
-            }
-        }
+        self.with_events_seen(found, name, field_selector).await
     }
 
     /// Waits until the Events about `name` include every one of `reasons` and returns them all
@@ -645,19 +633,30 @@ impl TestEnv {
             },
         )
         .await;
-        match found {
-            Ok(events) => Ok(events),
-            Err(error) => {
-                let seen: Vec<String> = self
-                    .events_about(name, field_selector)
-                    .await
-                    .unwrap_or_default()
-                    .into_iter()
-                    .filter_map(|e| e.reason)
-                    .collect();
-                Err(error.context(format!("the Events seen about {name}: {seen:?}")))
-            }
-        }
+        self.with_events_seen(found, name, field_selector).await
+    }
+
+    /// A wait on Events that timed out, with the reasons (and actions) of those there were.
+    async fn with_events_seen<T>(
+        &self,
+        found: anyhow::Result<T>,
+        name: &str,
+        field_selector: &str,
+    ) -> anyhow::Result<T> {
+        let Err(error) = found else {
+            return found;
+        };
+        let seen: Vec<String> = self
+            .events_about(name, field_selector)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| {
+                let reason = e.reason.unwrap_or_default();
+                format!("{reason} ({})", e.action.unwrap_or_default())
+            })
+            .collect();
+        Err(error.context(format!("the Events seen about {name}: {seen:?}")))
     }
 
     /// Stops `daemons` (dropped: killed), then [`Self::cleanup`]: a daemon still running
