@@ -1,15 +1,23 @@
 //! A reboot nobody coordinated, typed in the guest (`systemctl reboot`), with the chart's
 //! default values on a stock node: the agent drains within a budget that really exists, in
 //! plan order, a PDB-blocked pod holds its group until the stage deadline, and the VM really
-//! reboots and comes back uncordoned and untainted. And logind restarted in the middle of
-//! such a drain: the lock stays, and the node the reboot never came for is restored.
+//! reboots and comes back uncordoned and untainted; a shutdown taint then left with no record
+//! is taken away. And logind restarted in the middle of such a drain: the lock stays, and the
+//! node the reboot never came for is restored.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
-use nodeward_api::{NodeReport, labels::SHUTDOWN_TAINT as SHUTDOWN, report::ShutdownPhase};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use nodeward_api::{
+    NodeReport,
+    labels::{CORDONED_BY_ANNOTATION, SHUTDOWN_CORDON_BY, SHUTDOWN_TAINT as SHUTDOWN},
+    report::ShutdownPhase,
+};
 use nodeward_e2e::nodelab::Vm;
 use serde_json::json;
 
@@ -240,7 +248,86 @@ async fn a_reboot_typed_in_the_guest_drains_in_plan_order_and_the_node_really_re
         "the drain took {drained} s, past logind's 120 s"
     );
     println!("{node}: lock held {drained:.0} s of logind's 120 s");
-    lab.delete_namespace(&namespace).await
+    lab.delete_namespace(&namespace).await?;
+    a_taint_with_no_record_is_taken_away(&lab, &node, &vm).await
+}
+
+/// Back from the reboot, the node's NodeReport holds no shutdown record. The guard's taint and
+/// cordon put back by hand then have none (as when a NodeReport is deleted while its node goes
+/// down): once the guard reaches logind again (logind restarted here) and logind prepares no
+/// shutdown, the chart's agent takes them away, with the identity and admission policy the
+/// chart gives it, and says so in a `NodeRestored` Event.
+async fn a_taint_with_no_record_is_taken_away(
+    lab: &Lab,
+    node: &str,
+    vm: &Vm,
+) -> anyhow::Result<()> {
+    let reports: Api<NodeReport> = Api::all(lab.client.clone());
+    nodeward_e2e::wait::until(&reports, node, "no shutdown record", REBOOT, |r| {
+        r.and_then(|r| r.status.as_ref())
+            .is_some_and(|s| s.shutdown.is_none())
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let mut taints = nodes
+        .get(node)
+        .await?
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    taints.push(serde_json::from_value(
+        json!({"key": SHUTDOWN, "effect": "NoSchedule"}),
+    )?);
+    let left = json!({
+        "metadata": {"annotations": {CORDONED_BY_ANNOTATION: SHUTDOWN_CORDON_BY}},
+        "spec": {"unschedulable": true, "taints": taints},
+    });
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(left))
+        .await
+        .with_context(|| format!("leaving the shutdown taint on {node} as an admin"))?;
+    let occurrences = || async {
+        let events = stories::node_events(&lab.client, node).await?;
+        anyhow::Ok(
+            events
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("NodeRestored"))
+                .filter(|e| e.note.as_deref().is_some_and(|n| n.contains("no record")))
+                .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+                .sum::<i32>(),
+        )
+    };
+    let before = occurrences().await?;
+
+    let restarted = Instant::now();
+    vm.run("systemctl restart systemd-logind").await?;
+    nodeward_e2e::wait::until(&nodes, node, "uncordoned and untainted", REBOOT, |n| {
+        n.and_then(|n| n.spec.as_ref()).is_some_and(|s| {
+            s.unschedulable != Some(true) && !s.taints.iter().flatten().any(|t| t.key == SHUTDOWN)
+        })
+    })
+    .await
+    .with_context(|| format!("{node}'s agent left the taint with no record"))?;
+    nodeward_e2e::wait::eventually("a NodeRestored Event saying why", REBOOT, || async {
+        Ok((occurrences().await? > before).then_some(()))
+    })
+    .await?;
+    let annotations = nodes
+        .get(node)
+        .await?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    assert!(
+        !annotations.contains_key(CORDONED_BY_ANNOTATION),
+        "the cordon's record stayed: {annotations:?}"
+    );
+    println!(
+        "{node}: a taint with no record taken away {:.0} s after logind's restart",
+        restarted.elapsed().as_secs_f64()
+    );
+    support::wait_delay_lock(&lab.client, vm).await?;
+    Ok(())
 }
 
 /// The same reboot with the kubelet's own graceful node shutdown on (30 s): both hold a delay
