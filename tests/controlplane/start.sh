@@ -97,6 +97,10 @@ new_cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsa
 keyUsage=digitalSignature,keyEncipherment"
 new_cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth
 keyUsage=digitalSignature,keyEncipherment"
+# The API server's own client for kubelets (`kubectl logs`, `exec`, `port-forward` on the node
+# lab's VMs, whose kubelets trust this CA and allow every authenticated client).
+new_cert kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth
+keyUsage=digitalSignature,keyEncipherment"
 # kwok has its own user so that the audit log can leave out its heartbeats and lease renewals.
 new_cert kwok "/O=system:masters/CN=kwok" "extendedKeyUsage=clientAuth
 keyUsage=digitalSignature,keyEncipherment"
@@ -205,6 +209,8 @@ start_apiserver() {
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/kubelet-client.crt" --kubelet-client-key "$pki/kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP,Hostname \
     --authorization-config "$state/authorization.yaml" \
     --enable-admission-plugins NodeRestriction \
     --service-account-issuer https://kubernetes.default.svc \

@@ -1,6 +1,7 @@
 //! The chart as users install it, on real nodes: the agent DaemonSet pod Ready on every VM with
 //! no false findings, its logind lock real, host commands run on the host through systemd (no
-//! host mount), the eviction webhook reached through its Service.
+//! host mount), the eviction webhook reached through its Service, its log read as `kubectl logs`
+//! reads it.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use k8s_openapi::api::{
 };
 use kube::{
     Api, ResourceExt,
-    api::{EvictParams, PostParams},
+    api::{EvictParams, LogParams, PostParams},
 };
 use nodeward_api::report::AgentMode;
 use nodeward_e2e::{Identity, controlplane::client_as, wait};
@@ -81,6 +82,7 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
             .run("busctl get-property org.freedesktop.login1 /org/freedesktop/login1 org.freedesktop.login1.Manager InhibitDelayMaxUSec")
             .await?;
         assert_eq!(delay.trim(), "t 120000000", "{}", vm.name);
+        agent_log_reads_through_the_kubelet(&lab, &vm.name).await?;
     }
 
     // Host commands run on the host, through systemd (the pod mounts nothing of /var/run and
@@ -174,4 +176,24 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         other => anyhow::bail!("an eviction on another node was not refused: {other:?}"),
     }
     lab.delete_namespace(&namespace).await
+}
+
+/// `kubectl logs` reaches the real kubelet (the API server's kubelet client, the node's
+/// InternalIP on the lab network): a user's first look at an agent.
+async fn agent_log_reads_through_the_kubelet(lab: &Lab, node: &str) -> anyhow::Result<()> {
+    let pod = support::agent_pod(&lab.client, node).await?;
+    let pods: Api<Pod> = Api::namespaced(lab.client.clone(), support::NAMESPACE);
+    let logs = LogParams {
+        container: Some("agent".to_owned()),
+        ..LogParams::default()
+    };
+    let log = pods
+        .logs(&pod.name_any(), &logs)
+        .await
+        .with_context(|| format!("kubectl logs {} (on {node})", pod.name_any()))?;
+    assert!(
+        log.contains("nodeward-agent running"),
+        "{node}'s agent log: {log}"
+    );
+    Ok(())
 }
