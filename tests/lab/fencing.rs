@@ -1,10 +1,12 @@
-//! Fencing on a real node. First the chart's agent, which does not fence: its node, cut off,
-//! is never marked out of service. Then the agent feeds the VM's hardware watchdog (an
-//! emulated Intel 6300ESB); cut off from the API server and from its peers, it stops, and the
-//! watchdog resets the machine. Only then does the coordinator mark the node out of service,
-//! and a stateful pod that waits out an unreachable node starts on another one. The agent runs
-//! in host mode (a systemd service, root on the host): in the chart, fencing makes the agent's
-//! pod privileged, which the other lab tests show it is not by default.
+//! Fencing on a real node. First the chart's agent as installed, which does not fence: its
+//! node, cut off, is never marked out of service. Then the chart's fencing turned on, as a user
+//! turns it on (the agent's pod privileged, the watchdog device mounted): the agent feeds the
+//! VM's hardware watchdog (an emulated Intel 6300ESB); cut off from the API server and from its
+//! peers, it stops, and the watchdog resets the machine. Only then does the coordinator mark
+//! the node out of service, and a stateful pod that waits out an unreachable node starts on
+//! another one. Turned off again, every agent stops its watchdog before its pod goes.
+
+use std::panic::AssertUnwindSafe;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -16,15 +18,20 @@ use nodeward_api::DisruptionPolicy;
 use nodeward_e2e::{nodelab::Vm, wait};
 use serde_json::json;
 
-use crate::support::{
-    BUSYBOX, FIREWALL_TABLE, HOST_AGENT_CONFIG, HostCredential, Lab, Pick, REBOOT, TEST_LABEL,
+use futures::FutureExt;
+
+use crate::{
+    release,
+    support::{BUSYBOX, FIREWALL_TABLE, Lab, Pick, REBOOT, TEST_LABEL},
 };
 
-/// The fenced agent's configuration besides [`HOST_AGENT_CONFIG`]: its Lease renewed every
-/// 10 s, the watchdog no longer fed 20 s cut off, and resetting the machine 30 s later.
-const FENCED: &str = "reporting: {heartbeatInterval: 10s}
-fencing: {enabled: true, fenceAfter: 20s, timeout: 30s}
-";
+/// The chart's fencing as a user turns it on (each agent's pod privileged, the node's watchdog
+/// device mounted): the watchdog no longer fed 20 s cut off, resetting the machine 30 s later;
+/// each agent's Lease renewed every 10 s (`fenceAfter` must be twice that at least).
+const CHART_FENCING: [&str; 2] = [
+    r#"agent.fencing={"enabled":true,"fenceAfter":"20s","timeout":"30s"}"#,
+    r#"agent.config.reporting={"heartbeatInterval":"10s"}"#,
+];
 
 /// The `nodeward_fencing` gauge of the agent on `vm`.
 async fn fencing_gauge(vm: &Vm) -> anyhow::Result<String> {
@@ -69,34 +76,64 @@ pub async fn restore_default_policy(client: &kube::Client) -> anyhow::Result<()>
 #[tokio::test]
 async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
-    let nodes: Api<Node> = Api::all(lab.client.clone());
     // Remediation with the out-of-service taint for this node, with short deadlines.
-    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
     remediated_alone(&lab, &node).await?;
 
-    // First with the chart's agent, which does not fence: cut off, the node looks dead, and
-    // the coordinator says why it does not mark it.
+    // First with the chart's agent as installed, which does not fence: cut off, the node looks
+    // dead, and the coordinator says why it does not mark it.
     never_marked_without_fencing(&lab, &vm, &node).await?;
 
-    // Its agent, in host mode, fences it.
-    let before = fenced_by_its_agent(&lab, &vm).await?;
+    // Then the chart's fencing turned on, as a user turns it on; and off again whatever the
+    // fenced leg's outcome: a watchdog armed on every node is not for the next test.
+    let leg = AssertUnwindSafe(fenced_leg(&lab, &vm, &node))
+        .catch_unwind()
+        .await;
+    if !matches!(leg, Ok(Ok(()))) {
+        let restored = async {
+            vm.run_when_up(
+                &format!(
+                    "{CUT_OFF_RESTORED}\n(nft delete table inet {FIREWALL_TABLE} 2>/dev/null; true)"
+                ),
+                REBOOT,
+            )
+            .await?;
+            release::upgrade_chart(&lab.lab.nodes, &[]).await
+        };
+        if let Err(e) = restored.await {
+            eprintln!("undoing the fenced leg that failed: {e:#}");
+        }
+    }
+    match leg {
+        Err(panic) => std::panic::resume_unwind(panic),
+        Ok(result) => result?,
+    }
+    fencing_turned_off(&lab).await
+}
+
+/// With the chart's fencing on, `node` cut off from the API server and its peers resets
+/// itself; only then is it marked out of service and its stateful pod started elsewhere; back
+/// on the network, the taint goes and the fencing is announced for its new boot.
+async fn fenced_leg(lab: &Lab, vm: &Vm, node: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(lab.client.clone());
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    let before = fenced_by_its_agent(lab, vm).await?;
 
     // A stateful pod on the node that waits out an unreachable node (as StatefulSet pods do
     // for their volumes' sake): only the out-of-service taint moves it. Once it runs there, it
     // may only go elsewhere.
     let namespace = lab.namespace("lab-fencing").await?;
-    lab.apply(stateful(&namespace, &node, "In")).await?;
+    lab.apply(stateful(&namespace, node, "In")).await?;
     let first = lab.running(&namespace, "app=stateful", 1).await?.remove(0);
     assert_eq!(
         first.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-        Some(node.as_str())
+        Some(node)
     );
-    lab.apply(stateful(&namespace, &node, "NotIn")).await?;
+    lab.apply(stateful(&namespace, node, "NotIn")).await?;
 
     // Cut off from the API server and from every peer, and kept so across a reset.
     // Watched from before the cut: when the node is marked out of service.
     let tainted = {
-        let (nodes, node) = (nodes.clone(), node.clone());
+        let (nodes, node) = (nodes.clone(), node.to_owned());
         tokio::spawn(async move {
             wait::until(&nodes, &node, "the out-of-service taint", REBOOT * 2, |n| {
                 wait::out_of_service_taint(n).is_some()
@@ -105,19 +142,19 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
             .map(|_| jiff::Timestamp::now())
         })
     };
-    cut_off(&vm).await?;
+    cut_off(vm).await?;
     let cut_at = jiff::Timestamp::now();
     let power_before = vm.power_log();
     // The agent gives up feeding the watchdog (seen before the reset, on the guest itself).
     wait::eventually("the agent fencing its node", REBOOT, || async {
-        Ok((fencing_gauge(&vm).await? == "2").then_some(()))
+        Ok((fencing_gauge(vm).await? == "2").then_some(()))
     })
     .await?;
     let fencing_at = jiff::Timestamp::now();
 
     // The agent stops feeding the watchdog, which resets the machine: a new boot, with no
     // shutdown before it, and QEMU never powered off.
-    let (after, reset_at) = reset_by_its_watchdog(&vm, &before, &power_before).await?;
+    let (after, reset_at) = reset_by_its_watchdog(vm, &before, &power_before).await?;
     println!(
         "{node}: cut off at {cut_at}, fencing by {fencing_at}, reset at about {reset_at} ({:.0} s after the cut), boot {after}",
         (reset_at - cut_at).total(jiff::Unit::Second)?
@@ -136,7 +173,7 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
                 .list(&ListParams::default().labels("app=stateful"))
                 .await?;
             Ok(list.items.into_iter().find(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node.as_str())
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node)
                     && wait::condition_status(p, "Ready").as_deref() == Some("True")
             }))
         },
@@ -178,14 +215,14 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
     vm.wait_node_ready(&lab.client, REBOOT).await?;
     wait::until(
         &nodes,
-        &node,
+        node,
         "the out-of-service taint taken away",
         REBOOT,
         |n| n.is_some() && wait::out_of_service_taint(n).is_none(),
     )
     .await?;
     wait::eventually("the fencing announced on the new boot", REBOOT, || async {
-        let status = lab.report(&node).await?.status.unwrap_or_default();
+        let status = lab.report(node).await?.status.unwrap_or_default();
         Ok(
             (status.fencing.is_some() && status.boot_id.as_deref() == Some(after.as_str()))
                 .then_some(()),
@@ -193,17 +230,37 @@ async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> 
     })
     .await?;
 
-    // Stopped on purpose: the announcement taken back first, then the watchdog stopped.
-    vm.run("systemctl stop nodeward-agent.service").await?;
-    let report = lab.report(&node).await?.status.unwrap_or_default();
-    assert!(report.fencing.is_none(), "{:?}", report.fencing);
-    assert_eq!(
-        vm.run("cat /sys/class/watchdog/watchdog0/state")
-            .await?
-            .trim(),
-        "inactive"
-    );
-    lab.delete_namespace(&namespace).await?;
+    lab.delete_namespace(&namespace).await
+}
+
+/// The chart's fencing turned off again: every agent, stopped for its new pod, took its
+/// announcement back and stopped its watchdog first, and no node was reset by one left running.
+async fn fencing_turned_off(lab: &Lab) -> anyhow::Result<()> {
+    let vms = lab.lab.vms();
+    let mut boots = Vec::new();
+    for vm in &vms {
+        boots.push(vm.boot_id().await?);
+    }
+    release::upgrade_chart(&lab.lab.nodes, &[]).await?;
+    lab.settled().await?;
+    for (vm, boot) in vms.iter().zip(boots) {
+        let report = lab.report(&vm.name).await?.status.unwrap_or_default();
+        assert!(
+            report.fencing.is_none(),
+            "{}: {:?}",
+            vm.name,
+            report.fencing
+        );
+        assert_eq!(
+            vm.run("cat /sys/class/watchdog/watchdog0/state")
+                .await?
+                .trim(),
+            "inactive",
+            "{}'s watchdog",
+            vm.name
+        );
+        assert_eq!(vm.boot_id().await?, boot, "{} was reset", vm.name);
+    }
     Ok(())
 }
 
@@ -387,17 +444,12 @@ async fn reset_by_its_watchdog(
     Ok((after, reset_at))
 }
 
-/// Runs `vm`'s agent in host mode with [`FENCED`], and shows it fences the node: the watchdog
-/// is the VM's hardware one, running with the timeout asked for, the agent's gauge says armed,
+/// Turns on the chart's fencing ([`CHART_FENCING`]) and shows it fences `vm`: the watchdog is
+/// the VM's hardware one, running with the timeout asked for, the agent's gauge says armed,
 /// and the report announces it on this boot, counting the lab's agents. The boot id.
 async fn fenced_by_its_agent(lab: &Lab, vm: &Vm) -> anyhow::Result<String> {
-    lab.host_mode_with(
-        vm,
-        HostCredential::NodeToken,
-        &format!("{HOST_AGENT_CONFIG}{FENCED}"),
-    )
-    .await?;
-
+    release::upgrade_chart(&lab.lab.nodes, &CHART_FENCING).await?;
+    lab.settled().await?;
     let announced = wait::eventually("the fencing announced", REBOOT, || async {
         let status = lab.report(&vm.name).await?.status.unwrap_or_default();
         Ok(status

@@ -14,6 +14,7 @@ mod patching;
 mod reboot;
 mod recorders;
 mod registration;
+mod release;
 mod rolling;
 mod runtime;
 mod shutdown;

@@ -1,5 +1,6 @@
-//! What the node-lab tests share: the lab, the chart installed once as users install it, each
-//! test's turn on it ([`turns`]) from a settled lab, what a test undoes, the host-mode agent.
+//! What the node-lab tests share: the lab, the chart installed once as users install it
+//! ([`release`]), each test's turn on it ([`turns`]) from a settled lab, what a test undoes,
+//! the host-mode agent.
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,6 @@ use nodeward_api::{
 use nodeward_e2e::{
     controlplane,
     fixtures::{self, MaintenanceSpec},
-    helm::{self, run},
     nodelab::{self, NodeLab, Vm},
     wait,
 };
@@ -31,7 +31,7 @@ use crate::{
     fencing::CUT_OFF_RESTORED,
     network::NETWORK_RESTORED,
     patching::APT_RESTORED,
-    stories,
+    release, stories,
     turns::{self, Turn},
 };
 
@@ -164,7 +164,7 @@ impl Lab {
         let lab = tokio::task::spawn_blocking(nodelab::shared).await?;
         let client = controlplane::admin_client().await?;
         remove_stray_nodes(&client, &lab.nodes).await?;
-        install_chart(&client, &lab.nodes).await?;
+        release::install_chart(&client, &lab.nodes).await?;
         let mut this = Self {
             lab,
             client,
@@ -185,8 +185,12 @@ impl Lab {
 
     /// Undoes what a test changes (a test that failed half-way leaves it): the kubelet running
     /// as the lab runs it, the default route and the node's resolver there, no test firewall
-    /// table, no host-mode agent, no test maintenance, policy or namespace.
+    /// table, no host-mode agent, no test maintenance, policy or namespace; on a turn of the
+    /// whole lab, the chart's release with the lab's values.
     async fn reset(&self) -> anyhow::Result<()> {
+        if self.turn == Turn::Whole && release::upgraded_by_a_test()? {
+            release::upgrade_chart(&self.lab.nodes, &[]).await?;
+        }
         let ours = self.test_selector();
         delete_tests(&Api::<NodeMaintenance>::all(self.client.clone()), &ours).await?;
         let nodes: Api<Node> = Api::all(self.client.clone());
@@ -386,16 +390,6 @@ impl Lab {
         vm: &Vm,
         credential: HostCredential,
     ) -> anyhow::Result<NodeReportStatus> {
-        self.host_mode_with(vm, credential, HOST_AGENT_CONFIG).await
-    }
-
-    /// [`Self::host_mode`] with `config` as `/etc/nodeward/agent.yaml`.
-    pub async fn host_mode_with(
-        &self,
-        vm: &Vm,
-        credential: HostCredential,
-        config: &str,
-    ) -> anyhow::Result<NodeReportStatus> {
         let node = vm.name.clone();
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
@@ -450,7 +444,7 @@ impl Lab {
             .await?;
         vm.write_file("/etc/nodeward/kubeconfig", kubeconfig.as_bytes())
             .await?;
-        vm.write_file("/etc/nodeward/agent.yaml", config.as_bytes())
+        vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
             .await?;
         install_agent_binary(vm).await?;
         // A daemon-reload on a guest emulated beside another lane's took over 60 s once.
@@ -646,52 +640,6 @@ impl Lab {
     }
 }
 
-/// The agent's kubelet, peer and container runtime detectors run every 5 s and report what
-/// held 10 s (their defaults: 30 s and 60 s), so that a test sees a finding come and go in
-/// seconds; the network's every 10 s, its DNS check resolving the lab's own name through the
-/// node's resolver (`nodelab-dns.service`); one custom check runs on the host (the agent's
-/// image has no shell, let alone systemctl). The two checks on the host, the reboot
-/// sentinel's every 15 s and the custom one's every 30 s, run less often: each is a transient
-/// systemd unit, which cost an emulated guest 0.8 s (systemd, D-Bus and journald); every 5 s
-/// that was a sixth of a VM's CPU.
-/// The inventory reports the version of the package the patching tests publish
-/// (`patching.rs`) and the pending updates. Everything else is the chart's default.
-const FAST_DETECTORS: &str = r#"agent.config={
-  "inventory":{"packages":["nodeward-lab-patch"],"pendingUpdates":true},
-  "detectors":{
-    "kubelet":{"interval":"5s","timeout":"5s","for":"10s"},
-    "peers":{"interval":"5s","timeout":"5s","for":"10s"},
-    "rebootRequired":{"interval":"15s","timeout":"15s"},
-    "network":{"interval":"10s","timeout":"5s","for":"10s","dns":{"names":["api.nodelab.test"]}},
-    "containerRuntime":{"interval":"5s","timeout":"5s","for":"10s",
-      "frequentRestarts":{"count":2,"window":"90s"}},
-    "custom":[{"name":"containerd-active","condition":"ContainerdDown","reason":"NotActive",
-      "command":["/usr/bin/systemctl","is-active","containerd"],"onHost":true,
-      "interval":"30s","timeout":"15s"}]}}"#;
-
-/// The coordinators stay off the lab's first VM, so that tests on its lane never disrupt one
-/// ([`turns`]); the rest is the chart's default affinity (one replica per node).
-fn coordinators_off_the_first(nodes: &[String]) -> String {
-    let theirs: Vec<&String> = nodes.iter().skip(1).collect();
-    format!(
-        "coordinator.affinity={}",
-        json!({
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "nodelab.nodeward.io/vm", "operator": "In", "values": theirs}]}]}},
-            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                "topologyKey": "kubernetes.io/hostname",
-                "labelSelector": {"matchLabels": {
-                    "app.kubernetes.io/name": "nodeward", "app.kubernetes.io/instance": RELEASE,
-                    "app.kubernetes.io/component": "coordinator"}}}]},
-        })
-    )
-}
-
-/// The chart's agent stays off a node whose agent a test runs in host mode.
-const NOT_ON_HOST_MODE_NODES: &str = r#"agent.affinity={"nodeAffinity":{
-    "requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[
-    {"matchExpressions":[{"key":"nodelab.nodeward.io/host-mode","operator":"DoesNotExist"}]}]}}}"#;
-
 /// Installs the static agent binary from the agent image (imported into the VM's containerd)
 /// as `/usr/local/bin/nodeward-agent`, as the README's host-mode install does.
 pub async fn install_agent_binary(vm: &Vm) -> anyhow::Result<()> {
@@ -732,55 +680,6 @@ async fn remove_stray_nodes(client: &Client, lab_nodes: &[String]) -> anyhow::Re
     }
     Ok(())
 }
-
-/// The chart as users install it, once per test process (default values but for
-/// [`FAST_DETECTORS`], the agent off host-mode nodes and the
-/// coordinators off the first VM): the images were imported into every node's containerd under the names
-/// the chart uses.
-async fn install_chart(client: &Client, nodes: &[String]) -> anyhow::Result<()> {
-    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    INSTALLED
-        .get_or_try_init(|| async {
-            let releases =
-                run(helm::command()?.args(["list", "--namespace", NAMESPACE, "--short"]))?;
-            if !releases.lines().any(|r| r == RELEASE) {
-                // Earlier tests on this control plane left the CRDs (they are kept on uninstall).
-                helm::adopt_crds(client, RELEASE, NAMESPACE).await?;
-                run(helm::command()?
-                    .args(["install", RELEASE])
-                    .arg(helm::chart())
-                    .args(["--namespace", NAMESPACE, "--create-namespace"])
-                    .args(["--set-json", FAST_DETECTORS])
-                    .args(["--set-json", NOT_ON_HOST_MODE_NODES])
-                    .args(["--set-json", &coordinators_off_the_first(nodes)]))?;
-            }
-            // CRDs just created answer 429 ("storage is (re)initializing") for a moment, each
-            // its own (a lab run that began with the network test failed on one not waited for).
-            served::<NodeMaintenance>(client).await?;
-            served::<DisruptionPolicy>(client).await?;
-            served::<NodeReport>(client).await
-        })
-        .await?;
-    Ok(())
-}
-
-/// Waits until the API of `K` (a cluster-scoped kind) answers a list.
-async fn served<K>(client: &Client) -> anyhow::Result<()>
-where
-    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let what = format!("the {} API served", K::kind(&()));
-    wait::eventually(&what, REBOOT, || async {
-        api.list(&ListParams::default().limit(1)).await?;
-        Ok(Some(()))
-    })
-    .await
-}
-
 /// nodeward's logind inhibitor locks in `vm`, one `systemd-inhibit --list` line each (who, uid,
 /// user, pid, command, what, why, mode).
 pub async fn nodeward_locks(vm: &Vm) -> anyhow::Result<Vec<String>> {
