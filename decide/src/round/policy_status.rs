@@ -114,7 +114,7 @@ pub(super) fn write(
             progress: Some(progress::progress(
                 &p.name,
                 &p.matched,
-                index.maintenances.values().copied(),
+                p.maintenances.iter().copied(),
                 |node| needs_more(index, node),
             )),
             rollout_risks: surge::risks(
@@ -215,9 +215,9 @@ fn set_paused(conditions: &mut Vec<Condition>, index: &Index, p: &PolicyView, no
             Some((n.clone(), ack))
         })
         .collect();
-    let acting = index
+    let acting = p
         .maintenances
-        .values()
+        .iter()
         .filter(|m| p.matched.contains(&m.spec.node_name))
         .filter(|m| {
             // Admitted: its agent starts draining it whether paused or not.

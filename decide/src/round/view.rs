@@ -2,7 +2,10 @@
 //! matched nodes, budgets, open windows, health rules and what is wrong with its spec), and
 //! the cluster as admission sees it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -64,25 +67,27 @@ impl<'a> Index<'a> {
         memory
             .seen_ready
             .retain(|uid| present.contains(uid.as_str()));
+        let placed = Placed::new(&objects.maintenances);
         let mut policies: Vec<PolicyView> = objects
             .policies
             .iter()
             .map(|p| {
                 let mut view = view(p, &nodes, now);
+                view.maintenances = placed.of(&view.name, &view.matched);
                 if !p.spec.gates.is_empty() {
                     let judged = gates::judge(&p.spec.gates, &objects.gates);
                     view.gate_closed = judged.closed;
                     view.add_problems(judged.problems);
                 }
                 view.failures = p.spec.failure_budget.as_ref().map(|budget| {
-                    let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
+                    let maintenances = view.maintenances.iter().copied();
                     failures::spending(&view.name, budget, maintenances, now)
                 });
                 if let Some(spec) = &p.spec.canary {
                     let selected = canary_nodes(spec, &view.matched, &nodes)
                         .map_err(|problem| view.add_problems(vec![problem]))
                         .unwrap_or_default();
-                    let maintenances = objects.maintenances.iter().map(AsRef::as_ref);
+                    let maintenances = view.maintenances.iter().copied();
                     view.canary = Some(canary::stage(&view.name, spec, selected, maintenances));
                 }
                 view
@@ -188,6 +193,10 @@ pub(super) struct PolicyView<'a> {
     /// Matched by the selector (an invalid selector matches every node: it cannot protect
     /// fewer nodes than it was meant to).
     pub matched: BTreeSet<String>,
+    /// The maintenances on its matched nodes and those it admitted on nodes it no longer
+    /// selects ([`Placed::of`]): all that its failure budget, canary stage, progress and pause
+    /// read.
+    pub maintenances: Vec<&'a NodeMaintenance>,
     pub problem: Option<String>,
     /// Its failure budget as of now, if it has one.
     pub failures: Option<Spending>,
@@ -285,7 +294,70 @@ fn view<'a>(
         deadlines: policy.spec.resolved_deadlines(),
         failures: None,
         canary: None,
+        maintenances: Vec::new(),
         name,
+    }
+}
+
+/// The round's maintenances by node and by the policies that admitted them, so that each
+/// policy finds its own instead of passing over every maintenance (a cluster's history of
+/// finished ones included) once for each of its failure budget, canary stage, progress and
+/// pause.
+struct Placed<'a> {
+    on_node: BTreeMap<&'a str, Vec<&'a NodeMaintenance>>,
+    admitted_by: BTreeMap<&'a str, Vec<&'a NodeMaintenance>>,
+}
+
+impl<'a> Placed<'a> {
+    fn new(maintenances: &'a [Arc<NodeMaintenance>]) -> Self {
+        let mut placed = Self {
+            on_node: BTreeMap::new(),
+            admitted_by: BTreeMap::new(),
+        };
+        for m in maintenances.iter().map(AsRef::as_ref) {
+            placed
+                .on_node
+                .entry(m.spec.node_name.as_str())
+                .or_default()
+                .push(m);
+            let admission = m.status.as_ref().and_then(|s| s.admission.as_ref());
+            for policy in admission.into_iter().flat_map(|a| &a.policies) {
+                placed
+                    .admitted_by
+                    .entry(policy.as_str())
+                    .or_default()
+                    .push(m);
+            }
+        }
+        placed
+    }
+
+    /// The maintenances on the `matched` nodes, and those `policy` admitted on other nodes
+    /// (its selector changed since), each once.
+    fn of(&self, policy: &str, matched: &BTreeSet<String>) -> Vec<&'a NodeMaintenance> {
+        // Walks the smaller side: a policy of thousands of nodes, of which a few have
+        // maintenances, or a small policy in a cluster where most nodes have some.
+        let on_matched: Vec<&'a NodeMaintenance> = if self.on_node.len() <= matched.len() {
+            self.on_node
+                .iter()
+                .filter(|(node, _)| matched.contains(**node))
+                .flat_map(|(_, ms)| ms.iter().copied())
+                .collect()
+        } else {
+            matched
+                .iter()
+                .filter_map(|node| self.on_node.get(node.as_str()))
+                .flat_map(|ms| ms.iter().copied())
+                .collect()
+        };
+        let elsewhere = self
+            .admitted_by
+            .get(policy)
+            .into_iter()
+            .flatten()
+            .filter(|m| !matched.contains(&m.spec.node_name))
+            .copied();
+        on_matched.into_iter().chain(elsewhere).collect()
     }
 }
 
@@ -509,4 +581,45 @@ pub(super) fn cluster(
         }
     }
     cluster
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::Placed;
+    use crate::round::fixtures::maintenance;
+
+    fn names(of: Vec<&nodeward_api::NodeMaintenance>) -> BTreeSet<String> {
+        of.iter()
+            .map(|m| m.metadata.name.clone().unwrap_or_default())
+            .collect()
+    }
+
+    #[test]
+    fn a_policy_finds_the_maintenances_of_its_nodes_and_those_it_admitted_each_once() {
+        let maintenances = vec![
+            maintenance("on-a", "a").admitted_by(&["p"]).build(),
+            maintenance("on-a-by-q", "a").admitted_by(&["q"]).build(),
+            maintenance("on-b-pending", "b").build(),
+            // Admitted under p before its selector let go of node c.
+            maintenance("on-c-by-p", "c")
+                .admitted_by(&["p", "q"])
+                .build(),
+            maintenance("on-d-by-q", "d").admitted_by(&["q"]).build(),
+        ];
+        let placed = Placed::new(&maintenances);
+        let wanted: BTreeSet<String> = ["on-a", "on-a-by-q", "on-b-pending", "on-c-by-p"]
+            .map(String::from)
+            .into();
+        // Both ways of walking: fewer matched nodes than nodes with maintenances, and more.
+        let few: BTreeSet<String> = ["a", "b"].map(String::from).into();
+        let many: BTreeSet<String> = ["a", "b", "x", "y", "z"].map(String::from).into();
+        for matched in [few, many] {
+            let of = placed.of("p", &matched);
+            assert_eq!(of.len(), wanted.len(), "each once: {:?}", names(of.clone()));
+            assert_eq!(names(of), wanted);
+        }
+        assert!(placed.of("r", &BTreeSet::new()).is_empty());
+    }
 }
