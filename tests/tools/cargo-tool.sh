@@ -16,7 +16,11 @@ version=${pinned[$name]:?no version pinned for $name}
 root=${NODEWARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeward}/tools/$name-$version
 if [ ! -x "$root/bin/$name" ]; then
   echo "building $name $version from crates.io (once per machine)" >&2
-  CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+  # A package cache of the tools' own: ./tests/run builds them at the lowest priority beside
+  # the workspace's builds, and a download of theirs starved of CPU while holding cargo's lock on
+  # a shared cache would hold up the test build.
+  CARGO_HOME="${root%/*}/cargo-home" \
+    CARGO_PROFILE_RELEASE_LTO=off CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
     cargo install --quiet --locked --root "$root.tmp" "$name@$version" >&2
   rm -rf "$root" && mv "$root.tmp" "$root"
 fi
