@@ -264,7 +264,7 @@ fn escalation(
     r: &Remediation,
     node: &str,
     health: &Health,
-    maintenances: &BTreeMap<String, &NodeMaintenance>,
+    maintenances: &BTreeMap<&str, &NodeMaintenance>,
     now: Timestamp,
 ) -> Option<RemediationRequest> {
     let after = std_duration(r.escalate_after.as_ref())?;

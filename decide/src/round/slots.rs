@@ -36,7 +36,7 @@ pub(super) fn kept(
     confirm_gone: &mut BTreeSet<Gone>,
 ) -> BTreeMap<String, Vec<BudgetSlot>> {
     memory.confirmed_gone.retain(|gone| match gone {
-        Gone::Maintenance { name, .. } => !index.maintenances.contains_key(name),
+        Gone::Maintenance { name, .. } => !index.maintenances.contains_key(name.as_str()),
         Gone::Node(name) => !index.nodes.contains_key(name.as_str()),
     });
     let mut missing = |gone: Gone| {
@@ -49,7 +49,7 @@ pub(super) fn kept(
     for p in &index.policies {
         let mut keep = Vec::new();
         for slot in of(p.policy) {
-            let maintenance_holds = match index.maintenances.get(&slot.maintenance) {
+            let maintenance_holds = match index.maintenances.get(slot.maintenance.as_str()) {
                 Some(m) if m.uid().as_deref() == Some(slot.uid.as_str()) => {
                     !m.phase().is_finished()
                 }

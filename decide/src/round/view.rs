@@ -40,7 +40,7 @@ pub(super) struct Index<'a> {
     pub reports: BTreeMap<&'a str, &'a NodeReport>,
     /// When each node's agent last renewed its Lease.
     pub renewed: BTreeMap<&'a str, Timestamp>,
-    pub maintenances: BTreeMap<String, &'a NodeMaintenance>,
+    pub maintenances: BTreeMap<&'a str, &'a NodeMaintenance>,
     pub policies: Vec<PolicyView<'a>>,
 }
 
@@ -111,7 +111,7 @@ impl<'a> Index<'a> {
             maintenances: objects
                 .maintenances
                 .iter()
-                .map(|m| (m.name_any(), m.as_ref()))
+                .map(|m| (name_of(m.as_ref()), m.as_ref()))
                 .collect(),
             nodes,
             policies,
