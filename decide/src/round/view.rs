@@ -42,6 +42,10 @@ pub(super) struct Index<'a> {
     pub renewed: BTreeMap<&'a str, Timestamp>,
     pub maintenances: BTreeMap<&'a str, &'a NodeMaintenance>,
     pub policies: Vec<PolicyView<'a>>,
+    /// The nodes a policy with deadlines of its own matches, with the longest of each deadline
+    /// of the policies matching them (the rest have the defaults): a round asks for them once
+    /// per node and once per maintenance.
+    deadlines: BTreeMap<&'a str, ResolvedDeadlines>,
 }
 
 impl<'a> Index<'a> {
@@ -95,6 +99,7 @@ impl<'a> Index<'a> {
             .collect();
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
+            deadlines: deadlines_by_node(&policies, &nodes),
             renewed: objects
                 .leases
                 .iter()
@@ -132,12 +137,10 @@ impl<'a> Index<'a> {
 
     /// The deadlines of the policies matching `node`, the longest of each.
     pub fn deadlines_of_node(&self, node: &str) -> ResolvedDeadlines {
-        ResolvedDeadlines::longest(
-            self.policies
-                .iter()
-                .filter(|p| p.matched.contains(node))
-                .map(|p| p.deadlines),
-        )
+        self.deadlines
+            .get(node)
+            .copied()
+            .unwrap_or_else(|| ResolvedDeadlines::longest([]))
     }
 
     /// Nodes deleted by a DeleteNode maintenance whose replacement may not have joined yet
@@ -225,6 +228,38 @@ impl PolicyView<'_> {
         all.extend(problems);
         self.problem = Some(all.join("; "));
     }
+}
+
+/// The nodes a policy with deadlines of its own matches, each with the longest of each
+/// deadline of the policies matching it. Every other node has the defaults, whether policies
+/// with the default deadlines match it or none does; most clusters set none, and the map is
+/// then empty. Asking every policy's matched set for each node and each maintenance was most
+/// of a round of thousands of nodes under tens of policies.
+fn deadlines_by_node<'a>(
+    policies: &[PolicyView],
+    nodes: &BTreeMap<&'a str, &'a Node>,
+) -> BTreeMap<&'a str, ResolvedDeadlines> {
+    let defaults = ResolvedDeadlines::longest([]);
+    let (plain, own): (Vec<&PolicyView>, Vec<&PolicyView>) =
+        policies.iter().partition(|p| p.deadlines == defaults);
+    let mut by_node: BTreeMap<&'a str, ResolvedDeadlines> = BTreeMap::new();
+    for p in own {
+        for name in &p.matched {
+            let Some((&node, _)) = nodes.get_key_value(name.as_str()) else {
+                continue;
+            };
+            by_node
+                .entry(node)
+                .and_modify(|d| *d = ResolvedDeadlines::longest([*d, p.deadlines]))
+                .or_insert(p.deadlines);
+        }
+    }
+    for (node, deadlines) in &mut by_node {
+        if plain.iter().any(|p| p.matched.contains(*node)) {
+            *deadlines = ResolvedDeadlines::longest([*deadlines, defaults]);
+        }
+    }
+    by_node
 }
 
 fn name_of<K: Resource>(object: &K) -> &str {
@@ -585,10 +620,16 @@ pub(super) fn cluster(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeSet;
+    use std::{collections::BTreeSet, sync::Arc, time::Duration};
 
-    use super::Placed;
-    use crate::round::fixtures::maintenance;
+    use nodeward_api::policy::ResolvedDeadlines;
+    use serde_json::json;
+
+    use super::{Index, Placed};
+    use crate::round::{
+        Memory,
+        fixtures::{cluster, maintenance, node, policy, t},
+    };
 
     fn names(of: Vec<&nodeward_api::NodeMaintenance>) -> BTreeSet<String> {
         of.iter()
@@ -621,5 +662,70 @@ mod tests {
             assert_eq!(names(of), wanted);
         }
         assert!(placed.of("r", &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_nodes_deadlines_are_the_longest_of_each_of_the_policies_matching_it() {
+        let mut objects = cluster(2);
+        let labelled = |name: &str, labels: &[(&str, &str)]| {
+            let mut n = node(name).build();
+            let all = Arc::make_mut(&mut n)
+                .metadata
+                .labels
+                .get_or_insert_default();
+            for (key, value) in labels {
+                all.insert((*key).to_owned(), (*value).to_owned());
+            }
+            n
+        };
+        objects.nodes.extend([
+            labelled("n2", &[("canary", "yes")]),
+            labelled("n3", &[("pool", "b")]),
+            labelled("n4", &[("pool", "b"), ("speed", "fast")]),
+            labelled("n5", &[("pool", "b"), ("speed", "fast"), ("zone", "z")]),
+        ]);
+        let named = |name: &str, spec: serde_json::Value| {
+            let mut p = policy(spec).build();
+            Arc::make_mut(&mut p).metadata.name = Some(name.to_owned());
+            p
+        };
+        objects.policies = vec![
+            named(
+                "pool",
+                json!({"nodeSelector": {"matchLabels": {"pool": "a"}},
+                "deadlines": {"agentHeartbeat": "20m", "drain": "2h"}}),
+            ),
+            named(
+                "narrow",
+                json!({"nodeSelector": {"matchLabels": {"canary": "yes"}},
+                "deadlines": {"agentHeartbeat": "30m", "drain": "1m"}}),
+            ),
+            named(
+                "short",
+                json!({"nodeSelector": {"matchLabels": {"speed": "fast"}},
+                "deadlines": {"agentHeartbeat": "2m"}}),
+            ),
+            named(
+                "plain",
+                json!({"nodeSelector": {"matchLabels": {"zone": "z"}}}),
+            ),
+        ];
+        let index = Index::new(&objects, &mut Memory::default(), t(0));
+        let minutes = |m: u64| Duration::from_secs(m * 60);
+        let defaults = ResolvedDeadlines::longest([]);
+        let n0 = index.deadlines_of_node("n0");
+        assert_eq!((n0.agent_heartbeat, n0.drain), (minutes(20), minutes(120)));
+        // Both match n2: the longer heartbeat of one, the longer drain of the other.
+        let n2 = index.deadlines_of_node("n2");
+        assert_eq!((n2.agent_heartbeat, n2.drain), (minutes(30), minutes(120)));
+        assert_eq!(
+            index.deadlines_of_node("n3"),
+            defaults,
+            "no policy matches n3"
+        );
+        assert_eq!(index.deadlines_of_node("gone"), defaults, "no such node");
+        // A heartbeat shorter than the default, alone and beside a policy with the defaults.
+        assert_eq!(index.deadlines_of_node("n4").agent_heartbeat, minutes(2));
+        assert_eq!(index.deadlines_of_node("n5"), defaults);
     }
 }
