@@ -46,6 +46,7 @@ pub(super) struct Index<'a> {
     /// of the policies matching them (the rest have the defaults): a round asks for them once
     /// per node and once per maintenance.
     deadlines: BTreeMap<&'a str, ResolvedDeadlines>,
+    default_deadlines: ResolvedDeadlines,
 }
 
 impl<'a> Index<'a> {
@@ -100,6 +101,7 @@ impl<'a> Index<'a> {
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Self {
             deadlines: deadlines_by_node(&policies, &nodes),
+            default_deadlines: ResolvedDeadlines::longest([]),
             renewed: objects
                 .leases
                 .iter()
@@ -140,7 +142,7 @@ impl<'a> Index<'a> {
         self.deadlines
             .get(node)
             .copied()
-            .unwrap_or_else(|| ResolvedDeadlines::longest([]))
+            .unwrap_or(self.default_deadlines)
     }
 
     /// Nodes deleted by a DeleteNode maintenance whose replacement may not have joined yet
