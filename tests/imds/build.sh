@@ -32,7 +32,8 @@ printf 'module nodeward.test/aemm\n\ngo 1.24\n\nrequire github.com/aws/amazon-ec
 log "building amazon-ec2-metadata-mock ${AEMM_VERSION}"
 mkdir -p "$(dirname "$bin")"
 (cd "$work" && CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" \
-  go build -o "$bin.tmp" github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock)
-mv "$bin.tmp" "$bin"
+  go build -o "$bin.tmp.$$" github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock)
+# Two test processes may build at once (the crate tests' and the node lab's): each its own file.
+mv "$bin.tmp.$$" "$bin"
 log "built $bin"
 echo "$bin"

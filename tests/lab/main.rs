@@ -5,8 +5,10 @@
 
 mod bench;
 mod chart;
+mod cloud;
 mod fencing;
 mod host;
+mod host_steps;
 mod kernel;
 mod kubelet;
 mod network;

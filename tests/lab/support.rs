@@ -390,6 +390,17 @@ impl Lab {
         vm: &Vm,
         credential: HostCredential,
     ) -> anyhow::Result<NodeReportStatus> {
+        self.host_mode_with(vm, credential, HOST_AGENT_CONFIG).await
+    }
+
+    /// As [`Self::host_mode`], with the agent's configuration `config` in place of
+    /// [`HOST_AGENT_CONFIG`].
+    pub async fn host_mode_with(
+        &self,
+        vm: &Vm,
+        credential: HostCredential,
+        config: &str,
+    ) -> anyhow::Result<NodeReportStatus> {
         let node = vm.name.clone();
         let nodes: Api<Node> = Api::all(self.client.clone());
         nodes
@@ -444,7 +455,7 @@ impl Lab {
             .await?;
         vm.write_file("/etc/nodeward/kubeconfig", kubeconfig.as_bytes())
             .await?;
-        vm.write_file("/etc/nodeward/agent.yaml", HOST_AGENT_CONFIG.as_bytes())
+        vm.write_file("/etc/nodeward/agent.yaml", config.as_bytes())
             .await?;
         install_agent_binary(vm).await?;
         // A daemon-reload on a guest emulated beside another lane's took over 60 s once.

@@ -6,8 +6,11 @@
 #                          [--images DIR]   # nodeward's amd64 image archives (default target/images)
 #
 # Networking reaches only what the test owns:
-# - NIC 1: QEMU user networking with restrict=on; its only way out is a guestfwd of
-#   10.0.2.100:PORT to the API server on this machine's loopback (a socat per connection).
+# - NIC 1: QEMU user networking with restrict=on; its only ways out are a guestfwd of
+#   10.0.2.100:PORT to the API server on this machine's loopback (a socat per connection), and
+#   one of 10.0.2.101:80 to STATE_DIR/metadata.sock, where a test may serve an EC2-compatible
+#   instance metadata service (the address is in the user network, as guestfwd needs; nothing
+#   answers while no test listens).
 # - NIC 2: the lab network, a bridge (nwlab0, 10.77.0.1/24) with one tap per VM: the nodes
 #   (10.77.0.11, .12, ...) reach each other, and this machine reaches them and their pods
 #   (10.88.N.0/24, routed here), e.g. the API server calling a webhook served by a pod. An
@@ -211,7 +214,7 @@ run_vm() { # index: runs the VM, powers it on again when asked, until the lab st
       -append "root=/dev/vda rw console=ttyS0 loglevel=4 systemd.show_status=auto panic=10 $speed" \
       -drive "file=$dir/disk.qcow2,if=virtio,format=qcow2" \
       -drive "file=$dir/config.img,if=virtio,format=raw,readonly=on" \
-      -netdev "user,id=uplink,restrict=on,guestfwd=tcp:10.0.2.100:$api_port-cmd:socat STDIO TCP:127.0.0.1:$api_port" \
+      -netdev "user,id=uplink,restrict=on,guestfwd=tcp:10.0.2.100:$api_port-cmd:socat STDIO TCP:127.0.0.1:$api_port,guestfwd=tcp:10.0.2.101:80-cmd:socat STDIO UNIX-CONNECT:$state/metadata.sock" \
       -device "virtio-net-pci,netdev=uplink,addr=0x3,mac=52:54:00:12:34:$mac_n" \
       -netdev "tap,id=lab,ifname=nwlab-$name,script=no,downscript=no" \
       -device "virtio-net-pci,netdev=lab,addr=0x4,mac=52:54:00:77:00:$mac_n" \

@@ -99,3 +99,52 @@ impl Drop for Emulator {
         let _ = self.child.wait();
     }
 }
+
+/// Serves an emulator on a Unix socket, where the node lab's VMs reach it at 10.0.2.101:80
+/// through their uplink (`tests/nodelab/start.sh`): each connection is relayed to the emulator
+/// set last with [`Relay::to`], so a test can change what the service says (stop one emulator,
+/// start another) while the VM's address stays. Stops listening when dropped.
+pub struct Relay {
+    target: std::sync::Arc<std::sync::Mutex<String>>,
+    path: std::path::PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    /// Listens on `path` (a stale socket there is replaced), relaying to `emulator`.
+    pub fn listen(path: &std::path::Path, emulator: &Emulator) -> anyhow::Result<Self> {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)
+            .with_context(|| format!("listening on {}", path.display()))?;
+        let target = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let relay = Self {
+            target: target.clone(),
+            path: path.to_owned(),
+            task: tokio::spawn(async move {
+                while let Ok((mut guest, _)) = listener.accept().await {
+                    let to = target.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                    tokio::spawn(async move {
+                        if let Ok(mut service) = tokio::net::TcpStream::connect(to).await {
+                            let _ = tokio::io::copy_bidirectional(&mut guest, &mut service).await;
+                        }
+                    });
+                }
+            }),
+        };
+        relay.to(emulator);
+        Ok(relay)
+    }
+
+    /// Relays the connections from now on to `emulator`.
+    pub fn to(&self, emulator: &Emulator) {
+        let address = emulator.url.trim_start_matches("http://").to_owned();
+        *self.target.lock().unwrap_or_else(|p| p.into_inner()) = address;
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

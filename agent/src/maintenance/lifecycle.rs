@@ -193,10 +193,13 @@ fn rolling_back(f: &Facts) -> Option<Step> {
     match f.rollback {
         rollback::Stage::None => None,
         rollback::Stage::Armed => {
-            let gate_failed = f.gate_expired && f.host == HostState::Clear;
-            let hook_failed = f.host == HostState::Failed(HostStep::AfterBoot);
             let passed = f.healthy || f.back_in_service;
-            (!passed && (gate_failed || hook_failed)).then_some(Step::Rollback(RollbackStep::Run))
+            let gate_failed = f.gate_expired && f.host == HostState::Clear && !passed;
+            // The hook runs before the gate judges (a node back in service has passed both):
+            // its failure is the gate's, however healthy the node's conditions say it is.
+            let hook_failed =
+                f.host == HostState::Failed(HostStep::AfterBoot) && !f.back_in_service;
+            (gate_failed || hook_failed).then_some(Step::Rollback(RollbackStep::Run))
         }
         rollback::Stage::Failed => Some(Step::Rollback(RollbackStep::Failed)),
         rollback::Stage::Ran => Some(Step::Act),
@@ -494,6 +497,15 @@ mod tests {
             ..armed
         };
         assert_eq!(step(hook_failed), Step::Rollback(RollbackStep::Run));
+        assert_eq!(
+            step(Facts {
+                healthy: true,
+                ..hook_failed
+            }),
+            Step::Rollback(RollbackStep::Run),
+            "a failed hook fails the gate, whatever the node's conditions (a gate without `for` \
+             passes as soon as the node is Ready)"
+        );
         // Once it ran, the failed hook and the expired gate of the updated boot are history.
         let ran = Facts {
             rollback: Stage::Ran,
