@@ -1,9 +1,10 @@
 //! A maintenance's host commands on a real node, run by the chart's agent as transient systemd
 //! units of the VM's own systemd: the hooks around the update in their order, a hook that
-//! fails, an update that floods its output and exits non-zero, one that hangs past its
-//! timeout, and a rollback that fails. Each failure ends the maintenance Failed with a bounded
-//! message and output naming what failed, leaves nothing running on the host and puts the node
-//! back in service. Nothing here asks for a reboot (no sentinel), so the VM keeps its boot.
+//! fails, an update program the host lacks, an update that floods its output and exits
+//! non-zero, one that hangs past its timeout, and a rollback that fails. Each failure ends the
+//! maintenance Failed with a bounded message and output naming what failed, leaves nothing
+//! running on the host and puts the node back in service. Nothing here asks for a reboot (no
+//! sentinel), so the VM keeps its boot.
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
@@ -200,16 +201,33 @@ async fn event_reasons(lab: &Lab, name: &str) -> anyhow::Result<Vec<String>> {
     Ok(list.items.into_iter().filter_map(|e| e.reason).collect())
 }
 
-/// An update that writes megabytes and exits non-zero, and one that hangs past its timeout:
-/// each fails the maintenance with a message that says how it ended, within the status's
+/// An update whose program the host lacks, one that writes megabytes and exits non-zero, and
+/// one that hangs past its timeout: each fails the maintenance with a message that says how it ended, within the status's
 /// bounds (the output's last 2 KiB, ending with what it said last), systemd stops what hung,
 /// and the node is back in service.
 #[tokio::test]
-async fn an_update_that_floods_and_fails_or_hangs_past_its_timeout_fails_boundedly_and_restores_the_node()
+async fn an_update_missing_flooding_and_failing_or_hanging_past_its_timeout_fails_boundedly_and_restores_the_node()
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     let boot = vm.boot_id().await?;
     vm.run("rm -f /var/run/reboot-required").await?;
+
+    // A program the host does not have: it never starts, and the status says which.
+    let missing = run_maintenance(
+        &lab,
+        "steps-update-missing",
+        &node,
+        json!({"update": {"command": ["/usr/local/bin/no-such-updater", "--all"]}}),
+    )
+    .await?;
+    failed_saying(
+        &missing,
+        "UpdateFailed",
+        "the host has no executable /usr/local/bin/no-such-updater",
+    );
+    let run = run_of(&missing, HostStep::Update).context("the update's run")?;
+    assert_eq!(run.result, Some(HostRunResult::NotStarted), "{run:?}");
+    restored(&lab, &node, &vm, &boot, &missing).await?;
 
     // About 4 MiB of output, then the line that matters, then exit 3.
     let loud = run_maintenance(
