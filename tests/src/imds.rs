@@ -116,8 +116,8 @@ impl Relay {
         let _ = std::fs::remove_file(path);
         let listener = tokio::net::UnixListener::bind(path)
             .with_context(|| format!("listening on {}", path.display()))?;
-        let target = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let relay = Self {
+        let target = std::sync::Arc::new(std::sync::Mutex::new(address_of(emulator)));
+        Ok(Self {
             target: target.clone(),
             path: path.to_owned(),
             task: tokio::spawn(async move {
@@ -130,16 +130,18 @@ impl Relay {
                     });
                 }
             }),
-        };
-        relay.to(emulator);
-        Ok(relay)
+        })
     }
 
     /// Relays the connections from now on to `emulator`.
     pub fn to(&self, emulator: &Emulator) {
-        let address = emulator.url.trim_start_matches("http://").to_owned();
-        *self.target.lock().unwrap_or_else(|p| p.into_inner()) = address;
+        *self.target.lock().unwrap_or_else(|p| p.into_inner()) = address_of(emulator);
     }
+}
+
+/// The `host:port` of `emulator`.
+fn address_of(emulator: &Emulator) -> String {
+    emulator.url.trim_start_matches("http://").to_owned()
 }
 
 impl Drop for Relay {
