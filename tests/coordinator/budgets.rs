@@ -334,9 +334,15 @@ async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_wai
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     let taint = |key: &str| json!({"spec": {"taints": [{"key": key, "effect": "NoSchedule"}]}});
 
-    // The cluster autoscaler is removing a: the one slot is taken, and said by whom.
+    // The cluster autoscaler is removing a: the one slot is taken, and said by whom. The
+    // maintenance is asked for once the coordinator has seen the taint (its policy lists it):
+    // the Node and the NodeMaintenance come through separate watches, so asked for at once,
+    // it may be decided before the taint is seen.
     env.merge_node(&a, taint("ToBeDeletedByClusterAutoscaler"))
         .await?;
+    let listed = wait_listed(&policies, &policy, &a, "cluster-autoscaler").await?;
+    assert_eq!(listed.disrupted_by_others, 1);
+    assert_eq!(listed.other_disruptions.len(), 1);
     let waiting = create_maintenance(&env, &b).await?;
     let denied = wait_denied(&env, &waiting, "BudgetExhausted").await?;
     assert!(
@@ -344,27 +350,6 @@ async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_wai
             "{a} (cluster-autoscaler (taint ToBeDeletedByClusterAutoscaler))"
         )),
         "{denied}"
-    );
-    let listed = wait::until(
-        &policies,
-        &policy,
-        "the policy naming the autoscaler",
-        TIMEOUT,
-        |p| {
-            p.and_then(|p| p.status.as_ref())
-                .is_some_and(|s| s.disrupted_by_others == 1)
-        },
-    )
-    .await?
-    .context("policy")?
-    .status
-    .unwrap_or_default();
-    assert_eq!(listed.other_disruptions.len(), 1);
-    assert_eq!(listed.other_disruptions[0].node_name, a);
-    assert!(
-        listed.other_disruptions[0]
-            .by
-            .starts_with("cluster-autoscaler")
     );
 
     // Then Karpenter, then an admin's cordon: each holds it in turn, as the policy says (a
@@ -380,20 +365,8 @@ async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_wai
         ),
     ] {
         env.merge_node(&a, patch).await?;
-        wait::until(
-            &policies,
-            &policy,
-            &format!("the policy naming {by}"),
-            TIMEOUT,
-            |p| {
-                p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
-                    s.other_disruptions
-                        .iter()
-                        .any(|o| o.node_name == a && o.by == by)
-                })
-            },
-        )
-        .await?;
+        let listed = wait_listed(&policies, &policy, &a, by).await?;
+        assert!(listed.other_disruptions.iter().any(|o| o.by == by), "{by}");
         let still = maintenances.get(&waiting).await?;
         assert_eq!(still.phase(), MaintenancePhase::Pending, "{by}");
     }
@@ -403,11 +376,38 @@ async fn a_node_another_actor_disrupts_holds_a_slot_and_the_next_maintenance_wai
         .await?;
     wait_admitted(&env, &waiting, TIMEOUT).await?;
     finish(&env, &waiting).await?;
-    // A node an admin cordoned before asking for its own maintenance takes no other's slot.
+    // A node an admin cordoned before asking for its own maintenance takes no other's slot
+    // (asked for once the coordinator counts the cordon, so that it is the case tested).
     env.merge_node(&c, json!({"spec": {"unschedulable": true}}))
         .await?;
+    wait_listed(&policies, &policy, &c, "cordoned by someone else").await?;
     let own = create_maintenance(&env, &c).await?;
     wait_admitted(&env, &own, TIMEOUT).await?;
     finish(&env, &own).await?;
     env.cleanup_after(coordinator).await
+}
+
+/// Waits until `policy`'s status lists `node` as disrupted by an actor whose description
+/// starts with `by`, and returns that status.
+async fn wait_listed(
+    policies: &Api<DisruptionPolicy>,
+    policy: &str,
+    node: &str,
+    by: &str,
+) -> anyhow::Result<nodeward_api::DisruptionPolicyStatus> {
+    wait::until_some(
+        policies,
+        policy,
+        &format!("the policy listing {node} as disrupted by {by}"),
+        TIMEOUT,
+        |p| {
+            let status = p.status.as_ref()?;
+            status
+                .other_disruptions
+                .iter()
+                .any(|o| o.node_name == node && o.by.starts_with(by))
+                .then(|| status.clone())
+        },
+    )
+    .await
 }

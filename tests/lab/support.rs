@@ -720,7 +720,13 @@ pub fn has_shutdown_delay(locks: &[String]) -> bool {
 /// are gone.
 async fn delete_tests<K>(api: &Api<K>, selector: &str) -> anyhow::Result<()>
 where
-    K: kube::Resource + Clone + std::fmt::Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + 'static,
 {
     let left = api.list(&ListParams::default().labels(selector)).await?;
     for object in left.items {

@@ -4,6 +4,7 @@ use std::{fmt::Debug, future::Future, time::Duration};
 
 use anyhow::{Context, anyhow};
 use kube::{Api, Resource, runtime::wait::await_condition};
+use serde::{Serialize, de::DeserializeOwned};
 use serde_json::Value;
 
 /// Waits, through a watch, until `condition` holds for the object `name`, or fails after
@@ -16,12 +17,41 @@ pub async fn until<K>(
     condition: impl Fn(Option<&K>) -> bool,
 ) -> anyhow::Result<Option<K>>
 where
-    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: Resource + Clone + Debug + Send + Serialize + DeserializeOwned + 'static,
 {
-    tokio::time::timeout(timeout, await_condition(api.clone(), name, condition))
-        .await
-        .map_err(|_| anyhow!("timed out after {timeout:?} waiting for {what} ({name})"))?
-        .with_context(|| format!("watching {name} for {what}"))
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, condition)).await {
+        Ok(found) => found.with_context(|| format!("watching {name} for {what}")),
+        Err(_) => Err(anyhow!(
+            "timed out after {timeout:?} waiting for {what} ({name}); {}",
+            last_seen(api, name).await
+        )),
+    }
+}
+
+/// The status of `name` as it is now, for a timeout's message: what was there instead of
+/// what was awaited.
+async fn last_seen<K>(api: &Api<K>, name: &str) -> String
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    const MAX: usize = 4000;
+    match api.get_opt(name).await {
+        Ok(None) => "it does not exist".to_string(),
+        Err(error) => format!("reading it again failed: {error}"),
+        Ok(Some(object)) => {
+            let json = serde_json::to_value(&object).unwrap_or_default();
+            let mut shown = json.get("status").unwrap_or(&Value::Null).to_string();
+            if shown.len() > MAX {
+                let end = (0..=MAX)
+                    .rev()
+                    .find(|&i| shown.is_char_boundary(i))
+                    .unwrap_or(0);
+                shown.truncate(end);
+                shown.push_str("...");
+            }
+            format!("its status now: {shown}")
+        }
+    }
 }
 
 /// Waits, like [`until`], until `extract` finds what is awaited in the object `name`, and
@@ -34,7 +64,7 @@ pub async fn until_some<K, T>(
     extract: impl Fn(&K) -> Option<T>,
 ) -> anyhow::Result<T>
 where
-    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: Resource + Clone + Debug + Send + Serialize + DeserializeOwned + 'static,
 {
     let found = until(api, name, what, timeout, |k| k.and_then(&extract).is_some()).await?;
     found
@@ -60,7 +90,7 @@ pub async fn phase(
 /// else between a list and this call, is fine: what is asked for is that it no longer exists.
 pub async fn deleted<K>(api: &Api<K>, name: &str, timeout: Duration) -> anyhow::Result<()>
 where
-    K: Resource + Clone + Debug + Send + serde::de::DeserializeOwned + 'static,
+    K: Resource + Clone + Debug + Send + Serialize + DeserializeOwned + 'static,
 {
     match api.delete(name, &kube::api::DeleteParams::default()).await {
         Ok(_) => {}
