@@ -56,9 +56,9 @@ pub async fn metric(address: &str, series: &str) -> anyhow::Result<f64> {
 }
 
 /// A binary of another crate of the workspace, built next to the running test binary by
-/// `cargo build --workspace --bins` (`./tests/run` does; `CARGO_BIN_EXE_*` names only the
-/// test's own crate's binaries, and `cargo test` builds a package's binaries only for its own
-/// integration tests).
+/// `cargo build --workspace --bins` (`./tests/run` builds just the three the tests run).
+/// `CARGO_BIN_EXE_*` names only the test's own crate's binaries, and `cargo test` builds a
+/// package's binaries only for its own integration tests.
 pub fn sibling_binary(name: &str) -> anyhow::Result<String> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().and_then(|deps| deps.parent()).ok_or_else(|| {
