@@ -247,11 +247,20 @@ pub async fn run(env: &TestEnv, settings: &Settings) -> anyhow::Result<Report> {
 impl Soak<'_> {
     async fn go(&mut self) -> anyhow::Result<()> {
         let end = Instant::now() + self.settings.duration;
+        // Every kind is injected whatever the random gaps: a soak whose faults all fell late in
+        // a short duration goes on with the kinds not yet injected, for one more duration at
+        // most (a run drew four faults in 120 s and never killed the leader).
+        let last_chance = end + self.settings.duration;
         let mut next_fault = Instant::now() + self.fault_interval();
-        while Instant::now() < end || !self.undo.is_empty() {
-            self.carry_out_reboots(Instant::now() < end).await?;
+        loop {
+            let now = Instant::now();
+            let faulting = now < end || (now < last_chance && self.a_kind_not_yet_injected());
+            if !faulting && self.undo.is_empty() {
+                break;
+            }
+            self.carry_out_reboots(faulting).await?;
             self.undo_due().await?;
-            if Instant::now() >= next_fault && Instant::now() < end {
+            if Instant::now() >= next_fault && faulting {
                 let fault = match self.first.pop() {
                     Some(fault) => fault,
                     None => Fault::ALL[self.rng.random_range(0..Fault::ALL.len())],
@@ -279,6 +288,13 @@ impl Soak<'_> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Whether a kind of fault has not been injected yet.
+    fn a_kind_not_yet_injected(&self) -> bool {
+        Fault::ALL
+            .iter()
+            .any(|kind| !self.injected.iter().any(|f| f.fault == *kind))
     }
 
     fn fault_interval(&mut self) -> Duration {
