@@ -29,7 +29,7 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
     // Ready when it starts, so while this node's runtime is stopped the other one answers the
     // eviction webhook (a stopped containerd leaves running containers be). Its agent is always
     // the chart's (a test may turn the last one to host mode). The first VM's lane has the
-    // reboots: this test there made that lane twice as long as the other.
+    // reboots, and was the longer with this test in it.
     let (lab, node, vm) = Lab::beside(Pick::At(1)).await?;
 
     // The real containerd answers the CRI Version and Status calls, RuntimeReady.
