@@ -267,7 +267,7 @@ impl Soak<'_> {
                 };
                 if !self.inject(fault).await? {
                     self.say(&format!("{fault:?} cannot be injected now"));
-                    if !self.injected.iter().any(|f| f.fault == fault) {
+                    if !self.was_injected(fault) {
                         self.first.insert(0, fault); // every kind once: later
                     }
                 }
@@ -290,11 +290,14 @@ impl Soak<'_> {
         }
     }
 
+    /// Whether a fault of this kind has been injected.
+    fn was_injected(&self, kind: Fault) -> bool {
+        self.injected.iter().any(|f| f.fault == kind)
+    }
+
     /// Whether a kind of fault has not been injected yet.
     fn a_kind_not_yet_injected(&self) -> bool {
-        Fault::ALL
-            .iter()
-            .any(|kind| !self.injected.iter().any(|f| f.fault == *kind))
+        Fault::ALL.iter().any(|kind| !self.was_injected(*kind))
     }
 
     fn fault_interval(&mut self) -> Duration {
