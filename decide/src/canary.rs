@@ -128,6 +128,42 @@ impl Stage {
         matches!(&self.canaries, Canaries::Selected(nodes) if nodes.contains(node))
     }
 
+    /// Whether `m`, a planned reboot admitted under the policy, went as one of its canaries:
+    /// its node is a selected canary, or fewer than `canary.nodes` successes of other nodes
+    /// stood for it when it was admitted. (Each node's latest success is kept: one that
+    /// succeeded again since is not counted, and a failure is then taken for a canary's, the
+    /// side that halts.)
+    pub fn went_as_canary(&self, m: &NodeMaintenance) -> bool {
+        if !planned(m) {
+            return false;
+        }
+        let node = m.spec.node_name.as_str();
+        match &self.canaries {
+            Canaries::Selected(nodes) => nodes.contains(node),
+            Canaries::First(count) => {
+                let Some(admitted) = m
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.admission.as_ref())
+                    .map(|a| a.admitted_at.0)
+                else {
+                    return false;
+                };
+                let created = m
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(admitted, |t| t.0);
+                let stood = self
+                    .succeeded_for(created)
+                    .into_iter()
+                    .filter(|(n, at)| *n != node && *at <= admitted)
+                    .count();
+                stood < *count
+            }
+        }
+    }
+
     /// Records that a planned reboot of `node` was admitted under the policy this round.
     pub fn admitted(&mut self, node: &str) {
         self.waiting.remove(node);

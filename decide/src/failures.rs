@@ -1,10 +1,19 @@
 //! The failure budget (`spec.failureBudget`): a rollout that breaks nodes halts itself. The
 //! maintenances a policy admitted that ended Failed within its window, and not before its last
-//! resume, are counted; at `maxFailures` the policy halts and nothing more in its scope is
-//! admitted until an operator resumes it (which moves `countSince` to then).
+//! resume, are counted; at `maxFailures`, or at the failure of a canary whatever `maxFailures`
+//! says, the policy halts and nothing more in its scope is admitted until an operator resumes
+//! it (which moves `countSince` to then).
+//!
+//! A failure's time is its agent's clock (`status.finishedAt`), not the coordinator's: one
+//! stamped ahead of the coordinator's clock has happened all the same and counts at once. (It
+//! once did not, for the seconds the clocks differed: the round that freed the failed node's
+//! slot gave it to the next node before the halt counted.)
 
 use jiff::{SignedDuration, Timestamp};
 use nodeward_api::{MaintenancePhase, NodeMaintenance, bounds::cut, policy::FailureBudget};
+
+/// What a halt's condition says after its count, before the policy's name.
+pub const UNTIL_RESUMED: &str = "; nothing in scope is admitted until kubectl nodeward resume ";
 
 /// The most failures a halt names in its message (the rest are counted).
 const NAMED: usize = 5;
@@ -22,6 +31,8 @@ pub struct Failure {
     pub at: Timestamp,
     /// Why, as its status said.
     pub why: String,
+    /// It went as one of the policy's canaries ([`crate::canary::Stage::went_as_canary`]).
+    pub canary: bool,
 }
 
 /// A policy's failure budget as of now.
@@ -35,9 +46,16 @@ pub struct Spending {
 }
 
 impl Spending {
-    /// Whether the budget is spent: the policy is halted.
+    /// Whether the budget is spent, or a canary failed: the policy is halted.
     pub fn halted(&self) -> bool {
-        self.failures.len() >= self.max_failures
+        self.failures.len() >= self.max_failures || self.failures.iter().any(|f| f.canary)
+    }
+
+    /// Marks the failures of the maintenances `went_as_canary` says went as canaries.
+    pub fn mark_canaries(&mut self, went_as_canary: impl Fn(&str) -> bool) {
+        for f in &mut self.failures {
+            f.canary = went_as_canary(&f.maintenance);
+        }
     }
 
     /// What the `Halted` condition (and a denial) says: how many failed within the window,
@@ -48,7 +66,11 @@ impl Spending {
             .iter()
             .rev()
             .take(NAMED)
-            .map(|f| format!("{} ({}): {}", f.node, f.maintenance, cut(&f.why, WHY_LIMIT)))
+            .map(|f| {
+                let canary = if f.canary { ", a canary" } else { "" };
+                let why = cut(&f.why, WHY_LIMIT);
+                format!("{} ({}{canary}): {why}", f.node, f.maintenance)
+            })
             .collect();
         let more = self.failures.len().saturating_sub(NAMED);
         let mut message = format!(
@@ -70,7 +92,9 @@ impl Spending {
 
 /// `policy`'s failure budget at `now` over `maintenances`, if it has one. A failure counts
 /// when its maintenance was admitted under the policy (its admission record, which only the
-/// coordinator writes, names it), ended Failed within the window and after `countSince`.
+/// coordinator writes, names it), ended Failed within the window (or stamped after `now` by a
+/// clock ahead of this one) and after `countSince`, or was admitted after `countSince` (an
+/// agent's clock behind the operator's must not forgive a failure of the resumed rollout).
 /// A window that does not parse counts as the default (the CRD refuses one).
 pub fn spending<'a>(
     policy: &str,
@@ -92,8 +116,13 @@ pub fn spending<'a>(
     let mut failures: Vec<Failure> = maintenances
         .into_iter()
         .filter_map(|m| failure(policy, m))
-        .filter(|f| f.at >= since && f.at <= now)
-        .filter(|f| resumed.is_none_or(|r| f.at.as_second() > r.as_second()))
+        .filter(|(f, _)| f.at >= since)
+        .filter(|(f, admitted)| {
+            resumed.is_none_or(|r| {
+                f.at.as_second() > r.as_second() || admitted.as_second() > r.as_second()
+            })
+        })
+        .map(|(f, _)| f)
         .collect();
     failures.sort_by(|a, b| (a.at, &a.maintenance).cmp(&(b.at, &b.maintenance)));
     Spending {
@@ -106,13 +135,13 @@ pub fn spending<'a>(
     }
 }
 
-/// `m` as a failure under `policy`, if it is one.
-fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
+/// `m` as a failure under `policy`, if it is one, with when it was admitted.
+fn failure(policy: &str, m: &NodeMaintenance) -> Option<(Failure, Timestamp)> {
     let status = m.status.as_ref()?;
     if status.phase != MaintenancePhase::Failed {
         return None;
     }
-    status
+    let admission = status
         .admission
         .as_ref()
         .filter(|a| a.policies.iter().any(|p| p == policy))?;
@@ -121,7 +150,7 @@ fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
         .as_ref()
         .map(|t| t.0)
         .or_else(|| m.entered(MaintenancePhase::Failed).map(|t| t.0))?;
-    Some(Failure {
+    let failure = Failure {
         maintenance: m.metadata.name.clone().unwrap_or_default(),
         node: m.spec.node_name.clone(),
         at,
@@ -130,7 +159,9 @@ fn failure(policy: &str, m: &NodeMaintenance) -> Option<Failure> {
             (Some(said), None) | (None, Some(said)) => said.clone(),
             (None, None) => "no reason given".to_owned(),
         },
-    })
+        canary: false,
+    };
+    Some((failure, admission.admitted_at.0))
 }
 
 #[cfg(test)]
@@ -220,6 +251,62 @@ mod tests {
             after_resume(80_000),
             0,
             "one in the second of the resume goes with it"
+        );
+    }
+
+    #[test]
+    fn a_failure_stamped_ahead_of_the_coordinators_clock_counts_at_once() {
+        let now = 10_000;
+        for ahead in [1, 2, 30, 600] {
+            let maintenances = [ended(
+                "m1",
+                "n1",
+                &["pool"],
+                MaintenancePhase::Failed,
+                now + ahead,
+            )];
+            let spent = spending("pool", &budget(1, None, None), &maintenances, at(now));
+            assert!(spent.halted(), "an agent's clock {ahead} s ahead");
+        }
+    }
+
+    #[test]
+    fn a_failure_of_a_maintenance_admitted_after_the_resume_counts_whatever_its_agents_clock() {
+        let now = 10_000;
+        // Admitted 100 s before its end: at now - 20, after the resume at now - 30; its agent's
+        // clock, 60 s behind, stamped its failure before the resume.
+        let maintenances = [ended(
+            "m1",
+            "n1",
+            &["pool"],
+            MaintenancePhase::Failed,
+            now + 80,
+        )];
+        let mut m = maintenances[0].clone();
+        if let Some(s) = m.status.as_mut() {
+            s.finished_at = Some(Time(at(now - 40)));
+        }
+        let spent = spending("pool", &budget(1, None, Some(now - 30)), [&m], at(now));
+        assert!(spent.halted(), "{}", spent.message());
+    }
+
+    #[test]
+    fn a_canarys_failure_halts_whatever_max_failures_says() {
+        let now = 10_000;
+        let maintenances = [ended(
+            "m1",
+            "n1",
+            &["pool"],
+            MaintenancePhase::Failed,
+            now - 60,
+        )];
+        let mut spent = spending("pool", &budget(3, None, None), &maintenances, at(now));
+        assert!(!spent.halted(), "1 of 3");
+        spent.mark_canaries(|m| m == "m1");
+        assert!(spent.halted(), "the canary failed");
+        assert_eq!(
+            spent.message(),
+            "1 of maxFailures 3 failed within 24h: n1 (m1, a canary): m1 went wrong"
         );
     }
 

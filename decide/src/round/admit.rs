@@ -13,7 +13,10 @@ use nodeward_api::{
     policy::{BudgetSlot, ResolvedDeadlines},
 };
 
-use super::{Admission, Denial, Plan, Standing, count, slots, timestamp, view::window_open};
+use super::{
+    Admission, Denial, Plan, Standing, count, slots, timestamp,
+    view::{recorded_halt, window_open},
+};
 use crate::admission::{
     cluster::Planned,
     decide::{self, Cluster, Decision, Pending},
@@ -228,6 +231,10 @@ pub fn admit_new(
     for state in &standing.cluster.policies {
         let policy = by_name.get(&state.name)?;
         if window_open(policy, now, &mut Vec::new()) != state.window_open {
+            return None;
+        }
+        // A halt another coordinator recorded since.
+        if state.halted.is_none() && recorded_halt(policy).is_some() {
             return None;
         }
     }

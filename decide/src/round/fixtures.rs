@@ -236,6 +236,15 @@ impl MaintenanceFixture {
         self
     }
 
+    /// Ended in `phase` at `t(seconds)` by its agent's clock (`status.finishedAt`), with `reason`.
+    pub fn finished(mut self, phase: MaintenancePhase, seconds: i64, reason: &str) -> Self {
+        let status = self.0.status.get_or_insert_with(Default::default);
+        status.enter(phase, Time(t(seconds)));
+        status.finished_at = Some(Time(t(seconds)));
+        status.reason = Some(reason.to_owned());
+        self
+    }
+
     /// Seen by the coordinator in `phase` since `t(seconds)` (its deadline record).
     pub fn seen(mut self, phase: MaintenancePhase, seconds: i64) -> Self {
         self.0.status.get_or_insert_with(Default::default).deadline =

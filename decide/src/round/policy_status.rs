@@ -295,8 +295,9 @@ fn set_halted(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
             "True",
             "FailureBudgetSpent",
             format!(
-                "{}; nothing in scope is admitted until kubectl nodeward resume {}",
+                "{}{}{}",
                 spending.message(),
+                crate::failures::UNTIL_RESUMED,
                 p.name
             ),
         )

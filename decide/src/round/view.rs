@@ -84,10 +84,6 @@ impl<'a> Index<'a> {
                     view.gate_closed = judged.closed;
                     view.add_problems(judged.problems);
                 }
-                view.failures = p.spec.failure_budget.as_ref().map(|budget| {
-                    let maintenances = view.maintenances.iter().copied();
-                    failures::spending(&view.name, budget, maintenances, now)
-                });
                 if let Some(spec) = &p.spec.canary {
                     let selected = canary_nodes(spec, &view.matched, &nodes)
                         .map_err(|problem| view.add_problems(vec![problem]))
@@ -95,6 +91,22 @@ impl<'a> Index<'a> {
                     let maintenances = view.maintenances.iter().copied();
                     view.canary = Some(canary::stage(&view.name, spec, selected, maintenances));
                 }
+                view.failures = p.spec.failure_budget.as_ref().map(|budget| {
+                    let maintenances = view.maintenances.iter().copied();
+                    let mut spending = failures::spending(&view.name, budget, maintenances, now);
+                    if let Some(stage) = &view.canary {
+                        let by_name: BTreeMap<&str, &NodeMaintenance> = view
+                            .maintenances
+                            .iter()
+                            .map(|m| (name_of(*m), *m))
+                            .collect();
+                        spending.mark_canaries(|name| {
+                            by_name.get(name).is_some_and(|m| stage.went_as_canary(m))
+                        });
+                    }
+                    spending
+                });
+                view.recorded_halt = recorded_halt(p);
                 view
             })
             .collect();
@@ -205,6 +217,8 @@ pub(super) struct PolicyView<'a> {
     pub problem: Option<String>,
     /// Its failure budget as of now, if it has one.
     pub failures: Option<Spending>,
+    /// The halt its status records for its current spec, if one does ([`recorded_halt`]).
+    pub recorded_halt: Option<String>,
     /// Its canary stage, if it has one.
     pub canary: Option<canary::Stage>,
     pub max_concurrent: usize,
@@ -330,6 +344,7 @@ fn view<'a>(
         rules: rules(policy),
         deadlines: policy.spec.resolved_deadlines(),
         failures: None,
+        recorded_halt: None,
         canary: None,
         maintenances: Vec::new(),
         name,
@@ -396,6 +411,31 @@ impl<'a> Placed<'a> {
             .copied();
         on_matched.into_iter().chain(elsewhere).collect()
     }
+}
+
+/// The halt `policy`'s status records for its current generation (`Halted=True` written for
+/// it), if one does. A halt takes part in the order of the policy's conditional writes this
+/// way: the status write that frees a failed node's slot records the halt with it, so a
+/// coordinator that reads that version admits nothing more, even if its own view of the
+/// maintenances has not caught up with the failure yet (its write of any older version is
+/// refused). A resume changes the spec, and with it the generation: the record no longer
+/// holds, and the next status write says what the failures say now.
+pub(super) fn recorded_halt(policy: &DisruptionPolicy) -> Option<String> {
+    let generation = policy.metadata.generation?;
+    policy
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| {
+            c.type_ == nodeward_api::conditions::policy::HALTED
+                && c.status == "True"
+                && c.observed_generation == Some(generation)
+        })
+        .map(|c| {
+            let counted = c.message.split(failures::UNTIL_RESUMED).next();
+            format!("as its status records: {}", counted.unwrap_or_default())
+        })
 }
 
 /// The matched nodes `canary.nodeSelector` selects, if it has one; a selector that cannot be
@@ -591,7 +631,8 @@ pub(super) fn cluster(
                         .failures
                         .as_ref()
                         .filter(|f| f.halted())
-                        .map(Spending::message),
+                        .map(Spending::message)
+                        .or_else(|| p.recorded_halt.clone()),
                     gate_closed: p.gate_closed.clone(),
                     canary: p.canary.clone(),
                 }

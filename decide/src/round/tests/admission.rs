@@ -201,6 +201,21 @@ fn the_standing_gives_way_to_a_full_round_when_anything_it_decided_on_changed() 
     let mut edited = objects.policies.clone();
     Arc::make_mut(&mut edited[0]).metadata.generation = Some(4);
     assert!(decide(&edited, &new).is_none());
+    // Another coordinator recorded a halt (its status only: no slot changed).
+    let mut halted = objects.policies.clone();
+    set_condition(
+        &mut Arc::make_mut(&mut halted[0])
+            .status
+            .get_or_insert_with(Default::default)
+            .conditions,
+        "Halted",
+        "True",
+        "FailureBudgetSpent",
+        "1 of maxFailures 1 failed within 24h".into(),
+        Some(3),
+        t(350),
+    );
+    assert!(decide(&halted, &new).is_none());
     // A node the round did not see, or a policy it did not know.
     assert!(
         decide(
@@ -681,4 +696,141 @@ fn a_new_maintenance_under_a_gated_policy_is_left_to_a_full_round() {
         )
         .is_none()
     );
+}
+
+/// The newcomer's rollout (review 2026-12-07, §2): the canary n0 succeeded, n1 failed and
+/// spent the failure budget, n2 waits. The round that sees n1's failure frees its slot, and
+/// must not give it to n2, whether n1's agent's clock (which wrote `finishedAt`) is behind the
+/// coordinator's, with it, or ahead of it.
+#[test]
+fn the_round_in_which_a_failure_spends_the_budget_admits_nothing_whatever_slot_it_frees() {
+    for agent_clock in [-30, 0, 1, 5, 120] {
+        let now = 1_000;
+        let mut objects = cluster(3);
+        objects.reports = (0..3).map(|i| report(&format!("n{i}"), now)).collect();
+        objects.policies = vec![
+            policy(
+                json!({"maxConcurrent": 1, "failureBudget": {"maxFailures": 1},
+                "canary": {"nodes": 1, "soak": "1m", "validFor": "5m"}}),
+            )
+            .slot("m1", "n1")
+            .build(),
+        ];
+        objects.maintenances = vec![
+            maintenance("m0", "n0")
+                .admitted_by(&["pool"])
+                .finished(MaintenancePhase::Succeeded, 300, "Succeeded")
+                .build(),
+            maintenance("m1", "n1")
+                .admitted_by(&["pool"])
+                .finished(MaintenancePhase::Failed, now + agent_clock, "RolledBack")
+                .build(),
+            maintenance("m2", "n2").build(),
+        ];
+        let round = plan(&objects, &mut Memory::default(), t(now));
+        assert!(
+            round.admit.is_empty(),
+            "agent's clock {agent_clock} s off: {:?}",
+            admitted(&round)
+        );
+        assert_eq!(
+            round.deny.iter().map(|d| d.reason).collect::<Vec<_>>(),
+            ["RolloutHalted"],
+            "agent's clock {agent_clock} s off"
+        );
+        let status = &round.policy_status["pool"];
+        assert!(status.slots.is_empty(), "the failure's slot is freed");
+        let halted = status.conditions.iter().find(|c| c.type_ == "Halted");
+        assert_eq!(
+            halted.map(|c| c.status.as_str()),
+            Some("True"),
+            "agent's clock {agent_clock} s off"
+        );
+    }
+}
+
+/// Two coordinators: the other one saw n0's failure, freed its slot and recorded the halt in
+/// the policy's status; this one's watch of the maintenances has not caught up (n0 still
+/// Verifying). The recorded halt holds the free slot all the same, until the spec changes
+/// (a resume).
+#[test]
+fn a_halt_the_policys_status_records_holds_a_coordinator_that_has_not_seen_the_failure_yet() {
+    let now = 1_000;
+    let recorded = |generation: i64| {
+        let mut p =
+            policy(json!({"maxConcurrent": 2, "failureBudget": {"maxFailures": 1}})).build();
+        let status = Arc::make_mut(&mut p).status.get_or_insert_default();
+        set_condition(
+            &mut status.conditions,
+            "Halted",
+            "True",
+            "FailureBudgetSpent",
+            "1 of maxFailures 1 failed within 24h: n0 (m0): RolledBack: the hook failed; nothing in scope is admitted until kubectl nodeward resume pool".into(),
+            Some(generation),
+            t(now - 1),
+        );
+        p
+    };
+    let mut objects = cluster(3);
+    objects.reports = (0..3).map(|i| report(&format!("n{i}"), now)).collect();
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .admitted_by(&["pool"])
+            .phase(MaintenancePhase::Verifying)
+            .build(),
+        maintenance("m1", "n1").build(),
+    ];
+    objects.policies = vec![recorded(3)];
+    let round = plan(&objects, &mut Memory::default(), t(now));
+    assert!(round.admit.is_empty(), "{:?}", admitted(&round));
+    let denial = &round.deny[0];
+    assert_eq!(denial.reason, "RolloutHalted");
+    assert_eq!(
+        denial.message,
+        "policy pool is halted (as its status records: 1 of maxFailures 1 failed within 24h: n0 (m0): RolledBack: the hook failed); resume it with kubectl nodeward resume pool"
+    );
+    // Resumed (the spec changed since the halt was recorded): this view's failures decide.
+    objects.policies = vec![recorded(2)];
+    let round = plan(&objects, &mut Memory::default(), t(now));
+    assert_eq!(admitted(&round), ["m1"]);
+}
+
+/// A canary's failure halts the rollout though `maxFailures` allows more: the next planned
+/// reboot would otherwise go as a new canary with the same update.
+#[test]
+fn a_failed_canary_halts_the_rollout_whatever_max_failures_allows() {
+    let now = 1_000;
+    let mut objects = cluster(3);
+    objects.reports = (0..3).map(|i| report(&format!("n{i}"), now)).collect();
+    objects.policies = vec![
+        policy(
+            json!({"maxConcurrent": 1, "failureBudget": {"maxFailures": 3},
+            "canary": {"nodes": 1}}),
+        )
+        .build(),
+    ];
+    objects.maintenances = vec![
+        maintenance("m0", "n0")
+            .admitted_by(&["pool"])
+            .finished(MaintenancePhase::Failed, now - 10, "RolledBack")
+            .build(),
+        maintenance("m1", "n1").build(),
+    ];
+    let round = plan(&objects, &mut Memory::default(), t(now));
+    assert!(round.admit.is_empty(), "{:?}", admitted(&round));
+    assert_eq!(round.deny[0].reason, "RolloutHalted");
+    assert!(
+        round.deny[0].message.contains("n0 (m0, a canary)"),
+        "{}",
+        round.deny[0].message
+    );
+    // Not a canary (one succeeded before it was admitted): one failure of three goes on.
+    objects.maintenances.push(
+        maintenance("m2", "n2")
+            .admitted_by(&["pool"])
+            .finished(MaintenancePhase::Succeeded, -10, "Succeeded")
+            .build(),
+    );
+    let round = plan(&objects, &mut Memory::default(), t(now));
+    assert_eq!(admitted(&round), ["m1"]);
 }
