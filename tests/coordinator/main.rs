@@ -2,7 +2,8 @@
 //! with the history watched, two coordinators both acting as leader, leader failover, quorum,
 //! `maxUnhealthy`, the node startup timeout, slots freed on node deletion, pause with
 //! acknowledgement, reboot blockers (pods, Prometheus alerts), maintenance windows, dead nodes,
-//! node labels, the failure budget and canary stages.
+//! node labels, the failure budget (and a halt racing a freed slot under two leaders) and canary
+//! stages.
 //!
 //! A coordinator watches the whole cluster, so these tests run one at a time (they share one
 //! control plane with the rest of the run); each one's policy selects only its own nodes.
@@ -11,6 +12,7 @@ mod agents;
 mod budgets;
 mod cleanup;
 mod gates;
+mod halt;
 mod nodes;
 mod pause_and_blockers;
 mod remediation;

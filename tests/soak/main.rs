@@ -48,6 +48,13 @@ async fn a_rolling_reboot_under_every_fault_keeps_the_budget_and_leaves_nothing_
             report.summary()
         );
     }
+    // A node that never returns fails its maintenance, which spends the policy's failure
+    // budget: the halt held until the soak resumed it (the violations above).
+    assert!(
+        report.halts > 0 && report.resumes > 0,
+        "a failure halted the rollout and the soak resumed it: {}",
+        report.summary()
+    );
     assert!(
         report.succeeded > settings.nodes,
         "the rollout went on: {}",

@@ -1,7 +1,7 @@
 //! What a test saw happen to its maintenances and policies, from a watch started before
 //! anything was created: the most maintenances ever admitted-and-unfinished at once and the
-//! most slots a policy ever held (the budget assertions), who admitted each, and when each
-//! reached each phase.
+//! most slots a policy ever held (the budget assertions), who admitted each, when each
+//! reached each phase, and any slot a policy took while its status recorded a halt.
 //!
 //! A watch that restarts (the API server went away, or its resourceVersion expired) lists
 //! everything again. The list is taken in as one state at its end, not object by object: the
@@ -36,6 +36,15 @@ pub struct History {
     pub max_slots: usize,
     /// When the watch first saw each maintenance in each phase.
     pub phases: BTreeMap<String, BTreeMap<MaintenancePhase, Instant>>,
+    /// How many halts the policies' statuses recorded (`Halted=True` for their spec).
+    pub halts: usize,
+    /// The policies halted now: their generation, the slots they held when the halt was
+    /// recorded, and when the watch saw it.
+    pub halted: BTreeMap<String, (Option<i64>, BTreeSet<String>, Instant)>,
+    /// Slots a policy took after its status recorded a halt and before a resume changed its
+    /// spec (the failure budget's promise: nothing more in scope is admitted; the soak has no
+    /// maintenance of a node that goes down anyway, the one kind a halt lets through).
+    pub admitted_after_halt: Vec<String>,
 }
 
 impl History {
@@ -66,6 +75,43 @@ impl History {
             self.apply(m);
         }
         self.count();
+    }
+
+    /// Takes in one version of a policy: a slot it took while halted, a halt recorded, a
+    /// resume (its spec changed).
+    fn policy(&mut self, p: &DisruptionPolicy) {
+        let name = p.name_any();
+        let generation = p.metadata.generation;
+        let slots: BTreeSet<String> = p
+            .status
+            .iter()
+            .flat_map(|s| &s.slots)
+            .map(|s| s.uid.clone())
+            .collect();
+        if let Some((halted_at, held, _)) = self.halted.get(&name) {
+            if *halted_at == generation {
+                for added in p.status.iter().flat_map(|s| &s.slots) {
+                    if !held.contains(&added.uid) {
+                        self.admitted_after_halt.push(format!(
+                            "{} took a slot for {} after its halt",
+                            name, added.maintenance
+                        ));
+                    }
+                }
+            } else {
+                self.halted.remove(&name);
+            }
+        }
+        let recorded = p.status.iter().flat_map(|s| &s.conditions).any(|c| {
+            c.type_ == nodeward_api::conditions::policy::HALTED
+                && c.status == "True"
+                && c.observed_generation == generation
+        });
+        if recorded && !self.halted.contains_key(&name) {
+            self.halts += 1;
+            self.halted
+                .insert(name, (generation, slots, Instant::now()));
+        }
     }
 
     fn count(&mut self) {
@@ -134,6 +180,7 @@ pub fn watch_where(
                     let slots = p.status.as_ref().map_or(0, |s| s.slots.len());
                     let mut h = recorded.lock().unwrap_or_else(|p| p.into_inner());
                     h.max_slots = h.max_slots.max(slots);
+                    h.policy(&p);
                 }
                 futures::future::ready(())
             }),

@@ -284,12 +284,18 @@ fn set_remediation_allowed(
 }
 
 /// `Valid`: false, saying what to fix, while the spec cannot be applied; absent otherwise.
-/// `Halted`: whether the failure budget is spent (absent without one).
+/// `Halted`: whether the failure budget is spent (absent without one). A halt recorded for
+/// the current spec stays until a resume changes the spec, even once this round's failures no
+/// longer spend the budget: a coordinator whose watch has not caught up with a failure must not
+/// lift the halt another one recorded for it, and the docs promise a halt until a resume.
 fn set_halted(conditions: &mut Vec<Condition>, p: &PolicyView, now: Timestamp) {
     let Some(spending) = &p.failures else {
         conditions.retain(|c| c.type_ != policy_conditions::HALTED);
         return;
     };
+    if !spending.halted() && p.recorded_halt.is_some() {
+        return;
+    }
     let (state, reason, message) = if spending.halted() {
         (
             "True",

@@ -7,10 +7,14 @@
 //! again a little later, so the rollout goes on for the whole soak. Then the faults stop, every
 //! agent runs again, and the soak waits until every maintenance is finished.
 //!
+//! The policy has a failure budget of one: every failure (a machine that never came back)
+//! halts the rollout, and the soak resumes it 5 s after the halt, as an operator would.
+//!
 //! Checked from a watch started before anything: never more maintenances admitted, nor slots
-//! held, than the budget; at the end no slot held, no node left cordoned or tainted by nodeward,
-//! every maintenance finished, every one that did not succeed with its reason. For each fault,
-//! the time to recovery.
+//! held, than the budget; no slot taken while the policy's status recorded a halt, until the
+//! resume; at the end no slot held, no node left cordoned or tainted by nodeward, every
+//! maintenance finished, every one that did not succeed with its reason. For each fault, the
+//! time to recovery.
 //!
 //! Used by the short soak in the e2e tests and by `bench/src/bin/chaos_soak.rs`.
 
@@ -149,6 +153,9 @@ impl Replica {
     }
 }
 
+/// How long the soak leaves its policy halted before it resumes it.
+const HALTED_FOR: Duration = Duration::from_secs(5);
+
 /// Something to undo later: a process to start again, a connection to restore.
 enum Undo {
     Replica(usize),
@@ -172,6 +179,9 @@ struct Soak<'a> {
     injected: Vec<Injected>,
     doom_next_reboot: Option<Instant>,
     history: Arc<Mutex<History>>,
+    /// The soak's policy, and how often the soak resumed it after a halt.
+    policy: String,
+    resumes: usize,
     maintenances: Api<NodeMaintenance>,
     started: Instant,
     /// Everything finished once the faults stopped, within the settle time.
@@ -184,11 +194,14 @@ pub async fn run(env: &TestEnv, settings: &Settings) -> anyhow::Result<Report> {
     env.create_many_nodes(settings.nodes, Duration::from_secs(300))
         .await?;
     let history = history::watch(env);
-    env.create_policy(
+    let policy = env.create_policy(
         "soak",
         json!({
             "nodeSelector": {"matchLabels": {TEST_LABEL: env.id}},
             "maxConcurrent": settings.max_concurrent,
+            // Every failure halts the rollout; the soak resumes it a little later, as an
+            // operator would, and no slot may be taken in between.
+            "failureBudget": {"maxFailures": 1},
             "maxUnhealthy": "50%",
             "autoReboot": true,
             "healthGate": {"for": "1s"},
@@ -231,6 +244,8 @@ pub async fn run(env: &TestEnv, settings: &Settings) -> anyhow::Result<Report> {
         injected: Vec::new(),
         doom_next_reboot: None,
         history: history.clone(),
+        policy,
+        resumes: 0,
         maintenances: Api::all(env.client.clone()),
         started,
         settled: false,
@@ -260,6 +275,7 @@ impl Soak<'_> {
             }
             self.carry_out_reboots(faulting).await?;
             self.undo_due().await?;
+            self.resume_when_halted().await?;
             if Instant::now() >= next_fault && faulting {
                 let fault = match self.first.pop() {
                     Some(fault) => fault,
@@ -279,6 +295,7 @@ impl Soak<'_> {
         let settle_by = Instant::now() + self.settings.settle;
         loop {
             self.carry_out_reboots(false).await?;
+            self.resume_when_halted().await?;
             if self.settled().await? {
                 self.settled = true;
                 return Ok(());
@@ -288,6 +305,35 @@ impl Soak<'_> {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Resumes the soak's policy once it has been halted for [`HALTED_FOR`], as an operator
+    /// would (`kubectl nodeward resume`: `failureBudget.countSince` now).
+    async fn resume_when_halted(&mut self) -> anyhow::Result<()> {
+        let halted_since = {
+            let h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            h.halted.get(&self.policy).map(|(_, _, at)| *at)
+        };
+        if halted_since.is_none_or(|at| at.elapsed() < HALTED_FOR) {
+            return Ok(());
+        }
+        let policies: Api<DisruptionPolicy> = Api::all(self.env.client.clone());
+        let now = jiff::Timestamp::now().to_string();
+        let resumed = policies
+            .patch(
+                &self.policy,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"failureBudget": {"countSince": now}}})),
+            )
+            .await;
+        // The API server may be down (a fault): the next turn tries again.
+        if resumed.is_ok() {
+            self.resumes += 1;
+            self.say(&format!("{} resumed after its halt", self.policy));
+            let mut h = self.history.lock().unwrap_or_else(|p| p.into_inner());
+            h.halted.remove(&self.policy);
+        }
+        Ok(())
     }
 
     /// Whether a fault of this kind has been injected.
@@ -582,6 +628,9 @@ impl Soak<'_> {
             max_admitted_were: h.max_active_were.iter().cloned().collect(),
             max_slots: h.max_slots,
             budget: self.settings.max_concurrent,
+            halts: h.halts,
+            resumes: self.resumes,
+            admitted_after_halt: h.admitted_after_halt.clone(),
             ..Report::default()
         };
         for m in &all {

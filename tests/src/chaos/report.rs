@@ -46,6 +46,11 @@ pub struct Report {
     pub not_finished: Vec<String>,
     /// Maintenances that ended other than Succeeded without saying why.
     pub unexplained: Vec<String>,
+    /// Halts the policy's status recorded, and resumes by the soak.
+    pub halts: usize,
+    pub resumes: usize,
+    /// Slots taken while the policy was halted (see [`History::admitted_after_halt`]).
+    pub admitted_after_halt: Vec<String>,
 }
 
 impl Report {
@@ -76,12 +81,18 @@ impl Report {
         if !self.unexplained.is_empty() {
             v.push(format!("ended without a reason: {:?}", self.unexplained));
         }
+        if !self.admitted_after_halt.is_empty() {
+            v.push(format!(
+                "admitted while halted, before a resume: {:?}",
+                self.admitted_after_halt
+            ));
+        }
         v
     }
 
     pub fn summary(&self) -> String {
         let mut s = format!(
-            "{} for {:.0} s: {} maintenances, {} succeeded; most admitted at once {} (slots {}) of a budget of {}; slots held at the end {}; nodes left cordoned {}; not finished {}; unexplained {}\n",
+            "{} for {:.0} s: {} maintenances, {} succeeded; most admitted at once {} (slots {}) of a budget of {}; slots held at the end {}; nodes left cordoned {}; not finished {}; unexplained {}; halts {} (resumed {}), admitted while halted {}\n",
             self.settings_summary,
             self.ran_for.as_secs_f64(),
             self.maintenances,
@@ -93,6 +104,9 @@ impl Report {
             self.left_cordoned.len(),
             self.not_finished.len(),
             self.unexplained.len(),
+            self.halts,
+            self.resumes,
+            self.admitted_after_halt.len(),
         );
         for (fault, (count, recoveries)) in &self.faults {
             let mut r = recoveries.clone();

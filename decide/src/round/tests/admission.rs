@@ -789,10 +789,23 @@ fn a_halt_the_policys_status_records_holds_a_coordinator_that_has_not_seen_the_f
         denial.message,
         "policy pool is halted (as its status records: 1 of maxFailures 1 failed within 24h: n0 (m0): RolledBack: the hook failed); resume it with kubectl nodeward resume pool"
     );
+    // Nor does this coordinator lift the halt it cannot see the cause of.
+    let kept = round.policy_status.get("pool").map_or_else(
+        || objects.policies[0].status.clone().unwrap_or_default(),
+        Clone::clone,
+    );
+    let halted = kept.conditions.iter().find(|c| c.type_ == "Halted");
+    assert_eq!(halted.map(|c| c.status.as_str()), Some("True"));
     // Resumed (the spec changed since the halt was recorded): this view's failures decide.
     objects.policies = vec![recorded(2)];
     let round = plan(&objects, &mut Memory::default(), t(now));
     assert_eq!(admitted(&round), ["m1"]);
+    let halted = round.policy_status["pool"]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Halted")
+        .map(|c| c.status.clone());
+    assert_eq!(halted.as_deref(), Some("False"));
 }
 
 /// A canary's failure halts the rollout though `maxFailures` allows more: the next planned
