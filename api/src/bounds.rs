@@ -44,10 +44,11 @@ pub fn excerpt(body: &[u8], max: usize) -> String {
     cut(out.trim_end(), max)
 }
 
-/// The last `limit` bytes of `output` as text, cut at a character boundary (and after a line
-/// break when one is near), with `…` in front when something was cut.
+/// The last `limit` bytes of `output` as text, each line's carriage-return progress collapsed
+/// to its last state ([`last_states`]), cut at a character boundary (and after a line break
+/// when one is near), with `…` in front when something was cut.
 pub fn tail(output: &[u8], limit: usize) -> String {
-    let text = String::from_utf8_lossy(output);
+    let text = last_states(&String::from_utf8_lossy(output));
     let text = text.trim_end();
     if text.len() <= limit {
         return text.to_owned();
@@ -63,6 +64,19 @@ pub fn tail(output: &[u8], limit: usize) -> String {
         _ => kept,
     };
     format!("…{kept}")
+}
+
+/// `text` with each line as a terminal shows it in the end: what follows the line's last
+/// carriage return. dpkg's and apt's progress (`(Reading database ... 45%\r… 50%\r…`) would
+/// otherwise fill a status's few KiB with states nobody reads.
+pub fn last_states(text: &str) -> String {
+    text.split('\n')
+        .map(|line| {
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            line.rsplit('\r').next().unwrap_or(line)
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Requirements in one label selector; keys in its `matchLabels`.
@@ -156,6 +170,19 @@ pub fn conditions(_: &mut SchemaGenerator) -> Schema {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn carriage_return_progress_collapses_to_each_lines_last_state() {
+        let dpkg = b"Preparing to unpack nwdemo_3.0_all.deb ...\r\n(Reading database ... 5%\r(Reading database ... 50%\r(Reading database ... 45123 files and directories currently installed.)\nUnpacking nwdemo (3.0) over (1.0) ...\r\n";
+        assert_eq!(
+            tail(dpkg, 2048),
+            "Preparing to unpack nwdemo_3.0_all.deb ...\n(Reading database ... 45123 files and directories currently installed.)\nUnpacking nwdemo (3.0) over (1.0) ..."
+        );
+        assert_eq!(last_states("a\rb\rc"), "c");
+        assert_eq!(last_states("no progress\nhere"), "no progress\nhere");
+        // A line that ends in its progress shows the last state.
+        assert_eq!(last_states("10%\r100%\r"), "100%");
+    }
 
     #[test]
     fn a_tail_keeps_the_end_within_its_limit() {

@@ -231,6 +231,47 @@ impl HostRun {
     }
 }
 
+impl HostStep {
+    /// The step as a user reads it: "update", "rollback", "AfterBoot hook".
+    pub fn named(self) -> String {
+        match self {
+            HostStep::Update => "update".to_owned(),
+            HostStep::Rollback => "rollback".to_owned(),
+            hook => format!("{hook:?} hook"),
+        }
+    }
+}
+
+/// What an unfinished maintenance is doing on its host now, as `runs` (its `status.hostRuns`)
+/// tell: the step running, or the reboot the last update or rollback asked for, until the
+/// agent records a phase after it (`last_entered`: when it last entered one, by the agent's
+/// clock, as the runs' times are). `None` when no host step explains the phase: its message
+/// says what it does.
+pub fn under_way(runs: &[HostRun], last_entered: Option<&Time>) -> Option<String> {
+    if let Some(run) = runs.iter().find(|r| !r.finished()) {
+        return Some(match run.step {
+            HostStep::Update => format!("updating: {}", run.command),
+            HostStep::Rollback => format!("rolling back the update: {}", run.command),
+            hook => format!("running the {hook:?} hook: {}", run.command),
+        });
+    }
+    let last = runs
+        .iter()
+        .filter(|r| matches!(r.step, HostStep::Update | HostStep::Rollback))
+        .max_by_key(|r| r.finished_at.as_ref().map(|t| t.0))?;
+    let ended = last.finished_at.as_ref()?.0;
+    if last_entered.is_some_and(|t| t.0 > ended) || !last.succeeded() {
+        return None;
+    }
+    match (last.step, last.reboot) {
+        (HostStep::Update, Some(true)) => Some("rebooting: the update asked for it".to_owned()),
+        (HostStep::Rollback, _) => {
+            Some("rebooting into what ran before the update: the rollback asked for it".to_owned())
+        }
+        _ => None,
+    }
+}
+
 /// The longest a maintenance's host steps may take in each phase they run in: their timeouts
 /// (the update's with time to ask whether it needs a reboot). The coordinator's deadlines for
 /// those phases grow by as much.
@@ -298,4 +339,73 @@ pub fn host_runs(generator: &mut schemars::SchemaGenerator) -> schemars::Schema 
         "x-kubernetes-list-map-keys": ["step"],
         "items": item
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000 + second).expect("a time"))
+    }
+
+    fn run(step: HostStep, ended: Option<i64>, reboot: Option<bool>) -> HostRun {
+        HostRun {
+            step,
+            command: format!("{step:?} command"),
+            started_at: at(0),
+            finished_at: ended.map(at),
+            result: ended.map(|_| HostRunResult::Succeeded),
+            exit_code: ended.map(|_| 0),
+            output: None,
+            reboot,
+            boot_id: Some("b1".into()),
+            message: None,
+        }
+    }
+
+    #[test]
+    fn what_an_update_and_its_rollback_are_doing_reads_as_the_step_under_way() {
+        let update = run(HostStep::Update, None, None);
+        assert_eq!(
+            under_way(std::slice::from_ref(&update), Some(&at(-5))).as_deref(),
+            Some("updating: Update command")
+        );
+        // Done, asking for a reboot; the agent has recorded no phase since.
+        let updated = run(HostStep::Update, Some(30), Some(true));
+        assert_eq!(
+            under_way(std::slice::from_ref(&updated), Some(&at(-5))).as_deref(),
+            Some("rebooting: the update asked for it")
+        );
+        // Back: Verifying entered after it, whose message says the rest.
+        assert_eq!(
+            under_way(std::slice::from_ref(&updated), Some(&at(90))),
+            None
+        );
+        // No reboot needed: the phase's message says so.
+        let no_reboot = run(HostStep::Update, Some(30), Some(false));
+        assert_eq!(
+            under_way(std::slice::from_ref(&no_reboot), Some(&at(-5))),
+            None
+        );
+        // The hook, then the rollback, then its reboot.
+        let hook = run(HostStep::AfterBoot, None, None);
+        assert_eq!(
+            under_way(&[no_reboot.clone(), hook], Some(&at(31))).as_deref(),
+            Some("running the AfterBoot hook: AfterBoot command")
+        );
+        let rolling = run(HostStep::Rollback, None, None);
+        assert_eq!(
+            under_way(&[no_reboot.clone(), rolling], Some(&at(31))).as_deref(),
+            Some("rolling back the update: Rollback command")
+        );
+        let rolled = run(HostStep::Rollback, Some(60), None);
+        assert_eq!(
+            under_way(&[no_reboot.clone(), rolled.clone()], Some(&at(31))).as_deref(),
+            Some("rebooting into what ran before the update: the rollback asked for it")
+        );
+        assert_eq!(under_way(&[no_reboot, rolled], Some(&at(120))), None);
+        assert_eq!(HostStep::Rollback.named(), "rollback");
+        assert_eq!(HostStep::AfterBoot.named(), "AfterBoot hook");
+    }
 }

@@ -82,9 +82,19 @@ pub async fn request(
     let existing = every_maintenance(&maintenances).await?;
     let by = requester(client).await;
     let node_api: Api<Node> = Api::all(client.clone());
+    // A patch says which policy's update it runs, and whether it reboots.
+    let policies: Vec<DisruptionPolicy> = if verb == Verb::Patch {
+        Api::<DisruptionPolicy>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| ApiError::new("listing", "DisruptionPolicies".into(), e))?
+            .items
+    } else {
+        Vec::new()
+    };
     let mut refused = Vec::new();
     for node in nodes {
-        match node_api.get_opt(node).await {
+        let labels = match node_api.get_opt(node).await {
             Err(e) => {
                 refused.push(ApiError::new("reading", format!("Node {node}"), e).to_string());
                 continue;
@@ -93,8 +103,8 @@ pub async fn request(
                 refused.push(format!("{node}: no such node (kubectl get nodes)"));
                 continue;
             }
-            Ok(Some(_)) => {}
-        }
+            Ok(Some(n)) => n.labels().clone(),
+        };
         if let Some(why) = request::refusal(&existing, node) {
             refused.push(why);
             continue;
@@ -104,7 +114,11 @@ pub async fn request(
             Ok(created) => println!(
                 "nodemaintenance/{} created: {node} is {} once the coordinator admits it (kubectl nodeward why {node})",
                 created.name_any(),
-                request::outcome(verb, urgent)
+                request::outcome(
+                    verb,
+                    urgent,
+                    request::update_of(&policies, &labels).as_ref()
+                )
             ),
             Err(e) => refused.push(
                 ApiError::new("creating", format!("NodeMaintenance {}", m.name_any()), e)

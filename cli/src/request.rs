@@ -41,17 +41,53 @@ impl Verb {
     }
 }
 
-/// What becomes of a node `verb` asked for, as `reboot`/`patch`/`drain` print it.
-pub fn outcome(verb: Verb, urgent: bool) -> String {
-    let what = match verb {
-        Verb::Reboot => "drained and rebooted",
-        Verb::Patch => "drained, updated by its policy's update and rebooted",
-        Verb::Drain => "drained until `kubectl nodeward cancel` ends it",
+/// The update a patch of a node runs: the first policy by name selecting the node that has
+/// one (as the agent chooses among the policies that admit it), and when it reboots.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpdateOf {
+    pub policy: String,
+    pub reboot: nodeward_api::update::RebootWhen,
+}
+
+/// The update of the first of `policies` (by name) selecting a node with `labels` that has one.
+pub fn update_of(
+    policies: &[nodeward_api::DisruptionPolicy],
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<UpdateOf> {
+    let mut selecting: Vec<&nodeward_api::DisruptionPolicy> = policies
+        .iter()
+        .filter(|p| p.selects(labels).unwrap_or(false))
+        .collect();
+    selecting.sort_by_key(|p| p.metadata.name.clone());
+    selecting.into_iter().find_map(|p| {
+        Some(UpdateOf {
+            policy: p.metadata.name.clone().unwrap_or_default(),
+            reboot: p.spec.update.as_ref()?.reboot,
+        })
+    })
+}
+
+/// What becomes of a node `verb` asked for, as `reboot`/`patch`/`drain` print it; `update`:
+/// the update a patch runs, if a policy selecting the node has one.
+pub fn outcome(verb: Verb, urgent: bool, update: Option<&UpdateOf>) -> String {
+    use nodeward_api::update::RebootWhen;
+    let what = match (verb, update) {
+        (Verb::Reboot, _) => "drained and rebooted".to_owned(),
+        (Verb::Patch, Some(u)) if u.reboot == RebootWhen::IfNeeded => format!(
+            "drained, updated by policy {}'s update, and rebooted only if the update asks for it (reboot: IfNeeded)",
+            u.policy
+        ),
+        (Verb::Patch, Some(u)) => format!(
+            "drained, updated by policy {}'s update and rebooted (reboot: Always)",
+            u.policy
+        ),
+        (Verb::Patch, None) => "drained and rebooted; no policy selecting it has an update (spec.update), so nothing is updated".to_owned(),
+        (Verb::Drain, _) => "drained until `kubectl nodeward cancel` ends it".to_owned(),
     };
     if urgent {
         format!("{what}, urgently (no window or reboot blocker waited for)")
     } else {
-        what.to_owned()
+        what
     }
 }
 
@@ -133,6 +169,52 @@ mod tests {
 
     fn at() -> Timestamp {
         "2026-11-25T12:05:01Z".parse().expect("a time")
+    }
+
+    #[test]
+    fn a_patch_says_whose_update_runs_and_whether_it_reboots() {
+        let policy = |name: &str, spec: serde_json::Value| -> nodeward_api::DisruptionPolicy {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+                "metadata": {"name": name}, "spec": spec}))
+            .expect("a policy")
+        };
+        let labels: std::collections::BTreeMap<String, String> =
+            [("pool".to_owned(), "a".to_owned())].into();
+        let policies = [
+            policy("default", serde_json::json!({"nodeSelector": {}})),
+            policy(
+                "z-always",
+                serde_json::json!({"nodeSelector": {}, "update": {"preset": "Apt", "reboot": "Always"}}),
+            ),
+            policy(
+                "patch-lab",
+                serde_json::json!({"nodeSelector": {}, "update": {"preset": "Apt"}}),
+            ),
+            policy(
+                "elsewhere",
+                serde_json::json!({"nodeSelector": {"matchLabels": {"pool": "b"}}, "update": {"preset": "Apt"}}),
+            ),
+        ];
+        let update = update_of(&policies, &labels);
+        assert_eq!(
+            outcome(Verb::Patch, false, update.as_ref()),
+            "drained, updated by policy patch-lab's update, and rebooted only if the update asks for it (reboot: IfNeeded)"
+        );
+        let always = update_of(&policies[..2], &labels);
+        assert_eq!(
+            outcome(Verb::Patch, false, always.as_ref()),
+            "drained, updated by policy z-always's update and rebooted (reboot: Always)"
+        );
+        assert!(
+            outcome(
+                Verb::Patch,
+                false,
+                update_of(&policies[..1], &labels).as_ref()
+            )
+            .contains("no policy selecting it has an update")
+        );
+        assert_eq!(outcome(Verb::Reboot, false, None), "drained and rebooted");
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub fn render(objects: &Objects, now: Timestamp) -> String {
                 c.type_ == nodeward_api::conditions::maintenance::ADMITTED && c.status == "False"
             })
             .map(|c| format!("{}: {}", c.reason, c.message))
+            .or_else(|| {
+                let last_entered = status.history.last().map(|h| &h.time);
+                nodeward_api::update::under_way(&status.host_runs, last_entered)
+            })
             .or(status.message)
             .unwrap_or_default();
         let age = m.metadata.creation_timestamp.as_ref().map_or_else(

@@ -16,7 +16,7 @@ use nodeward_api::{
     fleet::lease_name,
     labels::{CORDONED_BY_ANNOTATION, MAINTENANCE_TAINT},
     node::is_ready,
-    update::{HostRun, HostRunResult, HostStep},
+    update::{self, HostRun, HostRunResult},
 };
 use nodeward_decide::round::{self, Memory, Objects};
 
@@ -265,21 +265,21 @@ fn maintenance_lines(
                 .unwrap_or_default()
         );
     }
-    if let Some(message) = status
+    let last_entered = status.history.last().map(|h| &h.time);
+    if let Some(doing) = update::under_way(&status.host_runs, last_entered) {
+        let _ = writeln!(out, "  now: {doing}");
+    } else if let Some(message) = status
         .message
         .filter(|_| status.phase != MaintenancePhase::Pending)
     {
-        let _ = writeln!(out, "  last: {message}");
+        let _ = writeln!(out, "  now: {message}");
     }
 }
 
 /// One hook or update as it ran: "update: Succeeded (exit 0) in 41s; reboot needed", or
 /// "BeforeDrain hook: running for 2m: /usr/local/bin/quiesce".
 fn host_run_line(run: &HostRun, now: Timestamp) -> String {
-    let what = match run.step {
-        HostStep::Update => "update".to_owned(),
-        hook => format!("{hook:?} hook"),
-    };
+    let what = run.step.named();
     let Some(result) = run.result else {
         return format!(
             "{what}: running for {}: {}",

@@ -3,17 +3,31 @@
 use std::time::Duration;
 
 use kube::runtime::events::EventType;
-use nodeward_api::{MaintenanceAction, MaintenancePhase, NodeMaintenance};
+use nodeward_api::{MaintenanceAction, MaintenancePhase, NodeMaintenance, update::HostStep};
 
 use crate::drain::evict::Outcome;
 
-/// The maintenance of this node whose reboot or power-off is under way (Acting), if any: then
-/// the shutdown logind announces is the one nodeward asked for.
+/// The maintenance of this node whose reboot or power-off is under way, if any: then the
+/// shutdown logind announces is the one nodeward asked for. Under way: Acting, or Verifying
+/// once its rollback ran (the rollback reboots into what ran before the update; after that
+/// boot a shutdown before the maintenance ends is taken for that one too).
 pub fn planned(maintenances: &[std::sync::Arc<NodeMaintenance>]) -> Option<String> {
     maintenances
         .iter()
         .find(|m| {
-            m.phase() == MaintenancePhase::Acting
+            let rolled_back = || {
+                m.status.as_ref().is_some_and(|s| {
+                    s.host_runs
+                        .iter()
+                        .any(|r| r.step == HostStep::Rollback && r.succeeded())
+                })
+            };
+            let asked = match m.phase() {
+                MaintenancePhase::Acting => true,
+                MaintenancePhase::Verifying => rolled_back(),
+                _ => false,
+            };
+            asked
                 && matches!(
                     m.spec.action,
                     MaintenanceAction::Reboot | MaintenanceAction::PowerOff
@@ -92,6 +106,18 @@ mod tests {
             Some("w0-Acting".to_owned())
         );
         assert_eq!(planned(&[maintenance("Draining", "Reboot")]), None);
+        // Verifying: only once its rollback ran, which reboots into what ran before.
+        assert_eq!(planned(&[maintenance("Verifying", "Reboot")]), None);
+        let mut rolled_back = maintenance("Verifying", "Reboot");
+        std::sync::Arc::make_mut(&mut rolled_back)
+            .status
+            .get_or_insert_default()
+            .host_runs = serde_json::from_value(serde_json::json!([{
+                "step": "Rollback", "command": "apt-get install nwdemo=1.0",
+                "startedAt": "2026-12-07T13:58:37Z", "finishedAt": "2026-12-07T13:58:48Z",
+                "result": "Succeeded", "exitCode": 0}]))
+        .expect("a run");
+        assert_eq!(planned(&[rolled_back]), Some("w0-Verifying".to_owned()));
         assert_eq!(planned(&[maintenance("Acting", "DeleteNode")]), None);
         let (kind, note) = started(Some("w0-Acting"), Duration::from_secs(110), false);
         assert_eq!(kind, EventType::Normal);
