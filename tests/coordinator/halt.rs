@@ -83,12 +83,18 @@ async fn a_failure_that_spends_the_budget_as_it_frees_the_slot_admits_no_one_und
         })
         .await?;
     }
-    for next in &waiting {
-        for m in next {
-            wait_denied(&env, m, "RolloutHalted")
-                .await
-                .with_context(|| format!("{}\n{}", a.output(), b.output()))?;
-        }
+    // Each waiting one is told it waits for the resume, or was admitted (the failure this
+    // test is for: counted below, so that a run says in how many groups).
+    let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
+    for m in waiting.iter().flatten() {
+        wait::until(&maintenances, m, "RolloutHalted, or admitted", TIMEOUT, |m| {
+            m.is_some_and(|m| {
+                m.phase() != MaintenancePhase::Pending
+                    || admitted_condition(m).is_some_and(|(_, reason, _)| reason == "RolloutHalted")
+            })
+        })
+        .await
+        .with_context(|| format!("{}\n{}", a.output(), b.output()))?;
     }
     let h = history.lock().expect("history").clone();
     let admitted_after_a_failure: Vec<String> = waiting

@@ -161,7 +161,7 @@ async fn a_failed_canary_halts_the_rollout_and_after_the_resume_a_new_canary_goe
     .await?;
     let halted = wait_denied(&env, &first, "RolloutHalted").await?;
     assert!(
-        halted.contains(&format!("{canary} ({bad}): RolledBack")),
+        halted.contains(&format!("{canary} ({bad}, a canary): RolledBack")),
         "{halted}"
     );
     let second = planned_reboot(&env, &n2, "v3").await?;

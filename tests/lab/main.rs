@@ -7,6 +7,7 @@ mod bench;
 mod chart;
 mod cloud;
 mod fencing;
+mod halt;
 mod host;
 mod host_steps;
 mod kernel;

@@ -23,7 +23,7 @@ use serde_json::json;
 
 use crate::support::{Lab, REBOOT, TEST_LABEL};
 
-const PACKAGE: &str = "nodeward-lab-patch";
+pub(crate) const PACKAGE: &str = "nodeward-lab-patch";
 /// The file repository in each VM (`deb [trusted=yes] file:REPO ./`).
 pub const REPO: &str = "/srv/nodeward-lab-repo";
 /// Where the VM's own apt sources wait while the test's repository is the only one.
@@ -39,7 +39,7 @@ pub const APT_RESTORED: &str = "if [ -d /etc/apt/nodeward-lab-saved ]; then
 
 /// What a version of `PACKAGE` does once installed.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Plain,
     /// Its postinst creates `/var/run/reboot-required`, as Debian's kernel and libc packages do.
     AsksReboot,
@@ -54,7 +54,7 @@ enum Kind {
 const BROKEN_UNIT: &str = "nodeward-lab-broken.service";
 
 /// Builds `PACKAGE` at `version` with `dpkg-deb`.
-fn build_deb(dir: &Path, version: &str, kind: Kind) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn build_deb(dir: &Path, version: &str, kind: Kind) -> anyhow::Result<Vec<u8>> {
     use std::os::unix::fs::PermissionsExt;
     let root = dir.join(format!("{PACKAGE}-{version}"));
     let control = root.join("DEBIAN");
@@ -107,9 +107,9 @@ fn build_deb(dir: &Path, version: &str, kind: Kind) -> anyhow::Result<Vec<u8>> {
 }
 
 /// One version of `PACKAGE` in a repository.
-struct Published {
-    version: &'static str,
-    deb: Vec<u8>,
+pub(crate) struct Published {
+    pub version: &'static str,
+    pub deb: Vec<u8>,
 }
 
 /// The repository's `Packages` index for `debs`.
@@ -131,7 +131,7 @@ fn packages_index(debs: &[&Published]) -> String {
 }
 
 /// The version of `PACKAGE` dpkg has installed in `vm`.
-async fn installed(vm: &Vm) -> anyhow::Result<String> {
+pub(crate) async fn installed(vm: &Vm) -> anyhow::Result<String> {
     Ok(vm
         .run(&format!("dpkg-query -W -f='${{Version}}' {PACKAGE}"))
         .await?
@@ -140,7 +140,7 @@ async fn installed(vm: &Vm) -> anyhow::Result<String> {
 }
 
 /// `installed` installed in `vm`, the repository (its only source) empty.
-async fn prepare(vm: &Vm, installed: &Published) -> anyhow::Result<()> {
+pub(crate) async fn prepare(vm: &Vm, installed: &Published) -> anyhow::Result<()> {
     vm.run(&format!(
         "{APT_RESTORED}
         mkdir -p {SAVED_SOURCES} {REPO}
@@ -158,7 +158,7 @@ async fn prepare(vm: &Vm, installed: &Published) -> anyhow::Result<()> {
 
 /// `vm`'s repository holds `debs` and nothing else, and its apt lists know them (so the
 /// inventory counts the pending update before the rollout).
-async fn publish(vm: &Vm, debs: &[&Published]) -> anyhow::Result<()> {
+pub(crate) async fn publish(vm: &Vm, debs: &[&Published]) -> anyhow::Result<()> {
     vm.run(&format!("rm -f {REPO}/*")).await?;
     for p in debs {
         vm.write_file(&format!("{REPO}/{PACKAGE}_{}_all.deb", p.version), &p.deb)
@@ -663,7 +663,7 @@ async fn an_agent_restarted_during_an_update_waits_for_it_never_runs_it_twice_an
     Ok(())
 }
 
-fn history_line(status: &nodeward_api::NodeMaintenanceStatus) -> String {
+pub(crate) fn history_line(status: &nodeward_api::NodeMaintenanceStatus) -> String {
     status
         .history
         .iter()

@@ -332,6 +332,13 @@ impl Vm {
     /// the API server's (a drain lets a pod go 10 s past its deletionTimestamp) or times a
     /// guest from this machine would inherit it. Real nodes keep time with NTP.
     pub async fn sync_clock(&self) -> anyhow::Result<f64> {
+        self.set_clock_off(0.0).await
+    }
+
+    /// Sets the VM's clock `offset` seconds off this machine's (negative: behind), as a node
+    /// whose time nobody keeps may be; returns how far off it was. The next test's turn syncs
+    /// it again ([`Self::sync_clock`]).
+    pub async fn set_clock_off(&self, offset: f64) -> anyhow::Result<f64> {
         let lock = agent_lock(&self.dir);
         let _turn = lock.lock().await;
         let result = async {
@@ -340,7 +347,7 @@ impl Vm {
             // The guest sets what it was sent when it gets to it, so it ends up behind by the
             // time the message took (tens of ms on a loaded emulated guest): each try adds what
             // the one before fell short by.
-            let mut lead = 0.0_f64;
+            let mut lead = offset;
             let mut last = (before, Ok(Value::Null));
             for _ in 0..4 {
                 let time = unix_nanos()? + (lead * 1e9) as i64;
@@ -350,10 +357,10 @@ impl Vm {
                 // expected, and the clock read back decides.
                 let answer = agent.call(set, Duration::from_secs(10)).await;
                 let after = agent.clock_offset().await?;
-                if after.abs() < CLOCK_TOLERANCE {
+                if (after - offset).abs() < CLOCK_TOLERANCE {
                     return Ok(before);
                 }
-                lead -= after;
+                lead -= after - offset;
                 last = (after, answer);
             }
             let (after, answer) = last;
