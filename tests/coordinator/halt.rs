@@ -87,12 +87,19 @@ async fn a_failure_that_spends_the_budget_as_it_frees_the_slot_admits_no_one_und
     // test is for: counted below, so that a run says in how many groups).
     let maintenances: Api<NodeMaintenance> = Api::all(env.client.clone());
     for m in waiting.iter().flatten() {
-        wait::until(&maintenances, m, "RolloutHalted, or admitted", TIMEOUT, |m| {
-            m.is_some_and(|m| {
-                m.phase() != MaintenancePhase::Pending
-                    || admitted_condition(m).is_some_and(|(_, reason, _)| reason == "RolloutHalted")
-            })
-        })
+        wait::until(
+            &maintenances,
+            m,
+            "RolloutHalted, or admitted",
+            TIMEOUT,
+            |m| {
+                m.is_some_and(|m| {
+                    m.phase() != MaintenancePhase::Pending
+                        || admitted_condition(m)
+                            .is_some_and(|(_, reason, _)| reason == "RolloutHalted")
+                })
+            },
+        )
         .await
         .with_context(|| format!("{}\n{}", a.output(), b.output()))?;
     }

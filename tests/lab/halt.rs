@@ -115,7 +115,11 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
         patching::history_line(&status)
     );
     assert_eq!(patching::installed(&vms[1]).await?, "1");
-    assert_ne!(vms[1].boot_id().await?, failing_boot, "the rollback rebooted");
+    assert_ne!(
+        vms[1].boot_id().await?,
+        failing_boot,
+        "the rollback rebooted"
+    );
 
     // Halted: the third VM is told so, was never admitted, and is in service.
     let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
@@ -170,7 +174,11 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
     assert_eq!(patching::installed(&vms[2]).await?, "2");
     let h = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert_eq!(h.max_active, 1, "never two admitted at once");
-    assert!(h.admitted_after_halt.is_empty(), "{:?}", h.admitted_after_halt);
+    assert!(
+        h.admitted_after_halt.is_empty(),
+        "{:?}",
+        h.admitted_after_halt
+    );
     printed.abort();
 
     for name in &names {
@@ -227,7 +235,10 @@ fn print_each_step(lab: &Lab, name: &str, node: &str) -> tokio::task::JoinHandle
     let (name, node) = (name.to_owned(), node.to_owned());
     let last = Arc::new(Mutex::new(String::new()));
     tokio::spawn(async move {
-        let mut stream = watcher(api, config).default_backoff().applied_objects().boxed();
+        let mut stream = watcher(api, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
         while let Some(Ok(m)) = stream.next().await {
             let status = m.status.clone().unwrap_or_default();
             let said = update::under_way(&status.host_runs, status.history.last().map(|h| &h.time))
@@ -241,9 +252,13 @@ fn print_each_step(lab: &Lab, name: &str, node: &str) -> tokio::task::JoinHandle
                 }
                 *last = step.clone();
             }
-            let why = cli(&["why", &node]).await.unwrap_or_else(|e| format!("{e:#}"));
+            let why = cli(&["why", &node])
+                .await
+                .unwrap_or_else(|e| format!("{e:#}"));
             let table = cli(&["status"]).await.unwrap_or_else(|e| format!("{e:#}"));
-            println!("== {name} {step}\n$ kubectl nodeward why {node}\n{why}$ kubectl nodeward status\n{table}");
+            println!(
+                "== {name} {step}\n$ kubectl nodeward why {node}\n{why}$ kubectl nodeward status\n{table}"
+            );
         }
     })
 }
