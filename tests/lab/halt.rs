@@ -43,40 +43,7 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
     let lab = Lab::get().await?;
     let vms = lab.lab.vms();
     let [canary, failing, third] = [0, 1, 2].map(|i| lab.lab.nodes[i].clone());
-    let dir = nodeward_e2e::scratch::dir(&format!("lab-halt-{}", std::process::id()))?;
-    let version = |v: &'static str| -> anyhow::Result<Published> {
-        Ok(Published {
-            version: v,
-            deb: patching::build_deb(&dir, v, Kind::Plain)?,
-        })
-    };
-    let (v1, good, bad) = (version("1")?, version("2")?, version("3")?);
-    // Version 1 everywhere; the canary's repository has the good version, the others' the bad.
-    futures::future::try_join_all(vms.iter().enumerate().map(|(i, vm)| {
-        let (v1, next) = (&v1, if i == 0 { &good } else { &bad });
-        async move {
-            patching::prepare(vm, v1).await?;
-            patching::publish(vm, &[v1, next]).await
-        }
-    }))
-    .await?;
-    lab.apply(json!({
-        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
-        "metadata": {"name": POLICY, "labels": {TEST_LABEL: "true"}},
-        "spec": {
-            "nodeSelector": {"matchExpressions": [
-                {"key": "nodelab.nodeward.io/vm", "operator": "In", "values": lab.lab.nodes},
-            ]},
-            "maxConcurrent": 1,
-            "update": {"preset": "Apt", "timeout": "10m", "reboot": "IfNeeded",
-                       "rollback": {"preset": "Apt", "timeout": "10m"}},
-            "hooks": {"afterBoot": {"command": SELFTEST, "timeout": "2m"}},
-            "healthGate": {"for": "5s", "timeout": "10m"},
-            "canary": {"nodes": 1},
-            "failureBudget": {"maxFailures": 1},
-        },
-    }))
-    .await?;
+    let (v1, good) = set_up(&lab).await?;
     let off = vms[2].set_clock_off(COORDINATORS_BEHIND).await?;
     println!(
         "{third}: clock set {COORDINATORS_BEHIND} s off (it was {off:+.3} s off); the coordinators run there while {failing} is drained"
@@ -121,50 +88,7 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
         "the rollback rebooted"
     );
 
-    // Halted: the third VM is told so, was never admitted, and is in service.
-    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
-    wait::until(&policies, POLICY, "Halted=True", REBOOT, |p| {
-        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Halted" && c.status == "True")
-        })
-    })
-    .await?;
-    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
-    let denied = wait::until(
-        &maintenances,
-        &names[2],
-        "Admitted=False RolloutHalted",
-        REBOOT,
-        |m| {
-            m.and_then(|m| m.status.as_ref()).is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Admitted" && c.reason == "RolloutHalted")
-            })
-        },
-    )
-    .await?
-    .context("the third maintenance")?;
-    let admitted_before_the_resume = seen
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .admitted
-        .contains_key(&names[2]);
-    assert!(
-        !admitted_before_the_resume,
-        "{third} was admitted after {failing}'s failure spent the budget: {:?}",
-        denied.status
-    );
-    assert_eq!(denied.phase(), MaintenancePhase::Pending);
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(lab.client.clone());
-    let node = nodes.get(&third).await?;
-    assert_ne!(
-        node.spec.and_then(|s| s.unschedulable),
-        Some(true),
-        "{third} cordoned while halted"
-    );
+    waits_halted(&lab, &names[2], &third, &seen).await?;
 
     // Its repository fixed and the policy resumed, the third VM goes, and succeeds.
     patching::publish(&vms[2], &[&v1, &good]).await?;
@@ -181,9 +105,11 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
     );
     printed.abort();
 
+    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
     for name in &names {
         wait::deleted(&maintenances, name, REBOOT).await?;
     }
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
     wait::deleted(&policies, POLICY, REBOOT).await?;
     futures::future::try_join_all(
         vms.iter()
@@ -192,6 +118,100 @@ async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_wai
     .await?;
     vms[2].sync_clock().await?;
     println!("{PACKAGE}: restored on every VM");
+    Ok(())
+}
+
+/// Version 1 on every VM; the canary's repository has the good version 2, the others' the bad
+/// version 3; the policy over the lab's VMs. Returns versions 1 and 2.
+async fn set_up(lab: &Lab) -> anyhow::Result<(Published, Published)> {
+    let vms = lab.lab.vms();
+    let dir = nodeward_e2e::scratch::dir(&format!("lab-halt-{}", std::process::id()))?;
+    let version = |v: &'static str| -> anyhow::Result<Published> {
+        Ok(Published {
+            version: v,
+            deb: patching::build_deb(&dir, v, Kind::Plain)?,
+        })
+    };
+    let (v1, good, bad) = (version("1")?, version("2")?, version("3")?);
+    futures::future::try_join_all(vms.iter().enumerate().map(|(i, vm)| {
+        let (v1, next) = (&v1, if i == 0 { &good } else { &bad });
+        async move {
+            patching::prepare(vm, v1).await?;
+            patching::publish(vm, &[v1, next]).await
+        }
+    }))
+    .await?;
+    lab.apply(json!({
+        "apiVersion": "nodeward.io/v1alpha1", "kind": "DisruptionPolicy",
+        "metadata": {"name": POLICY, "labels": {TEST_LABEL: "true"}},
+        "spec": {
+            "nodeSelector": {"matchExpressions": [
+                {"key": "nodelab.nodeward.io/vm", "operator": "In", "values": lab.lab.nodes},
+            ]},
+            "maxConcurrent": 1,
+            "update": {"preset": "Apt", "timeout": "10m", "reboot": "IfNeeded",
+                       "rollback": {"preset": "Apt", "timeout": "10m"}},
+            "hooks": {"afterBoot": {"command": SELFTEST, "timeout": "2m"}},
+            "healthGate": {"for": "5s", "timeout": "10m"},
+            "canary": {"nodes": 1},
+            "failureBudget": {"maxFailures": 1},
+        },
+    }))
+    .await?;
+    Ok((v1, good))
+}
+
+/// The policy halted, and the third VM's maintenance `name` (of `node`) is told so, was never
+/// admitted (`seen`), and its node is in service.
+async fn waits_halted(
+    lab: &Lab,
+    name: &str,
+    node: &str,
+    seen: &Arc<Mutex<history::History>>,
+) -> anyhow::Result<()> {
+    let policies: Api<DisruptionPolicy> = Api::all(lab.client.clone());
+    wait::until(&policies, POLICY, "Halted=True", REBOOT, |p| {
+        p.and_then(|p| p.status.as_ref()).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Halted" && c.status == "True")
+        })
+    })
+    .await?;
+    let maintenances: Api<NodeMaintenance> = Api::all(lab.client.clone());
+    let denied = wait::until(
+        &maintenances,
+        name,
+        "Admitted=False RolloutHalted",
+        REBOOT,
+        |m| {
+            m.and_then(|m| m.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Admitted" && c.reason == "RolloutHalted")
+            })
+        },
+    )
+    .await?
+    .context("the third maintenance")?;
+    let admitted_before_the_resume = seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .admitted
+        .contains_key(name);
+    assert!(
+        !admitted_before_the_resume,
+        "{node} was admitted after the failure that spent the budget: {:?}",
+        denied.status
+    );
+    assert_eq!(denied.phase(), MaintenancePhase::Pending);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(lab.client.clone());
+    let spec = nodes.get(node).await?.spec;
+    assert_ne!(
+        spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "{node} cordoned while halted"
+    );
     Ok(())
 }
 
