@@ -265,6 +265,9 @@ pub fn under_way(runs: &[HostRun], last_entered: Option<&Time>) -> Option<String
     }
     match (last.step, last.reboot) {
         (HostStep::Update, Some(true)) => Some("rebooting: the update asked for it".to_owned()),
+        (HostStep::Update, Some(false)) => {
+            Some("updated; no reboot needed: going on to the health gate".to_owned())
+        }
         (HostStep::Rollback, _) => {
             Some("rebooting into what ran before the update: the rollback asked for it".to_owned())
         }
@@ -382,10 +385,14 @@ mod tests {
             under_way(std::slice::from_ref(&updated), Some(&at(90))),
             None
         );
-        // No reboot needed: the phase's message says so.
+        // No reboot needed: said until the phase after it says so itself.
         let no_reboot = run(HostStep::Update, Some(30), Some(false));
         assert_eq!(
-            under_way(std::slice::from_ref(&no_reboot), Some(&at(-5))),
+            under_way(std::slice::from_ref(&no_reboot), Some(&at(-5))).as_deref(),
+            Some("updated; no reboot needed: going on to the health gate")
+        );
+        assert_eq!(
+            under_way(std::slice::from_ref(&no_reboot), Some(&at(31))),
             None
         );
         // The hook, then the rollback, then its reboot.

@@ -38,6 +38,7 @@ const SELFTEST: [&str; 4] = [
 const COORDINATORS_BEHIND: f64 = -3.0;
 
 #[tokio::test]
+#[ignore = "new (issue 73) and not yet run green on the lab: the run of 2026-12-07 that had it in ./tests/run was stopped before its turn (the whole lab, last in the queue); run with --ignored halt::"]
 async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_waits_for_the_resume()
 -> anyhow::Result<()> {
     let lab = Lab::get().await?;

@@ -34,7 +34,8 @@ impl Executor {
             m,
             BACK_IN_SERVICE,
             format!(
-                "healthy after the reboot: back in service; waiting for the evicted workloads ({})",
+                "{}: back in service; waiting for the evicted workloads ({})",
+                super::workloads::healthy_after(m),
                 verdict(m)
             ),
         )

@@ -62,13 +62,31 @@ pub fn back_in_service(m: &NodeMaintenance) -> bool {
         })
 }
 
+/// What the node is healthy after: its reboot, or an update that needed none (then it never
+/// rebooted, and saying so would mislead).
+pub fn healthy_after(m: &NodeMaintenance) -> &'static str {
+    let no_reboot = m.status.as_ref().is_some_and(|s| {
+        s.host_runs
+            .iter()
+            .any(|r| r.step == nodeward_api::update::HostStep::Update && r.reboot == Some(false))
+    });
+    if no_reboot {
+        "healthy after the update, which needed no reboot"
+    } else {
+        "healthy after the reboot"
+    }
+}
+
 /// The condition that records it.
 pub fn back_in_service_condition(m: &NodeMaintenance) -> Condition {
     Condition {
         type_: maintenance_conditions::NODE_RESTORED.to_owned(),
         status: "True".to_owned(),
         reason: BACK_IN_SERVICE.to_owned(),
-        message: "healthy after the reboot: taint and cordon undone; waiting for the evicted workloads to be available again".to_owned(),
+        message: format!(
+            "{}: taint and cordon undone; waiting for the evicted workloads to be available again",
+            healthy_after(m)
+        ),
         observed_generation: m.metadata.generation,
         last_transition_time: Time(Timestamp::now()),
     }
@@ -76,13 +94,16 @@ pub fn back_in_service_condition(m: &NodeMaintenance) -> Condition {
 
 /// How a healthy reboot ends, given where its workloads stand.
 pub fn completion(workloads: Workloads, m: &NodeMaintenance) -> String {
+    let healthy = healthy_after(m);
     match workloads {
         Workloads::TimedOut => format!(
-            "healthy after the reboot, the node is back in service; the evicted workloads were not all available again within the workload gate's timeout: {}",
+            "{healthy}, the node is back in service; the evicted workloads were not all available again within the workload gate's timeout: {}",
             verdict(m)
         ),
-        Workloads::Available => "healthy after the reboot, the node is back in service, and the workloads it evicted are available again".to_owned(),
-        _ => "healthy after the reboot, the node is back in service".to_owned(),
+        Workloads::Available => format!(
+            "{healthy}, the node is back in service, and the workloads it evicted are available again"
+        ),
+        _ => format!("{healthy}, the node is back in service"),
     }
 }
 
@@ -109,6 +130,30 @@ mod tests {
     fn said(status: &str, reason: &str) -> serde_json::Value {
         json!([{"type": "WorkloadsAvailable", "status": status, "reason": reason,
                 "message": "Deployment shop/web: 2 of 3 available", "lastTransitionTime": "2026-11-25T12:00:00Z"}])
+    }
+
+    #[test]
+    fn a_node_an_update_left_without_a_reboot_is_not_said_to_have_rebooted() {
+        let plain = maintenance(false, json!([]));
+        assert_eq!(
+            completion(Workloads::NotNeeded, &plain),
+            "healthy after the reboot, the node is back in service"
+        );
+        let mut updated = plain.clone();
+        updated.status.get_or_insert_default().host_runs =
+            serde_json::from_value(json!([{"step": "Update", "command": "apt-get dist-upgrade",
+                "startedAt": "2026-12-07T13:57:26Z", "finishedAt": "2026-12-07T13:58:18Z",
+                "result": "Succeeded", "exitCode": 0, "reboot": false}]))
+            .expect("a run");
+        assert_eq!(
+            completion(Workloads::NotNeeded, &updated),
+            "healthy after the update, which needed no reboot, the node is back in service"
+        );
+        assert!(
+            back_in_service_condition(&updated)
+                .message
+                .starts_with("healthy after the update, which needed no reboot: ")
+        );
     }
 
     #[test]
