@@ -38,7 +38,7 @@ const SELFTEST: [&str; 4] = [
 const COORDINATORS_BEHIND: f64 = -3.0;
 
 #[tokio::test]
-#[ignore = "new (issue 73) and not yet run green on the lab: the run of 2026-12-07 that had it in ./tests/run was stopped before its turn (the whole lab, last in the queue); run with --ignored halt::"]
+#[ignore = "out of ./tests/run for its time: on an idle dev lab (2026-12-07) it ran past the halt (held: the third VM denied RolloutHalted, never admitted) and the resume, and was stopped at 25 min with the third VM Verifying, waiting for both coordinator replicas to be available again (its drain evicted one, the other was Pending); the whole lab that long is more than CI affords until issue 68 makes the lab cheaper; run with --ignored halt::"]
 async fn a_rollout_whose_node_after_the_canary_fails_halts_and_the_next_node_waits_for_the_resume()
 -> anyhow::Result<()> {
     let lab = Lab::get().await?;
