@@ -1,7 +1,7 @@
 //! A private D-Bus bus and a stand-in for `org.freedesktop.systemd1` on it, speaking the real
 //! wire protocol: systemd as PID 1 cannot run here. It serves what nodeward (and logind)
 //! ask of systemd: `Manager.LoadUnit`/`GetUnit` (unit object paths, escaped the way systemd
-//! escapes them), the `Unit` properties `LoadState`, `ActiveState`, `SubState`, the `Service`
+//! escapes them), `Manager.ListUnitsByNames`, the `Unit` properties `LoadState`, `ActiveState`, `SubState`, the `Service`
 //! property `NRestarts`, and `Manager.StartUnit`, which it records instead of starting.
 
 use std::{
@@ -60,6 +60,22 @@ impl PrivateBus {
             dir,
             address,
         })
+    }
+
+    /// How many connections the bus has accepted so far: the serial in the unique name it gives
+    /// a new one (`:1.N`), that probe's own included.
+    pub async fn connections_made(&self) -> anyhow::Result<u64> {
+        let probe = zbus::connection::Builder::address(self.address.as_str())?
+            .build()
+            .await
+            .context("probing the private bus")?;
+        let name = probe
+            .unique_name()
+            .context("the bus gave the probe no unique name")?;
+        name.rsplit('.')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .with_context(|| format!("a unique name without a serial: {name}"))
     }
 
     /// Kills the bus daemon (every connection drops) and starts a new one on the same address.
@@ -136,6 +152,8 @@ pub struct Systemd {
     pub reload_pid: Arc<Mutex<Option<u32>>>,
     /// When set, `StartUnit` fails (logind then cancels the shutdown it prepared).
     pub fail_start: Arc<std::sync::atomic::AtomicBool>,
+    /// How many `ListUnitsByNames` calls it answered (a check's read of a unit).
+    pub listed: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Systemd {
@@ -257,6 +275,62 @@ impl Manager {
             return Err(fdo::Error::Failed(format!("Unit {name} not loaded.")));
         }
         self.export(server, name).await
+    }
+
+    /// Each unit's (name, description, load, active and sub state, following, object, job id,
+    /// job type, job object), as systemd lists them: an unknown one `not-found`, `inactive`.
+    #[allow(clippy::type_complexity)]
+    async fn list_units_by_names(
+        &self,
+        names: Vec<String>,
+        #[zbus(object_server)] server: &ObjectServer,
+    ) -> fdo::Result<
+        Vec<(
+            String,
+            String,
+            String,
+            String,
+            String,
+            String,
+            OwnedObjectPath,
+            u32,
+            String,
+            OwnedObjectPath,
+        )>,
+    > {
+        self.0
+            .listed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut listed = Vec::with_capacity(names.len());
+        for name in names {
+            let path = self.export(server, &name).await?;
+            let unit = self
+                .0
+                .units
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .cloned();
+            let (load, active, sub) = match unit {
+                Some(u) => ("loaded".to_owned(), u.active_state, u.sub_state),
+                None => ("not-found".to_owned(), "inactive".into(), "dead".into()),
+            };
+            let no_job =
+                OwnedObjectPath::try_from("/").map_err(|e| fdo::Error::Failed(e.to_string()))?;
+            listed.push((
+                name,
+                String::new(),
+                load,
+                active,
+                sub,
+                String::new(),
+                path,
+                0,
+                String::new(),
+                no_job,
+            ));
+        }
+        Ok(listed)
     }
 
     async fn subscribe(&self) {}

@@ -36,7 +36,7 @@ pub trait Manager {
 /// Asks logind to reboot (or else power off); one already under way (asked before this agent
 /// restarted) counts as asked.
 pub async fn act(reboot: bool) -> Result<(), String> {
-    let connection = crate::host::bus::connect().await?;
+    let connection = crate::host::bus::shared().await?;
     let manager = ManagerProxy::new(&connection)
         .await
         .map_err(|e| format!("logind on the system bus: {e}"))?;

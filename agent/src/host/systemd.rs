@@ -25,6 +25,8 @@ pub(crate) trait Manager {
     fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+    /// Each unit named, loaded if it must be: one round trip for what a check reads.
+    fn list_units_by_names(&self, names: &[&str]) -> zbus::Result<Vec<ListedUnit>>;
     /// `running`, `degraded`, ..., `stopping` once the machine is going down.
     #[zbus(property)]
     fn system_state(&self) -> zbus::Result<String>;
@@ -65,6 +67,21 @@ pub(crate) trait Service {
     fn exec_main_status(&self) -> zbus::Result<i32>;
 }
 
+/// A unit as `ListUnitsByNames` lists it: name, description, load, active and sub state, the
+/// unit it follows, its object, and its job (id, type, object).
+type ListedUnit = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
 /// A unit as systemd reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitState {
@@ -94,11 +111,24 @@ impl UnitState {
     }
 }
 
-/// A fresh connection to the system bus and systemd's manager on it: a restarted bus or systemd
-/// is simply picked up next time.
+/// systemd's manager on the process's shared connection (`host::bus`), its properties read
+/// afresh each time. A command's own connection comes from [`connect`].
+pub(crate) async fn manager() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
+    on(crate::host::bus::shared().await?).await
+}
+
+/// systemd's manager on a connection of the caller's own: for a command, whose subscription to
+/// systemd's job signals ends with its connection.
 pub(crate) async fn connect() -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
-    let connection = crate::host::bus::connect().await?;
-    let manager = ManagerProxy::new(&connection)
+    on(crate::host::bus::connect().await?).await
+}
+
+async fn on(
+    connection: zbus::Connection,
+) -> Result<(zbus::Connection, ManagerProxy<'static>), String> {
+    let manager = ManagerProxy::builder(&connection)
+        .cache_properties(CacheProperties::No)
+        .build()
         .await
         .map_err(|e| format!("systemd on the system bus: {e}"))?;
     Ok((connection, manager))
@@ -119,31 +149,34 @@ where
         .await
 }
 
-/// Reads `unit` from systemd on the system bus.
+/// Reads `unit` from systemd on the system bus: its states in one call, and how often systemd
+/// restarted it (services only) in another.
 pub async fn unit_state(unit: &str) -> Result<UnitState, String> {
-    let (connection, manager) = connect().await?;
-    let path = manager
-        .load_unit(unit)
+    let (connection, manager) = manager().await?;
+    let listed = manager
+        .list_units_by_names(&[unit])
         .await
         .map_err(|e| format!("asking systemd for {unit}: {e}"))?;
-    let read = |e: zbus::Error| format!("reading {unit} from systemd: {e}");
-    let unit_proxy: UnitProxy = uncached(&connection, path.clone()).await.map_err(read)?;
-    let load_state = unit_proxy.load_state().await.map_err(read)?;
-    let active_state = unit_proxy.active_state().await.map_err(read)?;
-    let sub_state = unit_proxy.sub_state().await.map_err(read)?;
-    let service: ServiceProxy = uncached(&connection, path).await.map_err(read)?;
+    let Some((_, _, load_state, active_state, sub_state, _, path, ..)) = listed.into_iter().next()
+    else {
+        return Err(format!("asking systemd for {unit}: it listed nothing"));
+    };
+    let restarts = match uncached::<ServiceProxy>(&connection, path).await {
+        Ok(service) => service.n_restarts().await.ok(),
+        Err(_) => None,
+    };
     Ok(UnitState {
         load_state,
         active_state,
         sub_state,
-        restarts: service.n_restarts().await.ok(),
+        restarts,
     })
 }
 
 /// Whether the host is going down (systemd's `SystemState` is `stopping`): a reboot command
 /// whose unit the shutdown stopped before it was seen to exit did its job.
 pub async fn going_down() -> bool {
-    let Ok((_connection, manager)) = connect().await else {
+    let Ok((_connection, manager)) = manager().await else {
         return false;
     };
     manager
@@ -156,7 +189,7 @@ pub async fn going_down() -> bool {
 /// reload-or-restart` does): logind reloads its configuration since systemd 254, and is
 /// restarted on older ones.
 pub async fn reload_or_restart_unit(unit: &str) -> Result<(), String> {
-    let (_connection, manager) = connect().await?;
+    let (_connection, manager) = manager().await?;
     manager
         .reload_or_restart_unit(unit, "replace")
         .await

@@ -531,15 +531,18 @@ async fn an_unregistered_node_is_reported_until_its_node_appears() -> anyhow::Re
     env.cleanup().await
 }
 
+/// The kubelet's unit read from systemd, its healthz answering ok: a unit restarting often is
+/// a problem; every read goes over one connection to the bus, made again once the bus restarted.
 #[tokio::test]
-async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() -> anyhow::Result<()>
-{
+async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_one_bus_connection()
+-> anyhow::Result<()> {
     use nodeward_e2e::systemd::{PrivateBus, Systemd, Unit};
+    use std::sync::atomic::Ordering;
     let (env, node) = TestEnv::with_worker("agent-kubelet", "zone-e").await?;
-    let bus = PrivateBus::start(&env.id)?;
+    let mut bus = PrivateBus::start(&env.id)?;
     let systemd = Systemd::default();
     systemd.set("kubelet.service", Unit::active());
-    let _connection = systemd.serve(&bus.address).await?;
+    let serving = systemd.serve(&bus.address).await?;
 
     // The kubelet's healthz answers ok (a stand-in on loopback), so only systemd can tell.
     let healthz = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -567,13 +570,27 @@ async fn a_failed_or_restarting_kubelet_unit_is_read_from_systemd_over_dbus() ->
     let nodes: Api<Node> = env.nodes();
     wait_condition(&nodes, &node, "KubeletProblem", "False").await?;
 
-    // systemd restarted the kubelet three times: healthy now, but not stable.
+    // Ten reads of the unit, and the bus accepted no connection but the second probe's.
+    let before = bus.connections_made().await?;
+    let reads = systemd.listed.load(Ordering::Relaxed);
+    wait::eventually("ten more reads of the unit", TIMEOUT, || async {
+        Ok((systemd.listed.load(Ordering::Relaxed) >= reads + 10).then_some(()))
+    })
+    .await?;
+    let after = bus.connections_made().await?;
+    assert_eq!(after, before + 1, "connections made during ten reads");
+
+    // The bus restarts (every connection drops) and then systemd restarts the kubelet three
+    // times: the agent's next reads connect again and see a kubelet healthy but not stable.
+    drop(serving);
+    bus.restart()?;
+    let serving = systemd.serve(&bus.address).await?;
     systemd.update("kubelet.service", |u| u.restarts += 3);
-    let restarting = wait_condition(&nodes, &node, "KubeletProblem", "True").await?;
-    assert_eq!(
-        reason_of(&restarting, "KubeletProblem").as_deref(),
-        Some("FrequentRestarts")
-    );
+    wait::until(&nodes, &node, "FrequentRestarts", TIMEOUT, |n| {
+        n.is_some_and(|n| reason_of(n, "KubeletProblem").as_deref() == Some("FrequentRestarts"))
+    })
+    .await?;
+    drop(serving);
     env.cleanup().await
 }
 
