@@ -187,11 +187,15 @@ curl -fsS -o /dev/null --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pk
     "$NODEWARD_API_SERVER/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
 # --- the VMs ----------------------------------------------------------------------------------
-# KVM is present on these machines but a KVM guest did not progress: software emulation. Two
-# vCPUs each: with one the lab booted faster (248 s against 314 s) but a node then took over
-# five minutes to start a handful of pods. Both run on one host thread per VM (thread=single):
-# with a thread per vCPU a guest's live kernel patching (int3 text pokes) raced the other vCPU
-# and panicked the guest at boot, and six busy threads on two cores only thrashed. A guest that
+# KVM is present on these machines but a KVM guest did not progress: software emulation. One
+# host thread per VM (thread=single): with a thread per vCPU a guest's live kernel patching
+# (int3 text pokes) raced the other vCPU and panicked the guest at boot, and six busy threads
+# on two cores only thrashed. One vCPU each: two took turns on that one thread, and every
+# wake-up or TLB flush sent to the other waited for its turn; beside a build, the agent's
+# checks of a unit took 3.7 to 4.7 s on two vCPUs against 1.5 to 1.7 s on one, and an idle VM
+# 26 % of a host core against 23 % (BENCHMARKS.md, "Build and node lab"). (Two vCPUs were chosen
+# when a node with one took minutes to start pods: the sandboxes' runtime request timeout,
+# since raised in rootfs/etc/kubernetes/kubelet.yaml.) A guest that
 # panics all the same restarts (panic=10) instead of hanging until the lab's deadline. Each has
 # a hardware watchdog (an emulated Intel 6300ESB) that resets it, for the agents' fencing.
 accel=tcg,thread=single
@@ -208,7 +212,7 @@ run_vm() { # index: runs the VM, powers it on again when asked, until the lab st
   while [ ! -e "$state/stopping" ]; do
     rm -f "$dir/power-on"
     echo "$(date +%s) start" >>"$dir/power.log"
-    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -cpu "$cpu" -m 1536 -smp 2 \
+    qemu-system-x86_64 -name "nodelab-$name" -accel "$accel" -cpu "$cpu" -m 1536 -smp 1 \
       -nographic -no-user-config -nodefaults \
       -kernel "$image/vmlinuz" -initrd "$image/initrd.img" \
       -append "root=/dev/vda rw console=ttyS0 loglevel=4 systemd.show_status=auto panic=10 $speed" \

@@ -18,6 +18,9 @@ use crate::host::systemd::{ManagerProxy, ServiceProxy, UnitProxy};
 /// `CLD_EXITED`: the main process exited (rather than being killed by a signal).
 const EXITED: i32 = 1;
 
+/// `LogLevelMax` of a short command's unit: syslog's notice.
+const QUIET: i32 = 5;
+
 /// Output kept: its last 64 KiB (where a package manager says what went wrong), however much
 /// the command writes.
 const KEEP: usize = 64 * 1024;
@@ -205,6 +208,12 @@ async fn start(
         ("TimeoutStartUSec", Value::from(micros)),
         ("StandardInput", Value::from("null")),
     ];
+    if let Output::Pipe(_) = output {
+        // A short command (a check every few seconds) leaves no "Started"/"Deactivated" lines
+        // in the host's journal: systemd's own info messages about the unit are filtered too.
+        // Its failures (warning) stay; so does every line of a logged run (an update).
+        properties.push(("LogLevelMax", Value::from(QUIET)));
+    }
     match &output {
         Output::Pipe(fd) => {
             properties.push(("StandardOutputFileDescriptor", Value::from(Fd::from(fd))));
