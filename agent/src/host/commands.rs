@@ -209,9 +209,15 @@ async fn start(
         ("StandardInput", Value::from("null")),
     ];
     if let Output::Pipe(_) = output {
-        // A short command (a check every few seconds) leaves no "Started"/"Deactivated" lines
-        // in the host's journal: systemd's own info messages about the unit are filtered too.
-        // Its failures (warning) stay; so does every line of a logged run (an update).
+        // A short command (a check every few seconds) leaves nothing in the host's journal:
+        // its exit code is an answer the agent reads, not a failure of systemd's to log, and
+        // the level filters systemd's own lines about the unit too. A command its timeout
+        // killed still fails with a warning; a logged run (an update) keeps every line.
+        let answers: Vec<i32> = (1..=255).collect();
+        properties.push((
+            "SuccessExitStatus",
+            Value::from((answers, Vec::<i32>::new())),
+        ));
         properties.push(("LogLevelMax", Value::from(QUIET)));
     }
     match &output {
