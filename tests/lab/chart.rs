@@ -85,55 +85,7 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         agent_log_reads_through_the_kubelet(&lab, &vm.name).await?;
     }
 
-    // Host commands run on the host, through systemd (the pod mounts nothing of /var/run and
-    // its image has no systemctl): the custom check sees containerd active, and the reboot
-    // sentinel is found where Debian writes it.
-    // (A transient unit on a software-emulated machine can take seconds to start: the check
-    // is waited for, not its first round.)
-    let vm = &lab.lab.vms()[0];
-    let last = std::sync::Mutex::new(None);
-    let (lab_ref, last_ref) = (&lab, &last);
-    let active = wait::eventually(
-        "the custom check to see containerd active",
-        Duration::from_secs(120),
-        || async move {
-            let check = lab_ref.report(&vm.name).await?.status.unwrap_or_default();
-            let found = check
-                .findings
-                .into_iter()
-                .find(|f| f.detector == "containerd-active");
-            let active = found
-                .as_ref()
-                .is_some_and(|f| (f.status.as_str(), f.message.as_str()) == ("False", "active"));
-            *last_ref.lock().unwrap_or_else(|p| p.into_inner()) = found;
-            Ok(active.then_some(()))
-        },
-    )
-    .await;
-    active.with_context(|| format!("the custom check's last finding: {last:?}"))?;
-    vm.run("touch /var/run/reboot-required").await?;
-    let reboot = |status: &'static str| {
-        wait::until(
-            &nodes,
-            &vm.name,
-            "RebootRequired",
-            Duration::from_secs(60),
-            move |n| wait::node_condition(n, "RebootRequired").is_some_and(|(s, _)| s == status),
-        )
-    };
-    reboot("True").await?;
-    vm.run("rm /var/run/reboot-required").await?;
-    reboot("False").await?;
-    // The checks on the host (a transient unit each, the sentinel's test exiting 1 while there
-    // is none) left no line of systemd's in the host's journal, but for a check its timeout
-    // killed on a loaded guest.
-    let noted = vm
-        .run("journalctl -b _PID=1 -o cat --no-pager | grep 'nodeward-host-' | grep -v -e 'timed out' -e timeout -e code=killed || true")
-        .await?;
-    assert!(
-        noted.trim().is_empty(),
-        "systemd's lines about the agent's host checks: {noted}"
-    );
+    host_commands_run_on_the_host(&lab, &nodes).await?;
 
     // Evictions go through the coordinator's webhook, reached by the API server through the
     // chart's Service (the coordinator issued its certificate and wrote the caBundle).
@@ -186,6 +138,59 @@ async fn the_chart_runs_the_agent_on_every_real_node_without_false_findings() ->
         other => anyhow::bail!("an eviction on another node was not refused: {other:?}"),
     }
     lab.delete_namespace(&namespace).await
+}
+
+/// Host commands run on the host, through systemd (the pod mounts nothing of /var/run and its
+/// image has no systemctl): the custom check sees containerd active, the reboot sentinel is
+/// found where Debian writes it, and neither leaves lines in the host's journal.
+async fn host_commands_run_on_the_host(lab: &Lab, nodes: &Api<Node>) -> anyhow::Result<()> {
+    // (A transient unit on a software-emulated machine can take seconds to start: the check
+    // is waited for, not its first round.)
+    let vm = &lab.lab.vms()[0];
+    let last = std::sync::Mutex::new(None);
+    let (lab_ref, last_ref) = (lab, &last);
+    let active = wait::eventually(
+        "the custom check to see containerd active",
+        Duration::from_secs(120),
+        || async move {
+            let check = lab_ref.report(&vm.name).await?.status.unwrap_or_default();
+            let found = check
+                .findings
+                .into_iter()
+                .find(|f| f.detector == "containerd-active");
+            let active = found
+                .as_ref()
+                .is_some_and(|f| (f.status.as_str(), f.message.as_str()) == ("False", "active"));
+            *last_ref.lock().unwrap_or_else(|p| p.into_inner()) = found;
+            Ok(active.then_some(()))
+        },
+    )
+    .await;
+    active.with_context(|| format!("the custom check's last finding: {last:?}"))?;
+    vm.run("touch /var/run/reboot-required").await?;
+    let reboot = |status: &'static str| {
+        wait::until(
+            nodes,
+            &vm.name,
+            "RebootRequired",
+            Duration::from_secs(60),
+            move |n| wait::node_condition(n, "RebootRequired").is_some_and(|(s, _)| s == status),
+        )
+    };
+    reboot("True").await?;
+    vm.run("rm /var/run/reboot-required").await?;
+    reboot("False").await?;
+    // The checks on the host (a transient unit each, the sentinel's test exiting 1 while there
+    // is none) left no line of systemd's in the host's journal, but for a check its timeout
+    // killed on a loaded guest.
+    let noted = vm
+        .run("journalctl -b _PID=1 -o cat --no-pager | grep 'nodeward-host-' | grep -v -e 'timed out' -e timeout -e code=killed || true")
+        .await?;
+    assert!(
+        noted.trim().is_empty(),
+        "systemd's lines about the agent's host checks: {noted}"
+    );
+    Ok(())
 }
 
 /// `kubectl logs` reaches the real kubelet (the API server's kubelet client, the node's
