@@ -1,7 +1,7 @@
 //! The container runtime for real: the node's containerd answers on its CRI socket
 //! (`nodeward-agent check` on the host, as host mode runs), and the chart's agent, which reads
 //! the unit over the system bus without the socket, reports it stopped and crashing again and
-//! again (the lab's chart counts 2 restarts in 90 s as frequent), and clears both.
+//! again (the lab's chart counts 2 restarts in 3 minutes as frequent), and clears both.
 
 use nodeward_e2e::wait;
 use serde_json::Value;
@@ -96,7 +96,7 @@ async fn a_stopped_or_crashing_container_runtime_is_reported_and_its_cri_socket_
     // The main process only: `systemctl kill` would kill the shims, and with them every
     // container on the node. Both crashes in one guest command, the second as soon as systemd
     // has restarted containerd: polled from here, a guest-agent round trip each time on a
-    // loaded host, the two were once never within the chart's 90 s window.
+    // loaded host, the two were once never within the chart's window (then 90 s).
     let restarted_once = before + 1;
     vm.run_within(
         &format!(
