@@ -10,7 +10,8 @@
 #   bench/lab_footprint.sh LAB_DIR [SECONDS]      # default 90
 #   LOAD=2 bench/lab_footprint.sh LAB_DIR         # the same beside 2 busy host threads (a build)
 #
-# LAB_DIR is tests/nodelab/start.sh's state directory. Figures in BENCHMARKS.md, "Build and node
+# LAB_DIR is tests/nodelab/start.sh's state directory. Not beside the lab's tests: a VM's guest
+# agent socket takes one client at a time, and theirs would wait for this one. Figures in BENCHMARKS.md, "Build and node
 # lab".
 set -euo pipefail
 export LC_ALL=C # sort and join agree on the order
