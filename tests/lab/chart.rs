@@ -180,16 +180,6 @@ async fn host_commands_run_on_the_host(lab: &Lab, nodes: &Api<Node>) -> anyhow::
     reboot("True").await?;
     vm.run("rm /var/run/reboot-required").await?;
     reboot("False").await?;
-    // The checks on the host (a transient unit each, the sentinel's test exiting 1 while there
-    // is none) left no line of systemd's in the host's journal, but for a check its timeout
-    // killed on a loaded guest.
-    let noted = vm
-        .run("journalctl -b _PID=1 -o cat --no-pager | grep 'nodeward-host-' | grep -v -e 'timed out' -e timeout -e code=killed || true")
-        .await?;
-    assert!(
-        noted.trim().is_empty(),
-        "systemd's lines about the agent's host checks: {noted}"
-    );
     Ok(())
 }
 
