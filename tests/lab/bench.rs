@@ -123,7 +123,7 @@ fn secs(d: Duration) -> String {
 }
 
 #[tokio::test]
-#[ignore = "a benchmark (BENCHMARKS.md, \"Shutdown drain on a VM node\"): about ten minutes under emulation; run with --ignored bench::"]
+#[ignore = "a benchmark (BENCHMARKS.md, \"Shutdown drain\", \"On a VM node\"): about ten minutes under emulation; run with --ignored bench::"]
 async fn a_shutdown_drain_of_30_pods_in_3_priority_groups_on_a_vm_node() -> anyhow::Result<()> {
     let lab = Lab::get().await?;
     // A node without a coordinator pod: the drain is the bench's pods alone.

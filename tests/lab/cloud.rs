@@ -47,7 +47,7 @@ async fn scheduled_reboot(not_before: Timestamp, state: &str) -> anyhow::Result<
 }
 
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: a VM's reboot beside the other lane's, 288 to 800 s; tests/agent/cloud_notices.rs proves the notice up to the held drain in ./tests/run (BENCHMARKS.md, \"CI out of time\"); run with --ignored cloud::"]
+#[ignore = "out of ./tests/run for its time: a VM's reboot beside the other lane's, 288 to 800 s; tests/agent/cloud_notices.rs proves the notice up to the held drain in ./tests/run (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored cloud::"]
 async fn a_scheduled_reboot_drains_its_node_ahead_and_ends_succeeded_once_the_cloud_rebooted_it()
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::beside(Pick::Last).await?;

@@ -74,7 +74,7 @@ pub async fn restore_default_policy(client: &kube::Client) -> anyhow::Result<()>
 }
 
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: the lab alone for 500 to 1,080 s (two chart upgrades, a watchdog reset); tests/coordinator/remediation.rs and tests/agent/fencing.rs prove the rest in ./tests/run (BENCHMARKS.md, \"CI out of time\"); run with --ignored fencing::"]
+#[ignore = "out of ./tests/run for its time: the lab alone for 500 to 1,080 s (two chart upgrades, a watchdog reset); tests/coordinator/remediation.rs and tests/agent/fencing.rs prove the rest in ./tests/run (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored fencing::"]
 async fn a_node_cut_off_resets_itself_and_only_then_its_stateful_pod_moves() -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(Pick::At(0)).await?;
     // Remediation with the out-of-service taint for this node, with short deadlines.

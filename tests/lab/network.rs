@@ -149,7 +149,7 @@ async fn a_missing_default_route_a_stopped_resolver_and_a_blocked_api_server_are
 }
 
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored network::"]
+#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored network::"]
 async fn a_node_that_drops_udp_to_the_peer_port_is_udp_blocked_until_the_rule_goes()
 -> anyhow::Result<()> {
     let (lab, blocked, vm) = Lab::with_node(Pick::At(0)).await?;

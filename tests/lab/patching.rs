@@ -525,7 +525,7 @@ pub async fn restore_apt(lab: &Lab) -> anyhow::Result<()> {
 }
 
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored patching::an_update_with_nothing_new"]
+#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored patching::an_update_with_nothing_new"]
 async fn an_update_with_nothing_new_needs_no_reboot() -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::with_node(crate::support::Pick::At(0)).await?;
     let dir = nodeward_e2e::scratch::dir(&format!("lab-patching-{}", std::process::id()))?;

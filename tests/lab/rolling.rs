@@ -38,7 +38,7 @@ use crate::{
 };
 
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: 2,228 s in the last dev check, which would take the run past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored rolling::"]
+#[ignore = "out of ./tests/run for its time: 2,228 s in the last dev check, which would take the run past CI's limit (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored rolling::"]
 async fn a_rolling_reboot_reboots_every_vm_one_at_a_time_and_a_host_mode_gate_only_when_admitted()
 -> anyhow::Result<()> {
     let lab = Lab::get().await?;

@@ -335,7 +335,7 @@ async fn a_taint_with_no_record_is_taken_away(
 /// sorts after the kubelet's `99-kubelet.conf`), nodeward drains through the API, and the test
 /// prints which of the two reached the pod first (its `DisruptionTarget` condition).
 #[tokio::test]
-#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"The node lab beside the other tests\"); run with --ignored shutdown::with_the_kubelets"]
+#[ignore = "out of ./tests/run for its time: the node-lab tests ran past CI's limit (BENCHMARKS.md, \"A cold ./tests/run\"); run with --ignored shutdown::with_the_kubelets"]
 async fn with_the_kubelets_graceful_node_shutdown_both_act_and_nodewards_delay_stands()
 -> anyhow::Result<()> {
     let (lab, node, vm) = Lab::beside(Pick::At(1)).await?;
