@@ -175,11 +175,20 @@ pub async fn observe(config: &KubeletConfig, history: &Arc<Mutex<RestartHistory>
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         history.record(Instant::now(), count, config.frequent_restarts.window)
     });
+    // A kubelet whose healthz answers ok runs and is installed: the walk of /proc (a read of
+    // every process's name, each check) is only for telling why healthz did not answer.
+    let (process, installed) = match &healthz {
+        Ok(()) => (true, true),
+        Err(_) => (
+            process_running("kubelet").await,
+            tokio::fs::try_exists(KUBELET_STATE_DIR)
+                .await
+                .unwrap_or(false),
+        ),
+    };
     let evidence = Evidence {
-        process: process_running("kubelet").await,
-        installed: tokio::fs::try_exists(KUBELET_STATE_DIR)
-            .await
-            .unwrap_or(false),
+        process,
+        installed,
         healthz,
         unit,
         recent_restarts,
