@@ -168,12 +168,13 @@ async fn host_commands_run_on_the_host(lab: &Lab, nodes: &Api<Node>) -> anyhow::
     .await;
     active.with_context(|| format!("the custom check's last finding: {last:?}"))?;
     vm.run("touch /var/run/reboot-required").await?;
+    // The sentinel is looked for every 60 s (the lab's values), each look up to 15 s.
     let reboot = |status: &'static str| {
         wait::until(
             nodes,
             &vm.name,
             "RebootRequired",
-            Duration::from_secs(60),
+            Duration::from_secs(150),
             move |n| wait::node_condition(n, "RebootRequired").is_some_and(|(s, _)| s == status),
         )
     };
