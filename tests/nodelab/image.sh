@@ -93,9 +93,11 @@ echo nodelab >"$rootfs/etc/hostname"
 rm -f "$rootfs/var/lib/dbus/machine-id"
 chroot "$rootfs" systemctl enable --quiet systemd-networkd.service nodelab-config.service \
   nodelab-images.service nodelab-dns.service kubelet.service kube-proxy.service
-# Nothing waits for "network online" longer than the lab needs.
+# Nothing waits for "network online" longer than the lab needs, and none of Debian's daily and
+# weekly timers (apt, the dpkg database's backup, the disk's scrub and trim) wakes in a test: the
+# patching tests run apt and dpkg themselves, and a VM has no CPU to spare.
 chroot "$rootfs" systemctl mask --quiet systemd-networkd-wait-online.service apt-daily.timer \
-  apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true
+  apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer 2>/dev/null || true
 
 mkdir -p "$work/out/images"
 cp "$rootfs"/boot/vmlinuz-* "$work/out/vmlinuz"
