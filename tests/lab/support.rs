@@ -596,10 +596,31 @@ impl Lab {
     }
 
     /// Deletes a test's namespace and waits until it is gone: its pods' SIGTERMs are then in
-    /// the TERM logs before the next test clears them.
+    /// the TERM logs before the next test clears them. A pod that has exited (Succeeded or
+    /// Failed) has nothing left to record: it is deleted at once (grace 0), as
+    /// `kubectl delete --force` does. An emulated kubelet took minutes to take such a pod off
+    /// the API server after its exit, and the test's lane waited for it.
     pub async fn delete_namespace(&self, name: &str) -> anyhow::Result<()> {
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        wait::deleted(&namespaces, name, Duration::from_secs(300)).await
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), name);
+        let reap_exited = async {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let Ok(list) = pods.list(&ListParams::default()).await else {
+                    continue;
+                };
+                for pod in list.items.iter().filter(|p| exited(p)) {
+                    // Gone already, or taken by the kubelet meanwhile: nothing to do.
+                    let _ = pods
+                        .delete(&pod.name_any(), &DeleteParams::default().grace_period(0))
+                        .await;
+                }
+            }
+        };
+        tokio::select! {
+            gone = wait::deleted(&namespaces, name, Duration::from_secs(300)) => gone,
+            () = reap_exited => unreachable!("the reaper loops until the namespace is gone"),
+        }
     }
 
     /// Applies `manifest` (any kind) server-side.
@@ -819,6 +840,14 @@ pub async fn wait_delay_lock(client: &Client, vm: &Vm) -> anyhow::Result<Vec<Str
             Err(e.context(story))
         }
     }
+}
+
+/// Whether `pod` has exited for good: its phase is Succeeded or Failed.
+fn exited(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
 }
 
 /// Waits until systemd has restarted `unit` on `vm` at least `restarts` times in all (its

@@ -74,9 +74,9 @@ pub enum Records {
 ///
 /// Every [`POLL`] in which the journal's files changed, it asks the journal for its records
 /// after the last one taken, by the journal's own index (the entries of a field's value):
-/// other programs' entries are never read. Following every append instead decoded each entry of the journal to filter it, which
-/// cost 51 millicores beside 1,000 entries a second of another program (BENCHMARKS.md, "Kernel lines to the
-/// API server, and a busy journal").
+/// other programs' entries are never read. Following every append instead decoded each entry
+/// of the journal to filter it, which cost 51 millicores beside 1,000 entries a second of
+/// another program (BENCHMARKS.md, "Kernel lines to the API server, and a busy journal").
 pub fn follow(
     directories: &[PathBuf],
     boot_id: &str,
