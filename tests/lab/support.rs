@@ -851,9 +851,9 @@ fn exited(pod: &Pod) -> bool {
 }
 
 /// Waits until systemd has restarted `unit` on `vm` at least `restarts` times in all (its
-/// `NRestarts`) and the unit is active again; returns the count. At least: on a loaded emulated
-/// VM a restart can outlast the unit's start timeout, and systemd then counts one more.
-pub async fn restarted_by_systemd(vm: &Vm, unit: &str, restarts: u32) -> anyhow::Result<u32> {
+/// `NRestarts`) and the unit is active again. At least: on a loaded emulated VM a restart can
+/// outlast the unit's start timeout, and systemd then counts one more.
+pub async fn restarted_by_systemd(vm: &Vm, unit: &str, restarts: u32) -> anyhow::Result<()> {
     let show = format!("systemctl show {unit} --property=NRestarts --property=ActiveState");
     wait::eventually(
         &format!("systemd restarting {unit} ({restarts} restarts)"),
@@ -865,7 +865,7 @@ pub async fn restarted_by_systemd(vm: &Vm, unit: &str, restarts: u32) -> anyhow:
                 .lines()
                 .find_map(|l| l.strip_prefix("NRestarts="))
                 .and_then(|n| n.trim().parse::<u32>().ok());
-            Ok(counted.filter(|n| active && *n >= restarts))
+            Ok((active && counted.is_some_and(|n| n >= restarts)).then_some(()))
         },
     )
     .await
