@@ -582,8 +582,8 @@ impl Lab {
 
     /// A namespace of this test's (deleted first if an earlier run left it).
     pub async fn namespace(&self, name: &str) -> anyhow::Result<String> {
+        self.delete_namespace(name).await?;
         let namespaces: Api<Namespace> = Api::all(self.client.clone());
-        wait::deleted(&namespaces, name, Duration::from_secs(300)).await?;
         namespaces
             .create(
                 &PostParams::default(),
